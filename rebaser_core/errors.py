@@ -1,0 +1,153 @@
+"""Every error rebaser raises, in one hierarchy.
+
+Catch the narrowest class that tells you what to do next::
+
+    RebaserError
+    ├── InvalidId                      not a valid ULID id (also a ValueError)
+    ├── InvalidSubject                 not a safe NATS subject token or prefix (also a ValueError)
+    ├── ProtocolError                  a message broke the wire contract
+    │   ├── MissingHeader              a required header is absent
+    │   ├── DecodeError                the body could not be decoded into the announced message
+    │   └── Unsupported                well-formed, but this side does not speak it
+    │       ├── UnsupportedContentType
+    │       ├── UnsupportedMessageType
+    │       └── UnsupportedMessageVersion
+    ├── ClientError                    raised by rebaser_client
+    │   ├── RebaserTimeout             no reply before the deadline (the request may still be applied)
+    │   ├── RebaserRefused             the server refused to take the request
+    │   │   └── RebaserBusy            refused for back-pressure; retry after ``retry_after`` seconds
+    │   └── RebaserUnavailable         NATS or JetStream cannot be reached
+    ├── ApplicationError               raised by an app while applying a request
+    │   ├── RetryableError             transient: the task is retried later, the request stays first
+    │   └── UnprocessableError         permanent: the request is dead-lettered with an error reply
+    ├── FencedError                    this daemon no longer owns the change set; its commit was refused
+    └── EmbeddedServerError            the embedded nats-server could not be started or stopped
+        └── NatsServerNotFound         the nats-server binary is not installed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApplicationError",
+    "ClientError",
+    "DecodeError",
+    "EmbeddedServerError",
+    "FencedError",
+    "InvalidId",
+    "InvalidSubject",
+    "MissingHeader",
+    "NatsServerNotFound",
+    "ProtocolError",
+    "RebaserBusy",
+    "RebaserError",
+    "RebaserRefused",
+    "RebaserTimeout",
+    "RebaserUnavailable",
+    "RetryableError",
+    "UnprocessableError",
+    "Unsupported",
+    "UnsupportedContentType",
+    "UnsupportedMessageType",
+    "UnsupportedMessageVersion",
+]
+
+
+class RebaserError(Exception):
+    """Base class of every error raised by rebaser."""
+
+
+class InvalidId(RebaserError, ValueError):
+    """A value that should be a ULID id (workspace, change set, request) is not one."""
+
+
+class InvalidSubject(RebaserError, ValueError):
+    """A subject token or prefix would change the meaning of a NATS subject."""
+
+
+class ProtocolError(RebaserError):
+    """A message on the wire does not follow the protocol (see ``docs/protocol.md``)."""
+
+
+class MissingHeader(ProtocolError):
+    def __init__(self, header: str) -> None:
+        super().__init__(f"required header {header!r} is missing")
+        self.header = header
+
+
+class DecodeError(ProtocolError):
+    """The body is garbled or does not match the schema its headers announce."""
+
+
+class Unsupported(ProtocolError):
+    """The message is well-formed but uses something this side does not support."""
+
+
+class UnsupportedContentType(Unsupported):
+    def __init__(self, content_type: str, supported: tuple[str, ...]) -> None:
+        super().__init__(f"unsupported content type {content_type!r}; supported: {', '.join(supported)}")
+        self.content_type = content_type
+        self.supported = supported
+
+
+class UnsupportedMessageType(Unsupported):
+    def __init__(self, message_type: str, expected: str) -> None:
+        super().__init__(f"unsupported message type {message_type!r}; expected {expected!r}")
+        self.message_type = message_type
+        self.expected = expected
+
+
+class UnsupportedMessageVersion(Unsupported):
+    def __init__(self, message_type: str, version: str, supported: tuple[int, ...]) -> None:
+        versions = ", ".join(str(v) for v in supported)
+        super().__init__(f"unsupported version {version!r} of {message_type}; supported: {versions}")
+        self.message_type = message_type
+        self.version = version
+        self.supported = supported
+
+
+class ClientError(RebaserError):
+    """Raised by :mod:`rebaser_client`."""
+
+
+class RebaserTimeout(ClientError, TimeoutError):
+    """No reply arrived in time. The request is durable and may still be applied later."""
+
+
+class RebaserRefused(ClientError):
+    """The server refused to accept the request (it was not enqueued)."""
+
+
+class RebaserBusy(RebaserRefused):
+    """Refused for back-pressure: the stream or the change set's backlog is full."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RebaserUnavailable(ClientError):
+    """NATS or JetStream could not be reached in time. Nothing was enqueued."""
+
+
+class ApplicationError(RebaserError):
+    """Raised by an application's ``apply`` to classify a failure."""
+
+
+class RetryableError(ApplicationError):
+    """A transient failure: the change set's task is retried with backoff; the request stays first in line."""
+
+
+class UnprocessableError(ApplicationError):
+    """A permanent failure: the request goes to the dead-letter stream and its caller gets an error reply."""
+
+
+class FencedError(RebaserError):
+    """Another daemon took this change set over; the commit of this (stale) owner was refused."""
+
+
+class EmbeddedServerError(RebaserError):
+    """The embedded ``nats-server`` failed to start, to become ready, or to stop."""
+
+
+class NatsServerNotFound(EmbeddedServerError, FileNotFoundError):
+    """The ``nats-server`` binary is not installed."""

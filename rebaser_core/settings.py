@@ -1,0 +1,106 @@
+"""Every tunable in one place, with the defaults an operator can rely on.
+
+Durations are seconds. ``Settings()`` gives the production defaults; tests shrink the periods. Every field can
+also be set from the environment as ``REBASER_<FIELD>`` (upper case) via :meth:`Settings.from_env`.
+
+How the limits fit together (design-notes §6): each active change set holds one unacked task on the shared
+tasks consumer *and* one ordered consumer on ``REBASER_REQUESTS``. So ``max_active_change_sets`` becomes both
+the tasks consumer's ``max_ack_pending`` (a cluster-wide cap: once that many tasks are out, no daemon gets another
+until one is released) and, plus headroom, the requests stream's ``max_consumers``. A daemon owns at most
+``concurrency`` change sets; the cluster serves at most ``min(max_active_change_sets, daemons * concurrency)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rebaser_core.subjects import Subjects, validate_prefix
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix: str | None = Field(
+        None, description="Subject/stream prefix isolating one deployment (or one test)."
+    )
+
+    # -- streams -----------------------------------------------------------------------------------
+    replicas: int = Field(1, ge=1, le=5, description="Replicas of every stream and of the tasks consumer.")
+    storage: Literal["file", "memory"] = Field("file", description="Storage of the streams.")
+    duplicate_window: float = Field(
+        120.0, gt=0, description="Window in which a repeated Nats-Msg-Id is dropped."
+    )
+    requests_max_msgs: int = Field(-1, description="Cap on queued requests in total (-1: unlimited).")
+    requests_max_bytes: int = Field(-1, description="Cap on queued request bytes in total (-1: unlimited).")
+    requests_max_msgs_per_change_set: int = Field(
+        -1, description="Cap on one change set's backlog (-1: none)."
+    )
+    requests_max_age: float = Field(0.0, ge=0, description="Requests older than this are dropped (0: never).")
+    dead_letter_max_age: float = Field(14 * 86400.0, ge=0, description="How long dead letters are kept.")
+    max_active_change_sets: int = Field(
+        10_000,
+        ge=1,
+        description="Cluster-wide cap on change sets owned at once (tasks consumer max_ack_pending).",
+    )
+
+    # -- task ownership ------------------------------------------------------------------------------
+    ack_wait: float = Field(30.0, gt=0, description="A silent owner loses its task after this long.")
+    progress_period: float = Field(5.0, gt=0, description="How often a live owner sends a progress ack.")
+    quiescent_period: float = Field(
+        300.0, gt=0, description="Release a change set after this long without work."
+    )
+    handler_deadline: float = Field(
+        120.0,
+        gt=0,
+        description="A single apply or DVU step running longer than this is wedged: give up the task.",
+    )
+    concurrency: int = Field(500, ge=1, description="Change sets one daemon owns at once.")
+    retry_backoff: float = Field(1.0, gt=0, description="First redelivery delay after a retryable failure.")
+    retry_backoff_max: float = Field(60.0, gt=0, description="Cap on the redelivery delay.")
+    max_attempts: int = Field(
+        5, ge=1, description="Retryable failures of one request before it is dead-lettered."
+    )
+    sweep_interval: float = Field(
+        30.0, gt=0, description="How often orphaned requests (no task) are looked for."
+    )
+    shutdown_grace: float = Field(
+        10.0, ge=0, description="On SIGTERM, how long the request in hand may finish."
+    )
+    idempotency_window: int = Field(
+        64,
+        ge=8,
+        description="Recent request ids (with replies) remembered per change set to make re-apply a no-op.",
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str | None) -> str | None:
+        return validate_prefix(value)
+
+    @model_validator(mode="after")
+    def _progress_below_ack_wait(self) -> Settings:
+        # A progress ack that comes later than ack_wait cannot keep the task: the server redelivers first.
+        if self.progress_period >= self.ack_wait:
+            raise ValueError("progress_period must be shorter than ack_wait")
+        return self
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.prefix)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``REBASER_*`` environment variables, then ``overrides`` (non-None values win)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            raw = env.get(f"REBASER_{name.upper()}")
+            if raw is not None:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

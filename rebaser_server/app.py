@@ -1,0 +1,88 @@
+"""The application seam: what a daemon runs for each request and for each dependent-values update.
+
+The framework (tasks, ownership, ordering, acks, deletes, replies, dead letters, idempotency and fencing) is the
+same for every application; an application only transforms a change set's *state*, a JSON-compatible value that
+the framework stores in the change set's record and commits with compare-and-set. An application therefore
+never sees NATS messages and can be unit-tested as plain Python.
+
+Contract:
+
+- ``apply`` is called for each request of a change set, one at a time, in order, with the state as of the last
+  commit. It returns an :class:`Applied` (success or conflicts, the new state, whether a DVU is now due) or raises
+  :class:`~rebaser_core.errors.RetryableError` (try again later) or
+  :class:`~rebaser_core.errors.UnprocessableError` (never: dead-letter it). Any other exception counts as
+  retryable until ``Settings.max_attempts`` is reached.
+- ``dependent_values_update`` returns the new state after recomputing dependent values. It never runs
+  concurrently with ``apply`` for the same change set.
+- Side effects outside the returned state must be idempotent (for example content-addressed writes): a stale
+  owner's work is thrown away at the commit, and a request may be applied again after a crash before commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from nats.aio.client import Client as NatsClient
+
+from rebaser_core.api import ConflictsStatus, EnqueueUpdatesRequest, SuccessStatus
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.settings import Settings
+
+__all__ = ["AppState", "Applied", "ChangeSet", "RebaserApp", "load_app"]
+
+AppState = Any
+"""A JSON-compatible value (dicts, lists, strings, numbers, booleans, None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet:
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+
+    def __str__(self) -> str:
+        return f"{self.workspace_id}/{self.change_set_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The result of applying one request."""
+
+    status: SuccessStatus | ConflictsStatus
+    state: AppState
+    dvu: bool = False
+
+
+@runtime_checkable
+class RebaserApp(Protocol):
+    async def start(self, nc: NatsClient, settings: Settings) -> None:
+        """Open whatever the app needs (stores, buckets). Called once before any request."""
+
+    async def stop(self) -> None:
+        """Release what ``start`` opened."""
+
+    def initial_state(self, change_set: ChangeSet) -> AppState:
+        """The state of a change set that has never been written."""
+
+    async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
+        """Apply one request to ``state``."""
+
+    async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
+        """Recompute dependent values; return the new state."""
+
+
+def load_app(spec: str) -> RebaserApp:
+    """Load ``module:attr``. ``attr`` may be an app object, or a class or factory called with no arguments."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"app must be given as 'module:attribute', got {spec!r}")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    app = target() if isinstance(target, type) or not isinstance(target, RebaserApp) else target
+    if not isinstance(app, RebaserApp):
+        raise TypeError(
+            f"{spec} is not a rebaser app (needs start, stop, initial_state, apply, dependent_values_update)"
+        )
+    return app

@@ -1,0 +1,1 @@
+"""Applications the daemon can run (``rebaser-server --app module:attr``)."""

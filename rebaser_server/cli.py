@@ -1,0 +1,159 @@
+"""``rebaser-server``: the daemon.
+
+With no ``--nats-url`` it starts an embedded nats-server (persistent store under ``--data-dir``), prints its URL,
+and serves. ``--demo`` also sends demo traffic and prints what happens, then exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import click
+
+from rebaser_core.connect import ConnectOptions, connect
+from rebaser_core.embedded import NatsServer
+from rebaser_core.settings import Settings
+from rebaser_server.app import load_app
+from rebaser_server.config import DEFAULT_APP, ServerConfig
+from rebaser_server.server import Daemon
+
+log = logging.getLogger("rebaser_server")
+
+
+async def serve(config: ServerConfig, *, demo: bool = False) -> int:
+    embedded: NatsServer | None = None
+    options = config.connect
+    if options is None:
+        store = config.data_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        embedded = NatsServer(store_dir=store, port=config.embedded_port)
+        embedded.start()
+        click.echo(f"embedded nats-server listening on {embedded.url} (store {store})")
+        options = ConnectOptions(servers=(embedded.url,), name="rebaser-server")
+    try:
+        nc = await connect(options)
+        daemon = Daemon(nc, config.settings, load_app(config.app))
+        await daemon.start()
+        _install_signal_handlers(daemon)
+        click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
+        if demo:
+            from rebaser_server.demo import run_demo
+
+            demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
+            demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
+        await daemon.stopped.wait()
+        await nc.drain()
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    return 0
+
+
+def _install_signal_handlers(daemon: Daemon) -> None:
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+    shutdowns: list[asyncio.Future[None]] = []  # keep a reference so the task is not garbage-collected
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            log.warning("second signal: exiting at once")
+            os._exit(1)
+        log.info("signal %s: shutting down (again to exit at once)", signal.Signals(signum).name)
+        shutdowns.append(asyncio.ensure_future(daemon.shutdown()))
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+@click.command()
+@click.option(
+    "--nats-url",
+    "nats_urls",
+    multiple=True,
+    envvar="REBASER_NATS_URL",
+    help="NATS server URL (repeatable). None: run an embedded server.",
+)
+@click.option("--user", envvar="REBASER_NATS_USER")
+@click.option("--password", envvar="REBASER_NATS_PASSWORD")
+@click.option("--token", envvar="REBASER_NATS_TOKEN")
+@click.option("--nkey-seed", envvar="REBASER_NATS_NKEY_SEED", help="Path to an nkey seed file.")
+@click.option("--creds", envvar="REBASER_NATS_CREDS", help="Path to a NATS .creds file.")
+@click.option("--tls-ca", envvar="REBASER_NATS_TLS_CA")
+@click.option("--tls-cert", envvar="REBASER_NATS_TLS_CERT")
+@click.option("--tls-key", envvar="REBASER_NATS_TLS_KEY")
+@click.option("--prefix", default=None, help="Subject/stream prefix of this deployment.")
+@click.option("--app", "app_spec", default=DEFAULT_APP, show_default=True, help="Application as module:attr.")
+@click.option("--concurrency", type=int, default=None, help="Change sets this daemon owns at once.")
+@click.option("--quiescent-period", type=float, default=None, help="Seconds of quiet before release.")
+@click.option("--ack-wait", type=float, default=None)
+@click.option("--progress-period", type=float, default=None)
+@click.option("--handler-deadline", type=float, default=None)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Store of the embedded server (default ~/.local/share/rebaser).",
+)
+@click.option("--port", "embedded_port", type=int, default=None, help="Client port of the embedded server.")
+@click.option("--demo", is_flag=True, help="Send demo traffic, print what happens, then exit.")
+@click.option("--log-level", default="INFO", show_default=True)
+def main(
+    nats_urls: tuple[str, ...],
+    user: str | None,
+    password: str | None,
+    token: str | None,
+    nkey_seed: str | None,
+    creds: str | None,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    prefix: str | None,
+    app_spec: str,
+    concurrency: int | None,
+    quiescent_period: float | None,
+    ack_wait: float | None,
+    progress_period: float | None,
+    handler_deadline: float | None,
+    data_dir: Path | None,
+    embedded_port: int | None,
+    demo: bool,
+    log_level: str,
+) -> None:
+    """Run a rebaser daemon."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env(
+        prefix=prefix,
+        concurrency=concurrency,
+        quiescent_period=quiescent_period,
+        ack_wait=ack_wait,
+        progress_period=progress_period,
+        handler_deadline=handler_deadline,
+    )
+    connect_options = None
+    if nats_urls:
+        connect_options = ConnectOptions(
+            servers=tuple(nats_urls),
+            name="rebaser-server",
+            user=user,
+            password=password,
+            token=token,
+            nkeys_seed=nkey_seed,
+            creds=creds,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
+    config = ServerConfig(
+        settings=settings,
+        connect=connect_options,
+        app=app_spec,
+        embedded_port=embedded_port,
+        **({"data_dir": data_dir} if data_dir else {}),
+    )
+    raise SystemExit(asyncio.run(serve(config, demo=demo)))

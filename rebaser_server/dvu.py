@@ -1,0 +1,71 @@
+"""The serial dependent-values-update (DVU) loop of one change set.
+
+``notify()`` stores a single permit. The loop takes the permit and runs one DVU; notifications that arrive while
+a run is in progress set the permit again, so any burst of them during one run yields exactly one more run, never
+zero (a notification is never lost) and never more than one (they coalesce).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+__all__ = ["SerialDvu"]
+
+log = logging.getLogger(__name__)
+
+
+class SerialDvu:
+    def __init__(self, run: Callable[[], Awaitable[None]], *, name: str = "dvu") -> None:
+        self._run = run
+        self._name = name
+        self._permit = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self.runs = 0
+        self.failures = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=self._name)
+
+    def notify(self) -> None:
+        self._permit.set()
+        self._idle.clear()
+
+    @property
+    def pending(self) -> bool:
+        """A run is in progress or due."""
+        return not self._idle.is_set()
+
+    async def drain(self) -> None:
+        """Wait until no run is in progress and none is due."""
+        await self._idle.wait()
+
+    async def stop(self) -> None:
+        """Cancel the loop (and a run in progress). Pending work is the caller's to persist."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await self._permit.wait()
+            # Clear before running: a notify() during the run sets the permit again -> exactly one more run.
+            self._permit.clear()
+            try:
+                await self._run()
+                self.runs += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A DVU failure must not end the task: log, count, and wait for the next notification.
+                self.failures += 1
+                log.exception("%s: dependent values update failed", self._name)
+            if not self._permit.is_set():
+                self._idle.set()

@@ -1,0 +1,80 @@
+"""What every change-set processor of one daemon shares: connection, settings, app, store, hooks, stats."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from rebaser_core.settings import Settings
+from rebaser_core.subjects import Subjects
+from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.hooks import Hooks
+from rebaser_server.state import ChangeSetStore
+
+__all__ = ["Runtime", "Stats"]
+
+log = logging.getLogger(__name__)
+
+_JS_API = "$JS.API"
+
+
+@dataclass
+class Stats:
+    """Counters of one daemon (exposed on /status once the health endpoint lands)."""
+
+    tasks_taken: int = 0
+    tasks_released: int = 0
+    tasks_retried: int = 0
+    tasks_interrupted: int = 0
+    tasks_fenced: int = 0
+    tasks_wedged: int = 0
+    requests_applied: int = 0
+    requests_replayed: int = 0
+    requests_dead_lettered: int = 0
+    requests_retried: int = 0
+    delete_failures: int = 0
+    dvu_runs: int = 0
+    dvu_failures: int = 0
+    last_request_at: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Runtime:
+    nc: NatsClient
+    js: JetStreamContext
+    settings: Settings
+    app: RebaserApp
+    store: ChangeSetStore
+    owner: str
+    hooks: Hooks = field(default_factory=Hooks)
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def subjects(self) -> Subjects:
+        return self.settings.subjects
+
+    async def queued(self, change_set: ChangeSet) -> bool:
+        """Is any request of this change set still in the stream? One direct get, no consumer involved."""
+        subject = self.subjects.requests(change_set.workspace_id, change_set.change_set_id)
+        try:
+            await self.js.get_last_msg(self.subjects.requests_stream, subject, direct=True)
+        except NotFoundError:
+            return False
+        return True
+
+    async def delete_request(self, seq: int) -> None:
+        """Delete a processed request by sequence, without the secure erase ``js.delete_msg`` asks for."""
+        subject = f"{_JS_API}.STREAM.MSG.DELETE.{self.subjects.requests_stream}"
+        payload = json.dumps({"seq": seq, "no_erase": True}).encode()
+        reply = await self.nc.request(subject, payload, timeout=self.settings.ack_wait)
+        data = json.loads(reply.data)
+        if "error" in data and data["error"].get("code") != 404:  # 404: already gone, which is fine
+            raise RuntimeError(f"deleting request seq {seq}: {data['error']}")

@@ -1,0 +1,78 @@
+"""The orphan sweep: every queued request must have a task.
+
+A request can be left without a task if its client died between publishing the request and the task, or if a task
+publish failed for any other reason. Every ``sweep_interval`` (with jitter, so daemons spread out) the sweeper
+lists the change sets that have queued requests and those that have a task, and publishes a task for each
+difference. That bounds how long any request can be stranded to about one interval. Two stream-info calls per
+sweep; nothing per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.subjects import ParsedSubject
+from rebaser_core.tasks import publish_task
+from rebaser_server.runtime import Runtime
+
+__all__ = ["Sweeper"]
+
+log = logging.getLogger(__name__)
+
+
+def _parse_all(parse: Callable[[str], ParsedSubject], names: dict[str, int] | None) -> set[ParsedSubject]:
+    parsed = set()
+    for name in names or {}:
+        try:
+            parsed.add(parse(name))
+        except InvalidSubject:
+            log.warning("orphan sweep: ignoring malformed subject %r", name)
+    return parsed
+
+
+class Sweeper:
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self.sweeps = 0
+        self.orphans_found = 0
+
+    async def sweep_once(self) -> int:
+        """Publish a task for every change set with queued requests and no task; return how many."""
+        rt, subjects = self._rt, self._rt.subjects
+        requests = await rt.js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
+        queued = _parse_all(subjects.parse_requests, requests.state.subjects)
+        if not queued:
+            self.sweeps += 1
+            return 0
+        tasks = await rt.js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
+        tasked = _parse_all(subjects.parse_task, tasks.state.subjects)
+        found = 0
+        for change_set in sorted(queued - tasked, key=str):
+            if await self._publish(change_set):
+                found += 1
+        self.sweeps += 1
+        self.orphans_found += found
+        if found:
+            log.warning("orphan sweep: published tasks for %d change sets with queued requests", found)
+        return found
+
+    async def _publish(self, change_set: ParsedSubject) -> bool:
+        subject = self._rt.subjects.task(change_set.workspace_id, change_set.change_set_id)
+        try:
+            return await publish_task(self._rt.nc, subject)
+        except RebaserError as err:
+            log.warning("orphan sweep: task publish for %s failed: %s", subject, err)
+            return False
+
+    async def run(self) -> None:
+        interval = self._rt.settings.sweep_interval
+        while True:
+            await asyncio.sleep(interval * random.uniform(0.75, 1.25))
+            try:
+                await self.sweep_once()
+            except Exception:
+                log.exception("orphan sweep failed; trying again next interval")
