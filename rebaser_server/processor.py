@@ -119,7 +119,9 @@ class ChangeSetProcessor:
             if await rt.queued(self.change_set):
                 await self._subscribe()
             else:
-                self._caught_up = True
+                # Nothing to do (a redelivered or swept task): release at once. Safe for the same reason every
+                # release is: a request published meanwhile is found by the check after the ack.
+                self._finish(Outcome.RELEASED, reason="nothing queued")
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
@@ -233,13 +235,15 @@ class ChangeSetProcessor:
             applied = await self._step(rt.app.apply(self.change_set, record.state, request))
         except UnprocessableError as err:
             reason = f"unprocessable: {err}"
-        except (_Wedged, FencedError):
+        except FencedError:
             raise
-        except Exception as err:  # RetryableError, or any bug in the app: retry, up to max_attempts
+        except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
             attempts = record.attempts.get(rid, 0) + 1
             if attempts < settings.max_attempts:
                 await handle.commit(replace(record, attempts={**record.attempts, rid: attempts}))
                 rt.stats.requests_retried += 1
+                if isinstance(err, _Wedged):
+                    raise
                 delay = min(settings.retry_backoff * 2 ** (attempts - 1), settings.retry_backoff_max)
                 raise _Retry(delay, f"attempt {attempts} of request {rid} failed: {err}") from err
             reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}"
@@ -375,12 +379,12 @@ class ChangeSetProcessor:
         grace = (
             settings.shutdown_grace if result.outcome is Outcome.INTERRUPTED else settings.handler_deadline
         )
-        if result.outcome is not Outcome.WEDGED:
-            # Let the request in hand finish; its commit is fenced anyway if we lost the change set meanwhile.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace):
-                    await self._request_lock.acquire()
-                    self._request_lock.release()
+        # Let the request in hand finish (a wedged step was cancelled, so that one ends at once); its commit is
+        # fenced anyway if we lost the change set meanwhile.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._request_lock.acquire()
+                self._request_lock.release()
         await self._unsubscribe()
         if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
             with contextlib.suppress(TimeoutError):

@@ -26,6 +26,12 @@ from rebaser_server.server import Daemon
 __all__ = ["CheckpointGate", "RecordingHooks", "fast_settings", "running_daemon"]
 
 
+def _known(name: str) -> str:
+    if name not in CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint {name!r}; known: {', '.join(CHECKPOINTS)}")
+    return name
+
+
 class CheckpointGate(Hooks):
     """Pauses the daemon the next time it reaches checkpoint ``name``, until :meth:`release`.
 
@@ -33,15 +39,16 @@ class CheckpointGate(Hooks):
     """
 
     def __init__(self, name: str) -> None:
-        if name not in CHECKPOINTS:
-            raise ValueError(f"unknown checkpoint {name!r}; known: {', '.join(CHECKPOINTS)}")
-        self.name = name
+        self.name = _known(name)
         self.change_set: ChangeSet | None = None
         self._armed = True
         self._reached = asyncio.Event()
         self._released = asyncio.Event()
 
-    def arm(self) -> None:
+    def arm(self, name: str | None = None) -> None:
+        """Pause once more, at ``name`` if given (else at the same checkpoint)."""
+        if name is not None:
+            self.name = _known(name)
         self._armed = True
         self._reached.clear()
         self._released.clear()

@@ -121,7 +121,11 @@ def fixtures() -> list[Fixture]:
                                 "enabled": True,
                                 "owner": None,
                                 "tags": ["prod", "zürich", "日本", "🚀"],
-                                "nested": {"empty_list": [], "empty_map": {}, "mixed": [1, "two", 3.5, False]},
+                                "nested": {
+                                    "empty_list": [],
+                                    "empty_map": {},
+                                    "mixed": [1, "two", 3.5, False],
+                                },
                             },
                         ),
                         SetFunction(
@@ -158,7 +162,9 @@ def fixtures() -> list[Fixture]:
                 id=RESPONSE_SUCCESS,
                 workspace_id=WORKSPACE,
                 change_set_id=CHANGE_SET,
-                status=SuccessStatus(updates_performed=3, snapshot_address="snapshots/01JAW0Q8F3T6M9P2S5V8Y1B4C7/42"),
+                status=SuccessStatus(
+                    updates_performed=3, snapshot_address="snapshots/01JAW0Q8F3T6M9P2S5V8Y1B4C7/42"
+                ),
             ),
             None,
         ),
@@ -190,7 +196,9 @@ def fixtures() -> list[Fixture]:
                 id=RESPONSE_ERROR,
                 workspace_id=WORKSPACE,
                 change_set_id=CHANGE_SET,
-                status=ErrorStatus(message="function 'concat' failed: argument 2 is not a string — é", retryable=True),
+                status=ErrorStatus(
+                    message="function 'concat' failed: argument 2 is not a string — é", retryable=True
+                ),
             ),
             None,
         ),
@@ -202,7 +210,9 @@ def render(fixture: Fixture, content_type: ContentType) -> tuple[bytes, bytes, b
     headers, body = fixture.registry.encode(fixture.message, content_type, reply_inbox=fixture.reply_inbox)
     current = fixture.registry.upgrade(fixture.message)
     headers_file = (json.dumps(headers, indent=2) + "\n").encode()
-    expected_file = (json.dumps(current.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n").encode()
+    expected_file = (
+        json.dumps(current.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    ).encode()
     return body, headers_file, expected_file
 
 
@@ -219,7 +229,9 @@ def planned() -> dict[Path, bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="compare only; exit 1 if anything differs")
     mode.add_argument("--force", action="store_true", help="overwrite fixtures whose bytes differ")

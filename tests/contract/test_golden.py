@@ -122,7 +122,9 @@ def test_encoding_the_same_version_again_reproduces_the_committed_bytes(name: st
     negotiated = registry.negotiate(headers)
     message: MessageVersion = registry.decode_version(body, negotiated)
 
-    new_headers, new_body = registry.encode(message, negotiated.content_type, reply_inbox=headers.get(h.REPLY_INBOX))
+    new_headers, new_body = registry.encode(
+        message, negotiated.content_type, reply_inbox=headers.get(h.REPLY_INBOX)
+    )
 
     assert new_body == body
     assert new_headers == headers

@@ -32,7 +32,8 @@ from rebaser_core.api import (
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 # database=None: no example database written into the work tree.
-PROPERTY = settings(max_examples=150, deadline=None, database=None)
+PROPERTY = settings(max_examples=120, deadline=None, database=None)
+LIGHT = settings(max_examples=30, deadline=None, database=None)  # properties that need few examples
 
 # -- strategies -------------------------------------------------------------------------------------------------
 
@@ -53,7 +54,9 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 versions = st.none() | st.text(max_size=16)
@@ -156,7 +159,9 @@ def _roundtrip(registry: VersionedMessage[Any], message: MessageVersion, content
 
 @PROPERTY
 @given(current_messages)
-def test_current_messages_roundtrip_through_both_codecs(case: tuple[VersionedMessage[Any], MessageVersion]) -> None:
+def test_current_messages_roundtrip_through_both_codecs(
+    case: tuple[VersionedMessage[Any], MessageVersion],
+) -> None:
     registry, message = case
     assert type(message) is registry.current
     for content_type in ContentType:
@@ -181,9 +186,11 @@ def test_cbor_to_json_and_back_preserves_equality(case: tuple[VersionedMessage[A
     assert (back_headers, back_body) == (cbor_headers, cbor_body)
 
 
-@PROPERTY
+@LIGHT
 @given(current_messages)
-def test_json_mode_dump_validates_back_to_the_same_message(case: tuple[VersionedMessage[Any], MessageVersion]) -> None:
+def test_json_mode_dump_validates_back_to_the_same_message(
+    case: tuple[VersionedMessage[Any], MessageVersion],
+) -> None:
     registry, message = case
     assert registry.current.model_validate(message.model_dump(mode="json")) == message
 
@@ -215,7 +222,7 @@ def test_older_request_versions_roundtrip_and_upgrade_to_the_current_one(
         _roundtrip(registry, current, content_type)
 
 
-@PROPERTY
+@LIGHT
 @given(requests_v1)
 def test_upgrade_is_step_by_step(message: EnqueueUpdatesRequestV1) -> None:
     v2 = message.upgrade()
@@ -224,7 +231,7 @@ def test_upgrade_is_step_by_step(message: EnqueueUpdatesRequestV1) -> None:
     assert v2.upgrade() == ENQUEUE_UPDATES_REQUEST.upgrade(message)
 
 
-@PROPERTY
+@LIGHT
 @given(requests_v3)
 def test_current_version_upgrades_to_itself(message: EnqueueUpdatesRequestV3) -> None:
     assert ENQUEUE_UPDATES_REQUEST.upgrade(message) is message

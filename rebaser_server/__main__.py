@@ -1,0 +1,3 @@
+from rebaser_server.cli import main
+
+main()

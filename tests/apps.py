@@ -1,0 +1,89 @@
+"""Applications for tests. ``RecordingApp`` appends each applied request id to the change set's state.
+
+Behaviour is steered by the request's updates (inline ``SetLiteral`` on special paths):
+
+- ``/sleep`` = seconds: sleep inside apply (to be caught mid-request);
+- ``/hang`` = anything: never return (the watchdog must give up);
+- ``/poison`` = anything: ``UnprocessableError``;
+- ``/flaky`` = n: ``RetryableError`` for the first n attempts of that request (counted in this process);
+- ``/dvu`` = anything: ask for a dependent-values update.
+
+With ``REBASER_TEST_RECORD`` set (subprocess daemons), every apply's start and end go to that JSONL file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+
+from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates, SetLiteral, SuccessStatus
+from rebaser_core.errors import RetryableError, UnprocessableError
+from rebaser_core.settings import Settings
+from rebaser_server.app import Applied, AppState, ChangeSet
+
+
+def _controls(request: EnqueueUpdatesRequest) -> dict[str, Any]:
+    if not isinstance(request.updates, InlineUpdates):
+        return {}
+    return {u.path: u.value for u in request.updates.updates if isinstance(u, SetLiteral)}
+
+
+class RecordingApp:
+    def __init__(self) -> None:
+        self.active: Counter[str] = Counter()
+        self.overlaps: list[str] = []
+        self.attempts: Counter[str] = Counter()
+        self.dvu_runs: defaultdict[str, int] = defaultdict(int)
+        self.dvu_gate: asyncio.Event | None = None  # set by a test to hold DVU runs
+        self._record = os.environ.get("REBASER_TEST_RECORD")
+
+    async def start(self, nc: NatsClient, settings: Settings) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def initial_state(self, change_set: ChangeSet) -> AppState:
+        return {"applied": [], "dvu_runs": 0}
+
+    def _log(self, event: str, change_set: ChangeSet, request_id: str) -> None:
+        if self._record:
+            line = json.dumps({"e": event, "cs": str(change_set), "rid": request_id, "pid": os.getpid(),
+                               "t": time.time()})
+            with open(self._record, "a") as f:
+                f.write(line + "\n")
+
+    async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
+        key, rid = str(change_set), str(request.id)
+        self.active[key] += 1
+        if self.active[key] > 1:
+            self.overlaps.append(key)
+        self._log("start", change_set, rid)
+        try:
+            controls = _controls(request)
+            self.attempts[rid] += 1
+            if "/sleep" in controls:
+                await asyncio.sleep(float(controls["/sleep"]))
+            if "/hang" in controls:
+                await asyncio.Event().wait()
+            if "/poison" in controls:
+                raise UnprocessableError("poison request")
+            if "/flaky" in controls and self.attempts[rid] <= int(controls["/flaky"]):
+                raise RetryableError(f"flaky attempt {self.attempts[rid]}")
+            new_state = {**state, "applied": [*state["applied"], rid]}
+            self._log("end", change_set, rid)
+            return Applied(SuccessStatus(updates_performed=1), new_state, dvu="/dvu" in controls)
+        finally:
+            self.active[key] -= 1
+
+    async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
+        if self.dvu_gate is not None:
+            await self.dvu_gate.wait()
+        self.dvu_runs[str(change_set)] += 1
+        return {**state, "dvu_runs": state["dvu_runs"] + 1}

@@ -1,0 +1,70 @@
+"""Daemons in subprocesses, for tests that kill or signal them. Stopped by PID at the end, whatever happens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class DaemonProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    async def wait(self, timeout: float) -> int:
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+
+async def spawn_daemon(nats_url: str, prefix: str, workdir: Path, env: dict[str, str], name: str) -> DaemonProcess:
+    log = workdir / f"{name}.log"
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    out = log.open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rebaser_server", "--nats-url", nats_url, "--prefix", prefix,
+        "--app", "tests.apps:RecordingApp", "--log-level", "INFO",
+        stdout=out, stderr=asyncio.subprocess.STDOUT, env=full_env, cwd=str(ROOT),
+    )
+    out.close()
+    daemon = DaemonProcess(proc, log)
+    deadline = asyncio.get_running_loop().time() + 20
+    while b"rebaser daemon serving" not in log.read_bytes():
+        if proc.returncode is not None or asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"daemon {name} did not start:\n{log.read_text()}")
+        await asyncio.sleep(0.05)
+    return daemon
+
+
+@asynccontextmanager
+async def daemon_processes() -> AsyncIterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    try:
+        yield started
+    finally:
+        for d in started:
+            if d.proc.returncode is None:
+                d.kill()
+                await d.proc.wait()
+
+
+def read_record(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,68 @@
+"""The serial DVU loop: notifications during a run coalesce into exactly one more run."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rebaser_core.testing import wait_for
+from rebaser_server.dvu import SerialDvu
+
+
+async def test_burst_during_a_run_yields_exactly_one_more_run() -> None:
+    started, proceed = asyncio.Event(), asyncio.Event()
+    runs = 0
+
+    async def run() -> None:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await proceed.wait()
+
+    dvu = SerialDvu(run)
+    dvu.start()
+    dvu.notify()
+    await asyncio.wait_for(started.wait(), 5)
+    for _ in range(100):
+        dvu.notify()
+    proceed.set()
+    await asyncio.wait_for(dvu.drain(), 5)
+    assert runs == 2
+    await dvu.stop()
+
+
+async def test_notification_while_idle_runs_once_and_failures_do_not_stop_the_loop() -> None:
+    calls = 0
+
+    async def run() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+
+    dvu = SerialDvu(run)
+    dvu.start()
+    dvu.notify()
+    await wait_for(lambda: dvu.failures == 1, timeout=5)
+    dvu.notify()
+    await wait_for(lambda: dvu.runs == 1, timeout=5)
+    await asyncio.wait_for(dvu.drain(), 5)
+    assert calls == 2 and not dvu.pending
+    await dvu.stop()
+
+
+async def test_drain_waits_for_pending_run() -> None:
+    proceed = asyncio.Event()
+
+    async def run() -> None:
+        await proceed.wait()
+
+    dvu = SerialDvu(run)
+    dvu.notify()  # before start: the permit is stored
+    assert dvu.pending
+    dvu.start()
+    drained = asyncio.create_task(dvu.drain())
+    await asyncio.sleep(0)
+    assert not drained.done()
+    proceed.set()
+    await asyncio.wait_for(drained, 5)
+    await dvu.stop()
