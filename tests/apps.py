@@ -54,8 +54,9 @@ class RecordingApp:
 
     def _log(self, event: str, change_set: ChangeSet, request_id: str) -> None:
         if self._record:
-            line = json.dumps({"e": event, "cs": str(change_set), "rid": request_id, "pid": os.getpid(),
-                               "t": time.time()})
+            line = json.dumps(
+                {"e": event, "cs": str(change_set), "rid": request_id, "pid": os.getpid(), "t": time.time()}
+            )
             with open(self._record, "a") as f:
                 f.write(line + "\n")
 

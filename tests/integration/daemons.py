@@ -33,14 +33,28 @@ class DaemonProcess:
         return await asyncio.wait_for(self.proc.wait(), timeout)
 
 
-async def spawn_daemon(nats_url: str, prefix: str, workdir: Path, env: dict[str, str], name: str) -> DaemonProcess:
+async def spawn_daemon(
+    nats_url: str, prefix: str, workdir: Path, env: dict[str, str], name: str
+) -> DaemonProcess:
     log = workdir / f"{name}.log"
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     out = log.open("wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rebaser_server", "--nats-url", nats_url, "--prefix", prefix,
-        "--app", "tests.apps:RecordingApp", "--log-level", "INFO",
-        stdout=out, stderr=asyncio.subprocess.STDOUT, env=full_env, cwd=str(ROOT),
+        sys.executable,
+        "-m",
+        "rebaser_server",
+        "--nats-url",
+        nats_url,
+        "--prefix",
+        prefix,
+        "--app",
+        "tests.apps:RecordingApp",
+        "--log-level",
+        "INFO",
+        stdout=out,
+        stderr=asyncio.subprocess.STDOUT,
+        env=full_env,
+        cwd=str(ROOT),
     )
     out.close()
     daemon = DaemonProcess(proc, log)

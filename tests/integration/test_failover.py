@@ -18,8 +18,14 @@ from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp
 from tests.integration.daemons import daemon_processes, read_record, spawn_daemon
 
-ENV = {"REBASER_STORAGE": "memory", "REBASER_ACK_WAIT": "3", "REBASER_PROGRESS_PERIOD": "0.5",
-       "REBASER_QUIESCENT_PERIOD": "0.5", "REBASER_SWEEP_INTERVAL": "1", "REBASER_RETRY_BACKOFF": "0.1"}
+ENV = {
+    "REBASER_STORAGE": "memory",
+    "REBASER_ACK_WAIT": "3",
+    "REBASER_PROGRESS_PERIOD": "0.5",
+    "REBASER_QUIESCENT_PERIOD": "0.5",
+    "REBASER_SWEEP_INTERVAL": "1",
+    "REBASER_RETRY_BACKOFF": "0.1",
+}
 
 
 async def test_sigkill_mid_request_loses_nothing_and_applies_nothing_twice(
@@ -44,7 +50,9 @@ async def test_sigkill_mid_request_loses_nothing_and_applies_nothing_twice(
 
         producing = asyncio.gather(*(produce(cs) for cs in change_sets))
         # Kill whichever daemon is in the middle of a request (a "start" without its "end").
-        victim_pid = await wait_for(lambda: _mid_request(read_record(record)), timeout=20, message="a request started")
+        victim_pid = await wait_for(
+            lambda: _mid_request(read_record(record)), timeout=20, message="a request started"
+        )
         victim = next(d for d in daemons if d.pid == victim_pid)
         victim.kill()
         await victim.wait(10)
@@ -77,8 +85,13 @@ async def test_sigterm_hands_change_sets_over_before_ack_wait(
     nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path
 ) -> None:
     # The owner would hold its change sets for a minute and a silent owner would lose them only after 30 s.
-    env = {**ENV, "REBASER_ACK_WAIT": "30", "REBASER_PROGRESS_PERIOD": "5", "REBASER_QUIESCENT_PERIOD": "60",
-           "REBASER_TEST_RECORD": str(tmp_path / "record.jsonl")}
+    env = {
+        **ENV,
+        "REBASER_ACK_WAIT": "30",
+        "REBASER_PROGRESS_PERIOD": "5",
+        "REBASER_QUIESCENT_PERIOD": "60",
+        "REBASER_TEST_RECORD": str(tmp_path / "record.jsonl"),
+    }
     async with daemon_processes() as daemons:
         first = await spawn_daemon(nats_url, subject_prefix, tmp_path, env, "first")
         daemons.append(first)

@@ -31,7 +31,9 @@ async def test_request_published_during_release_is_never_stranded(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         for i in range(ITERATIONS):
             gate.arm("stopped_consuming" if i % 2 == 0 else "task_acked")
-            first = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/i", value=i)], timeout=10)
+            first = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/i", value=i)], timeout=10
+            )
             assert first.ok
             await gate.wait_reached()
             before = (await js.stream_info(settings.subjects.requests_stream)).state.last_seq

@@ -40,7 +40,9 @@ async def test_json_client_gets_json_reply(nc: NatsClient, subject_prefix: str) 
         running_daemon(nc, fast_settings(subject_prefix), RecordingApp()),
         RebaserClient(nc, prefix=subject_prefix, content_type=ContentType.JSON) as client,
     ):
-        response = await client.enqueue_updates_with_reply(WorkspacePk.new(), ChangeSetId.new(), noop(), timeout=10)
+        response = await client.enqueue_updates_with_reply(
+            WorkspacePk.new(), ChangeSetId.new(), noop(), timeout=10
+        )
         assert response.ok
 
 
@@ -85,20 +87,26 @@ async def test_order_and_exclusivity_with_three_daemons(nats_url: str, subject_p
             await conn.close()
 
 
-async def test_quiescence_releases_task_and_consumer(nc: NatsClient, client: RebaserClient, subject_prefix: str) -> None:
+async def test_quiescence_releases_task_and_consumer(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
     settings = fast_settings(subject_prefix)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         js = nc.jetstream()
         baseline = (await js.stream_info(settings.subjects.requests_stream)).state.consumer_count
         wk = WorkspacePk.new()
-        await asyncio.gather(*(client.enqueue_updates_with_reply(wk, ChangeSetId.new(), noop()) for _ in range(5)))
+        await asyncio.gather(
+            *(client.enqueue_updates_with_reply(wk, ChangeSetId.new(), noop()) for _ in range(5))
+        )
         await wait_for(lambda: not daemon.owned, timeout=10, message="all change sets released")
 
         async def back_to_baseline() -> bool:
             requests = await js.stream_info(settings.subjects.requests_stream)
             tasks = await js.stream_info(settings.subjects.tasks_stream)
-            return requests.state.consumer_count == baseline and tasks.state.messages == 0 and (
-                requests.state.messages == 0
+            return (
+                requests.state.consumer_count == baseline
+                and tasks.state.messages == 0
+                and (requests.state.messages == 0)
             )
 
         await wait_for(back_to_baseline, timeout=10, message="consumers, tasks and requests back to baseline")
@@ -111,13 +119,17 @@ async def test_poison_request_is_dead_lettered_and_next_one_processed(
     settings = fast_settings(subject_prefix)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        poison = asyncio.create_task(client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/poison", value=1)]))
+        poison = asyncio.create_task(
+            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/poison", value=1)])
+        )
         good = asyncio.create_task(client.enqueue_updates_with_reply(wk, cs, noop()))
         bad, ok = await poison, await good
         assert bad.status.kind == "error" and "poison" in bad.status.message and not bad.status.retryable
         assert ok.ok
         assert await applied(daemon.rt.store, ChangeSet(wk, cs)) == [str(ok.id)]
-        dlq = await nc.jetstream().get_last_msg(settings.subjects.dead_letter_stream, settings.subjects.dead_letter(wk, cs))
+        dlq = await nc.jetstream().get_last_msg(
+            settings.subjects.dead_letter_stream, settings.subjects.dead_letter(wk, cs)
+        )
         assert dlq.headers is not None and "poison" in dlq.headers[h.DEAD_LETTER_REASON]
         assert ENQUEUE_UPDATES_REQUEST.decode(dlq.headers, dlq.data).id == bad.id
 
@@ -128,21 +140,37 @@ async def _raw_request(nc: NatsClient, subject: str, headers: dict[str, str], bo
     sub = await nc.subscribe(inbox, max_msgs=1)
     await nc.request(subject, body, headers={**headers, h.REPLY_INBOX: inbox})
     reply = await sub.next_msg(timeout=10)
-    return {"status": ENQUEUE_UPDATES_RESPONSE.decode(reply.headers, reply.data).status.kind,
-            "message": getattr(ENQUEUE_UPDATES_RESPONSE.decode(reply.headers, reply.data).status, "message", "")}
+    return {
+        "status": ENQUEUE_UPDATES_RESPONSE.decode(reply.headers, reply.data).status.kind,
+        "message": getattr(ENQUEUE_UPDATES_RESPONSE.decode(reply.headers, reply.data).status, "message", ""),
+    }
 
 
-async def test_garbled_and_unsupported_requests_get_error_replies(nc: NatsClient, subject_prefix: str) -> None:
+async def test_garbled_and_unsupported_requests_get_error_replies(
+    nc: NatsClient, subject_prefix: str
+) -> None:
     settings = fast_settings(subject_prefix)
     subjects = settings.subjects
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         subject = subjects.requests(wk, cs)
-        base = {h.MESSAGE_TYPE: "EnqueueUpdatesRequest", h.MESSAGE_VERSION: "3", h.CONTENT_TYPE: "application/cbor"}
+        base = {
+            h.MESSAGE_TYPE: "EnqueueUpdatesRequest",
+            h.MESSAGE_VERSION: "3",
+            h.CONTENT_TYPE: "application/cbor",
+        }
         cases = [
             ({**base, h.NATS_MSG_ID: str(RequestId.new())}, b"\xff\x00garbage", "DecodeError"),
-            ({**base, h.NATS_MSG_ID: str(RequestId.new()), h.MESSAGE_VERSION: "9"}, b"", "UnsupportedMessageVersion"),
-            ({**base, h.NATS_MSG_ID: str(RequestId.new()), h.CONTENT_TYPE: "text/xml"}, b"<x/>", "UnsupportedContentType"),
+            (
+                {**base, h.NATS_MSG_ID: str(RequestId.new()), h.MESSAGE_VERSION: "9"},
+                b"",
+                "UnsupportedMessageVersion",
+            ),
+            (
+                {**base, h.NATS_MSG_ID: str(RequestId.new()), h.CONTENT_TYPE: "text/xml"},
+                b"<x/>",
+                "UnsupportedContentType",
+            ),
         ]
         from rebaser_core.tasks import publish_task
 
@@ -157,15 +185,21 @@ async def test_garbled_and_unsupported_requests_get_error_replies(nc: NatsClient
         assert info.state.messages == 3
 
 
-async def test_retryable_failure_still_reaches_caller(nc: NatsClient, client: RebaserClient, subject_prefix: str) -> None:
+async def test_retryable_failure_still_reaches_caller(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        response = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/flaky", value=2)], timeout=20)
+        response = await client.enqueue_updates_with_reply(
+            wk, cs, [SetLiteral(path="/flaky", value=2)], timeout=20
+        )
         assert response.ok
         assert daemon.stats.requests_retried == 2 and daemon.stats.tasks_retried == 2
 
 
-async def test_request_over_max_attempts_is_dead_lettered(nc: NatsClient, client: RebaserClient, subject_prefix: str) -> None:
+async def test_request_over_max_attempts_is_dead_lettered(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix, max_attempts=3), RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         failing = asyncio.create_task(
@@ -184,7 +218,9 @@ async def test_wedged_request_is_given_up_and_dead_lettered(
     settings = fast_settings(subject_prefix, handler_deadline=0.3, progress_period=0.1, max_attempts=2)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        hung = asyncio.create_task(client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/hang", value=1)], timeout=20))
+        hung = asyncio.create_task(
+            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/hang", value=1)], timeout=20)
+        )
         after = asyncio.create_task(client.enqueue_updates_with_reply(wk, cs, noop(), timeout=20))
         bad = await hung
         assert bad.status.kind == "error"
@@ -192,7 +228,9 @@ async def test_wedged_request_is_given_up_and_dead_lettered(
         assert daemon.stats.tasks_wedged >= 1
 
 
-async def test_redelivered_request_is_not_applied_twice(nc: NatsClient, client: RebaserClient, subject_prefix: str) -> None:
+async def test_redelivered_request_is_not_applied_twice(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
     from rebaser_server.hooks import Hooks
 
     class FailAfterCommitOnce(Hooks):
@@ -203,7 +241,9 @@ async def test_redelivered_request_is_not_applied_twice(nc: NatsClient, client: 
                 self.failed = True
                 raise RuntimeError("crash between commit and delete")
 
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), hooks=FailAfterCommitOnce()) as daemon:
+    async with running_daemon(
+        nc, fast_settings(subject_prefix), RecordingApp(), hooks=FailAfterCommitOnce()
+    ) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         response = await client.enqueue_updates_with_reply(wk, cs, noop(), timeout=20)
         assert response.ok
@@ -217,12 +257,15 @@ async def test_orphaned_request_is_found_by_the_sweep(nc: NatsClient, subject_pr
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
 
-        request = EnqueueUpdatesRequest(id=RequestId.new(), workspace_id=wk, change_set_id=cs,
-                                        updates=InlineUpdates(updates=noop()))
+        request = EnqueueUpdatesRequest(
+            id=RequestId.new(), workspace_id=wk, change_set_id=cs, updates=InlineUpdates(updates=noop())
+        )
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox, max_msgs=1)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, reply_inbox=inbox)
-        await nc.jetstream().publish(settings.subjects.requests(wk, cs), body, headers=headers)  # no task: a client crash
+        await nc.jetstream().publish(
+            settings.subjects.requests(wk, cs), body, headers=headers
+        )  # no task: a client crash
         reply = await sub.next_msg(timeout=10)
         assert ENQUEUE_UPDATES_RESPONSE.decode(reply.headers, reply.data).ok
         assert daemon.sweeper.orphans_found >= 1
