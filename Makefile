@@ -21,7 +21,8 @@ serve: $(BIN)/.installed
 	$(BIN)/rebaser-server --data-dir .rebaser-data
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check rebaser_core rebaser_client rebaser_server tests bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 test: lint

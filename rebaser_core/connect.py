@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NatsClient
 
 __all__ = ["ConnectOptions", "connect"]
@@ -66,6 +66,15 @@ async def _log_error(err: Exception) -> None:
 
 
 async def connect(options: ConnectOptions) -> NatsClient:
+    """Connect, retrying reconnects forever afterwards, but giving up on the *first* connect after
+    ``connect_timeout`` per server (nats-py would otherwise retry an unreachable server forever)."""
     kwargs = options.kwargs()
     kwargs.setdefault("error_cb", _log_error)
-    return await nats.connect(**kwargs)
+    nc = NatsClient()
+    try:
+        async with asyncio.timeout(options.connect_timeout * max(1, len(options.servers)) + 1.0):
+            await nc.connect(**kwargs)
+    except TimeoutError:
+        await nc.close()
+        raise TimeoutError(f"could not connect to {', '.join(options.servers)}") from None
+    return nc

@@ -27,6 +27,8 @@ class UlidId:
 
     def __init__(self, value: ULID | str | Self) -> None:
         if isinstance(value, UlidId):
+            if type(value) is not type(self):
+                raise InvalidId(f"a {type(value).__name__} is not a {type(self).__name__}")
             ulid = value._ulid
         elif isinstance(value, ULID):
             ulid = value

@@ -87,6 +87,8 @@ class Settings(BaseModel):
         # A progress ack that comes later than ack_wait cannot keep the task: the server redelivers first.
         if self.progress_period >= self.ack_wait:
             raise ValueError("progress_period must be shorter than ack_wait")
+        if self.retry_backoff > self.retry_backoff_max:
+            raise ValueError("retry_backoff must not exceed retry_backoff_max")
         return self
 
     @property

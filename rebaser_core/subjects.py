@@ -34,6 +34,9 @@ def validate_prefix(prefix: str | None) -> str | None:
     """Return ``prefix`` if it is one safe token (or ``None``/empty for no prefix); else raise."""
     if prefix is None or prefix == "":
         return None
+    if prefix == "dlq":
+        # "dlq.rebaser.requests.>" is the unprefixed dead-letter stream's subject space.
+        raise InvalidSubject("subject prefix 'dlq' is reserved")
     if not _PREFIX_TOKEN.fullmatch(prefix):
         raise InvalidSubject(
             f"subject prefix {prefix!r} must be one token of letters, digits, '-' or '_' "
@@ -130,9 +133,13 @@ class Subjects:
                 f"subject {subject!r} is not of the form {'.'.join((*head, '<wk>', '<cs>', *tail))}"
             )
         try:
-            return ParsedSubject(WorkspacePk(tokens[n]), ChangeSetId(tokens[n + 1]))
+            parsed = ParsedSubject(WorkspacePk(tokens[n]), ChangeSetId(tokens[n + 1]))
         except ValueError as err:
             raise InvalidSubject(f"subject {subject!r}: {err}") from None
+        # Subjects are case-sensitive: a lower-case id token names a different subject than the one consumed.
+        if (str(parsed.workspace_id), str(parsed.change_set_id)) != (tokens[n], tokens[n + 1]):
+            raise InvalidSubject(f"subject {subject!r}: ids in subjects must be canonical upper-case ULIDs")
+        return parsed
 
     def parse_task(self, subject: str) -> ParsedSubject:
         return self._strip(subject, ("rebaser", "tasks"), ("process",))

@@ -17,12 +17,9 @@ from rebaser_core.errors import RebaserBusy, RebaserRefused, RebaserUnavailable
 __all__ = ["TASK_EXISTS", "check_pub_ack", "publish_task"]
 
 TASK_EXISTS = 10077  # "maximum messages per subject exceeded" on the tasks stream
-STREAM_FULL = {
-    10077: "maximum messages per subject exceeded",
-    10054: "maximum messages exceeded",
-    10055: "maximum bytes exceeded",
-    10056: "maximum message size exceeded",
-}
+# nats-server 2.15 reports every "stream full" limit (messages, bytes, per subject) as 10077; 10054 is a message
+# over the size limit, which retrying cannot fix (RebaserRefused).
+STREAM_FULL = frozenset({10077})
 
 
 def check_pub_ack(data: bytes, subject: str, *, allow: tuple[int, ...] = ()) -> int | None:

@@ -6,7 +6,9 @@ codecs carry the same data model, so a message converts losslessly between them.
 
 from __future__ import annotations
 
+import io
 import json
+import math
 from enum import StrEnum
 from typing import Any
 
@@ -37,12 +39,57 @@ def encode_body(data: Any, content_type: ContentType) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+_MAX_DEPTH = 64
+_MAX_INT = 2**64
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode(body: bytes, content_type: ContentType) -> Any:
+    if content_type is ContentType.JSON:
+        return json.loads(body, parse_constant=_refuse_constant)
+    stream = io.BytesIO(body)
+    data = cbor2.CBORDecoder(stream).decode()
+    if stream.tell() != len(body):
+        raise ValueError(f"{len(body) - stream.tell()} bytes of trailing data after the CBOR item")
+    return data
+
+
+def _check(value: Any, depth: int = 0) -> None:
+    """Only the JSON data model crosses the wire: both codecs must be able to carry whatever we accept."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -_MAX_INT <= value < _MAX_INT:  # what CBOR carries without bignum tags
+            raise ValueError("integer outside -2**64 .. 2**64-1")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("NaN and infinities are not allowed")
+    elif isinstance(value, str):
+        value.encode("utf-8")  # lone surrogates raise UnicodeEncodeError, a ValueError
+    elif isinstance(value, list):
+        for item in value:
+            _check(item, depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError("map keys must be strings")
+            _check(key, depth + 1)
+            _check(item, depth + 1)
+    else:
+        raise ValueError(f"{type(value).__name__} values are not part of the JSON data model")
+
+
 def decode_body(body: bytes, content_type: ContentType) -> Any:
     """Bytes to JSON-compatible data; any failure becomes :class:`DecodeError`."""
     try:
-        if content_type is ContentType.CBOR:
-            return cbor2.loads(body)
-        return json.loads(body)
+        data = _decode(body, content_type)
+        _check(data)
+        return data
     except (ValueError, TypeError, EOFError, RecursionError, OverflowError, MemoryError) as err:
         raise DecodeError(f"body is not valid {content_type.value}: {err}") from None
     except Exception as err:  # cbor2 raises a handful of its own types; never let one escape untyped

@@ -30,7 +30,7 @@ __all__ = [
 
 
 class _Status(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class SuccessStatus(_Status):

@@ -26,7 +26,7 @@ AttributePath = Annotated[str, Field(pattern=r"^(/[^/\s]+)+$", max_length=1024)]
 
 
 class _Update(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     path: AttributePath
     expected_version: str | None = None
@@ -53,7 +53,7 @@ Update = Annotated[SetLiteral | SetFunction | Remove, Field(discriminator="op")]
 class InlineUpdates(BaseModel):
     """The batch travels inside the request."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
     kind: Literal["inline"] = "inline"
     updates: list[Update]
 
@@ -61,7 +61,7 @@ class InlineUpdates(BaseModel):
 class StoredUpdates(BaseModel):
     """The batch is stored elsewhere (for example an object store) under a content address."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
     kind: Literal["stored"] = "stored"
     address: Annotated[str, Field(min_length=1, max_length=256)]
 

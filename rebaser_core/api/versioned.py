@@ -25,7 +25,7 @@ __all__ = ["MessageVersion", "Negotiated", "VersionedMessage"]
 class MessageVersion(BaseModel):
     """One version of one message type. Subclasses set ``MESSAGE_TYPE`` and ``VERSION``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     MESSAGE_TYPE: ClassVar[str]
     VERSION: ClassVar[int]
@@ -98,18 +98,20 @@ class VersionedMessage(Generic[C]):
         Raises :class:`MissingHeader`, :class:`UnsupportedContentType`, :class:`UnsupportedMessageType` or
         :class:`UnsupportedMessageVersion`. A missing content type means the default, CBOR.
         """
-        headers = headers or {}
-        content_type = ContentType.parse(headers.get(h.CONTENT_TYPE) or ContentType.CBOR.value)
-        message_type = headers.get(h.MESSAGE_TYPE)
+        # Header names are matched case-insensitively: some client libraries canonicalise them.
+        headers = {k.upper(): v for k, v in (headers or {}).items()}
+        content_type = ContentType.parse(headers.get(h.CONTENT_TYPE.upper()) or ContentType.CBOR.value)
+        message_type = headers.get(h.MESSAGE_TYPE.upper())
         if message_type is None:
             raise MissingHeader(h.MESSAGE_TYPE)
         if message_type != self.name:
             raise UnsupportedMessageType(message_type, self.name)
-        raw_version = headers.get(h.MESSAGE_VERSION)
+        raw_version = headers.get(h.MESSAGE_VERSION.upper())
         if raw_version is None:
             raise MissingHeader(h.MESSAGE_VERSION)
-        version = int(raw_version) if raw_version.isascii() and raw_version.isdigit() else None
-        if version is None or version not in self._versions:
+        # Compare as text: no int() of attacker-sized digit strings, and "01" is not "1".
+        version = next((v for v in self._versions if str(v) == raw_version), None)
+        if version is None:
             raise UnsupportedMessageVersion(self.name, raw_version, self.versions)
         return Negotiated(content_type, version)
 

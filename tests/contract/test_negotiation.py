@@ -665,14 +665,9 @@ def test_any_content_type_header_negotiates_or_is_unsupported(raw: str) -> None:
         assert negotiated.content_type is (ContentType(base) if raw else ContentType.CBOR)
 
 
-# -- known defects of rebaser_core (strict xfail: they start failing, as a reminder, once fixed) ----------------
+# -- regressions: defects found in review and fixed --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="versioned.negotiate calls int() on any all-digit header; > 4300 digits raises a bare ValueError",
-)
 def test_absurdly_long_version_header_is_unsupported() -> None:
     with pytest.raises(UnsupportedMessageVersion):
         REQUEST.negotiate(_valid_headers(version="1" * 5000))
@@ -701,11 +696,6 @@ ACCEPTED_BUT_NOT_REENCODABLE = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="codec/updates: SetLiteral.value (JsonValue) accepts NaN/Infinity, lone surrogates and huge bignums, "
-    "which then cannot be encoded again (ValueError / UnicodeEncodeError) and NaN != NaN",
-)
 @pytest.mark.parametrize(("content_type", "body"), ACCEPTED_BUT_NOT_REENCODABLE)
 def test_whatever_decodes_can_be_encoded_again_in_both_codecs(content_type: ContentType, body: bytes) -> None:
     try:
@@ -717,9 +707,6 @@ def test_whatever_decodes_can_be_encoded_again_in_both_codecs(content_type: Cont
         assert REQUEST.decode(headers, again) == message
 
 
-@pytest.mark.xfail(
-    strict=True, reason="codec.decode_body: cbor2.loads ignores bytes after the first CBOR item"
-)
 def test_trailing_bytes_after_a_cbor_body_raise_decode_error() -> None:
     headers, body = REQUEST.encode(SAMPLES[3][1], ContentType.CBOR)
     _expect_decode_error(REQUEST, headers, body + b"\x00")

@@ -48,7 +48,7 @@ paths = st.from_regex(r"(/[^/\s]{1,12}){1,5}", fullmatch=True)
 json_scalars = (
     st.none()
     | st.booleans()
-    | st.integers()
+    | st.integers(min_value=-(2**64), max_value=2**64 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20)
 )

@@ -1,0 +1,91 @@
+"""The client's typed errors, the sync wrapper and the CLI, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+from click.testing import CliRunner
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client import (
+    ChangeSetId,
+    RebaserClient,
+    RebaserTimeout,
+    RebaserUnavailable,
+    SetLiteral,
+    SyncRebaserClient,
+    WorkspacePk,
+)
+from rebaser_client.cli import main as cli
+from rebaser_core.settings import Settings
+from rebaser_core.streams import ensure_streams
+from rebaser_server.apps.values import ValuesApp
+from rebaser_server.testing import fast_settings, running_daemon
+
+
+async def test_no_streams_means_unavailable(client: RebaserClient) -> None:
+    with pytest.raises(RebaserUnavailable):
+        await client.enqueue_updates(WorkspacePk.new(), ChangeSetId.new(), [])
+
+
+async def test_unreachable_server_means_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    with pytest.raises(RebaserUnavailable):
+        await RebaserClient.connect(f"nats://127.0.0.1:{port}")
+
+
+async def test_no_daemon_means_timeout_but_request_is_durable(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = Settings(prefix=subject_prefix, storage="memory")
+    await ensure_streams(nc.jetstream(), settings)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    with pytest.raises(RebaserTimeout):
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)], timeout=0.5)
+    info = await nc.jetstream().stream_info(settings.subjects.requests_stream)
+    assert info.state.messages == 1  # still queued: a daemon that starts later applies it
+
+
+async def test_sync_client_and_cli(nc: NatsClient, nats_url: str, subject_prefix: str) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), ValuesApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+
+        def sync_call() -> bool:
+            with SyncRebaserClient(nats_url, prefix=subject_prefix) as sync_client:
+                return sync_client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=2)]).ok
+
+        assert await asyncio.to_thread(sync_call)
+
+        runner = CliRunner()
+        base = [
+            "--nats-url",
+            nats_url,
+            "--prefix",
+            subject_prefix,
+            "--workspace",
+            str(wk),
+            "--change-set",
+            str(cs),
+        ]
+        result = await asyncio.to_thread(
+            runner.invoke, cli, ["request", *base, "--set", "/b=3", "--function", "/c=sum(/a,/b)"]
+        )
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["status"] == {
+            "kind": "success",
+            "updates_performed": 2,
+            "snapshot_address": None,
+        }
+        result = await asyncio.to_thread(runner.invoke, cli, ["enqueue", *base, "--remove", "/b"])
+        assert result.exit_code == 0 and len(result.output.strip()) == 26, result.output
+        result = await asyncio.to_thread(runner.invoke, cli, ["request", *base, "--set", "no-equals-sign"])
+        assert result.exit_code == 2 and "PATH=JSON" in result.output
+        result = await asyncio.to_thread(
+            runner.invoke, cli, ["request", *base[:-1], "not-a-ulid", "--set", "/a=1"]
+        )
+        assert result.exit_code != 0 and "ULID" in result.output
