@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -17,16 +17,33 @@ from nats.aio.subscription import Subscription
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     ENQUEUE_UPDATES_RESPONSE,
+    FORK_CHANGE_SET_REQUEST,
+    FORK_CHANGE_SET_RESPONSE,
+    GET_CHANGE_SET_REQUEST,
+    GET_CHANGE_SET_RESPONSE,
     ContentType,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
+    ForkChangeSetRequest,
+    ForkChangeSetResponse,
+    GetChangeSetRequest,
+    GetChangeSetResponse,
     InlineUpdates,
+    MessageVersion,
     StoredUpdates,
     Update,
     UpdatesKind,
+    VersionedMessage,
 )
+from rebaser_core.batches import encode_batch
 from rebaser_core.connect import ConnectOptions, connect
-from rebaser_core.errors import ProtocolError, RebaserError, RebaserTimeout, RebaserUnavailable
+from rebaser_core.errors import (
+    ProtocolError,
+    RebaserError,
+    RebaserRefused,
+    RebaserTimeout,
+    RebaserUnavailable,
+)
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import check_pub_ack, publish_task
@@ -169,6 +186,79 @@ class RebaserClient:
             await self._enqueue(request, None)
             return None
         return await self._call(request, timeout)
+
+    # -- queries and stored batches -------------------------------------------------------------------
+    async def get_change_set(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        path: str | None = None,
+        *,
+        timeout: float = 10.0,
+    ) -> GetChangeSetResponse:
+        """A change set's committed values (or one ``path``), snapshot address, and whether a DVU is pending."""
+        request = GetChangeSetRequest(
+            id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, path=path
+        )
+        response = await self._query("get", request, GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, timeout)
+        assert isinstance(response, GetChangeSetResponse)
+        if response.error:
+            raise RebaserRefused(response.error)
+        return response
+
+    async def fork_change_set(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        from_change_set_id: ChangeSetId,
+        *,
+        timeout: float = 10.0,
+    ) -> ForkChangeSetResponse:
+        """Create ``change_set_id`` as a fork of ``from_change_set_id`` at its current snapshot."""
+        request = ForkChangeSetRequest(
+            id=RequestId.new(),
+            workspace_id=workspace_id,
+            change_set_id=change_set_id,
+            from_change_set_id=from_change_set_id,
+        )
+        response = await self._query(
+            "fork", request, FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, timeout
+        )
+        assert isinstance(response, ForkChangeSetResponse)
+        if response.error:
+            raise RebaserRefused(response.error)
+        return response
+
+    async def store_batch(self, updates: Sequence[Update]) -> StoredUpdates:
+        """Write a (large) batch to the batches object store once; send the result as ``updates``."""
+        address, data = encode_batch(list(updates))
+        js = self._nc.jetstream()
+        try:
+            store = await js.object_store(self._subjects.batches_bucket)
+            await store.put(address, data)
+        except nats.errors.Error as err:
+            raise RebaserUnavailable(f"storing batch {address} failed: {err}") from None
+        return StoredUpdates(address=address)
+
+    async def _query(
+        self,
+        operation: str,
+        request: MessageVersion,
+        codec: VersionedMessage[Any],
+        reply_codec: VersionedMessage[Any],
+        timeout: float,
+    ) -> MessageVersion:
+        assert isinstance(request, GetChangeSetRequest | ForkChangeSetRequest)
+        subject = self._subjects.api(operation, request.workspace_id, request.change_set_id)
+        headers, body = codec.encode(request, self._content_type)
+        try:
+            reply = await self._nc.request(subject, body, headers=headers, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise RebaserUnavailable(f"no daemon answers {operation} queries on {subject}") from None
+        except (TimeoutError, nats.errors.Error) as err:
+            raise RebaserTimeout(f"{operation} query got no answer within {timeout}s: {err}") from None
+        response: MessageVersion = reply_codec.decode(reply.headers, reply.data)
+        return response
 
     # -- internals ----------------------------------------------------------------------------------
     @staticmethod

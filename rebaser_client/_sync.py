@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from rebaser_client._client import RebaserClient, Updates
-from rebaser_core.api import EnqueueUpdatesResponse
+from rebaser_core.api import EnqueueUpdatesResponse, ForkChangeSetResponse, GetChangeSetResponse
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
@@ -88,4 +88,20 @@ class SyncRebaserClient:
             self._client.enqueue_updates_from_change_set_with_reply(
                 workspace_id, change_set_id, from_change_set_id, **kwargs
             )
+        )
+
+    def get_change_set(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, path: str | None = None, **kwargs: Any
+    ) -> GetChangeSetResponse:
+        return self._run(self._client.get_change_set(workspace_id, change_set_id, path, **kwargs))
+
+    def fork_change_set(
+        self,
+        workspace_id: WorkspacePk,
+        change_set_id: ChangeSetId,
+        from_change_set_id: ChangeSetId,
+        **kwargs: Any,
+    ) -> ForkChangeSetResponse:
+        return self._run(
+            self._client.fork_change_set(workspace_id, change_set_id, from_change_set_id, **kwargs)
         )

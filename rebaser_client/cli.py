@@ -47,8 +47,16 @@ def _updates(sets: tuple[str, ...], functions: tuple[str, ...], removes: tuple[s
         raise click.BadParameter(str(err)) from None
 
 
-def _options(f: Any) -> Any:
-    for decorator in reversed(
+def _decorate(f: Any, decorators: list[Any]) -> Any:
+    for decorator in reversed(decorators):
+        f = decorator(f)
+    return f
+
+
+def _target_options(f: Any) -> Any:
+    """Where to connect and which change set."""
+    return _decorate(
+        f,
         [
             click.option(
                 "--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True
@@ -58,14 +66,25 @@ def _options(f: Any) -> Any:
             ),
             click.option("--workspace", "workspace", required=True, help="Workspace ULID."),
             click.option("--change-set", "change_set", required=True, help="Change set ULID."),
-            click.option("--from-change-set", default=None, help="Apply this change set's changes instead."),
-            click.option("--set", "sets", multiple=True, help="PATH=JSON literal."),
-            click.option("--function", "functions", multiple=True, help="PATH=FUNCTION(ARG,...)."),
-            click.option("--remove", "removes", multiple=True, help="PATH to remove."),
-        ]
-    ):
-        f = decorator(f)
-    return f
+        ],
+    )
+
+
+def _options(f: Any) -> Any:
+    """A request: the target plus its updates."""
+    return _target_options(
+        _decorate(
+            f,
+            [
+                click.option(
+                    "--from-change-set", default=None, help="Apply this change set's changes instead."
+                ),
+                click.option("--set", "sets", multiple=True, help="PATH=JSON literal."),
+                click.option("--function", "functions", multiple=True, help="PATH=FUNCTION(ARG,...)."),
+                click.option("--remove", "removes", multiple=True, help="PATH to remove."),
+            ],
+        )
+    )
 
 
 @click.group()
@@ -130,3 +149,32 @@ def request(
         raise click.ClickException(f"{type(err).__name__}: {err}") from None
     click.echo(json.dumps(response.model_dump(mode="json"), indent=2))
     sys.exit(0 if response.ok else 1)
+
+
+@main.command()
+@_target_options
+@click.option("--path", default=None, help="Only this attribute.")
+def get(nats_url: str, prefix: str | None, workspace: str, change_set: str, path: str | None) -> None:
+    """Print a change set's values, snapshot address and whether a DVU is pending, as JSON."""
+    try:
+        with SyncRebaserClient(nats_url, prefix=prefix) as client:
+            response = client.get_change_set(WorkspacePk(workspace), ChangeSetId(change_set), path)
+    except (RebaserError, ValueError) as err:
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+    data = response.model_dump(mode="json", exclude={"id", "error"})
+    click.echo(json.dumps(data, indent=2))
+
+
+@main.command()
+@_target_options
+@click.option("--from-change-set", "from_change_set", required=True, help="The change set to fork.")
+def fork(nats_url: str, prefix: str | None, workspace: str, change_set: str, from_change_set: str) -> None:
+    """Create a change set as a fork of another, at that one's current snapshot."""
+    try:
+        with SyncRebaserClient(nats_url, prefix=prefix) as client:
+            response = client.fork_change_set(
+                WorkspacePk(workspace), ChangeSetId(change_set), ChangeSetId(from_change_set)
+            )
+    except (RebaserError, ValueError) as err:
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+    click.echo(response.snapshot_address or "")

@@ -71,6 +71,11 @@ class Settings(BaseModel):
     shutdown_grace: float = Field(
         10.0, ge=0, description="On SIGTERM, how long the request in hand may finish."
     )
+    dvu_max_delay: float = Field(
+        1.0,
+        ge=0,
+        description="A due DVU waits for a lull in requests (coalescing a burst into few runs), at most this long.",
+    )
     idempotency_window: int = Field(
         64,
         ge=8,

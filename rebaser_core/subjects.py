@@ -7,6 +7,7 @@ With prefix ``P`` every subject gains a leading ``P.`` token and every stream na
 requests          ``[P.]rebaser.requests.<workspace>.<change_set>``
 tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process``
 dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>``
+queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
 ================  =================================================
 """
 
@@ -27,6 +28,8 @@ REQUESTS_STREAM = "REBASER_REQUESTS"
 TASKS_STREAM = "REBASER_TASKS"
 DEAD_LETTER_STREAM = "REBASER_DEAD_LETTERS"
 CHANGE_SETS_BUCKET = "REBASER_CHANGE_SETS"
+SNAPSHOTS_BUCKET = "REBASER_SNAPSHOTS"
+BATCHES_BUCKET = "REBASER_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
 
 
@@ -84,6 +87,16 @@ class Subjects:
         return self._name(CHANGE_SETS_BUCKET)
 
     @property
+    def snapshots_bucket(self) -> str:
+        """Object store of the built-in app's snapshots (content-addressed, written once)."""
+        return self._name(SNAPSHOTS_BUCKET)
+
+    @property
+    def batches_bucket(self) -> str:
+        """Object store of stored update batches (the v3 ``stored`` updates kind), named by content address."""
+        return self._name(BATCHES_BUCKET)
+
+    @property
     def tasks_consumer(self) -> str:
         return TASKS_CONSUMER
 
@@ -114,6 +127,17 @@ class Subjects:
 
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
+
+    def api(self, operation: str, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
+        """Subject of a request/reply query (``get``, ``fork``) about one change set."""
+        return self._subject("rebaser", "api", operation, str(workspace_id), str(change_set_id))
+
+    @property
+    def api_all(self) -> str:
+        return self._subject("rebaser", "api", ">")
+
+    def parse_api(self, subject: str, operation: str) -> ParsedSubject:
+        return self._strip(subject, ("rebaser", "api", operation), ())
 
     @staticmethod
     def change_set_key(workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:

@@ -21,7 +21,7 @@ Contract:
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from nats.aio.client import Client as NatsClient
@@ -30,7 +30,7 @@ from rebaser_core.api import ConflictsStatus, EnqueueUpdatesRequest, SuccessStat
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
 
-__all__ = ["AppState", "Applied", "ChangeSet", "RebaserApp", "load_app"]
+__all__ = ["AppState", "Applied", "ChangeSet", "ChangeSetView", "RebaserApp", "SupportsQueries", "load_app"]
 
 AppState = Any
 """A JSON-compatible value (dicts, lists, strings, numbers, booleans, None)."""
@@ -70,6 +70,28 @@ class RebaserApp(Protocol):
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
         """Recompute dependent values; return the new state."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSetView:
+    """What a ``get`` query shows of a change set's committed state."""
+
+    snapshot_address: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    forked_from: ChangeSetId | None = None
+
+
+@runtime_checkable
+class SupportsQueries(Protocol):
+    """Optional: apps that can show their state and fork a change set from another one's."""
+
+    async def describe(self, change_set: ChangeSet, state: AppState, path: str | None) -> ChangeSetView:
+        """The values of ``state`` (only ``path`` if given)."""
+
+    def fork(self, change_set: ChangeSet, source: ChangeSet, source_state: AppState) -> AppState:
+        """The initial state of ``change_set`` forked from ``source`` at ``source_state``."""
 
 
 def load_app(spec: str) -> RebaserApp:

@@ -10,7 +10,7 @@ from rebaser_core.settings import Settings
 
 __all__ = ["DEFAULT_APP", "ServerConfig"]
 
-DEFAULT_APP = "rebaser_server.apps.values:ValuesApp"
+DEFAULT_APP = "rebaser_server.apps.snapshots:SnapshotApp"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
-from rebaser_core import headers as h
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     EnqueueUpdatesRequest,
@@ -35,11 +34,10 @@ from rebaser_core.api import (
     ErrorStatus,
 )
 from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
-from rebaser_core.ids import RequestId
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.dvu import SerialDvu
-from rebaser_server.replies import dead_letter, send_reply
+from rebaser_server.replies import dead_letter, request_id_of, send_reply
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
 
@@ -88,6 +86,9 @@ class ChangeSetProcessor:
         self._sub: Any = None
         self._consumer: str | None = None
         self._caught_up = False
+        # Set while no request is waiting: a due DVU runs in a lull, so a burst of requests shares few DVU runs.
+        self._lull = asyncio.Event()
+        self._lull.set()
         self._last_activity = time.monotonic()
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
@@ -148,6 +149,8 @@ class ChangeSetProcessor:
         info = await js.add_consumer(self._rt.subjects.requests_stream, config)
         self._consumer = info.name
         self._caught_up = (info.num_pending or 0) == 0
+        if not self._caught_up:
+            self._lull.clear()
         self._sub = await js.subscribe_bind(
             self._rt.subjects.requests_stream, config, info.name, cb=self._on_request, ordered_consumer=True
         )
@@ -187,6 +190,10 @@ class ChangeSetProcessor:
                 self._last_activity = time.monotonic()
                 pending = msg.metadata.num_pending if msg.reply else None
                 self._caught_up = pending == 0
+                if self._caught_up:
+                    self._lull.set()
+                else:
+                    self._lull.clear()
 
     async def _process(self, msg: Msg) -> None:
         rt = self._rt
@@ -272,12 +279,8 @@ class ChangeSetProcessor:
         return response, False
 
     def _error_response(self, headers: dict[str, str], reason: str) -> EnqueueUpdatesResponse:
-        try:
-            rid = RequestId(headers.get(h.NATS_MSG_ID, ""))
-        except ValueError:
-            rid = RequestId.new()  # the caller sent no usable id; it cannot be matching on one
         return EnqueueUpdatesResponse(
-            id=rid,
+            id=request_id_of(headers),
             workspace_id=self.change_set.workspace_id,
             change_set_id=self.change_set.change_set_id,
             status=ErrorStatus(message=reason, retryable=False),
@@ -306,6 +309,8 @@ class ChangeSetProcessor:
     async def _run_dvu(self) -> None:
         handle = self._handle
         assert handle is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._lull.wait(), self._rt.settings.dvu_max_delay)
         try:
             async with handle.lock:
                 record = handle.record

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse
 from rebaser_core.errors import Unsupported
+from rebaser_core.ids import RequestId
 from rebaser_core.tasks import check_pub_ack
 from rebaser_server.runtime import Runtime
 
-__all__ = ["dead_letter", "send_reply"]
+__all__ = ["dead_letter", "request_id_of", "send_reply"]
 
 log = logging.getLogger(__name__)
+
+
+def request_id_of(headers: Mapping[str, str] | None) -> RequestId:
+    """The request id a caller put in ``Nats-Msg-Id``, for replying to a message we could not decode; a fresh id
+    if it sent none usable (it cannot be matching replies on one then)."""
+    try:
+        return RequestId((headers or {}).get(h.NATS_MSG_ID, ""))
+    except ValueError:
+        return RequestId.new()
 
 
 async def send_reply(rt: Runtime, request_headers: dict[str, str], response: EnqueueUpdatesResponse) -> None:

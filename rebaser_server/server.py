@@ -24,6 +24,7 @@ from rebaser_core.streams import ensure_streams
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import Hooks
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
+from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
 from rebaser_server.state import ChangeSetStore
 from rebaser_server.sweeper import Sweeper
@@ -59,6 +60,7 @@ class Daemon:
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
         self.rt = Runtime(nc, js, settings, app, ChangeSetStore(js, settings), owner, hooks or Hooks())
         self.sweeper = Sweeper(self.rt)
+        self.queries = QueryService(self.rt)
         self._sweep = sweep
         self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
         self._slot_freed = asyncio.Event()
@@ -81,6 +83,7 @@ class Daemon:
         await ensure_streams(rt.js, rt.settings)
         await rt.store.open()
         await rt.app.start(rt.nc, rt.settings)
+        await self.queries.start()
         self._pull_sub = await rt.js.pull_subscribe_bind(rt.subjects.tasks_consumer, rt.subjects.tasks_stream)
         self._puller = asyncio.create_task(self._pull(self._pull_sub), name="rebaser task puller")
         if self._sweep:
@@ -178,6 +181,8 @@ class Daemon:
             processor.interrupt()
         if self._active:
             await asyncio.wait(set(self._active), timeout=self.rt.settings.shutdown_grace + 5.0)
+        with contextlib.suppress(Exception):
+            await self.queries.stop()
         with contextlib.suppress(Exception):
             await self.rt.app.stop()
         self.stopped.set()

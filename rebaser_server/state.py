@@ -152,6 +152,16 @@ class ChangeSetStore:
             return None
         return None if entry.value is None else ChangeSetRecord.decode(entry.value)
 
+    async def create(self, change_set: ChangeSet, owner: str, state: AppState) -> bool:
+        """Create the record of a change set that has none (a fork); False if it already exists."""
+        try:
+            await self.kv.create(
+                self._key(change_set), ChangeSetRecord(epoch=0, owner=owner, state=state).encode()
+            )
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
     async def acquire(self, change_set: ChangeSet, owner: str, initial_state: AppState) -> ChangeSetHandle:
         """Become the owner: bump the epoch with compare-and-set, fencing every previous owner."""
         key = self._key(change_set)

@@ -1,5 +1,15 @@
 """Versioned API messages of the wire contract."""
 
+from rebaser_core.api.change_set_queries import (
+    FORK_CHANGE_SET_REQUEST,
+    FORK_CHANGE_SET_RESPONSE,
+    GET_CHANGE_SET_REQUEST,
+    GET_CHANGE_SET_RESPONSE,
+    ForkChangeSetRequest,
+    ForkChangeSetResponse,
+    GetChangeSetRequest,
+    GetChangeSetResponse,
+)
 from rebaser_core.api.codec import ContentType
 from rebaser_core.api.enqueue_updates_request import (
     ENQUEUE_UPDATES_REQUEST,
@@ -33,6 +43,10 @@ from rebaser_core.api.versioned import MessageVersion, Negotiated, VersionedMess
 __all__ = [
     "ENQUEUE_UPDATES_REQUEST",
     "ENQUEUE_UPDATES_RESPONSE",
+    "FORK_CHANGE_SET_REQUEST",
+    "FORK_CHANGE_SET_RESPONSE",
+    "GET_CHANGE_SET_REQUEST",
+    "GET_CHANGE_SET_RESPONSE",
     "AttributePath",
     "Conflict",
     "ConflictsStatus",
@@ -44,6 +58,10 @@ __all__ = [
     "EnqueueUpdatesResponse",
     "EnqueueUpdatesResponseV1",
     "ErrorStatus",
+    "ForkChangeSetRequest",
+    "ForkChangeSetResponse",
+    "GetChangeSetRequest",
+    "GetChangeSetResponse",
     "InlineUpdates",
     "MessageVersion",
     "Negotiated",

@@ -1,0 +1,93 @@
+"""Request/reply queries served by any daemon (core NATS, queue group), outside the serial request stream.
+
+``GetChangeSet`` v1  on ``[P.]rebaser.api.get.<workspace>.<change_set>``:
+    a change set's committed values (optionally one path), its snapshot address and whether a DVU is pending.
+``ForkChangeSet`` v1 on ``[P.]rebaser.api.fork.<workspace>.<change_set>``:
+    create ``change_set`` as a fork of ``from_change_set_id`` at that one's current snapshot.
+
+Both replies carry ``error`` (a message) instead of a result when the query could not be answered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import JsonValue
+
+from rebaser_core.api.updates import AttributePath
+from rebaser_core.api.versioned import MessageVersion, VersionedMessage
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+__all__ = [
+    "FORK_CHANGE_SET_REQUEST",
+    "FORK_CHANGE_SET_RESPONSE",
+    "GET_CHANGE_SET_REQUEST",
+    "GET_CHANGE_SET_RESPONSE",
+    "ForkChangeSetRequest",
+    "ForkChangeSetResponse",
+    "GetChangeSetRequest",
+    "GetChangeSetResponse",
+]
+
+
+class GetChangeSetRequest(MessageVersion):
+    MESSAGE_TYPE: ClassVar[str] = "GetChangeSetRequest"
+    VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    path: AttributePath | None = None
+
+
+class GetChangeSetResponse(MessageVersion):
+    MESSAGE_TYPE: ClassVar[str] = "GetChangeSetResponse"
+    VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    exists: bool = True
+    snapshot_address: str | None = None
+    dvu_pending: bool = False
+    values: dict[str, JsonValue] = {}
+    versions: dict[str, str] = {}
+    errors: dict[str, str] = {}  # attributes whose value could not be computed, with why
+    forked_from: ChangeSetId | None = None
+    error: str | None = None
+
+    def value(self, path: str) -> Any:
+        return self.values.get(path)
+
+
+class ForkChangeSetRequest(MessageVersion):
+    MESSAGE_TYPE: ClassVar[str] = "ForkChangeSetRequest"
+    VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    from_change_set_id: ChangeSetId
+
+
+class ForkChangeSetResponse(MessageVersion):
+    MESSAGE_TYPE: ClassVar[str] = "ForkChangeSetResponse"
+    VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    snapshot_address: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+GET_CHANGE_SET_REQUEST = VersionedMessage("GetChangeSetRequest", (GetChangeSetRequest,), GetChangeSetRequest)
+GET_CHANGE_SET_RESPONSE = VersionedMessage(
+    "GetChangeSetResponse", (GetChangeSetResponse,), GetChangeSetResponse
+)
+FORK_CHANGE_SET_REQUEST = VersionedMessage(
+    "ForkChangeSetRequest", (ForkChangeSetRequest,), ForkChangeSetRequest
+)
+FORK_CHANGE_SET_RESPONSE = VersionedMessage(
+    "ForkChangeSetResponse", (ForkChangeSetResponse,), ForkChangeSetResponse
+)

@@ -1,0 +1,338 @@
+"""Snapshots of a change set's attributes, the rebase of an update batch, and the dependent values update.
+
+Pure Python: no NATS, no I/O, so every rule here is unit-tested on its own.
+
+- A :class:`Snapshot` maps attribute paths to :class:`Attribute` s. An attribute is a literal (any JSON value) or a
+  function of other attributes' values. Every attribute has a ``version`` (a short content hash) that changes when
+  the attribute changes, and a snapshot is identified by its ``address`` (the hash of its canonical encoding).
+- :func:`rebase` applies a batch of updates atomically: if any update names an ``expected_version`` its target no
+  longer has, the batch is refused with the list of conflicts and nothing is applied.
+- :func:`changes_since` + :func:`apply_changes` carry everything one change set changed since its fork onto another,
+  with the same conflict rule (the target must still have, for each changed path, the version seen at the fork).
+- Applying marks *dependent-value roots*; :func:`dependent_values_update` recomputes every function attribute
+  downstream of the roots, in dependency order, each once. Cycles and failing functions become error values on the
+  attributes involved; they never raise and never loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rebaser_core.api import Conflict, Remove, SetFunction, SetLiteral, Update
+
+__all__ = [
+    "Attribute",
+    "Change",
+    "Function",
+    "Rebased",
+    "Snapshot",
+    "apply_changes",
+    "changes_since",
+    "dependent_values_update",
+    "rebase",
+]
+
+Function = Callable[[list[Any]], Any]
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def _hash(data: Any, length: int = 64) -> str:
+    return hashlib.sha256(_canonical(data)).hexdigest()[:length]
+
+
+@dataclass(frozen=True, slots=True)
+class Attribute:
+    """A literal (``function`` is None) or a function of ``args``; ``value`` is its (computed) value."""
+
+    value: Any = None
+    function: str | None = None
+    args: tuple[str, ...] = ()
+    error: str | None = None  # set when computing the value failed (cycle, bad input, unknown function)
+    stale: bool = False  # a function whose value awaits the next dependent values update
+
+    @property
+    def is_function(self) -> bool:
+        return self.function is not None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"value": self.value}
+        if self.function is not None:
+            data["function"] = self.function
+            data["args"] = list(self.args)
+        if self.error is not None:
+            data["error"] = self.error
+        if self.stale:
+            data["stale"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attribute:
+        return cls(
+            value=data.get("value"),
+            function=data.get("function"),
+            args=tuple(data.get("args", ())),
+            error=data.get("error"),
+            stale=bool(data.get("stale", False)),
+        )
+
+    @property
+    def version(self) -> str:
+        """Changes exactly when the attribute (definition, value or error) changes."""
+        return _hash(self.to_json(), 16)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable map of paths to attributes, with the dependent-value roots still to recompute."""
+
+    attributes: Mapping[str, Attribute] = field(default_factory=dict)
+    roots: frozenset[str] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attributes": {p: a.to_json() for p, a in sorted(self.attributes.items())},
+            "roots": sorted(self.roots),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
+        return cls(
+            {p: Attribute.from_json(a) for p, a in data.get("attributes", {}).items()},
+            frozenset(data.get("roots", ())),
+        )
+
+    def encode(self) -> bytes:
+        return _canonical(self.to_json())
+
+    @classmethod
+    def decode(cls, data: bytes) -> Snapshot:
+        return cls.from_json(json.loads(data))
+
+    @property
+    def address(self) -> str:
+        """Content address: equal snapshots have equal addresses."""
+        return self.address_of(self.encode())
+
+    @staticmethod
+    def address_of(encoded: bytes) -> str:
+        return hashlib.sha256(encoded).hexdigest()
+
+    def version(self, path: str) -> str | None:
+        attribute = self.attributes.get(path)
+        return None if attribute is None else attribute.version
+
+    def values(self) -> dict[str, Any]:
+        return {p: a.value for p, a in self.attributes.items()}
+
+    def errors(self) -> dict[str, str]:
+        return {p: a.error for p, a in self.attributes.items() if a.error is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Rebased:
+    """The outcome of a rebase: the new snapshot, or the conflicts (and the unchanged snapshot)."""
+
+    snapshot: Snapshot
+    conflicts: tuple[Conflict, ...] = ()
+    performed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.conflicts
+
+
+# -- rebase ------------------------------------------------------------------------------------------------
+
+
+def _conflicts(
+    snapshot: Snapshot, expectations: Iterable[tuple[str, str | None, bool]]
+) -> tuple[Conflict, ...]:
+    """``expectations``: (path, expected version, whether an expectation was given at all)."""
+    found = []
+    for path, expected, given in expectations:
+        actual = snapshot.version(path)
+        if given and expected != actual:
+            found.append(
+                Conflict(
+                    path=path,
+                    expected_version=expected,
+                    actual_version=actual,
+                    message="the target changed since the update was computed",
+                )
+            )
+    return tuple(found)
+
+
+def rebase(snapshot: Snapshot, updates: Sequence[Update]) -> Rebased:
+    """Apply ``updates`` atomically onto ``snapshot``; refuse all of them if any conflicts."""
+    conflicts = _conflicts(
+        snapshot, ((u.path, u.expected_version, u.expected_version is not None) for u in updates)
+    )
+    if conflicts:
+        return Rebased(snapshot, conflicts)
+    attributes = dict(snapshot.attributes)
+    roots = set(snapshot.roots)
+    for update in updates:
+        if isinstance(update, SetLiteral):
+            attributes[update.path] = Attribute(value=update.value)
+        elif isinstance(update, SetFunction):
+            previous = attributes.get(update.path)
+            attributes[update.path] = Attribute(
+                value=None if previous is None else previous.value,
+                function=update.function,
+                args=tuple(update.args),
+                stale=True,
+            )
+        elif isinstance(update, Remove):
+            attributes.pop(update.path, None)
+        roots.add(update.path)
+    return Rebased(Snapshot(attributes, frozenset(roots)), performed=len(updates))
+
+
+# -- applying one change set onto another -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One path changed by a change set since its fork: the new attribute, or None for a removal."""
+
+    path: str
+    base_version: str | None
+    attribute: Attribute | None
+
+
+def changes_since(base: Snapshot, current: Snapshot) -> list[Change]:
+    """What ``current`` changed relative to ``base`` (its fork point). Computed values are not changes of their own:
+    a function's definition is what travels; the target recomputes it."""
+    changes = []
+    for path in sorted(set(base.attributes) | set(current.attributes)):
+        before, after = base.attributes.get(path), current.attributes.get(path)
+        if _definition(before) != _definition(after):
+            changes.append(Change(path, base.version(path), after))
+    return changes
+
+
+def _definition(attribute: Attribute | None) -> Any:
+    if attribute is None:
+        return None
+    if attribute.is_function:
+        return ("function", attribute.function, attribute.args)
+    return ("literal", _canonical(attribute.value))
+
+
+def apply_changes(target: Snapshot, changes: Sequence[Change]) -> Rebased:
+    """Apply changes made elsewhere; a path the target also changed since the fork is a conflict."""
+    conflicts = _conflicts(target, ((c.path, c.base_version, True) for c in changes))
+    if conflicts:
+        return Rebased(target, conflicts)
+    attributes = dict(target.attributes)
+    roots = set(target.roots)
+    for change in changes:
+        if change.attribute is None:
+            attributes.pop(change.path, None)
+        elif change.attribute.is_function:
+            attributes[change.path] = Attribute(
+                value=change.attribute.value,
+                function=change.attribute.function,
+                args=change.attribute.args,
+                stale=True,
+            )
+        else:
+            attributes[change.path] = Attribute(value=change.attribute.value)
+        roots.add(change.path)
+    return Rebased(Snapshot(attributes, frozenset(roots)), performed=len(changes))
+
+
+# -- dependent values update ----------------------------------------------------------------------------------
+
+
+def _dependents(attributes: Mapping[str, Attribute]) -> dict[str, set[str]]:
+    dependents: dict[str, set[str]] = {}
+    for path, attribute in attributes.items():
+        for arg in attribute.args:
+            dependents.setdefault(arg, set()).add(path)
+    return dependents
+
+
+def _downstream(attributes: Mapping[str, Attribute], roots: Iterable[str]) -> set[str]:
+    """Every function attribute reachable from the roots (including roots that are functions themselves)."""
+    dependents = _dependents(attributes)
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        path = stack.pop()
+        attribute = attributes.get(path)
+        if attribute is not None and attribute.is_function and path not in seen:
+            seen.add(path)
+        for dependent in dependents.get(path, ()):
+            if dependent not in seen:
+                stack.append(dependent)
+    return seen
+
+
+def dependent_values_update(
+    snapshot: Snapshot, functions: Mapping[str, Function]
+) -> tuple[Snapshot, list[str]]:
+    """Recompute everything downstream of the roots, each once, in dependency order.
+
+    Returns the new snapshot (no roots left) and the order in which attributes were computed.
+    """
+    attributes = dict(snapshot.attributes)
+    affected = _downstream(attributes, snapshot.roots)
+    # Kahn's algorithm over the affected subgraph: an attribute is ready once none of its args is still pending.
+    pending_args = {p: {a for a in attributes[p].args if a in affected} for p in affected}
+    dependents = _dependents({p: attributes[p] for p in affected})
+    ready = sorted(p for p, args in pending_args.items() if not args)
+    order: list[str] = []
+    while ready:
+        path = ready.pop(0)
+        order.append(path)
+        attributes[path] = _compute(attributes[path], attributes, functions)
+        for dependent in sorted(dependents.get(path, ())):
+            pending_args[dependent].discard(path)
+            if not pending_args[dependent] and dependent not in order and dependent not in ready:
+                ready.append(dependent)
+    # Whatever never became ready is on a cycle or downstream of one.
+    for path in sorted(affected - set(order)):
+        attribute = attributes[path]
+        attributes[path] = Attribute(
+            value=None,
+            function=attribute.function,
+            args=attribute.args,
+            error=f"dependency cycle through {path}",
+        )
+    return Snapshot(attributes, frozenset()), order
+
+
+def _compute(
+    attribute: Attribute, attributes: Mapping[str, Attribute], functions: Mapping[str, Function]
+) -> Attribute:
+    assert attribute.function is not None
+
+    def fail(error: str) -> Attribute:
+        return Attribute(value=None, function=attribute.function, args=attribute.args, error=error)
+
+    function = functions.get(attribute.function)
+    if function is None:
+        return fail(f"unknown function {attribute.function!r}")
+    args = []
+    for arg in attribute.args:
+        source = attributes.get(arg)
+        if source is not None and source.error is not None:
+            return fail(f"input {arg} has an error: {source.error}")
+        args.append(None if source is None else source.value)
+    try:
+        value = function(args)
+        _canonical(value)  # the value must be JSON: it is stored and sent as such
+    except Exception as err:
+        return fail(f"{attribute.function} failed: {type(err).__name__}: {err}")
+    return Attribute(value=value, function=attribute.function, args=attribute.args)

@@ -1,0 +1,151 @@
+"""Request/reply queries about change sets (``get``, ``fork``), answered by any daemon of a queue group.
+
+They read committed records and never take a change set's task: a ``get`` shows the state as of the last commit,
+and a ``fork`` creates a record that does not exist yet (refused if it does), so neither races the owner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rebaser_core import headers as h
+from rebaser_core.api import (
+    FORK_CHANGE_SET_REQUEST,
+    FORK_CHANGE_SET_RESPONSE,
+    GET_CHANGE_SET_REQUEST,
+    GET_CHANGE_SET_RESPONSE,
+    ContentType,
+    ForkChangeSetResponse,
+    GetChangeSetResponse,
+    MessageVersion,
+    VersionedMessage,
+)
+from rebaser_core.errors import InvalidSubject, ProtocolError, Unsupported
+from rebaser_server.app import ChangeSet, SupportsQueries
+from rebaser_server.replies import request_id_of
+from rebaser_server.runtime import Runtime
+
+__all__ = ["QueryService"]
+
+log = logging.getLogger(__name__)
+
+QUEUE_GROUP = "rebaser-queries"
+
+
+class QueryService:
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self._rt.nc.subscribe(
+            self._rt.subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            await sub.unsubscribe()
+
+    async def _on_query(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        operation = msg.subject.split(".")[-3]
+        try:
+            change_set = self._parse(msg.subject, operation)
+            if operation == "get":
+                response: MessageVersion = await self._get(change_set, msg)
+                codec: VersionedMessage[Any] = GET_CHANGE_SET_RESPONSE
+            elif operation == "fork":
+                response, codec = await self._fork(change_set, msg), FORK_CHANGE_SET_RESPONSE
+            else:
+                log.warning("unknown query %s", msg.subject)
+                return
+        except (InvalidSubject, ProtocolError) as err:
+            log.warning("refusing query on %s: %s", msg.subject, err)
+            return  # no ids to answer with; the caller times out with its own deadline
+        except Exception:
+            log.exception("query on %s failed", msg.subject)
+            return
+        headers, body = codec.encode(response, _content_type(msg.headers))
+        await self._rt.nc.publish(msg.reply, body, headers=headers)
+
+    def _parse(self, subject: str, operation: str) -> ChangeSet:
+        parsed = self._rt.subjects.parse_api(subject, operation)
+        return ChangeSet(parsed.workspace_id, parsed.change_set_id)
+
+    async def _get(self, change_set: ChangeSet, msg: Msg) -> GetChangeSetResponse:
+        ids: dict[str, Any] = {
+            "workspace_id": change_set.workspace_id,
+            "change_set_id": change_set.change_set_id,
+        }
+        try:
+            request = GET_CHANGE_SET_REQUEST.decode(msg.headers, msg.data)
+        except ProtocolError as err:
+            return GetChangeSetResponse(
+                id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
+            )
+        record = await self._rt.store.read(change_set)
+        if record is None:
+            return GetChangeSetResponse(id=request.id, **ids, exists=False)
+        app = self._rt.app
+        if not isinstance(app, SupportsQueries):
+            return GetChangeSetResponse(
+                id=request.id,
+                **ids,
+                dvu_pending=record.dvu_pending,
+                error="this daemon's app cannot describe its state",
+            )
+        view = await app.describe(change_set, record.state, request.path)
+        return GetChangeSetResponse(
+            id=request.id,
+            **ids,
+            snapshot_address=view.snapshot_address,
+            dvu_pending=record.dvu_pending,
+            values=view.values,
+            versions=view.versions,
+            errors=view.errors,
+            forked_from=view.forked_from,
+        )
+
+    async def _fork(self, change_set: ChangeSet, msg: Msg) -> ForkChangeSetResponse:
+        ids: dict[str, Any] = {
+            "workspace_id": change_set.workspace_id,
+            "change_set_id": change_set.change_set_id,
+        }
+        try:
+            request = FORK_CHANGE_SET_REQUEST.decode(msg.headers, msg.data)
+        except ProtocolError as err:
+            return ForkChangeSetResponse(
+                id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
+            )
+        app = self._rt.app
+        if not isinstance(app, SupportsQueries):
+            return ForkChangeSetResponse(
+                id=request.id, **ids, error="this daemon's app cannot fork change sets"
+            )
+        source = ChangeSet(change_set.workspace_id, request.from_change_set_id)
+        source_record = await self._rt.store.read(source)
+        if source_record is None:
+            return ForkChangeSetResponse(
+                id=request.id, **ids, error=f"change set {request.from_change_set_id} does not exist"
+            )
+        state = app.fork(change_set, source, source_record.state)
+        if not await self._rt.store.create(change_set, f"fork of {source}", state):
+            return ForkChangeSetResponse(
+                id=request.id, **ids, error=f"change set {change_set} already exists"
+            )
+        view = await app.describe(change_set, state, None)
+        return ForkChangeSetResponse(id=request.id, **ids, snapshot_address=view.snapshot_address)
+
+
+def _content_type(headers: Mapping[str, str] | None) -> ContentType:
+    try:
+        return ContentType.parse((headers or {}).get(h.CONTENT_TYPE) or ContentType.CBOR.value)
+    except Unsupported:
+        return ContentType.JSON
