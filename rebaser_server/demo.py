@@ -1,4 +1,9 @@
-"""Demo traffic for ``rebaser-server --demo``: a newcomer watches change sets being updated in order."""
+"""Demo traffic for ``rebaser-server --demo`` (``make run``): watch change sets being rebased and recomputed.
+
+A workspace's HEAD describes a tiny system; three change sets are forked from it and updated concurrently (some
+batches computed against stale versions, so they conflict); dependent values are recomputed as updates land; two
+change sets are applied onto HEAD (the second one conflicts where both changed the same attribute).
+"""
 
 from __future__ import annotations
 
@@ -9,68 +14,97 @@ import click
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient
-from rebaser_core.api import SetFunction, SetLiteral
+from rebaser_core.api import EnqueueUpdatesResponse, SetFunction, SetLiteral, Update
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
-from rebaser_server.app import ChangeSet
 from rebaser_server.server import Daemon
 
-CHANGE_SETS = 4
-BATCHES_PER_CHANGE_SET = 30
+FEATURES = ("feature-a", "feature-b", "feature-c")
+BATCHES_PER_FEATURE = 40
+
+HEAD_SETUP: list[Update] = [
+    SetLiteral(path="/web/host", value="web.internal"),
+    SetLiteral(path="/web/port", value=8080),
+    SetLiteral(path="/web/replicas", value=2),
+    SetLiteral(path="/db/replicas", value=1),
+    SetLiteral(path="/templates/url", value="http://{}:{}"),
+    SetFunction(path="/web/url", function="format", args=["/templates/url", "/web/host", "/web/port"]),
+    SetFunction(path="/fleet/replicas", function="sum", args=["/web/replicas", "/db/replicas"]),
+    SetFunction(path="/fleet/largest", function="max", args=["/web/replicas", "/db/replicas"]),
+]
+
+
+class _Tally:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.started = time.monotonic()
+        self.replies = 0
+        self.conflicts = 0
+
+    def count(self, response: EnqueueUpdatesResponse) -> None:
+        self.replies += 1
+        self.conflicts += response.status.kind == "conflicts"
+        if self.replies % 20 == 0:
+            self.line()
+
+    def line(self) -> None:
+        s = self.daemon.stats
+        click.echo(
+            f"  [{time.monotonic() - self.started:5.1f}s] replies={self.replies:3d} conflicts={self.conflicts:2d} "
+            f"applied={s.requests_applied:3d} dvu runs={s.dvu_runs:3d} owned change sets={len(self.daemon.owned)}"
+        )
+
+
+async def _feature_traffic(
+    client: RebaserClient, tally: _Tally, wk: WorkspacePk, cs: ChangeSetId, index: int
+) -> None:
+    for n in range(BATCHES_PER_FEATURE):
+        port = await client.get_change_set(wk, cs, "/web/port")
+        version = port.versions.get("/web/port")
+        if n % 9 == 4:
+            version = "stale-version"  # as if computed long ago: the whole batch is refused
+        updates: list[Update] = [
+            SetLiteral(path="/web/port", value=9000 + 100 * index + n, expected_version=version)
+        ]
+        if n % 4 == 0:
+            updates.append(SetLiteral(path="/web/replicas", value=2 + (n + index) % 5))
+        tally.count(await client.enqueue_updates_with_reply(wk, cs, updates, timeout=30))
 
 
 async def run_demo(nc: NatsClient, settings: Settings, daemon: Daemon) -> None:
-    workspace = WorkspacePk.new()
-    change_sets = [ChangeSetId.new() for _ in range(CHANGE_SETS)]
-    done = conflicts = 0
-    started = time.monotonic()
-
-    def progress() -> None:
-        total = CHANGE_SETS * BATCHES_PER_CHANGE_SET
-        click.echo(
-            f"[{time.monotonic() - started:5.1f}s] {done:3d}/{total} replies  conflicts={conflicts:2d}  "
-            f"dvu runs={daemon.stats.dvu_runs:3d}  owned change sets={len(daemon.owned)}"
-        )
-
-    async def drive(client: RebaserClient, index: int, change_set: ChangeSetId) -> None:
-        nonlocal done, conflicts
-        for n in range(BATCHES_PER_CHANGE_SET):
-            updates: list[SetLiteral | SetFunction] = [SetLiteral(path="/web/port", value=8000 + n)]
-            if n == 0:
-                updates += [
-                    SetLiteral(path="/web/host", value=f"web-{index}.local"),
-                    SetFunction(path="/web/url", function="concat", args=["/web/host", "/web/port"]),
-                    SetFunction(path="/stats/total", function="sum", args=["/web/port", "/web/replicas"]),
-                ]
-            if n % 7 == 3:  # computed against a stale version: the whole batch is refused as a conflict
-                updates = [SetLiteral(path="/web/replicas", value=n, expected_version="0")]
-            elif n % 5 == 0:
-                updates.append(SetLiteral(path="/web/replicas", value=n % 3 + 1))
-            response = await client.enqueue_updates_with_reply(workspace, change_set, updates, timeout=30)
-            done += 1
-            conflicts += response.status.kind == "conflicts"
-            if done % 20 == 0:
-                progress()
-
-    click.echo(
-        f"demo: workspace {workspace}, {CHANGE_SETS} change sets, "
-        f"{BATCHES_PER_CHANGE_SET} update batches each, every one awaiting its reply"
-    )
+    tally = _Tally(daemon)
+    wk, head = WorkspacePk.new(), ChangeSetId.new()
     async with RebaserClient(nc, prefix=settings.prefix) as client:
-        await asyncio.gather(*(drive(client, i, cs) for i, cs in enumerate(change_sets)))
-    click.echo("waiting for the change sets to go quiet and be released ...")
-    while daemon.owned:  # noqa: ASYNC110 - a progress display polls; nothing to wait on here
-        await asyncio.sleep(0.2)
-    for change_set in change_sets:
-        record = await daemon.rt.store.read(ChangeSet(workspace, change_set))
-        values = record.state["values"] if record else {}
+        click.echo(f"workspace {wk}: HEAD {head} gets {len(HEAD_SETUP)} attributes, 3 of them computed")
+        tally.count(await client.enqueue_updates_with_reply(wk, head, HEAD_SETUP))
+        features = {name: ChangeSetId.new() for name in FEATURES}
+        for name, cs in features.items():
+            await client.fork_change_set(wk, cs, head)
+            click.echo(f"forked {name} ({cs}) from HEAD")
         click.echo(
-            f"  change set {change_set}: " + ", ".join(f"{k}={v!r}" for k, v in sorted(values.items()))
+            f"sending {BATCHES_PER_FEATURE} update batches to each, concurrently, each awaiting its reply:"
         )
-    elapsed = time.monotonic() - started
+        await asyncio.gather(
+            *(_feature_traffic(client, tally, wk, cs, i) for i, cs in enumerate(features.values()))
+        )
+        tally.line()
+        for name in ("feature-a", "feature-b"):
+            response = await client.enqueue_updates_from_change_set_with_reply(wk, head, features[name])
+            tally.count(response)
+            if response.status.kind == "conflicts":
+                paths = ", ".join(c.path for c in response.status.conflicts)
+                click.echo(
+                    f"applying {name} onto HEAD: conflicts on {paths} (HEAD changed them since the fork)"
+                )
+            else:
+                click.echo(f"applying {name} onto HEAD: {response.status.kind}")
+        while (state := await client.get_change_set(wk, head)).dvu_pending:  # noqa: ASYNC110 - polling a view
+            await asyncio.sleep(0.05)
+    click.echo(f"HEAD now (snapshot {state.snapshot_address and state.snapshot_address[:12]}):")
+    for path, value in sorted(state.values.items()):
+        click.echo(f"  {path} = {value!r}")
     s = daemon.stats
     click.echo(
-        f"summary: {s.requests_applied} requests applied, {conflicts} conflicts, {s.dvu_runs} DVU runs "
-        f"(coalesced from {s.requests_applied} notifications at most), {s.tasks_taken} tasks taken, "
-        f"{s.tasks_released} released, {elapsed:.1f}s"
+        f"summary: {s.requests_applied} requests applied, {tally.conflicts} conflicts, {s.dvu_runs} DVU runs, "
+        f"{s.tasks_taken} tasks taken, {time.monotonic() - tally.started:.1f}s"
     )
