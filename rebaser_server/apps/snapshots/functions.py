@@ -6,11 +6,15 @@ becomes the attribute's error value). Python users add more with ``SnapshotApp.r
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from rebaser_server.apps.snapshots.model import Function
 
 __all__ = ["BUILTIN_FUNCTIONS"]
+
+_INDEX = re.compile(r"-?[0-9]+")
 
 
 def _numbers(args: list[Any]) -> list[int | float]:
@@ -67,7 +71,7 @@ def _get(args: list[Any]) -> Any:
     for token in args[1].split(".") if args[1] else []:
         if isinstance(value, dict):
             value = value.get(token)
-        elif isinstance(value, list) and token.lstrip("-").isdigit():
+        elif isinstance(value, list) and _INDEX.fullmatch(token):
             index = int(token)
             value = value[index] if -len(value) <= index < len(value) else None
         else:
@@ -92,7 +96,8 @@ def _length(args: list[Any]) -> int:
 
 
 def _equals(args: list[Any]) -> bool:
-    return all(a == args[0] for a in args[1:])
+    # JSON equality: true is not 1 (Python's == says it is), and 1 is not 1.0.
+    return len({json.dumps(a, sort_keys=True) for a in args}) <= 1
 
 
 def _not(args: list[Any]) -> bool:

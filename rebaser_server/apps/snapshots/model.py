@@ -203,11 +203,17 @@ def rebase(snapshot: Snapshot, updates: Sequence[Update]) -> Rebased:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One path changed by a change set since its fork: the new attribute, or None for a removal."""
+    """One path changed by a change set since its fork: the new attribute, or None for a removal.
+
+    ``base_version`` is the path's version at the fork (None: absent), reported in conflicts; ``base_definition``
+    is what decides them: definitions, not computed values, because a target that merely recomputed a function
+    has not changed it.
+    """
 
     path: str
     base_version: str | None
     attribute: Attribute | None
+    base_definition: str | None = None
 
 
 def changes_since(base: Snapshot, current: Snapshot) -> list[Change]:
@@ -217,21 +223,31 @@ def changes_since(base: Snapshot, current: Snapshot) -> list[Change]:
     for path in sorted(set(base.attributes) | set(current.attributes)):
         before, after = base.attributes.get(path), current.attributes.get(path)
         if _definition(before) != _definition(after):
-            changes.append(Change(path, base.version(path), after))
+            changes.append(Change(path, base.version(path), after, _definition(before)))
     return changes
 
 
-def _definition(attribute: Attribute | None) -> Any:
+def _definition(attribute: Attribute | None) -> str | None:
+    """A version of what was *set* (literal value, or function and args), ignoring computed state."""
     if attribute is None:
         return None
     if attribute.is_function:
-        return ("function", attribute.function, attribute.args)
-    return ("literal", _canonical(attribute.value))
+        return _hash(["function", attribute.function, list(attribute.args)], 16)
+    return _hash(["literal", attribute.value], 16)
 
 
 def apply_changes(target: Snapshot, changes: Sequence[Change]) -> Rebased:
     """Apply changes made elsewhere; a path the target also changed since the fork is a conflict."""
-    conflicts = _conflicts(target, ((c.path, c.base_version, True) for c in changes))
+    conflicts = tuple(
+        Conflict(
+            path=c.path,
+            expected_version=c.base_version,
+            actual_version=target.version(c.path),
+            message="changed on both sides since the fork",
+        )
+        for c in changes
+        if _definition(target.attributes.get(c.path)) != c.base_definition
+    )
     if conflicts:
         return Rebased(target, conflicts)
     attributes = dict(target.attributes)
@@ -240,8 +256,9 @@ def apply_changes(target: Snapshot, changes: Sequence[Change]) -> Rebased:
         if change.attribute is None:
             attributes.pop(change.path, None)
         elif change.attribute.is_function:
+            previous = attributes.get(change.path)  # the definition travels; the value is recomputed here
             attributes[change.path] = Attribute(
-                value=change.attribute.value,
+                value=None if previous is None else previous.value,
                 function=change.attribute.function,
                 args=change.attribute.args,
                 stale=True,
@@ -331,8 +348,8 @@ def _compute(
             return fail(f"input {arg} has an error: {source.error}")
         args.append(None if source is None else source.value)
     try:
-        value = function(args)
-        _canonical(value)  # the value must be JSON: it is stored and sent as such
+        # Store exactly the JSON form: it is what the snapshot encodes, so a reloaded snapshot is equal.
+        value = json.loads(_canonical(function(args)))
     except Exception as err:
         return fail(f"{attribute.function} failed: {type(err).__name__}: {err}")
     return Attribute(value=value, function=attribute.function, args=attribute.args)
