@@ -8,6 +8,7 @@ and prints as the canonical 26-character Crockford base32 ULID. That text alphab
 
 from __future__ import annotations
 
+import re
 from typing import Any, Self
 
 from pydantic import GetCoreSchemaHandler
@@ -20,23 +21,28 @@ __all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk"]
 
 
 class UlidId:
-    """Base of the typed ids. Immutable, hashable, ordered by creation time."""
+    """Base of the typed ids. Immutable, hashable, ordered by creation time.
 
-    __slots__ = ("_ulid",)
-    _ulid: ULID
+    Held as the canonical text: ids travel as text (subjects, headers, bodies) several times per request, and a
+    fixed-width Crockford base32 text sorts exactly like the 128-bit value. The :class:`ULID` object is only
+    built when asked for.
+    """
+
+    __slots__ = ("_text",)
+    _text: str
 
     def __init__(self, value: ULID | str | Self) -> None:
         if isinstance(value, UlidId):
             if type(value) is not type(self):
                 raise InvalidId(f"a {type(value).__name__} is not a {type(self).__name__}")
-            ulid = value._ulid
+            text = value._text
         elif isinstance(value, ULID):
-            ulid = value
+            text = str(value)
         elif isinstance(value, str):
-            ulid = _parse_ulid(type(self).__name__, value)
+            text = _canonical_text(type(self).__name__, value)
         else:
             raise InvalidId(f"{type(self).__name__} must be a ULID string, got {type(value).__name__}")
-        object.__setattr__(self, "_ulid", ulid)
+        object.__setattr__(self, "_text", text)
 
     @classmethod
     def new(cls) -> Self:
@@ -48,25 +54,25 @@ class UlidId:
 
     @property
     def ulid(self) -> ULID:
-        return self._ulid
+        return ULID.from_str(self._text)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __str__(self) -> str:
-        return str(self._ulid)
+        return self._text
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self._ulid)!r})"
+        return f"{type(self).__name__}({self._text!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other._ulid == self._ulid
+        return type(other) is type(self) and other._text == self._text
 
     def __lt__(self, other: Self) -> bool:
-        return self._ulid < other._ulid
+        return self._text < other._text
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self._ulid))
+        return hash((type(self).__name__, self._text))
 
     @classmethod
     def __get_pydantic_core_schema__(
@@ -90,14 +96,18 @@ class UlidId:
         )
 
 
-def _parse_ulid(kind: str, value: str) -> ULID:
-    # python-ulid accepts lower case too; we normalise to its canonical upper-case text.
+# Crockford base32 without I, L, O, U; the first character is at most 7 so the value fits in 128 bits.
+_ULID_TEXT = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+
+
+def _canonical_text(kind: str, value: str) -> str:
+    # Lower case is accepted and normalised to the canonical upper-case text.
     if len(value) != 26:
         raise InvalidId(f"{kind} must be a 26-character ULID, got {value!r}")
-    try:
-        return ULID.from_str(value.upper())
-    except ValueError as err:
-        raise InvalidId(f"{kind} is not a valid ULID: {value!r} ({err})") from None
+    text = value.upper()
+    if not _ULID_TEXT.fullmatch(text):
+        raise InvalidId(f"{kind} is not a valid ULID (Crockford base32, at most 7ZZZ...): {value!r}")
+    return text
 
 
 class WorkspacePk(UlidId):

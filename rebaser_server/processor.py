@@ -40,11 +40,27 @@ from rebaser_server.dvu import SerialDvu
 from rebaser_server.replies import dead_letter, request_id_of, send_reply
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
+from rebaser_server.trimmer import Trimmer
 
 __all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def _in_background(coro: Coroutine[Any, Any, Any]) -> None:
+    task = asyncio.create_task(coro)
+    _BACKGROUND.add(task)  # keep a reference until done, or the task may be garbage-collected mid-flight
+
+    def done(t: asyncio.Task[Any]) -> None:
+        _BACKGROUND.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("background cleanup failed: %s", t.exception())
+
+    task.add_done_callback(done)
 
 
 class Outcome(enum.Enum):
@@ -93,9 +109,7 @@ class ChangeSetProcessor:
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
         self._wedged = False
-        # Deletes are pipelined; bounded so the idempotency window always covers every undeleted request.
-        self._deletes: set[asyncio.Task[None]] = set()
-        self._delete_slots = asyncio.Semaphore(max(1, rt.settings.idempotency_window // 2))
+        self._trimmer = Trimmer(rt, self._subject)
         self._dvu = SerialDvu(self._run_dvu, name=f"dvu {change_set}")
 
     # -- public -------------------------------------------------------------------------------------
@@ -117,10 +131,9 @@ class ChangeSetProcessor:
             self._dvu.start()
             if self._handle.record.dvu_pending:
                 self._dvu.notify()  # the previous owner died with a DVU due
-            if await rt.queued(self.change_set):
-                await self._subscribe()
-            else:
-                # Nothing to do (a redelivered or swept task): release at once. Safe for the same reason every
+            await self._subscribe()
+            if self._caught_up:
+                # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
                 # release is: a request published meanwhile is found by the check after the ack.
                 self._finish(Outcome.RELEASED, reason="nothing queued")
             await self._wait_for_outcome()
@@ -165,8 +178,8 @@ class ChangeSetProcessor:
         # count tracks active change sets. After a reset the ordered consumer has a new name.
         name = getattr(sub, "_consumer", None) or self._consumer
         if name:
-            with contextlib.suppress(Exception):
-                await self._rt.js.delete_consumer(self._rt.subjects.requests_stream, name)
+            # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
+            _in_background(self._rt.js.delete_consumer(self._rt.subjects.requests_stream, name))
 
     async def _on_request(self, msg: Msg) -> None:
         if self._stopping:
@@ -215,13 +228,12 @@ class ChangeSetProcessor:
             reason = f"{type(err).__name__}: {err}"
             await dead_letter(rt, msg, seq, reason)
             await send_reply(rt, headers, self._error_response(headers, reason))
-            self._schedule_delete(seq)
+            await self._trimmer.processed(seq)
             return
 
-        rid = str(request.id)
         handle = self._handle
         async with handle.lock:
-            response = handle.record.reply_for(rid)
+            response = handle.record.reply_for(request)
             dvu = False
             if response is None:
                 response, dvu = await self._apply(handle, request, msg, seq)
@@ -229,7 +241,7 @@ class ChangeSetProcessor:
                 rt.stats.requests_replayed += 1
         await rt.hooks.checkpoint("applied", self.change_set)
         await send_reply(rt, headers, response)
-        self._schedule_delete(seq)
+        await self._trimmer.processed(seq)
         rt.stats.last_request_at = time.time()
         if dvu:
             self._dvu.notify()
@@ -285,25 +297,6 @@ class ChangeSetProcessor:
             change_set_id=self.change_set.change_set_id,
             status=ErrorStatus(message=reason, retryable=False),
         )
-
-    def _schedule_delete(self, seq: int) -> None:
-        async def delete() -> None:
-            try:
-                await self._rt.delete_request(seq)
-            except Exception as err:
-                # Best effort by design: the request is still answered from the idempotency record if seen again.
-                self._rt.stats.delete_failures += 1
-                log.warning("%s: deleting request seq %d failed: %s", self.change_set, seq, err)
-            finally:
-                self._delete_slots.release()
-
-        async def start() -> None:
-            await self._delete_slots.acquire()
-            await delete()
-
-        task = asyncio.create_task(start())
-        self._deletes.add(task)
-        task.add_done_callback(self._deletes.discard)
 
     # -- dependent values update --------------------------------------------------------------------
     async def _run_dvu(self) -> None:
@@ -395,8 +388,7 @@ class ChangeSetProcessor:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
-        if self._deletes:
-            await asyncio.wait(set(self._deletes), timeout=settings.ack_wait)
+        await self._trimmer.flush(settings.ack_wait)
         if result.outcome is not Outcome.RELEASED:
             return result
         return await self._release()

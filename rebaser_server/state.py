@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import cbor2
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from rebaser_core.api import EnqueueUpdatesResponse
+from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse
 from rebaser_core.errors import FencedError
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -42,8 +41,9 @@ class ChangeSetRecord:
     owner: str
     state: AppState
     dvu_pending: bool = False
-    # request id -> reply (JSON form), oldest first; bounded by Settings.idempotency_window
-    recent: Mapping[str, Any] = field(default_factory=dict)
+    # request id -> the reply's status, CBOR-encoded once (the record is re-encoded on every commit, so keeping
+    # these as opaque bytes makes that cheap); oldest first; bounded by Settings.idempotency_window
+    recent: Mapping[str, bytes] = field(default_factory=dict)
     # request id -> retryable failures so far
     attempts: Mapping[str, int] = field(default_factory=dict)
 
@@ -70,18 +70,24 @@ class ChangeSetRecord:
             owner=str(raw["owner"]),
             state=raw["state"],
             dvu_pending=bool(raw.get("dvu_pending", False)),
-            recent=dict((str(k), v) for k, v in raw.get("recent", [])),
+            recent={str(k): bytes(v) for k, v in raw.get("recent", [])},
             attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
         )
 
-    def reply_for(self, request_id: str) -> EnqueueUpdatesResponse | None:
-        raw = self.recent.get(request_id)
-        return None if raw is None else EnqueueUpdatesResponse.model_validate(raw)
+    def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
+        """The reply already given to ``request`` if it was processed (then it must not be applied again)."""
+        raw = self.recent.get(str(request.id))
+        if raw is None:
+            return None
+        return EnqueueUpdatesResponse.model_validate({
+            "id": request.id, "workspace_id": request.workspace_id, "change_set_id": request.change_set_id,
+            "status": cbor2.loads(raw),
+        })
 
     def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
         recent = dict(self.recent)
         recent.pop(request_id, None)
-        recent[request_id] = response.model_dump(mode="json")
+        recent[request_id] = bytes(cbor2.dumps(response.status.model_dump(mode="json")))
         while len(recent) > window:
             del recent[next(iter(recent))]
         attempts = {k: v for k, v in self.attempts.items() if k != request_id}

@@ -22,7 +22,7 @@ from rebaser_client import (
 from rebaser_client.cli import main as cli
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
-from rebaser_server.apps.values import ValuesApp
+from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.testing import fast_settings, running_daemon
 
 
@@ -52,7 +52,7 @@ async def test_no_daemon_means_timeout_but_request_is_durable(
 
 
 async def test_sync_client_and_cli(nc: NatsClient, nats_url: str, subject_prefix: str) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), ValuesApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
 
         def sync_call() -> bool:

@@ -1,0 +1,1 @@
+"""End-to-end benchmark of rebaser against a minimal hand-written baseline (see ``bench/bench.py``)."""
