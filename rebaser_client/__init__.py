@@ -7,6 +7,8 @@
 """
 
 from rebaser_client._client import RebaserClient, Updates
+from rebaser_client._publisher import ClientStatus
+from rebaser_client._spool import SpoolConfig
 from rebaser_client._sync import SyncRebaserClient
 from rebaser_core.api import (
     ContentType,
@@ -25,6 +27,7 @@ from rebaser_core.errors import (
     RebaserRefused,
     RebaserTimeout,
     RebaserUnavailable,
+    SpoolError,
     Unsupported,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -32,6 +35,7 @@ from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 __all__ = [
     "ChangeSetId",
     "ClientError",
+    "ClientStatus",
     "ContentType",
     "EnqueueUpdatesRequest",
     "EnqueueUpdatesResponse",
@@ -46,6 +50,8 @@ __all__ = [
     "RequestId",
     "SetFunction",
     "SetLiteral",
+    "SpoolConfig",
+    "SpoolError",
     "StoredUpdates",
     "SyncRebaserClient",
     "Unsupported",

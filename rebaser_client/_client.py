@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -14,6 +13,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from rebaser_client._publisher import ClientStatus, Publisher
+from rebaser_client._spool import SpoolConfig
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     ENQUEUE_UPDATES_RESPONSE,
@@ -36,21 +37,19 @@ from rebaser_core.api import (
     VersionedMessage,
 )
 from rebaser_core.batches import encode_batch
-from rebaser_core.connect import ConnectOptions, connect
+from rebaser_core.connect import ConnectOptions, close_connection, connect
 from rebaser_core.errors import (
     ProtocolError,
-    RebaserError,
     RebaserRefused,
     RebaserTimeout,
     RebaserUnavailable,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack, publish_task
+from rebaser_core.tasks import ensure_connected
 
 __all__ = ["RebaserClient", "Updates"]
 
-log = logging.getLogger(__name__)
 
 Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
 """Inline updates (a list, or ``InlineUpdates``), or a stored batch (``StoredUpdates`` or its address)."""
@@ -73,7 +72,13 @@ class RebaserClient:
         nc: an open nats-py connection (not closed by the client unless it was made by :meth:`connect`).
         prefix: the deployment's subject prefix (must match the daemons').
         content_type: encoding of requests; replies come back in the same one.
-        publish_timeout: how long one publish may wait for JetStream before ``RebaserUnavailable``.
+        publish_timeout: how long one publish may wait (for a free slot, then for JetStream's ack) before
+            ``RebaserUnavailable`` (or ``RebaserBusy(limit="in_flight")`` if no slot freed up).
+        max_in_flight: requests awaiting their JetStream ack at once; bounds the client's memory while NATS is
+            slow. While the connection is down, enqueues fail fast with ``RebaserUnavailable`` instead.
+        spool: a local SQLite spool for requests NATS refuses (``RebaserBusy``) or cannot take
+            (``RebaserUnavailable``): they are stored durably, ``enqueue_updates`` returns their id, and they are
+            replayed in order once NATS takes work again. Off by default.
     """
 
     def __init__(
@@ -83,11 +88,15 @@ class RebaserClient:
         prefix: str | None = None,
         content_type: ContentType = ContentType.CBOR,
         publish_timeout: float = 5.0,
+        max_in_flight: int = 1024,
+        spool: SpoolConfig | None = None,
     ) -> None:
         self._nc = nc
         self._subjects = Subjects(prefix)
         self._content_type = content_type
-        self._publish_timeout = publish_timeout
+        self._publisher = Publisher(
+            nc, self._subjects, publish_timeout=publish_timeout, max_in_flight=max_in_flight, spool=spool
+        )
         self._owns_connection = False
         self._inbox_prefix: str | None = None
         self._inbox_sub: Subscription | None = None
@@ -101,11 +110,26 @@ class RebaserClient:
             nc = await connect(opts)
         except Exception as err:
             raise RebaserUnavailable(f"cannot connect to NATS at {', '.join(opts.servers)}: {err}") from err
-        client = cls(nc, **kwargs)  # type: ignore[arg-type]
-        client._owns_connection = True
+        try:
+            client = cls(nc, **kwargs)  # type: ignore[arg-type]
+            client._owns_connection = True
+            await client.start()
+        except BaseException:
+            await nc.close()
+            raise
         return client
 
+    async def start(self) -> None:
+        """Open the spool (if configured) and start replaying what it holds. ``connect`` and ``async with`` call
+        it; otherwise the first enqueue does."""
+        await self._publisher.start()
+
+    def status(self) -> ClientStatus:
+        """The client's side of back-pressure: connection state, requests in flight, spool size, last publish."""
+        return self._publisher.status()
+
     async def __aenter__(self) -> Self:
+        await self.start()
         return self
 
     async def __aexit__(
@@ -114,6 +138,8 @@ class RebaserClient:
         await self.close()
 
     async def close(self) -> None:
+        # First, while the connection is still open: give the spool its bounded chance to drain.
+        await self._publisher.close()
         for future in self._waiting.values():
             future.cancel()
         self._waiting.clear()
@@ -121,8 +147,8 @@ class RebaserClient:
             sub, self._inbox_sub = self._inbox_sub, None
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-        if self._owns_connection and not self._nc.is_closed:
-            await self._nc.drain()
+        if self._owns_connection:
+            await close_connection(self._nc)  # also during an outage
 
     # -- the original's API ---------------------------------------------------------------------------
     async def enqueue_updates(
@@ -133,7 +159,8 @@ class RebaserClient:
         *,
         event_session_id: str | None = None,
     ) -> RequestId:
-        """Enqueue; return the request id once the request is durably in the stream."""
+        """Enqueue; return the request id once the request is durable: in the stream, or (with a spool, while
+        NATS refuses or is unreachable) in the local spool, from which it is replayed in order."""
         request = self._request(workspace_id, change_set_id, updates, None, event_session_id)
         await self._enqueue(request, None)
         return request.id
@@ -232,6 +259,7 @@ class RebaserClient:
     async def store_batch(self, updates: Sequence[Update]) -> StoredUpdates:
         """Write a (large) batch to the batches object store once; send the result as ``updates``."""
         address, data = encode_batch(list(updates))
+        ensure_connected(self._nc, f"storing batch {address}")
         js = self._nc.jetstream()
         try:
             store = await js.object_store(self._subjects.batches_bucket)
@@ -251,12 +279,15 @@ class RebaserClient:
         assert isinstance(request, GetChangeSetRequest | ForkChangeSetRequest)
         subject = self._subjects.api(operation, request.workspace_id, request.change_set_id)
         headers, body = codec.encode(request, self._content_type)
+        ensure_connected(self._nc, f"{operation} query")
         try:
             reply = await self._nc.request(subject, body, headers=headers, timeout=timeout)
         except nats.errors.NoRespondersError:
             raise RebaserUnavailable(f"no daemon answers {operation} queries on {subject}") from None
-        except (TimeoutError, nats.errors.Error) as err:
-            raise RebaserTimeout(f"{operation} query got no answer within {timeout}s: {err}") from None
+        except TimeoutError:
+            raise RebaserTimeout(f"{operation} query got no answer within {timeout}s") from None
+        except nats.errors.Error as err:  # the connection closed or dropped mid-request
+            raise RebaserUnavailable(f"{operation} query failed: {err or type(err).__name__}") from None
         response: MessageVersion = reply_codec.decode(reply.headers, reply.data)
         return response
 
@@ -298,28 +329,10 @@ class RebaserClient:
             self._waiting.pop(rid, None)
 
     async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> None:
-        wk, cs = request.workspace_id, request.change_set_id
-        subject = self._subjects.requests(wk, cs)
+        subject = self._subjects.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
         headers[_NATS_EXPECTED_STREAM] = self._subjects.requests_stream
-        try:
-            ack = await self._nc.request(subject, body, headers=headers, timeout=self._publish_timeout)
-        except nats.errors.NoRespondersError:
-            raise RebaserUnavailable(
-                f"no JetStream stream answers on {subject}: is a daemon set up?"
-            ) from None
-        except (TimeoutError, nats.errors.Error) as err:
-            raise RebaserUnavailable(
-                f"publishing request {request.id} failed: {err or type(err).__name__}"
-            ) from None
-        check_pub_ack(ack.data, subject)
-        # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
-        try:
-            await publish_task(self._nc, self._subjects.task(wk, cs), timeout=self._publish_timeout)
-        except (RebaserError, nats.errors.Error) as err:
-            log.warning(
-                "task publish for request %s failed (the orphan sweep will pick it up): %s", request.id, err
-            )
+        await self._publisher.send(str(request.id), subject, headers, body)
 
     async def _reply_inbox(self) -> str:
         if self._inbox_prefix is None:

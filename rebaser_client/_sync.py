@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from rebaser_client._client import RebaserClient, Updates
+from rebaser_client._publisher import ClientStatus
 from rebaser_core.api import EnqueueUpdatesResponse, ForkChangeSetResponse, GetChangeSetResponse
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -51,6 +52,12 @@ class SyncRebaserClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    def status(self) -> ClientStatus:
+        return self._run(self._status())
+
+    async def _status(self) -> ClientStatus:
+        return self._client.status()  # read on the client's own loop: its state is not thread-safe
 
     def enqueue_updates(
         self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, updates: Updates, **kwargs: Any

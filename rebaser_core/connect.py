@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 
-__all__ = ["ConnectOptions", "connect"]
+__all__ = ["ConnectOptions", "close_connection", "connect", "connection_state"]
 
 log = logging.getLogger(__name__)
 
@@ -78,3 +80,38 @@ async def connect(options: ConnectOptions) -> NatsClient:
         await nc.close()
         raise TimeoutError(f"could not connect to {', '.join(options.servers)}") from None
     return nc
+
+
+def connection_state(nc: NatsClient) -> str:
+    """One word for a nats-py connection's state, for status pages: connected, reconnecting, connecting,
+    draining, closed or disconnected."""
+    if nc.is_closed:
+        return "closed"
+    if nc.is_draining:
+        return "draining"
+    if nc.is_connected:
+        return "connected"
+    if nc.is_reconnecting:
+        return "reconnecting"
+    if nc.is_connecting:
+        return "connecting"
+    return "disconnected"
+
+
+async def close_connection(nc: NatsClient) -> None:
+    """Drain a connection, or close it if it cannot be drained, without raising during a NATS outage.
+
+    nats-py refuses to drain while reconnecting, and closing then flushes its reconnect buffer into the dead socket,
+    raising ConnectionResetError (the connection ends up closed all the same). Neither should turn a clean shutdown
+    into a crash: whatever was still buffered could not have been delivered anyway.
+    """
+    if nc.is_closed:
+        return
+    if nc.is_connected:
+        try:
+            await nc.drain()
+            return
+        except nats.errors.Error:
+            pass
+    with contextlib.suppress(OSError, nats.errors.Error):
+        await nc.close()

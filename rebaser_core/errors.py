@@ -15,8 +15,9 @@ Catch the narrowest class that tells you what to do next::
     ├── ClientError                    raised by rebaser_client
     │   ├── RebaserTimeout             no reply before the deadline (the request may still be applied)
     │   ├── RebaserRefused             the server refused to take the request
-    │   │   └── RebaserBusy            refused for back-pressure; retry after ``retry_after`` seconds
-    │   └── RebaserUnavailable         NATS or JetStream cannot be reached
+    │   │   └── RebaserBusy            back-pressure (``limit`` says which); retry after ``retry_after`` seconds
+    │   ├── RebaserUnavailable         NATS or JetStream cannot be reached
+    │   └── SpoolError                 the client's local spool file cannot be used (locked by another client)
     ├── ApplicationError               raised by an app while applying a request
     │   ├── RetryableError             transient: the task is retried later, the request stays first
     │   └── UnprocessableError         permanent: the request is dead-lettered with an error reply
@@ -27,7 +28,9 @@ Catch the narrowest class that tells you what to do next::
 
 from __future__ import annotations
 
-__all__ = [
+from typing import Literal
+
+__all__ = [  # classes only (BusyLimit, a type alias, is importable but not listed: the tree lists classes)
     "ApplicationError",
     "ClientError",
     "DecodeError",
@@ -44,6 +47,7 @@ __all__ = [
     "RebaserTimeout",
     "RebaserUnavailable",
     "RetryableError",
+    "SpoolError",
     "UnprocessableError",
     "Unsupported",
     "UnsupportedContentType",
@@ -117,16 +121,33 @@ class RebaserRefused(ClientError):
     """The server refused to accept the request (it was not enqueued)."""
 
 
-class RebaserBusy(RebaserRefused):
-    """Refused for back-pressure: the stream or the change set's backlog is full."""
+BusyLimit = Literal["change_set", "stream_messages", "stream_bytes", "stream", "in_flight", "spool"]
+"""Which limit refused a request: this change set's backlog (``requests_max_msgs_per_change_set``), the requests
+stream's message or byte cap (or an unrecognised stream limit), the client's ``max_in_flight`` publishes, or its
+full spool."""
 
-    def __init__(self, message: str, retry_after: float) -> None:
+
+class RebaserBusy(RebaserRefused):
+    """Refused for back-pressure: nothing was enqueued; trying again after ``retry_after`` seconds is expected to
+    work. ``limit`` names the limit that refused it (see :data:`BusyLimit`)."""
+
+    def __init__(self, message: str, retry_after: float, limit: BusyLimit = "stream") -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.limit: BusyLimit = limit
 
 
 class RebaserUnavailable(ClientError):
-    """NATS or JetStream could not be reached in time. Nothing was enqueued."""
+    """NATS or JetStream could not be reached in time, so the request was not acknowledged.
+
+    Usually nothing was enqueued (the client fails fast while disconnected). After a publish that went out but got
+    no acknowledgement in time, the request may still have been stored; sending it again with the same request id
+    is safe, since the stream drops a repeated ``Nats-Msg-Id`` within its duplicate window.
+    """
+
+
+class SpoolError(ClientError):
+    """The client's spool file cannot be opened: another client holds it, or it is not a usable SQLite file."""
 
 
 class ApplicationError(RebaserError):

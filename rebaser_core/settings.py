@@ -82,6 +82,16 @@ class Settings(BaseModel):
         description="Recent request ids (with replies) remembered per change set to make re-apply a no-op.",
     )
 
+    # -- health (the daemon's /readyz) ----------------------------------------------------------------------
+    ready_max_backlog: int = Field(
+        10_000,
+        ge=-1,
+        description="Not ready while more requests than this wait in REBASER_REQUESTS (-1: never for backlog).",
+    )
+    ready_max_disconnected: float = Field(
+        30.0, gt=0, description="Not ready once NATS has been unreachable for longer than this."
+    )
+
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, value: str | None) -> str | None:

@@ -3,23 +3,77 @@
 The tasks stream keeps at most one message per change set (discard-new-per-subject). A publish that is
 refused with err_code 10077 means "this change set already has a task", and that is success: whoever holds it
 will see the request, because it was published first and the owner checks for queued requests after releasing.
+
+:func:`check_pub_ack` also turns every other JetStream refusal into the typed error a caller can act on; for the
+requests stream's limits that is :class:`~rebaser_core.errors.RebaserBusy` naming the limit.
 """
 
 from __future__ import annotations
 
 import json
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.errors import NoRespondersError
 
-from rebaser_core.errors import RebaserBusy, RebaserRefused, RebaserUnavailable
+from rebaser_core.errors import BusyLimit, RebaserBusy, RebaserRefused, RebaserUnavailable
 
-__all__ = ["TASK_EXISTS", "check_pub_ack", "publish_task"]
+__all__ = [
+    "CHANGE_SET_FULL_RETRY_AFTER",
+    "STREAM_FULL_RETRY_AFTER",
+    "TASK_EXISTS",
+    "busy_error",
+    "check_pub_ack",
+    "ensure_connected",
+    "publish_task",
+]
 
 TASK_EXISTS = 10077  # "maximum messages per subject exceeded" on the tasks stream
-# nats-server 2.15 reports every "stream full" limit (messages, bytes, per subject) as 10077; 10054 is a message
-# over the size limit, which retrying cannot fix (RebaserRefused).
+# nats-server 2.15 reports every "stream full" limit (messages, bytes, per subject) as 10077; only the description
+# tells them apart. 10054 is a message over the size limit, which retrying cannot fix (RebaserRefused).
 STREAM_FULL = frozenset({10077})
+
+# One change set's backlog drains as fast as its single owner applies requests (typically milliseconds each), so a
+# short wait usually finds room. A full stream means the whole cluster is behind: back off for longer.
+CHANGE_SET_FULL_RETRY_AFTER = 1.0
+STREAM_FULL_RETRY_AFTER = 5.0
+
+# Substrings of nats-server's descriptions, most specific first ("maximum messages per subject exceeded" also
+# contains "maximum messages").
+_LIMITS: tuple[tuple[str, BusyLimit, str, float], ...] = (
+    (
+        "per subject",
+        "change_set",
+        "this change set's backlog is full (requests_max_msgs_per_change_set); other change sets still accept work",
+        CHANGE_SET_FULL_RETRY_AFTER,
+    ),
+    (
+        "maximum bytes",
+        "stream_bytes",
+        "the requests stream is full (requests_max_bytes)",
+        STREAM_FULL_RETRY_AFTER,
+    ),
+    (
+        "maximum messages",
+        "stream_messages",
+        "the requests stream is full (requests_max_msgs)",
+        STREAM_FULL_RETRY_AFTER,
+    ),
+)
+
+
+def busy_error(subject: str, description: str, code: int) -> RebaserBusy:
+    """The :class:`RebaserBusy` for a 10077 refusal, naming the limit from nats-server's description."""
+    lowered = description.lower()
+    limit, what, retry_after = next(
+        ((limit, what, retry) for needle, limit, what, retry in _LIMITS if needle in lowered),
+        ("stream", "a stream limit was reached", STREAM_FULL_RETRY_AFTER),
+    )
+    return RebaserBusy(
+        f"publish to {subject} refused: {what}; retry after {retry_after:g}s "
+        f"(nats-server: {description!r}, err_code {code})",
+        retry_after=retry_after,
+        limit=limit,
+    )
 
 
 def check_pub_ack(data: bytes, subject: str, *, allow: tuple[int, ...] = ()) -> int | None:
@@ -35,20 +89,32 @@ def check_pub_ack(data: bytes, subject: str, *, allow: tuple[int, ...] = ()) -> 
     code = int(error.get("err_code", 0))
     if code in allow:
         return None
-    text = f"publish to {subject} refused: {error.get('description', '')} (err_code {code})"
+    description = str(error.get("description", ""))
     if code in STREAM_FULL:
-        raise RebaserBusy(text, retry_after=1.0)
+        raise busy_error(subject, description, code)
+    text = f"publish to {subject} refused: {description} (err_code {code})"
     if int(error.get("code", 0)) == 503:
         raise RebaserUnavailable(text)
     raise RebaserRefused(text)
 
 
+def ensure_connected(nc: NatsClient, what: str) -> None:
+    """Fail fast while the connection is down: nats-py would otherwise queue the publish in its reconnect buffer,
+    where it may still go out long after the caller gave up (and was told it had not)."""
+    if not nc.is_connected:
+        state = "closed" if nc.is_closed else "reconnecting" if nc.is_reconnecting else "not connected"
+        raise RebaserUnavailable(f"{what}: NATS connection is {state}")
+
+
 async def publish_task(nc: NatsClient, subject: str, *, timeout: float = 5.0) -> bool:
     """Publish an empty task; True if created, False if the change set already had one."""
+    ensure_connected(nc, f"publish to {subject}")
     try:
         msg = await nc.request(subject, b"", timeout=timeout)
-    except NoRespondersError:
+    except nats.errors.NoRespondersError:
         raise RebaserUnavailable(f"no JetStream stream answers on {subject}") from None
-    except TimeoutError:
-        raise RebaserUnavailable(f"publish to {subject} timed out after {timeout}s") from None
+    except (TimeoutError, nats.errors.Error) as err:
+        # TimeoutError covers nats.errors.TimeoutError; nats.errors.Error covers a connection that closed or whose
+        # reconnect buffer is full (ConnectionClosedError, OutboundBufferLimitError).
+        raise RebaserUnavailable(f"publish to {subject} failed: {err or type(err).__name__}") from None
     return check_pub_ack(msg.data, subject, allow=(TASK_EXISTS,)) is not None

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import click
 
-from rebaser_core.connect import ConnectOptions, connect
+from rebaser_core.connect import ConnectOptions, close_connection, connect
 from rebaser_core.embedded import NatsServer
 from rebaser_core.settings import Settings
 from rebaser_server.app import load_app
 from rebaser_server.config import DEFAULT_APP, ServerConfig
+from rebaser_server.http import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT, HealthServer
 from rebaser_server.server import Daemon
 
 log = logging.getLogger("rebaser_server")
@@ -38,6 +39,7 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
         nc = await connect(options)
         daemon = Daemon(nc, config.settings, load_app(config.app))
         await daemon.start()
+        http = await _start_http(daemon, config)
         _install_signal_handlers(daemon)
         click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
         if demo:
@@ -46,11 +48,28 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
             demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
             demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
         await daemon.stopped.wait()
-        await nc.drain()
+        if http is not None:
+            await http.stop()
+        await close_connection(nc)  # also during an outage (SIGTERM while NATS is down)
     finally:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | None:
+    if config.http_port < 0:
+        return None
+    http = HealthServer(daemon, host=config.http_host, port=config.http_port)
+    try:
+        await http.start()
+    except OSError as err:
+        # The daemon's work does not depend on its probe port; a taken port (a second daemon on this host) is
+        # logged loudly, and the probes failing make it visible to an orchestrator.
+        log.error("health endpoint not started on %s:%d: %s", config.http_host, config.http_port, err)
+        return None
+    click.echo(f"health endpoint on {http.url} (/healthz, /readyz, /status)")
+    return http
 
 
 def _install_signal_handlers(daemon: Daemon) -> None:
@@ -101,6 +120,21 @@ def _install_signal_handlers(daemon: Daemon) -> None:
     help="Store of the embedded server (default ~/.local/share/rebaser).",
 )
 @click.option("--port", "embedded_port", type=int, default=None, help="Client port of the embedded server.")
+@click.option(
+    "--http-host",
+    default=DEFAULT_HTTP_HOST,
+    show_default=True,
+    envvar="REBASER_HTTP_HOST",
+    help="Address of the health endpoint (/healthz, /readyz, /status).",
+)
+@click.option(
+    "--http-port",
+    type=int,
+    default=DEFAULT_HTTP_PORT,
+    show_default=True,
+    envvar="REBASER_HTTP_PORT",
+    help="Port of the health endpoint; 0 picks a free one, -1 turns it off.",
+)
 @click.option("--demo", is_flag=True, help="Send demo traffic, print what happens, then exit.")
 @click.option("--log-level", default="INFO", show_default=True)
 def main(
@@ -122,6 +156,8 @@ def main(
     handler_deadline: float | None,
     data_dir: Path | None,
     embedded_port: int | None,
+    http_host: str,
+    http_port: int,
     demo: bool,
     log_level: str,
 ) -> None:
@@ -154,6 +190,8 @@ def main(
         connect=connect_options,
         app=app_spec,
         embedded_port=embedded_port,
+        http_host=http_host,
+        http_port=http_port,
         **({"data_dir": data_dir} if data_dir else {}),
     )
     raise SystemExit(asyncio.run(serve(config, demo=demo)))

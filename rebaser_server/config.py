@@ -21,3 +21,6 @@ class ServerConfig:
     app: str = DEFAULT_APP
     data_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "rebaser")
     embedded_port: int | None = None
+    # The health endpoint (rebaser_server.http): port 0 picks a free one, a negative port turns it off.
+    http_host: str = "127.0.0.1"
+    http_port: int = 9090

@@ -25,7 +25,7 @@ _JS_API = "$JS.API"
 
 @dataclass
 class Stats:
-    """Counters of one daemon (exposed on /status once the health endpoint lands)."""
+    """Counters of one daemon (shown on the health endpoint's ``/status``)."""
 
     tasks_taken: int = 0
     tasks_released: int = 0
@@ -40,7 +40,13 @@ class Stats:
     delete_failures: int = 0
     dvu_runs: int = 0
     dvu_failures: int = 0
+    nats_reconnects: int = 0
+    # Owned change sets handed back after a reconnect (their ordered consumers may be gone).
+    reconnect_handbacks: int = 0
+    # Wall clock: the last request answered, and the last write JetStream acknowledged (a purge of processed
+    # requests; see trimmer.py).
     last_request_at: float | None = None
+    last_publish_at: float | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         return dict(self.__dict__)

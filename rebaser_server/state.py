@@ -79,10 +79,14 @@ class ChangeSetRecord:
         raw = self.recent.get(str(request.id))
         if raw is None:
             return None
-        return EnqueueUpdatesResponse.model_validate({
-            "id": request.id, "workspace_id": request.workspace_id, "change_set_id": request.change_set_id,
-            "status": cbor2.loads(raw),
-        })
+        return EnqueueUpdatesResponse.model_validate(
+            {
+                "id": request.id,
+                "workspace_id": request.workspace_id,
+                "change_set_id": request.change_set_id,
+                "status": cbor2.loads(raw),
+            }
+        )
 
     def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
         recent = dict(self.recent)

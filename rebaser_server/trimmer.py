@@ -65,7 +65,9 @@ class Trimmer:
                 # Best effort by design: left-over requests are answered from the idempotency record if seen
                 # again (the release check republishes the task for them). The next processed request retries.
                 self._rt.stats.delete_failures += 1
-                log.warning("%s: purging processed requests up to seq %d failed: %s", self._subject, target, err)
+                log.warning(
+                    "%s: purging processed requests up to seq %d failed: %s", self._subject, target, err
+                )
                 break
             self._purged_upto = target
             self._unpurged -= covered

@@ -1,0 +1,241 @@
+"""How the client puts a request into JetStream without ever buffering without bound.
+
+- **In flight**: at most ``max_in_flight`` requests await their JetStream ack at once (a semaphore); waiting for a
+  slot counts against ``publish_timeout``, and a caller that gets none in time is told ``RebaserBusy``.
+- **Disconnected**: fail fast with ``RebaserUnavailable`` instead of queueing into nats-py's reconnect buffer
+  (which would hold the bytes, and might send the request long after its caller was told it had not been).
+- **Refused**: the stream's limits come back as ``RebaserBusy`` naming the limit (see ``rebaser_core.tasks``).
+- **Spool** (optional): a refused or undeliverable request goes to a bounded local SQLite spool instead of failing,
+  and is replayed in order, with its original ``Nats-Msg-Id``, once NATS takes work again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client._spool import Spool, SpoolConfig
+from rebaser_core.connect import connection_state
+from rebaser_core.errors import (
+    RebaserBusy,
+    RebaserError,
+    RebaserRefused,
+    RebaserUnavailable,
+)
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import check_pub_ack, ensure_connected, publish_task
+
+__all__ = ["ClientStatus", "Publisher"]
+
+log = logging.getLogger(__name__)
+
+# Slots free up as acks come back (milliseconds each), so a caller refused for want of one may retry soon.
+_IN_FLIGHT_RETRY_AFTER = 0.5
+# While disconnected the replayer looks at the connection this often (nats-py offers nothing to await).
+_REPLAY_POLL = 0.1
+# Oldest spooled requests looked at per replay pass.
+_REPLAY_BATCH = 256
+# Cap on the pause after a refusal: a replay pass costs one refused publish per blocked change set, cheap enough
+# to try a few times a second, so the spool drains soon after the stream does (the callers' retry_after is longer).
+_REPLAY_MAX_PAUSE = 0.25
+
+
+@dataclass(frozen=True)
+class ClientStatus:
+    """The client's side of back-pressure (``RebaserClient.status()``)."""
+
+    connection: str  # connected, reconnecting, connecting, draining, closed or disconnected
+    in_flight: int  # requests awaiting their JetStream ack
+    max_in_flight: int
+    pending_bytes: int  # nats-py's outbound buffer (bounded by ConnectOptions.pending_size)
+    spool_size: int | None  # spooled requests (None: no spool)
+    spool_bytes: int | None
+    spool_dropped: int  # spooled requests refused for good on replay (logged)
+    last_publish_at: float | None  # wall-clock time of the last request JetStream acknowledged
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class Publisher:
+    def __init__(
+        self,
+        nc: NatsClient,
+        subjects: Subjects,
+        *,
+        publish_timeout: float,
+        max_in_flight: int,
+        spool: SpoolConfig | None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self._nc = nc
+        self._subjects = subjects
+        self._publish_timeout = publish_timeout
+        self._max_in_flight = max_in_flight
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._in_flight = 0
+        self._last_publish_at: float | None = None
+        self._spool = Spool(spool) if spool is not None else None
+        self._spool_dropped = 0
+        self._replayer: asyncio.Task[None] | None = None
+        self._start_lock = asyncio.Lock()
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the spool (if any) and replay what it holds in the background. Idempotent."""
+        if self._spool is None or self._replayer is not None:
+            return
+        async with self._start_lock:
+            if self._replayer is None:
+                await self._spool.open()
+                self._replayer = asyncio.create_task(self._replay(self._spool), name="rebaser spool replay")
+
+    async def close(self) -> None:
+        """Give the spool ``flush_timeout`` to drain (while connected), then stop; the rest stays on disk."""
+        spool, replayer = self._spool, self._replayer
+        if spool is None or replayer is None:
+            return
+        drained = not spool.size or (
+            self._nc.is_connected and await spool.wait_empty(spool.config.flush_timeout)
+        )
+        if not drained:
+            log.warning("closing with %d requests still spooled in %s", spool.size, spool.config.path)
+        self._replayer = None
+        replayer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await replayer
+        await spool.close()
+
+    def status(self) -> ClientStatus:
+        spool = self._spool
+        return ClientStatus(
+            connection=connection_state(self._nc),
+            in_flight=self._in_flight,
+            max_in_flight=self._max_in_flight,
+            pending_bytes=self._nc.pending_data_size,
+            spool_size=None if spool is None else spool.size,
+            spool_bytes=None if spool is None else spool.size_bytes,
+            spool_dropped=self._spool_dropped,
+            last_publish_at=self._last_publish_at,
+        )
+
+    # -- sending ----------------------------------------------------------------------------------------
+    async def send(self, request_id: str, subject: str, headers: dict[str, str], body: bytes) -> bool:
+        """Publish a request (and its task); True if it was spooled instead (durable locally, sent later)."""
+        await self.start()
+        spool = self._spool
+        if spool is not None and spool.holds(subject):
+            # Earlier requests of this change set wait in the spool; publishing this one now would overtake them.
+            await spool.add(request_id, subject, headers, body)
+            return True
+        try:
+            await self._publish(request_id, subject, headers, body)
+        except (RebaserBusy, RebaserUnavailable) as err:
+            if spool is None:
+                raise
+            try:
+                await spool.add(request_id, subject, headers, body)
+            except RebaserBusy as full:
+                raise RebaserBusy(f"{full}; NATS: {err}", full.retry_after, full.limit) from err
+            log.info("request %s spooled: %s", request_id, err)
+            return True
+        return False
+
+    async def _publish(self, request_id: str, subject: str, headers: dict[str, str], body: bytes) -> None:
+        what = f"publishing request {request_id}"
+        ensure_connected(self._nc, what)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._publish_timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise RebaserBusy(
+                f"{what}: {self._max_in_flight} requests already await JetStream (max_in_flight) "
+                f"after {self._publish_timeout:g}s",
+                retry_after=_IN_FLIGHT_RETRY_AFTER,
+                limit="in_flight",
+            ) from None
+        self._in_flight += 1
+        try:
+            ensure_connected(self._nc, what)  # it may have dropped while we waited for a slot
+            try:
+                ack = await self._nc.request(
+                    subject, body, headers=headers, timeout=max(deadline - loop.time(), 0.001)
+                )
+            except nats.errors.NoRespondersError:
+                raise RebaserUnavailable(
+                    f"no JetStream stream answers on {subject}: is a daemon set up?"
+                ) from None
+            except nats.errors.MaxPayloadError:
+                raise RebaserRefused(f"{what}: larger than the server's max_payload") from None
+            except (TimeoutError, nats.errors.Error) as err:
+                # A timeout, or the connection dropped mid-request (ConnectionClosedError, OutboundBufferLimitError).
+                raise RebaserUnavailable(f"{what} failed: {err or type(err).__name__}") from None
+            check_pub_ack(ack.data, subject)
+            self._last_publish_at = time.time()
+            # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
+            parsed = self._subjects.parse_requests(subject)
+            task = self._subjects.task(parsed.workspace_id, parsed.change_set_id)
+            try:
+                await publish_task(self._nc, task, timeout=self._publish_timeout)
+            except RebaserError as err:
+                log.warning(
+                    "task publish for request %s failed (the orphan sweep finds it): %s", request_id, err
+                )
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
+
+    # -- replaying the spool ------------------------------------------------------------------------------
+    async def _replay(self, spool: Spool) -> None:
+        while True:
+            if spool.size == 0:
+                spool.added.clear()
+                if spool.size == 0:
+                    await spool.added.wait()
+                continue
+            if not self._nc.is_connected:
+                await asyncio.sleep(_REPLAY_POLL)
+                continue
+            try:
+                pause = await self._replay_pass(spool)
+            except Exception:
+                log.exception("spool replay failed; trying again")
+                pause = _REPLAY_MAX_PAUSE
+            if pause > 0:
+                await asyncio.sleep(pause)
+
+    async def _replay_pass(self, spool: Spool) -> float:
+        """Publish what NATS takes now, oldest first; return how long to pause before the next pass."""
+        head = await spool.head(_REPLAY_BATCH)
+        if not head:
+            return _REPLAY_POLL  # counted but not yet committed by its writer
+        blocked: set[str] = set()  # change sets refused in this pass: their later requests must wait too
+        pause = 0.0
+        for entry in head:
+            if entry.subject in blocked:
+                continue
+            try:
+                await self._publish(entry.request_id, entry.subject, entry.headers, entry.body)
+            except RebaserBusy as err:
+                if err.limit != "change_set":
+                    return min(err.retry_after, _REPLAY_MAX_PAUSE)  # the stream or the client is full
+                blocked.add(entry.subject)
+                pause = max(pause, min(err.retry_after, _REPLAY_MAX_PAUSE))
+                continue
+            except RebaserUnavailable:
+                return _REPLAY_POLL
+            except RebaserRefused as err:
+                # Refused for good (e.g. over the size limit): kept, it would block its change set forever.
+                self._spool_dropped += 1
+                log.error("dropping spooled request %s: %s", entry.request_id, err)
+            await spool.remove(entry)
+        return pause
