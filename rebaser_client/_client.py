@@ -332,7 +332,8 @@ class RebaserClient:
         subject = self._subjects.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
         headers[_NATS_EXPECTED_STREAM] = self._subjects.requests_stream
-        await self._publisher.send(str(request.id), subject, headers, body)
+        task = self._subjects.task(request.workspace_id, request.change_set_id)
+        await self._publisher.send(str(request.id), subject, headers, body, task)
 
     async def _reply_inbox(self) -> str:
         if self._inbox_prefix is None:

@@ -127,7 +127,9 @@ class Publisher:
         )
 
     # -- sending ----------------------------------------------------------------------------------------
-    async def send(self, request_id: str, subject: str, headers: dict[str, str], body: bytes) -> bool:
+    async def send(
+        self, request_id: str, subject: str, headers: dict[str, str], body: bytes, task: str | None = None
+    ) -> bool:
         """Publish a request (and its task); True if it was spooled instead (durable locally, sent later)."""
         await self.start()
         spool = self._spool
@@ -136,7 +138,7 @@ class Publisher:
             await spool.add(request_id, subject, headers, body)
             return True
         try:
-            await self._publish(request_id, subject, headers, body)
+            await self._publish(request_id, subject, headers, body, task)
         except (RebaserBusy, RebaserUnavailable) as err:
             if spool is None:
                 raise
@@ -148,7 +150,9 @@ class Publisher:
             return True
         return False
 
-    async def _publish(self, request_id: str, subject: str, headers: dict[str, str], body: bytes) -> None:
+    async def _publish(
+        self, request_id: str, subject: str, headers: dict[str, str], body: bytes, task: str | None = None
+    ) -> None:
         what = f"publishing request {request_id}"
         ensure_connected(self._nc, what)
         loop = asyncio.get_running_loop()
@@ -182,8 +186,9 @@ class Publisher:
             check_pub_ack(ack.data, subject)
             self._last_publish_at = time.time()
             # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
-            parsed = self._subjects.parse_requests(subject)
-            task = self._subjects.task(parsed.workspace_id, parsed.change_set_id)
+            if task is None:  # a replayed request: only its subject was spooled
+                parsed = self._subjects.parse_requests(subject)
+                task = self._subjects.task(parsed.workspace_id, parsed.change_set_id)
             try:
                 await publish_task(self._nc, task, timeout=self._publish_timeout)
             except RebaserError as err:

@@ -24,6 +24,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
@@ -197,7 +198,10 @@ class ChangeSetProcessor:
                 self._finish(Outcome.WEDGED, reason="request handler overran handler_deadline")
             except Exception as err:
                 # Infrastructure trouble (NATS, KV): the request stays first in line; retry the task later.
-                log.exception("%s: processing a request failed", self.change_set)
+                if isinstance(err, nats.errors.Error | TimeoutError):
+                    log.warning("%s: NATS trouble while processing a request: %r", self.change_set, err)
+                else:
+                    log.exception("%s: processing a request failed", self.change_set)
                 self._finish(Outcome.RETRY, self._rt.settings.retry_backoff, f"{type(err).__name__}: {err}")
             finally:
                 self._last_activity = time.monotonic()

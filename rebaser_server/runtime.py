@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -75,12 +74,3 @@ class Runtime:
         except NotFoundError:
             return False
         return True
-
-    async def delete_request(self, seq: int) -> None:
-        """Delete a processed request by sequence, without the secure erase ``js.delete_msg`` asks for."""
-        subject = f"{_JS_API}.STREAM.MSG.DELETE.{self.subjects.requests_stream}"
-        payload = json.dumps({"seq": seq, "no_erase": True}).encode()
-        reply = await self.nc.request(subject, payload, timeout=self.settings.ack_wait)
-        data = json.loads(reply.data)
-        if "error" in data and data["error"].get("code") != 404:  # 404: already gone, which is fine
-            raise RuntimeError(f"deleting request seq {seq}: {data['error']}")

@@ -34,7 +34,7 @@ class DaemonProcess:
 
 
 async def spawn_daemon(
-    nats_url: str, prefix: str, workdir: Path, env: dict[str, str], name: str
+    nats_url: str | list[str], prefix: str, workdir: Path, env: dict[str, str], name: str
 ) -> DaemonProcess:
     log = workdir / f"{name}.log"
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
@@ -43,8 +43,9 @@ async def spawn_daemon(
         sys.executable,
         "-m",
         "rebaser_server",
-        "--nats-url",
-        nats_url,
+        *(arg for url in ([nats_url] if isinstance(nats_url, str) else nats_url) for arg in ("--nats-url", url)),
+        "--http-port",
+        "0",
         "--prefix",
         prefix,
         "--app",

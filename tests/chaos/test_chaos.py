@@ -1,0 +1,202 @@
+"""Chaos: daemons killed with SIGKILL (and NATS nodes killed) while traffic flows. Nothing acknowledged is lost,
+nothing is applied twice, and every change set keeps its order.
+
+The short versions run in CI; the long ones are ``slow`` (``make chaos``). The sleeps in ``_chaos`` are the
+point of the test: they space the faults out in time; nothing waits for a result by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import nats
+import pytest
+
+from rebaser_client import ChangeSetId, RebaserClient, SetLiteral, WorkspacePk
+from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
+from rebaser_core.embedded import NatsCluster
+from rebaser_core.errors import RebaserBusy, RebaserUnavailable
+from rebaser_core.ids import RequestId
+from rebaser_core.settings import Settings
+from rebaser_server.app import ChangeSet
+from rebaser_server.state import ChangeSetStore
+from tests.integration.daemons import DaemonProcess, daemon_processes, spawn_daemon
+
+ENV = {
+    "REBASER_STORAGE": "file",
+    "REBASER_ACK_WAIT": "3",
+    "REBASER_PROGRESS_PERIOD": "0.5",
+    "REBASER_QUIESCENT_PERIOD": "0.3",
+    "REBASER_SWEEP_INTERVAL": "2",
+    "REBASER_RETRY_BACKOFF": "0.1",
+}
+
+
+async def _send_until_acknowledged(
+    client: RebaserClient, request: EnqueueUpdatesRequest, deadline: float
+) -> None:
+    """Publish, and on an ambiguous failure publish the *same* request again: the stream's duplicate window
+    drops a copy that did get stored, so the request is stored exactly once."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await client.send(request)
+            return
+        except (RebaserUnavailable, RebaserBusy):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+Fault = Callable[[list[DaemonProcess], Callable[[], Awaitable[None]]], Awaitable[None]]
+
+
+async def _run(
+    urls: list[str],
+    prefix: str,
+    tmp_path: Path,
+    *,
+    duration: float,
+    fault: Fault,
+    fault_every: float,
+    replicas: int,
+    daemons: int = 3,
+    change_sets: int = 6,
+) -> dict[str, int]:
+    """Traffic on ``change_sets`` change sets while ``fault(daemons, respawn)`` strikes every ``fault_every``."""
+    env = {**ENV, "REBASER_REPLICAS": str(replicas)}
+    loop = asyncio.get_running_loop()
+    async with daemon_processes() as procs:
+        spawned = iter(range(1_000))
+
+        async def respawn() -> None:
+            procs.append(await spawn_daemon(urls, prefix, tmp_path, env, f"d{next(spawned)}"))
+
+        for _ in range(daemons):
+            await respawn()
+        conn = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        try:
+            client = RebaserClient(conn, prefix=prefix, publish_timeout=5.0)
+            store = ChangeSetStore(conn.jetstream(timeout=10), Settings(prefix=prefix, replicas=replicas))
+            await store.open()
+            wk = WorkspacePk.new()
+            sent: dict[ChangeSetId, list[str]] = {ChangeSetId.new(): [] for _ in range(change_sets)}
+            stop = asyncio.Event()
+
+            async def produce(cs: ChangeSetId) -> None:
+                while not stop.is_set():
+                    request = EnqueueUpdatesRequest(
+                        id=RequestId.new(),
+                        workspace_id=wk,
+                        change_set_id=cs,
+                        updates=InlineUpdates(updates=[SetLiteral(path="/sleep", value=0.005)]),
+                    )
+                    await _send_until_acknowledged(client, request, loop.time() + 60)
+                    sent[cs].append(str(request.id))
+
+            faults = 0
+
+            async def chaos() -> None:
+                nonlocal faults
+                while True:
+                    await asyncio.sleep(fault_every)
+                    await fault([p for p in procs if p.proc.returncode is None], respawn)
+                    faults += 1
+
+            producers = [asyncio.create_task(produce(cs)) for cs in sent]
+            chaos_task = asyncio.create_task(chaos())
+            await asyncio.sleep(duration)
+            stop.set()
+            chaos_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await chaos_task
+            await asyncio.gather(*producers)
+            for cs in sent:  # a final request with a reply per change set: everything before it is applied
+                final = await client.enqueue_updates_with_reply(wk, cs, [], timeout=90)
+                assert final.ok
+                sent[cs].append(str(final.id))
+            for cs, ids in sent.items():
+                record = await store.read(ChangeSet(wk, cs))
+                assert record is not None
+                assert record.state["applied"] == ids, f"{cs}: lost, duplicated or reordered"
+            return {"requests": sum(len(ids) for ids in sent.values()), "faults": faults}
+        finally:
+            await conn.close()
+
+
+async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+    victim = random.choice(live)
+    victim.kill()
+    await victim.wait(10)
+    await respawn()
+
+
+async def _daemon_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+    result = await _run(
+        [nats_url],
+        prefix,
+        tmp_path,
+        duration=duration,
+        fault=_kill_a_daemon,
+        fault_every=every,
+        replicas=1,
+        daemons=2,
+    )
+    assert result["faults"] >= 1
+    print(f"\ndaemon chaos: {result}")
+
+
+async def test_daemon_sigkills_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _daemon_chaos(nats_url, subject_prefix, tmp_path, duration=8, every=2.5)
+
+
+@pytest.mark.slow
+async def test_daemon_sigkills_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _daemon_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=4)
+
+
+async def _cluster_chaos(
+    cluster: NatsCluster, prefix: str, tmp_path: Path, duration: float, every: float
+) -> None:
+    down: list[int] = []
+
+    async def bounce_a_node(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+        # Bring back the node killed last time, then kill another one: at most one node is down at a time.
+        if down:
+            await asyncio.to_thread(cluster.start_node, down.pop())
+        victim = random.randrange(len(cluster.nodes))
+        cluster.kill_node(victim)
+        down.append(victim)
+
+    try:
+        result = await _run(
+            cluster.urls,
+            prefix,
+            tmp_path,
+            duration=duration,
+            fault=bounce_a_node,
+            fault_every=every,
+            replicas=3,
+            daemons=2,
+        )
+    finally:
+        for index in down:
+            await asyncio.to_thread(cluster.start_node, index)
+    print(f"\ncluster chaos: {result}")
+
+
+async def test_cluster_node_kills_smoke(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
+) -> None:
+    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=10, every=4)
+
+
+@pytest.mark.slow
+async def test_cluster_node_kills_long(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
+) -> None:
+    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=90, every=8)
