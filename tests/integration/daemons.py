@@ -43,7 +43,11 @@ async def spawn_daemon(
         sys.executable,
         "-m",
         "rebaser_server",
-        *(arg for url in ([nats_url] if isinstance(nats_url, str) else nats_url) for arg in ("--nats-url", url)),
+        *(
+            arg
+            for url in ([nats_url] if isinstance(nats_url, str) else nats_url)
+            for arg in ("--nats-url", url)
+        ),
         "--http-port",
         "0",
         "--prefix",
