@@ -113,3 +113,23 @@ async def test_sigterm_hands_change_sets_over_before_ack_wait(
             assert handover < 15, f"handover took {handover:.1f}s"
         log = first.log.read_text()
         assert "stopped" in log
+
+
+async def test_second_signal_exits_at_once(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    record = tmp_path / "record.jsonl"
+    env = {**ENV, "REBASER_SHUTDOWN_GRACE": "60", "REBASER_TEST_RECORD": str(record)}
+    async with daemon_processes() as daemons:
+        daemon = await spawn_daemon(nats_url, subject_prefix, tmp_path, env, "slow")
+        daemons.append(daemon)
+        await client.enqueue_updates(
+            WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/sleep", value=60)]
+        )
+        await wait_for(lambda: _mid_request(read_record(record)), timeout=10, message="a request in hand")
+        daemon.terminate()  # graceful: would wait up to 60 s for the request in hand
+        await wait_for(
+            lambda: b"shutting down" in daemon.log.read_bytes(), timeout=10, message="first signal seen"
+        )
+        daemon.terminate()
+        assert await daemon.wait(5) == 1
