@@ -155,6 +155,7 @@ async def test_daemon_sigkills_smoke(nats_url: str, subject_prefix: str, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_daemon_sigkills_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
     await _daemon_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=4)
 
@@ -196,6 +197,7 @@ async def test_cluster_node_kills_smoke(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_cluster_node_kills_long(
     nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
 ) -> None:

@@ -64,10 +64,17 @@ async def spawn_daemon(
     out.close()
     daemon = DaemonProcess(proc, log)
     deadline = asyncio.get_running_loop().time() + 20
-    while b"rebaser daemon serving" not in log.read_bytes():
-        if proc.returncode is not None or asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"daemon {name} did not start:\n{log.read_text()}")
-        await asyncio.sleep(0.05)
+    try:
+        while b"rebaser daemon serving" not in log.read_bytes():
+            if proc.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"daemon {name} did not start:\n{log.read_text()}")
+            await asyncio.sleep(0.05)
+    except BaseException:
+        # Failed or cancelled while starting: the caller never learns the process, so stop it here.
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
     return daemon
 
 
