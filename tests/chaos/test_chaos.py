@@ -97,6 +97,9 @@ async def _run(
                     )
                     await _send_until_acknowledged(client, request, loop.time() + 60)
                     sent[cs].append(str(request.id))
+                    # Pacing (the point, not a wait for a result): a steady load the daemons can keep up with,
+                    # so the backlog at the end measures lost progress, not the producers' head start.
+                    await asyncio.sleep(0.01)
 
             faults = 0
 
@@ -115,6 +118,7 @@ async def _run(
             with contextlib.suppress(asyncio.CancelledError):
                 await chaos_task
             await asyncio.gather(*producers)
+            await _drained(store, wk, sent)
             for cs in sent:  # a final request with a reply per change set: everything before it is applied
                 final = await client.enqueue_updates_with_reply(wk, cs, [], timeout=90)
                 assert final.ok
@@ -126,6 +130,23 @@ async def _run(
             return {"requests": sum(len(ids) for ids in sent.values()), "faults": faults}
         finally:
             await conn.close()
+
+
+async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetId, list[str]]) -> None:
+    """Wait until everything sent is applied; fail only if progress stops (slow is fine, stuck is not)."""
+    loop = asyncio.get_running_loop()
+    best, last_progress = -1, loop.time()
+    while True:
+        applied = 0
+        for cs in sent:
+            record = await store.read(ChangeSet(wk, cs))
+            applied += 0 if record is None else len(record.state["applied"])
+        if applied >= sum(len(ids) for ids in sent.values()):
+            return
+        if applied > best:
+            best, last_progress = applied, loop.time()
+        assert loop.time() - last_progress < 60, f"no progress for 60 s at {applied} applied requests"
+        await asyncio.sleep(0.5)
 
 
 async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
