@@ -24,8 +24,10 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates, SetLiteral, SuccessStatus
 from rebaser_core.errors import RetryableError, UnprocessableError
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet
+from rebaser_server.state import ChangeSetStore
 
 
 def _controls(request: EnqueueUpdatesRequest) -> dict[str, Any]:
@@ -88,3 +90,9 @@ class RecordingApp:
             await self.dvu_gate.wait()
         self.dvu_runs[str(change_set)] += 1
         return {**state, "dvu_runs": state["dvu_runs"] + 1}
+
+
+async def applied(store: ChangeSetStore, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> list[str]:
+    """The request ids a ``RecordingApp`` change set has applied, in order (committed state)."""
+    record = await store.read(ChangeSet(workspace_id, change_set_id))
+    return [] if record is None else list(record.state["applied"])

@@ -146,7 +146,7 @@ async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetI
         if applied > best:
             best, last_progress = applied, loop.time()
         assert loop.time() - last_progress < 60, f"no progress for 60 s at {applied} applied requests"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # polling interval of a loop whose deadline is "no progress for 60 s"
 
 
 async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:

@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,8 @@ from rebaser_core.connect import ConnectOptions, connect
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
-from rebaser_server.app import ChangeSet
-from rebaser_server.state import ChangeSetStore
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.apps import RecordingApp
+from tests.apps import RecordingApp, applied
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISH_TIMEOUT = 1.0
@@ -33,23 +30,8 @@ PENDING_SIZE = 64 * 1024
 MAX_IN_FLIGHT = 64
 
 
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(store_dir=tmp_path / "nats")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def options(server: NatsServer, name: str) -> ConnectOptions:
     return ConnectOptions(servers=(server.url,), name=name, pending_size=PENDING_SIZE)
-
-
-async def applied(store: ChangeSetStore, wk: WorkspacePk, cs: ChangeSetId) -> list[str]:
-    record = await store.read(ChangeSet(wk, cs))
-    return [] if record is None else list(record.state["applied"])
 
 
 @pytest.mark.parametrize(

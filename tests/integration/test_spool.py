@@ -4,7 +4,6 @@ original ids once NATS takes work again (also by the next client after a restart
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,29 +24,12 @@ from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
-from rebaser_server.app import ChangeSet
-from rebaser_server.state import ChangeSetStore
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.apps import RecordingApp
+from tests.apps import RecordingApp, applied
 
 
 def one(n: int = 0) -> list[SetLiteral]:
     return [SetLiteral(path="/n", value=n)]
-
-
-async def applied(store: ChangeSetStore, wk: WorkspacePk, cs: ChangeSetId) -> list[str]:
-    record = await store.read(ChangeSet(wk, cs))
-    return [] if record is None else list(record.state["applied"])
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(store_dir=tmp_path / "nats")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_busy_change_set_spools_in_order_then_full_spool_refuses(
