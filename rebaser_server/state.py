@@ -15,6 +15,7 @@ at-least-once delivery of requests safe:
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -41,36 +42,37 @@ class ChangeSetRecord:
     owner: str
     state: AppState
     dvu_pending: bool = False
-    # request id -> the reply's status, CBOR-encoded once (the record is re-encoded on every commit, so keeping
-    # these as opaque bytes makes that cheap); oldest first; bounded by Settings.idempotency_window
+    # request id -> the CBOR item [request id, reply status], encoded once: the record is written on every commit
+    # and these entries are spliced into it as they are. Oldest first; bounded by Settings.idempotency_window.
     recent: Mapping[str, bytes] = field(default_factory=dict)
     # request id -> retryable failures so far
     attempts: Mapping[str, int] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return bytes(
-            cbor2.dumps(
-                {
-                    "v": 1,
-                    "epoch": self.epoch,
-                    "owner": self.owner,
-                    "state": self.state,
-                    "dvu_pending": self.dvu_pending,
-                    "recent": list(self.recent.items()),
-                    "attempts": dict(self.attempts),
-                }
-            )
+        """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
+        head = {
+            "v": 2,
+            "epoch": self.epoch,
+            "owner": self.owner,
+            "state": self.state,
+            "dvu_pending": self.dvu_pending,
+            "attempts": dict(self.attempts),
+        }
+        return (
+            bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
         )
 
     @classmethod
     def decode(cls, data: bytes) -> ChangeSetRecord:
-        raw = cbor2.loads(data)
+        decoder = cbor2.CBORDecoder(io.BytesIO(data))
+        raw = decoder.decode()
+        entries = decoder.decode()
         return cls(
             epoch=int(raw["epoch"]),
             owner=str(raw["owner"]),
             state=raw["state"],
             dvu_pending=bool(raw.get("dvu_pending", False)),
-            recent={str(k): bytes(v) for k, v in raw.get("recent", [])},
+            recent={str(rid): bytes(cbor2.dumps([rid, status])) for rid, status in entries},
             attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
         )
 
@@ -84,18 +86,29 @@ class ChangeSetRecord:
                 "id": request.id,
                 "workspace_id": request.workspace_id,
                 "change_set_id": request.change_set_id,
-                "status": cbor2.loads(raw),
+                "status": cbor2.loads(raw)[1],
             }
         )
 
     def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
         recent = dict(self.recent)
         recent.pop(request_id, None)
-        recent[request_id] = bytes(cbor2.dumps(response.status.model_dump(mode="json")))
+        recent[request_id] = bytes(cbor2.dumps([request_id, response.status.model_dump(mode="json")]))
         while len(recent) > window:
             del recent[next(iter(recent))]
         attempts = {k: v for k, v in self.attempts.items() if k != request_id}
         return replace(self, recent=recent, attempts=attempts)
+
+
+def _cbor_array_header(length: int) -> bytes:
+    """The head of a CBOR array (major type 4) of ``length`` items."""
+    if length < 24:
+        return bytes([0x80 | length])
+    if length < 0x100:
+        return bytes([0x98, length])
+    if length < 0x10000:
+        return bytes([0x99]) + length.to_bytes(2, "big")
+    return bytes([0x9A]) + length.to_bytes(4, "big")
 
 
 class ChangeSetHandle:
