@@ -38,7 +38,8 @@ from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.dvu import SerialDvu
-from rebaser_server.replies import dead_letter, request_id_of, send_reply
+from rebaser_server.group import CommitGroup
+from rebaser_server.replies import dead_letter, request_id_of
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
 from rebaser_server.trimmer import Trimmer
@@ -48,6 +49,12 @@ __all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+
+# A commit group is committed when nothing more is waiting, when it holds this many requests, or after this long.
+# Its size is also capped at half the idempotency window (see Trimmer: every processed request still in the
+# stream must stay within the window).
+_GROUP_MAX = 32
+_GROUP_MAX_WAIT = 0.005
 
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
@@ -111,6 +118,8 @@ class ChangeSetProcessor:
         self._steps: dict[asyncio.Task[Any], float] = {}
         self._wedged = False
         self._trimmer = Trimmer(rt, self._subject)
+        self._commits: CommitGroup | None = None  # created once the change set's record is acquired
+        self._flush_timer: asyncio.Task[None] | None = None
         self._dvu = SerialDvu(self._run_dvu, name=f"dvu {change_set}")
 
     # -- public -------------------------------------------------------------------------------------
@@ -126,6 +135,7 @@ class ChangeSetProcessor:
             )
         except FencedError as err:
             return TaskResult(Outcome.RETRY, rt.settings.retry_backoff, str(err))
+        self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
         keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive {self.change_set}")
         try:
             await rt.hooks.checkpoint("acquired", self.change_set)
@@ -190,19 +200,8 @@ class ChangeSetProcessor:
                 return
             try:
                 await self._process(msg)
-            except FencedError as err:
-                self._finish(Outcome.FENCED, reason=str(err))
-            except _Retry as err:
-                self._finish(Outcome.RETRY, err.delay, str(err))
-            except _Wedged:
-                self._finish(Outcome.WEDGED, reason="request handler overran handler_deadline")
             except Exception as err:
-                # Infrastructure trouble (NATS, KV): the request stays first in line; retry the task later.
-                if isinstance(err, nats.errors.Error | TimeoutError):
-                    log.warning("%s: NATS trouble while processing a request: %r", self.change_set, err)
-                else:
-                    log.exception("%s: processing a request failed", self.change_set)
-                self._finish(Outcome.RETRY, self._rt.settings.retry_backoff, f"{type(err).__name__}: {err}")
+                self._fail(err)
             finally:
                 self._last_activity = time.monotonic()
                 pending = msg.metadata.num_pending if msg.reply else None
@@ -211,6 +210,22 @@ class ChangeSetProcessor:
                     self._lull.set()
                 else:
                     self._lull.clear()
+
+    def _fail(self, err: Exception) -> None:
+        """End the task after a failure while processing; an open commit group is settled by ``_finish_task``."""
+        if isinstance(err, FencedError):
+            self._finish(Outcome.FENCED, reason=str(err))
+        elif isinstance(err, _Retry):
+            self._finish(Outcome.RETRY, err.delay, str(err))
+        elif isinstance(err, _Wedged):
+            self._finish(Outcome.WEDGED, reason="request handler overran handler_deadline")
+        else:
+            # Infrastructure trouble (NATS, KV): the request stays first in line; retry the task later.
+            if isinstance(err, nats.errors.Error | TimeoutError):
+                log.warning("%s: NATS trouble while processing a request: %r", self.change_set, err)
+            else:
+                log.error("%s: processing a request failed", self.change_set, exc_info=err)
+            self._finish(Outcome.RETRY, self._rt.settings.retry_backoff, f"{type(err).__name__}: {err}")
 
     async def _process(self, msg: Msg) -> None:
         rt = self._rt
@@ -228,32 +243,56 @@ class ChangeSetProcessor:
                     f"published on {msg.subject}"
                 )
         except (ProtocolError, UnprocessableError) as err:
-            # Undecodable or not ours: never blocks the change set. Dead-letter it, tell the caller, drop it.
+            # Undecodable or not ours: never blocks the change set. Dead-letter it; the error reply (and its removal
+            # from the stream) go out with the group, so a purge never runs ahead of an uncommitted group.
             reason = f"{type(err).__name__}: {err}"
             await dead_letter(rt, msg, seq, reason)
-            await send_reply(rt, headers, self._error_response(headers, reason))
-            await self._trimmer.processed(seq)
+            group = await self._group()
+            group.stage(seq, headers, self._error_response(headers, reason))
+            await self._maybe_flush(msg)
             return
 
-        handle = self._handle
-        async with handle.lock:
-            response = handle.record.reply_for(request)
-            dvu = False
-            if response is None:
-                response, dvu = await self._apply(handle, request, msg, seq)
-            else:
-                rt.stats.requests_replayed += 1
-        await rt.hooks.checkpoint("applied", self.change_set)
-        await send_reply(rt, headers, response)
-        await self._trimmer.processed(seq)
-        rt.stats.last_request_at = time.time()
-        if dvu:
-            self._dvu.notify()
+        group = await self._group()
+        response = group.base.reply_for(request)
+        if response is not None:
+            rt.stats.requests_replayed += 1
+            group.stage(seq, headers, response)
+        else:
+            response, record, dvu = await self._apply(group, request, msg, seq)
+            group.stage(seq, headers, response, record, dvu=dvu, applied=True)
+        await self._maybe_flush(msg)
+
+    async def _group(self) -> CommitGroup:
+        """The open commit group (opened now if none): it holds the commit lock until flushed."""
+        assert self._commits is not None
+        await self._commits.begin()
+        return self._commits
+
+    async def _maybe_flush(self, msg: Msg) -> None:
+        """Commit now unless more requests are already waiting and the group has room (then soon, by timer)."""
+        assert self._commits is not None
+        waiting = msg.metadata.num_pending if msg.reply else 0
+        if not waiting or len(self._commits) >= min(_GROUP_MAX, self._rt.settings.idempotency_window // 2):
+            await self._commits.flush()
+        elif self._flush_timer is None or self._flush_timer.done():
+            self._flush_timer = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        # The next request may be slow to arrive (flow control, a consumer reset): do not let replies wait for it.
+        await asyncio.sleep(_GROUP_MAX_WAIT)
+        async with self._request_lock:
+            if self._commits is not None and self._commits.open:
+                try:
+                    await self._commits.flush()
+                except Exception as err:
+                    self._fail(err)
 
     async def _apply(
-        self, handle: ChangeSetHandle, request: EnqueueUpdatesRequest, msg: Msg, seq: int
-    ) -> tuple[EnqueueUpdatesResponse, bool]:
-        rt, settings, record, rid = self._rt, self._rt.settings, handle.record, str(request.id)
+        self, group: CommitGroup, request: EnqueueUpdatesRequest, msg: Msg, seq: int
+    ) -> tuple[EnqueueUpdatesResponse, ChangeSetRecord, bool]:
+        """Apply one request to the group's record; return its reply, the record to stage and whether a DVU is due.
+        A retryable failure commits the group with the attempt counted, then raises ``_Retry``."""
+        rt, settings, record, rid = self._rt, self._rt.settings, group.base, str(request.id)
         try:
             applied = await self._step(rt.app.apply(self.change_set, record.state, request))
         except UnprocessableError as err:
@@ -263,7 +302,9 @@ class ChangeSetProcessor:
         except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
             attempts = record.attempts.get(rid, 0) + 1
             if attempts < settings.max_attempts:
-                await handle.commit(replace(record, attempts={**record.attempts, rid: attempts}))
+                # Not its sequence: the failed request must stay in the stream, first in line.
+                group.stage(0, {}, None, replace(record, attempts={**record.attempts, rid: attempts}))
+                await group.flush()  # what came before is answered; this request stays first in line
                 rt.stats.requests_retried += 1
                 if isinstance(err, _Wedged):
                     raise
@@ -278,11 +319,8 @@ class ChangeSetProcessor:
                 status=applied.status,
             )
             updated = record.with_reply(rid, response, settings.idempotency_window)
-            await handle.commit(
-                replace(updated, state=applied.state, dvu_pending=record.dvu_pending or applied.dvu)
-            )
-            rt.stats.requests_applied += 1
-            return response, applied.dvu
+            staged = replace(updated, state=applied.state, dvu_pending=record.dvu_pending or applied.dvu)
+            return response, staged, applied.dvu
         # Permanent failure: record the error reply (so a redelivery is answered, not re-run), then dead-letter.
         response = EnqueueUpdatesResponse(
             id=request.id,
@@ -291,8 +329,7 @@ class ChangeSetProcessor:
             status=ErrorStatus(message=reason, retryable=False),
         )
         await dead_letter(rt, msg, seq, reason)
-        await handle.commit(record.with_reply(rid, response, settings.idempotency_window))
-        return response, False
+        return response, record.with_reply(rid, response, settings.idempotency_window), False
 
     def _error_response(self, headers: dict[str, str], reason: str) -> EnqueueUpdatesResponse:
         return EnqueueUpdatesResponse(
@@ -385,8 +422,8 @@ class ChangeSetProcessor:
         # fenced anyway if we lost the change set meanwhile.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
-                await self._request_lock.acquire()
-                self._request_lock.release()
+                async with self._request_lock:
+                    await self._settle_group(result)
         await self._unsubscribe()
         if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
             with contextlib.suppress(TimeoutError):
@@ -396,6 +433,20 @@ class ChangeSetProcessor:
         if result.outcome is not Outcome.RELEASED:
             return result
         return await self._release()
+
+    async def _settle_group(self, result: TaskResult) -> None:
+        """Commit and answer what an open group holds, unless we no longer own the change set."""
+        commits = self._commits
+        if commits is None or not commits.open:
+            return
+        if result.outcome is Outcome.FENCED:
+            commits.abandon()
+            return
+        try:
+            await commits.flush()
+        except Exception as err:
+            # Its requests stay in the stream and are processed again by the next owner.
+            log.warning("%s: committing the last group failed: %r", self.change_set, err)
 
     async def _release(self) -> TaskResult:
         rt = self._rt

@@ -33,6 +33,7 @@ class Stats:
     tasks_fenced: int = 0
     tasks_wedged: int = 0
     requests_applied: int = 0
+    request_commits: int = 0  # record commits for requests: fewer than requests when group commits form
     requests_replayed: int = 0
     requests_dead_lettered: int = 0
     requests_retried: int = 0

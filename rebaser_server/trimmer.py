@@ -38,10 +38,10 @@ class Trimmer:
         self._caught_up = asyncio.Event()
         self._caught_up.set()
 
-    async def processed(self, seq: int) -> None:
-        """Record that the request at ``seq`` is done; waits only if too many are still unpurged."""
+    async def processed(self, seq: int, count: int = 1) -> None:
+        """Record that ``count`` requests up to ``seq`` are done; waits only if too many are still unpurged."""
         self._processed_upto = max(self._processed_upto, seq)
-        self._unpurged += 1
+        self._unpurged += count
         self._caught_up.clear()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"trim {self._subject}")

@@ -1,0 +1,118 @@
+"""Group commit: requests applied in memory, committed together, answered after the commit.
+
+When more requests of the change set are already waiting (the ordered consumer says so), committing each one
+separately costs one JetStream round trip per request. Instead the processor *stages* each outcome here and
+commits once for the group: when nothing more is waiting, when the group is full, or after a few milliseconds.
+Nothing is answered and nothing is purged from the stream before its commit, so a crash loses nothing that was
+acknowledged to anyone: the uncommitted requests are simply processed again by the next owner.
+
+While a group is open it holds the change set's commit lock, so a DVU run can never interleave with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rebaser_core.api import EnqueueUpdatesResponse
+from rebaser_server.app import ChangeSet
+from rebaser_server.replies import send_reply
+from rebaser_server.runtime import Runtime
+from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
+from rebaser_server.trimmer import Trimmer
+
+__all__ = ["CommitGroup"]
+
+
+class CommitGroup:
+    def __init__(
+        self,
+        rt: Runtime,
+        change_set: ChangeSet,
+        handle: ChangeSetHandle,
+        trimmer: Trimmer,
+        notify_dvu: Callable[[], None],
+    ) -> None:
+        self._rt = rt
+        self._change_set = change_set
+        self._handle = handle
+        self._trimmer = trimmer
+        self._notify_dvu = notify_dvu
+        self._staged: ChangeSetRecord | None = None
+        self._replies: list[tuple[dict[str, str], EnqueueUpdatesResponse]] = []
+        self._last_seq = 0
+        self._dvu = False
+        self._applied = 0
+        self._requests = 0  # staged requests with a sequence (to be purged after the commit)
+        self.open = False
+
+    def __len__(self) -> int:
+        return self._requests
+
+    @property
+    def base(self) -> ChangeSetRecord:
+        """The record as of everything staged so far (what the next request is applied to)."""
+        return self._staged or self._handle.record
+
+    async def begin(self) -> None:
+        if not self.open:
+            await self._handle.lock.acquire()
+            self.open = True
+
+    def stage(
+        self,
+        seq: int,
+        headers: dict[str, str],
+        response: EnqueueUpdatesResponse | None,
+        record: ChangeSetRecord | None = None,
+        *,
+        dvu: bool = False,
+        applied: bool = False,
+    ) -> None:
+        """Add one processed request: its new record (if it changed one), its reply, whether a DVU is due."""
+        if record is not None:
+            self._staged = record
+        if response is not None:
+            self._replies.append((headers, response))
+        if seq:
+            self._last_seq = max(self._last_seq, seq)
+            self._requests += 1
+        self._dvu = self._dvu or dvu
+        self._applied += applied
+
+    async def flush(self) -> None:
+        """Commit what is staged, then answer and purge the group. Raises FencedError if fenced; on any failure
+        the group is dropped (its requests stay in the stream and will be processed again)."""
+        if not self.open:
+            return
+        try:
+            rt = self._rt
+            if self._staged is not None:
+                await self._handle.commit(self._staged)
+                rt.stats.request_commits += 1
+            await rt.hooks.checkpoint("applied", self._change_set)
+            for headers, response in self._replies:
+                await send_reply(rt, headers, response)
+            if self._last_seq:
+                await self._trimmer.processed(self._last_seq, self._requests)
+            rt.stats.requests_applied += self._applied
+            rt.stats.last_request_at = time.time()
+            if self._dvu:
+                self._notify_dvu()
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Drop the group without committing (fenced, or shutting down after a failure)."""
+        if not self.open:
+            return
+        self._staged, self._replies, self._last_seq, self._dvu, self._applied, self._requests = (
+            None,
+            [],
+            0,
+            False,
+            0,
+            0,
+        )
+        self.open = False
+        self._handle.lock.release()
