@@ -138,9 +138,12 @@ async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetI
     best, last_progress = -1, loop.time()
     while True:
         applied = 0
-        for cs in sent:
-            record = await store.read(ChangeSet(wk, cs))
-            applied += 0 if record is None else len(record.state["applied"])
+        try:
+            for cs in sent:
+                record = await store.read(ChangeSet(wk, cs))
+                applied += 0 if record is None else len(record.state["applied"])
+        except (nats.errors.Error, TimeoutError):
+            applied = -1  # JetStream is electing a leader after a node kill: this look counts as no progress
         if applied >= sum(len(ids) for ids in sent.values()):
             return
         if applied > best:
