@@ -468,9 +468,3 @@ class ChangeSetProcessor:
                 "republished" if created else "already present",
             )
         return TaskResult(Outcome.RELEASED, reason="quiescent")
-
-
-def record_of(processor: ChangeSetProcessor) -> ChangeSetRecord | None:
-    """The processor's view of its change set's record (for tests and status)."""
-    handle = processor._handle
-    return None if handle is None else handle.record
