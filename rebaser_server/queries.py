@@ -22,7 +22,6 @@ from rebaser_core.api import (
     ContentType,
     ForkChangeSetResponse,
     GetChangeSetResponse,
-    MessageVersion,
     VersionedMessage,
 )
 from rebaser_core.errors import InvalidSubject, ProtocolError, Unsupported
@@ -56,40 +55,40 @@ class QueryService:
         if not msg.reply:
             return
         operation = msg.subject.split(".")[-3]
+        query = _QUERIES.get(operation)
+        if query is None:
+            log.warning("unknown query %s", msg.subject)
+            return
+        request_codec, response_codec, response_cls = query
         try:
             change_set = self._parse(msg.subject, operation)
-            if operation == "get":
-                response: MessageVersion = await self._get(change_set, msg)
-                codec: VersionedMessage[Any] = GET_CHANGE_SET_RESPONSE
-            elif operation == "fork":
-                response, codec = await self._fork(change_set, msg), FORK_CHANGE_SET_RESPONSE
+            ids: dict[str, Any] = {
+                "workspace_id": change_set.workspace_id,
+                "change_set_id": change_set.change_set_id,
+            }
+            try:
+                request = request_codec.decode(msg.headers, msg.data)
+            except ProtocolError as err:
+                response = response_cls(
+                    id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
+                )
             else:
-                log.warning("unknown query %s", msg.subject)
-                return
-        except (InvalidSubject, ProtocolError) as err:
+                handler = self._get if operation == "get" else self._fork
+                response = await handler(change_set, request, ids)
+        except InvalidSubject as err:
             log.warning("refusing query on %s: %s", msg.subject, err)
             return  # no ids to answer with; the caller times out with its own deadline
         except Exception:
             log.exception("query on %s failed", msg.subject)
             return
-        headers, body = codec.encode(response, _content_type(msg.headers))
+        headers, body = response_codec.encode(response, _content_type(msg.headers))
         await self._rt.nc.publish(msg.reply, body, headers=headers)
 
     def _parse(self, subject: str, operation: str) -> ChangeSet:
         parsed = self._rt.subjects.parse_api(subject, operation)
         return ChangeSet(parsed.workspace_id, parsed.change_set_id)
 
-    async def _get(self, change_set: ChangeSet, msg: Msg) -> GetChangeSetResponse:
-        ids: dict[str, Any] = {
-            "workspace_id": change_set.workspace_id,
-            "change_set_id": change_set.change_set_id,
-        }
-        try:
-            request = GET_CHANGE_SET_REQUEST.decode(msg.headers, msg.data)
-        except ProtocolError as err:
-            return GetChangeSetResponse(
-                id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
-            )
+    async def _get(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> GetChangeSetResponse:
         record = await self._rt.store.read(change_set)
         if record is None:
             return GetChangeSetResponse(id=request.id, **ids, exists=False)
@@ -113,17 +112,7 @@ class QueryService:
             forked_from=view.forked_from,
         )
 
-    async def _fork(self, change_set: ChangeSet, msg: Msg) -> ForkChangeSetResponse:
-        ids: dict[str, Any] = {
-            "workspace_id": change_set.workspace_id,
-            "change_set_id": change_set.change_set_id,
-        }
-        try:
-            request = FORK_CHANGE_SET_REQUEST.decode(msg.headers, msg.data)
-        except ProtocolError as err:
-            return ForkChangeSetResponse(
-                id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
-            )
+    async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
         app = self._rt.app
         if not isinstance(app, SupportsQueries):
             return ForkChangeSetResponse(
@@ -142,6 +131,13 @@ class QueryService:
             )
         view = await app.describe(change_set, state, None)
         return ForkChangeSetResponse(id=request.id, **ids, snapshot_address=view.snapshot_address)
+
+
+# operation -> (request codec, reply codec, reply class: built with ``error`` when the request cannot be decoded)
+_QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any]]] = {
+    "get": (GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, GetChangeSetResponse),
+    "fork": (FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, ForkChangeSetResponse),
+}
 
 
 def _content_type(headers: Mapping[str, str] | None) -> ContentType:
