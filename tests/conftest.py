@@ -1,5 +1,8 @@
+import asyncio
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, TextIO
 
 import nats
 import pytest
@@ -33,3 +36,42 @@ def own_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+# -- a test that overruns its timeout explains itself ----------------------------------------------------------
+# pytest-timeout's signal method dumps thread stacks only; every test here waits inside one asyncio event loop, so
+# what matters is which coroutines are stuck where. The SIGALRM handler runs on the main thread, inside the running
+# loop, so asyncio.all_tasks() sees them.
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    if settings.method != "signal":
+        return None
+    import signal
+
+    from pytest_timeout import timeout_sigalrm
+
+    def handler(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True
+        dump_asyncio_tasks(sys.stderr)
+        timeout_sigalrm(item, settings)
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    item.cancel_timeout = cancel  # type: ignore[attr-defined]
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    return True
+
+
+def dump_asyncio_tasks(out: TextIO) -> None:
+    try:
+        tasks = asyncio.all_tasks()
+    except RuntimeError:
+        return  # no running loop: a synchronous test
+    print(f"\n==== {len(tasks)} asyncio tasks at timeout ====", file=out)
+    for task in tasks:
+        print(f"---- {task.get_name()}: {task!r:.300}", file=out)
+        task.print_stack(limit=30, file=out)
+    out.flush()
