@@ -49,8 +49,14 @@ class Settings(BaseModel):
     )
 
     # -- task ownership ------------------------------------------------------------------------------
-    ack_wait: float = Field(30.0, gt=0, description="A silent owner loses its task after this long.")
-    progress_period: float = Field(5.0, gt=0, description="How often a live owner sends a progress ack.")
+    ack_wait: float = Field(
+        2.5,
+        gt=0,
+        description="A silent owner loses its task after this long: how long a dead daemon's change sets stall.",
+    )
+    progress_period: float = Field(
+        0.5, gt=0, description="How often a live owner renews its lease (a confirmed progress ack)."
+    )
     quiescent_period: float = Field(
         300.0, gt=0, description="Release a change set after this long without work."
     )
@@ -64,6 +70,9 @@ class Settings(BaseModel):
     retry_backoff_max: float = Field(60.0, gt=0, description="Cap on the redelivery delay.")
     max_attempts: int = Field(
         5, ge=1, description="Retryable failures of one request before it is dead-lettered."
+    )
+    nats_timeout: float = Field(
+        5.0, gt=0, description="How long one JetStream API call (commit, purge, dead letter, ack) may take."
     )
     sweep_interval: float = Field(
         30.0, gt=0, description="How often orphaned requests (no task) are looked for."
@@ -99,12 +108,21 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _progress_below_ack_wait(self) -> Settings:
-        # A progress ack that comes later than ack_wait cannot keep the task: the server redelivers first.
-        if self.progress_period >= self.ack_wait:
-            raise ValueError("progress_period must be shorter than ack_wait")
+        # The lease must be renewed before ack_wait less its margin; two renewals fit in that, so one lost or slow
+        # renewal does not cost the task.
+        if self.progress_period > 0.4 * self.ack_wait:
+            raise ValueError(
+                "progress_period must be at most 0.4 x ack_wait (two lease renewals per ack_wait)"
+            )
         if self.retry_backoff > self.retry_backoff_max:
             raise ValueError("retry_backoff must not exceed retry_backoff_max")
         return self
+
+    @property
+    def lease_margin(self) -> float:
+        """How long before the server may redeliver a task its owner stops acting on it (see lease.py): room for
+        an ack in flight and for cancelling a step."""
+        return 0.2 * self.ack_wait
 
     @property
     def subjects(self) -> Subjects:

@@ -1,47 +1,44 @@
-"""One change set, owned: consume its requests in order, one at a time, then release it safely.
+"""One change set, owned: consume its requests in order, one at a time, then let it go safely.
 
-Life of a task (the daemon holds the change set's task message for all of it):
+Life of a task (the daemon holds the change set's task delivery for all of it, under a :class:`Lease`):
 
-1. **Acquire**: bump the record's epoch (fences every earlier owner), start the keep-alive and the DVU loop.
+1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; start the
+   keep-alive (confirmed progress acks that renew the lease, and the watchdog) and the DVU loop.
 2. **Consume**: an ordered push consumer on the change set's request subject; its callback handles one request
-   at a time (nats-py awaits a subscription's callback before delivering the next message).
-3. **Finish** with one outcome: quiet for ``quiescent_period`` -> release; retryable failure -> nack with backoff;
-   shutdown -> nack now; fenced -> walk away; wedged (a step over ``handler_deadline``) -> nack.
-4. **Release** (design-notes §3, the quiescence race): stop consuming, finish the DVU, ack the task, and only then
-   ask "is any request still queued?". A request published before the ack either made its client's task publish
-   fail (a task still existed) and is seen by that check, or its task publish comes after the ack and succeeds.
-   Either way it gets a task; no window strands it.
+   at a time (nats-py awaits a subscription's callback before delivering the next message). Nothing is applied
+   unless the lease is held.
+3. **Finish** with one outcome (see ``outcome.py``): quiet for ``quiescent_period`` -> release; retryable failure
+   -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing.
+4. **Release** (the quiescence race): stop consuming, finish the DVU, ack the task, and only then ask "is any
+   request still queued?". A request published before the ack either made its client's task publish fail (a task
+   still existed) and is seen by that check, or its task publish comes after the ack and succeeds. Either way it
+   gets a task; no window strands it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
-from rebaser_core.api import (
-    ENQUEUE_UPDATES_REQUEST,
-    EnqueueUpdatesRequest,
-    EnqueueUpdatesResponse,
-    ErrorStatus,
-)
-from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
-from rebaser_core.tasks import publish_task
+from rebaser_core.errors import FencedError
 from rebaser_server.app import ChangeSet
 from rebaser_server.dvu import SerialDvu
 from rebaser_server.group import CommitGroup
-from rebaser_server.replies import dead_letter, request_id_of
+from rebaser_server.handling import RequestHandler
+from rebaser_server.lease import Lease
+from rebaser_server.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged
+from rebaser_server.release import release
 from rebaser_server.runtime import Runtime
-from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
+from rebaser_server.state import ChangeSetHandle, StaleDelivery, TaskDelivery
 from rebaser_server.trimmer import Trimmer
 
 __all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
@@ -71,42 +68,24 @@ def _in_background(coro: Coroutine[Any, Any, Any]) -> None:
     task.add_done_callback(done)
 
 
-class Outcome(enum.Enum):
-    RELEASED = "released"  # quiet: task acked
-    RETRY = "retry"  # retryable failure: nack with delay
-    INTERRUPTED = "interrupted"  # shutdown: nack now
-    FENCED = "fenced"  # another daemon owns it: neither ack nor nack
-    WEDGED = "wedged"  # a step overran handler_deadline: nack now
-
-
-@dataclass(frozen=True, slots=True)
-class TaskResult:
-    outcome: Outcome
-    delay: float = 0.0
-    reason: str = ""
-
-
-class _Retry(Exception):
-    def __init__(self, delay: float, reason: str) -> None:
-        super().__init__(reason)
-        self.delay = delay
-
-
-class _Wedged(Exception):
-    pass
-
-
 class ChangeSetProcessor:
-    def __init__(self, rt: Runtime, change_set: ChangeSet, task_msg: Msg) -> None:
+    def __init__(self, rt: Runtime, change_set: ChangeSet, task_msg: Msg, *, pulled_at: float) -> None:
         self._rt = rt
         self.change_set = change_set
         self._task_msg = task_msg
+        settings = rt.settings
+        self.lease = Lease(
+            rt.nc, task_msg, ack_wait=settings.ack_wait, margin=settings.lease_margin, since=pulled_at
+        )
         self._subject = rt.subjects.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
         self._stopping = False
         # Held while one request is processed; release takes it to wait for the request in hand.
         self._request_lock = asyncio.Lock()
         self._handle: ChangeSetHandle | None = None
+        self._unclean = (
+            False  # taken over from an owner that died or froze: count an attempt for the first request
+        )
         self._sub: Any = None
         self._consumer: str | None = None
         self._caught_up = False
@@ -116,9 +95,10 @@ class ChangeSetProcessor:
         self._last_activity = time.monotonic()
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
-        self._wedged = False
+        self._cancelled_why: type[Exception] | None = None
         self._trimmer = Trimmer(rt, self._subject)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
+        self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None
         self._dvu = SerialDvu(self._run_dvu, name=f"dvu {change_set}")
 
@@ -129,15 +109,30 @@ class ChangeSetProcessor:
 
     async def run(self) -> TaskResult:
         rt = self._rt
-        try:
-            self._handle = await rt.store.acquire(
-                self.change_set, rt.owner, rt.app.initial_state(self.change_set)
-            )
-        except FencedError as err:
-            return TaskResult(Outcome.RETRY, rt.settings.retry_backoff, str(err))
-        self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
+        if not self.lease.held():
+            # Delivered before this process was paused (it sat in the pull buffer): the server may have given the
+            # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
+            return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
         keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive {self.change_set}")
         try:
+            try:
+                acquired = await rt.store.acquire(
+                    self.change_set,
+                    rt.owner,
+                    rt.app.initial_state(self.change_set),
+                    TaskDelivery.of(self._task_msg),
+                )
+            except StaleDelivery as err:
+                return TaskResult(Outcome.STALE, reason=str(err))
+            except FencedError as err:
+                return TaskResult(Outcome.RETRY, rt.settings.retry_backoff, str(err))
+            if not self.lease.held():
+                return TaskResult(Outcome.LEASE_LOST, reason="lease ran out while acquiring")
+            self._handle, self._unclean = acquired.handle, acquired.unclean
+            if self._unclean:
+                rt.stats.unclean_takeovers += 1
+            self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
+            self._handler = RequestHandler(rt, self.change_set, self._commits, self._step)
             await rt.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start()
             if self._handle.record.dvu_pending:
@@ -167,7 +162,7 @@ class ChangeSetProcessor:
             idle_heartbeat=5.0,
             mem_storage=True,
             num_replicas=1,
-            inactive_threshold=max(30.0, self._rt.settings.ack_wait),
+            inactive_threshold=30.0,
         )
         # add_consumer + subscribe_bind (not js.subscribe) keeps the consumer's name and num_pending.
         info = await js.add_consumer(self._rt.subjects.requests_stream, config)
@@ -198,8 +193,15 @@ class ChangeSetProcessor:
         async with self._request_lock:
             if self._stopping:
                 return
+            if not self.lease.held():
+                # Paused or cut off past the lease: another daemon may own the change set now. Apply nothing.
+                self._finish(Outcome.LEASE_LOST, reason="lease ran out before a request")
+                return
+            assert self._handler is not None
             try:
-                await self._process(msg)
+                unclean, self._unclean = self._unclean, False
+                await self._handler.handle(msg, unclean=unclean)
+                await self._maybe_flush(msg)
             except Exception as err:
                 self._fail(err)
             finally:
@@ -215,9 +217,11 @@ class ChangeSetProcessor:
         """End the task after a failure while processing; an open commit group is settled by ``_finish_task``."""
         if isinstance(err, FencedError):
             self._finish(Outcome.FENCED, reason=str(err))
-        elif isinstance(err, _Retry):
+        elif isinstance(err, LeaseLost):
+            self._finish(Outcome.LEASE_LOST, reason="lease ran out during a step")
+        elif isinstance(err, Retry):
             self._finish(Outcome.RETRY, err.delay, str(err))
-        elif isinstance(err, _Wedged):
+        elif isinstance(err, Wedged):
             self._finish(Outcome.WEDGED, reason="request handler overran handler_deadline")
         else:
             # Infrastructure trouble (NATS, KV): the request stays first in line; retry the task later.
@@ -226,47 +230,6 @@ class ChangeSetProcessor:
             else:
                 log.error("%s: processing a request failed", self.change_set, exc_info=err)
             self._finish(Outcome.RETRY, self._rt.settings.retry_backoff, f"{type(err).__name__}: {err}")
-
-    async def _process(self, msg: Msg) -> None:
-        rt = self._rt
-        assert self._handle is not None
-        seq = msg.metadata.sequence.stream
-        headers = msg.headers or {}
-        try:
-            request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
-            if (request.workspace_id, request.change_set_id) != (
-                self.change_set.workspace_id,
-                self.change_set.change_set_id,
-            ):
-                raise UnprocessableError(
-                    f"request for {request.workspace_id}/{request.change_set_id} was "
-                    f"published on {msg.subject}"
-                )
-        except (ProtocolError, UnprocessableError) as err:
-            # Undecodable or not ours: never blocks the change set. Dead-letter it; the error reply (and its removal
-            # from the stream) go out with the group, so a purge never runs ahead of an uncommitted group.
-            reason = f"{type(err).__name__}: {err}"
-            await dead_letter(rt, msg, seq, reason)
-            group = await self._group()
-            group.stage(seq, headers, self._error_response(headers, reason))
-            await self._maybe_flush(msg)
-            return
-
-        group = await self._group()
-        response = group.base.reply_for(request)
-        if response is not None:
-            rt.stats.requests_replayed += 1
-            group.stage(seq, headers, response)
-        else:
-            response, record, dvu = await self._apply(group, request, msg, seq)
-            group.stage(seq, headers, response, record, dvu=dvu, applied=True)
-        await self._maybe_flush(msg)
-
-    async def _group(self) -> CommitGroup:
-        """The open commit group (opened now if none): it holds the commit lock until flushed."""
-        assert self._commits is not None
-        await self._commits.begin()
-        return self._commits
 
     async def _maybe_flush(self, msg: Msg) -> None:
         """Commit now unless more requests are already waiting and the group has room (then soon, by timer)."""
@@ -287,58 +250,6 @@ class ChangeSetProcessor:
                 except Exception as err:
                     self._fail(err)
 
-    async def _apply(
-        self, group: CommitGroup, request: EnqueueUpdatesRequest, msg: Msg, seq: int
-    ) -> tuple[EnqueueUpdatesResponse, ChangeSetRecord, bool]:
-        """Apply one request to the group's record; return its reply, the record to stage and whether a DVU is due.
-        A retryable failure commits the group with the attempt counted, then raises ``_Retry``."""
-        rt, settings, record, rid = self._rt, self._rt.settings, group.base, str(request.id)
-        try:
-            applied = await self._step(rt.app.apply(self.change_set, record.state, request))
-        except UnprocessableError as err:
-            reason = f"unprocessable: {err}"
-        except FencedError:
-            raise
-        except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
-            attempts = record.attempts.get(rid, 0) + 1
-            if attempts < settings.max_attempts:
-                # Not its sequence: the failed request must stay in the stream, first in line.
-                group.stage(0, {}, None, replace(record, attempts={**record.attempts, rid: attempts}))
-                await group.flush()  # what came before is answered; this request stays first in line
-                rt.stats.requests_retried += 1
-                if isinstance(err, _Wedged):
-                    raise
-                delay = min(settings.retry_backoff * 2 ** (attempts - 1), settings.retry_backoff_max)
-                raise _Retry(delay, f"attempt {attempts} of request {rid} failed: {err}") from err
-            reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}"
-        else:
-            response = EnqueueUpdatesResponse(
-                id=request.id,
-                workspace_id=request.workspace_id,
-                change_set_id=request.change_set_id,
-                status=applied.status,
-            )
-            updated = record.with_reply(rid, response, settings.idempotency_window)
-            staged = replace(updated, state=applied.state, dvu_pending=record.dvu_pending or applied.dvu)
-            return response, staged, applied.dvu
-        # Permanent failure: record the error reply (so a redelivery is answered, not re-run), then dead-letter.
-        response = EnqueueUpdatesResponse(
-            id=request.id,
-            workspace_id=request.workspace_id,
-            change_set_id=request.change_set_id,
-            status=ErrorStatus(message=reason, retryable=False),
-        )
-        await dead_letter(rt, msg, seq, reason)
-        return response, record.with_reply(rid, response, settings.idempotency_window), False
-
-    def _error_response(self, headers: dict[str, str], reason: str) -> EnqueueUpdatesResponse:
-        return EnqueueUpdatesResponse(
-            id=request_id_of(headers),
-            workspace_id=self.change_set.workspace_id,
-            change_set_id=self.change_set.change_set_id,
-            status=ErrorStatus(message=reason, retryable=False),
-        )
-
     # -- dependent values update --------------------------------------------------------------------
     async def _run_dvu(self) -> None:
         handle = self._handle
@@ -347,13 +258,17 @@ class ChangeSetProcessor:
             await asyncio.wait_for(self._lull.wait(), self._rt.settings.dvu_max_delay)
         try:
             async with handle.lock:
+                if not self.lease.held():
+                    raise LeaseLost()
                 record = handle.record
                 state = await self._step(self._rt.app.dependent_values_update(self.change_set, record.state))
                 await handle.commit(replace(handle.record, state=state, dvu_pending=False))
             self._rt.stats.dvu_runs += 1
         except FencedError as err:
             self._finish(Outcome.FENCED, reason=str(err))
-        except _Wedged:
+        except LeaseLost:
+            self._finish(Outcome.LEASE_LOST, reason="lease ran out during a dependent values update")
+        except Wedged:
             self._finish(Outcome.WEDGED, reason="dependent values update overran handler_deadline")
         except Exception:
             self._rt.stats.dvu_failures += 1
@@ -361,23 +276,41 @@ class ChangeSetProcessor:
 
     # -- watchdog and keep-alive --------------------------------------------------------------------
     async def _step(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one app step in its own task so the watchdog can cancel it if it wedges."""
+        """Run one app step in its own task so the watchdog can cancel it (wedged, or the lease ran out)."""
         task = asyncio.ensure_future(coro)
         self._steps[task] = time.monotonic()
         try:
             return await task
         except asyncio.CancelledError:
-            if self._wedged and task.cancelled():
-                raise _Wedged() from None
+            if self._cancelled_why is not None and task.cancelled():
+                raise self._cancelled_why() from None
             raise
         finally:
             self._steps.pop(task, None)
 
+    def _cancel_steps(self, why: type[Exception]) -> None:
+        self._cancelled_why = why
+        for task in list(self._steps):
+            task.cancel()
+
     async def _keepalive(self) -> None:
-        """Progress acks while the work is alive; give the task up if a step wedges."""
-        settings = self._rt.settings
+        """Renew the lease with confirmed progress acks while the work is alive; stop everything once it runs out,
+        and give the task up if a step wedges."""
+        settings, lease = self._rt.settings, self.lease
         while True:
-            await asyncio.sleep(settings.progress_period)
+            renewed = await lease.renew(timeout=min(settings.progress_period, lease.remaining()))
+            if renewed:
+                self._rt.stats.lease_renewals += 1
+            # After a failed renewal, look again at the latest when the lease runs out.
+            await asyncio.sleep(max(0.0, min(settings.progress_period, lease.remaining())))
+            # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
+            # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
+            if lease.remaining() <= 0:
+                log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
+                self._rt.stats.leases_lost += 1
+                self._finish(Outcome.LEASE_LOST, reason="lease ran out")
+                self._cancel_steps(LeaseLost)
+                return
             now = time.monotonic()
             if any(now - started > settings.handler_deadline for started in self._steps.values()):
                 log.error(
@@ -385,13 +318,9 @@ class ChangeSetProcessor:
                     self.change_set,
                     settings.handler_deadline,
                 )
-                self._wedged = True
                 self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
-                for task in list(self._steps):
-                    task.cancel()
+                self._cancel_steps(Wedged)
                 return
-            with contextlib.suppress(Exception):
-                await self._task_msg.in_progress()
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:
@@ -429,17 +358,20 @@ class ChangeSetProcessor:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
-        await self._trimmer.flush(settings.ack_wait)
+        await self._trimmer.flush(settings.nats_timeout)
+        if result.outcome.hands_back:
+            await self._mark_handed_back()
         if result.outcome is not Outcome.RELEASED:
             return result
-        return await self._release()
+        assert self._handle is not None
+        return await release(self._rt, self.change_set, self._handle, self.lease)
 
     async def _settle_group(self, result: TaskResult) -> None:
         """Commit and answer what an open group holds, unless we no longer own the change set."""
         commits = self._commits
         if commits is None or not commits.open:
             return
-        if result.outcome is Outcome.FENCED:
+        if result.outcome in (Outcome.FENCED, Outcome.LEASE_LOST):
             commits.abandon()
             return
         try:
@@ -448,23 +380,15 @@ class ChangeSetProcessor:
             # Its requests stay in the stream and are processed again by the next owner.
             log.warning("%s: committing the last group failed: %r", self.change_set, err)
 
-    async def _release(self) -> TaskResult:
-        rt = self._rt
-        assert self._handle is not None
-        if not await self._handle.still_owner():
-            # Acking now could delete the task of the daemon that took over (a late ack is still accepted).
-            return TaskResult(Outcome.FENCED, reason="lost ownership before release")
-        await rt.hooks.checkpoint("stopped_consuming", self.change_set)
-        await self._task_msg.ack_sync(timeout=rt.settings.ack_wait)
-        await rt.hooks.checkpoint("task_acked", self.change_set)
-        if await rt.queued(self.change_set):
-            # Published while we were letting go: make sure it has a task (refused if its client made one).
-            created = await publish_task(
-                rt.nc, rt.subjects.task(self.change_set.workspace_id, self.change_set.change_set_id)
-            )
-            log.info(
-                "%s: request arrived during release; task %s",
-                self.change_set,
-                "republished" if created else "already present",
-            )
-        return TaskResult(Outcome.RELEASED, reason="quiescent")
+    async def _mark_handed_back(self) -> None:
+        """Tell the next owner this handover is deliberate (not a crash), so it counts no attempt against the first
+        queued request. Best effort: if it fails, the next owner counts one."""
+        handle = self._handle
+        if handle is None or not self.lease.held():
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(
+                min(self._rt.settings.nats_timeout, max(0.001, self.lease.remaining()))
+            ):
+                async with handle.lock:
+                    await handle.commit(replace(handle.record, handed_back=True))

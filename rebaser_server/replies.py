@@ -60,7 +60,7 @@ async def dead_letter(rt: Runtime, msg: Msg, seq: int, reason: str) -> None:
     headers[h.DEAD_LETTER_SEQUENCE] = str(seq)
     # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
     headers[h.NATS_MSG_ID] = f"{rt.subjects.requests_stream}:{seq}"
-    reply = await rt.nc.request(subject, msg.data, headers=headers, timeout=rt.settings.ack_wait)
+    reply = await rt.nc.request(subject, msg.data, headers=headers, timeout=rt.settings.nats_timeout)
     check_pub_ack(reply.data, subject)
     rt.stats.requests_dead_lettered += 1
     log.warning("dead-lettered request seq %d of %s: %s", seq, msg.subject, reason)

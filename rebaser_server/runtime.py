@@ -38,6 +38,13 @@ class Stats:
     requests_dead_lettered: int = 0
     requests_retried: int = 0
     delete_failures: int = 0
+    # Tasks handed over without a handback (the owner died or froze), lease renewals and leases lost.
+    unclean_takeovers: int = 0
+    lease_renewals: int = 0
+    leases_lost: int = 0
+    tasks_lease_lost: int = 0
+    tasks_stale: int = 0
+    release_checks_failed: int = 0
     dvu_runs: int = 0
     dvu_failures: int = 0
     nats_reconnects: int = 0
@@ -67,11 +74,14 @@ class Runtime:
     def subjects(self) -> Subjects:
         return self.settings.subjects
 
-    async def queued(self, change_set: ChangeSet) -> bool:
-        """Is any request of this change set still in the stream? One direct get, no consumer involved."""
+    async def queued(self, change_set: ChangeSet, *, from_leader: bool = False) -> bool:
+        """Is any request of this change set still in the stream? One get, no consumer involved.
+
+        A direct get may be answered by any replica, which can lag behind the leader: ``from_leader`` asks the
+        stream leader (where a decision must not miss a request just written, as after a release)."""
         subject = self.subjects.requests(change_set.workspace_id, change_set.change_set_id)
         try:
-            await self.js.get_last_msg(self.subjects.requests_stream, subject, direct=True)
+            await self.js.get_last_msg(self.subjects.requests_stream, subject, direct=not from_leader)
         except NotFoundError:
             return False
         return True

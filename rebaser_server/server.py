@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
@@ -68,7 +69,7 @@ class Daemon:
         hooks: Hooks | None = None,
         sweep: bool = True,
     ) -> None:
-        js = nc.jetstream(timeout=max(5.0, settings.ack_wait / 2))
+        js = nc.jetstream(timeout=settings.nats_timeout)
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
         self.rt = Runtime(nc, js, settings, app, ChangeSetStore(js, settings), owner, hooks or Hooks())
         self.sweeper = Sweeper(self.rt)
@@ -124,6 +125,9 @@ class Daemon:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
+            # A delivery may answer this pull, or an earlier one that expired (up to _FETCH_TIMEOUT before): the
+            # server cannot have delivered it before then, which bounds its lease from below (see lease.py).
+            pulled_at = time.monotonic() - _FETCH_TIMEOUT
             try:
                 msgs: list[Msg] = await sub.fetch(batch=min(free, _FETCH_BATCH), timeout=_FETCH_TIMEOUT)
             except (TimeoutError, FetchTimeoutError):
@@ -141,7 +145,7 @@ class Daemon:
                     with contextlib.suppress(Exception):
                         await msg.nak()
                 else:
-                    await self._take(msg)
+                    await self._take(msg, pulled_at)
 
     async def _on_reconnect(self) -> None:
         """After a reconnect: streams back, owned change sets handed back, orphans swept.
@@ -205,7 +209,7 @@ class Daemon:
             "stats": rt.stats.as_dict(),
         }
 
-    async def _take(self, msg: Msg) -> None:
+    async def _take(self, msg: Msg, pulled_at: float) -> None:
         try:
             parsed = self.rt.subjects.parse_task(msg.subject)
         except InvalidSubject as err:
@@ -213,11 +217,12 @@ class Daemon:
             await msg.term()
             return
         self.rt.stats.tasks_taken += 1
-        processor = ChangeSetProcessor(self.rt, ChangeSet(parsed.workspace_id, parsed.change_set_id), msg)
-        task = asyncio.create_task(self._own(processor, msg), name=f"change set {processor.change_set}")
+        change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
+        processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at)
+        task = asyncio.create_task(self._own(processor), name=f"change set {processor.change_set}")
         self._active[task] = processor
 
-    async def _own(self, processor: ChangeSetProcessor, msg: Msg) -> None:
+    async def _own(self, processor: ChangeSetProcessor) -> None:
         stats = self.rt.stats
         try:
             try:
@@ -226,20 +231,20 @@ class Daemon:
                 log.exception("%s: task failed", processor.change_set)
                 result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
             log.debug("%s: task %s (%s)", processor.change_set, result.outcome.value, result.reason)
-            if result.outcome is Outcome.RELEASED:
-                stats.tasks_released += 1
-            elif result.outcome is Outcome.FENCED:
-                stats.tasks_fenced += 1  # the new owner holds the task: neither ack nor nack it
-            else:
-                delay = result.delay if result.outcome is Outcome.RETRY else None
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=delay)
-                if result.outcome is Outcome.RETRY:
-                    stats.tasks_retried += 1
-                elif result.outcome is Outcome.INTERRUPTED:
-                    stats.tasks_interrupted += 1
-                else:
-                    stats.tasks_wedged += 1
+            outcome = result.outcome
+            if outcome.hands_back:
+                # Only while the lease is held: a late nak would take the task from the daemon that has it now.
+                await processor.lease.nak(delay=result.delay if outcome is Outcome.RETRY else None)
+            counter = {
+                Outcome.RELEASED: "tasks_released",
+                Outcome.FENCED: "tasks_fenced",  # the new owner holds the task: neither ack nor nak it
+                Outcome.LEASE_LOST: "tasks_lease_lost",
+                Outcome.STALE: "tasks_stale",
+                Outcome.RETRY: "tasks_retried",
+                Outcome.INTERRUPTED: "tasks_interrupted",
+                Outcome.WEDGED: "tasks_wedged",
+            }[outcome]
+            setattr(stats, counter, getattr(stats, counter) + 1)
         finally:
             self._active.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             self._slot_freed.set()

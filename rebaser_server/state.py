@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import cbor2
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -30,7 +31,14 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
 
-__all__ = ["ChangeSetHandle", "ChangeSetRecord", "ChangeSetStore"]
+__all__ = [
+    "Acquired",
+    "ChangeSetHandle",
+    "ChangeSetRecord",
+    "ChangeSetStore",
+    "StaleDelivery",
+    "TaskDelivery",
+]
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
@@ -47,16 +55,34 @@ class ChangeSetRecord:
     recent: Mapping[str, bytes] = field(default_factory=dict)
     # request id -> retryable failures so far
     attempts: Mapping[str, int] = field(default_factory=dict)
+    # Stream sequence of the last request processed (applied, answered from the record, or dead-lettered). A
+    # request at or below it is never applied again, whether or not its id is still in ``recent`` and whether or
+    # not purging it from the stream succeeded: exactly-once does not depend on the purge.
+    applied_seq: int = 0
+    # The task delivery that owns the change set: the task message's stream sequence and its delivery count. A
+    # delivery that is not newer than this one is stale (it sat in a paused daemon's buffer) and must not take over.
+    task_seq: int = 0
+    task_delivery: int = 0
+    # Set when an owner handed the task back on purpose (nack: shutdown, retry, wedged step). A takeover of the same
+    # task message without it means the owner died or froze holding it.
+    handed_back: bool = False
+    # (stream sequence, takeovers) of the first queued request after unclean takeovers: a request that kills or
+    # freezes every daemon that applies it is dead-lettered after ``max_attempts`` of them.
+    suspect: tuple[int, int] | None = None
 
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
         head = {
-            "v": 2,
+            "v": 3,
             "epoch": self.epoch,
             "owner": self.owner,
             "state": self.state,
             "dvu_pending": self.dvu_pending,
             "attempts": dict(self.attempts),
+            "applied_seq": self.applied_seq,
+            "task": [self.task_seq, self.task_delivery],
+            "handed_back": self.handed_back,
+            "suspect": list(self.suspect) if self.suspect else None,
         }
         return (
             bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
@@ -74,6 +100,11 @@ class ChangeSetRecord:
             dvu_pending=bool(raw.get("dvu_pending", False)),
             recent={str(rid): bytes(cbor2.dumps([rid, status])) for rid, status in entries},
             attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
+            applied_seq=int(raw.get("applied_seq", 0)),
+            task_seq=int(raw.get("task", (0, 0))[0]),
+            task_delivery=int(raw.get("task", (0, 0))[1]),
+            handed_back=bool(raw.get("handed_back", False)),
+            suspect=(int(suspect[0]), int(suspect[1])) if (suspect := raw.get("suspect")) else None,
         )
 
     def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
@@ -111,6 +142,26 @@ def _cbor_array_header(length: int) -> bytes:
     return bytes([0x9A]) + length.to_bytes(4, "big")
 
 
+@dataclass(frozen=True, slots=True)
+class TaskDelivery:
+    """Which delivery of which task message: the stream sequence of the task and its delivery count."""
+
+    seq: int
+    count: int
+
+    @classmethod
+    def of(cls, msg: Msg) -> TaskDelivery:
+        meta = msg.metadata
+        return cls(int(meta.sequence.stream), int(meta.num_delivered))
+
+    def __str__(self) -> str:
+        return f"({self.seq}, {self.count})"
+
+
+class StaleDelivery(Exception):
+    """A task delivery older than the one that owns the change set: act on it in no way (no ack, no nak)."""
+
+
 class ChangeSetHandle:
     """An owner's view of one change set's record. Commits are serialized by ``lock``."""
 
@@ -140,6 +191,12 @@ class ChangeSetHandle:
         except KeyNotFoundError:
             return False
         return entry.revision == self.revision
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    handle: ChangeSetHandle
+    unclean: bool  # taken over from an owner that died or froze holding the same task
 
 
 class ChangeSetStore:
@@ -185,27 +242,56 @@ class ChangeSetStore:
             return False
         return True
 
-    async def acquire(self, change_set: ChangeSet, owner: str, initial_state: AppState) -> ChangeSetHandle:
-        """Become the owner: bump the epoch with compare-and-set, fencing every previous owner."""
+    async def acquire(
+        self, change_set: ChangeSet, owner: str, initial_state: AppState, delivery: TaskDelivery
+    ) -> Acquired:
+        """Become the owner for ``delivery``: bump the epoch with compare-and-set, fencing every previous owner.
+
+        Raises :class:`StaleDelivery` if the record names a delivery of the same task message that is at least as
+        new: this one was redelivered elsewhere while it waited in a paused daemon's buffer.
+        """
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 entry = await self.kv.get(key)
             except KeyNotFoundError:
-                record = ChangeSetRecord(epoch=1, owner=owner, state=initial_state)
+                record = ChangeSetRecord(
+                    epoch=1,
+                    owner=owner,
+                    state=initial_state,
+                    task_seq=delivery.seq,
+                    task_delivery=delivery.count,
+                )
                 try:
                     revision = await self.kv.create(key, record.encode())
                 except KeyWrongLastSequenceError:
                     continue
-                return ChangeSetHandle(self.kv, key, record, revision)
+                return Acquired(ChangeSetHandle(self.kv, key, record, revision), unclean=False)
             assert entry.value is not None and entry.revision is not None
             current = ChangeSetRecord.decode(entry.value)
-            record = replace(current, epoch=current.epoch + 1, owner=owner)
+            same_task = current.task_seq == delivery.seq
+            # (Only the same task message is compared: sequences restart if a memory-storage stream is lost. A
+            # delivery wrongly judged stale heals itself: untouched, it is redelivered with a higher count.)
+            if same_task and current.task_delivery >= delivery.count:
+                raise StaleDelivery(
+                    f"change set {key}: task delivery {delivery} is not newer than the owner's "
+                    f"({current.task_seq}, {current.task_delivery})"
+                )
+            record = replace(
+                current,
+                epoch=current.epoch + 1,
+                owner=owner,
+                task_seq=delivery.seq,
+                task_delivery=delivery.count,
+                handed_back=False,
+            )
             try:
                 revision = await self.kv.update(key, record.encode(), last=entry.revision)
             except KeyWrongLastSequenceError:
                 continue
-            return ChangeSetHandle(self.kv, key, record, revision)
+            # The same task message again, not handed back on purpose: its owner died or froze holding it.
+            unclean = same_task and not current.handed_back
+            return Acquired(ChangeSetHandle(self.kv, key, record, revision), unclean=unclean)
         raise FencedError(f"could not take change set {key} over: it kept changing")
 
     @staticmethod

@@ -77,7 +77,7 @@ class Trimmer:
         rt = self._rt
         subject = f"{_JS_API}.STREAM.PURGE.{rt.subjects.requests_stream}"
         payload = json.dumps({"filter": self._subject, "seq": seq}).encode()
-        reply = await rt.nc.request(subject, payload, timeout=rt.settings.ack_wait)
+        reply = await rt.nc.request(subject, payload, timeout=rt.settings.nats_timeout)
         data = json.loads(reply.data)
         if "error" in data:
             raise RuntimeError(str(data["error"]))

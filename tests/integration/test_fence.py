@@ -13,7 +13,7 @@ from rebaser_core.errors import FencedError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
-from rebaser_server.state import ChangeSetStore
+from rebaser_server.state import ChangeSetStore, TaskDelivery
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp
 
@@ -22,9 +22,9 @@ async def test_two_writers_the_stale_one_is_refused(nc: NatsClient, subject_pref
     store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
     await store.open()
     cs = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
-    stale = await store.acquire(cs, "stale", {"applied": []})
+    stale = (await store.acquire(cs, "stale", {"applied": []}, TaskDelivery(1, 1))).handle
     await stale.commit(replace(stale.record, state={"applied": ["r1"]}))
-    fresh = await store.acquire(cs, "fresh", {"applied": []})
+    fresh = (await store.acquire(cs, "fresh", {"applied": []}, TaskDelivery(1, 2))).handle
     assert fresh.record.epoch == stale.record.epoch + 1
     await fresh.commit(replace(fresh.record, state={"applied": ["r1", "r2"]}))
     with pytest.raises(FencedError):
@@ -48,7 +48,12 @@ async def test_owner_taken_over_mid_request_is_fenced_and_request_applied_once(
             lambda: app.active[str(ChangeSet(wk, cs))] == 1, timeout=10, message="apply in progress"
         )
         # Another daemon takes the change set over while this one is inside apply (as after a long pause).
-        intruder = await daemon.rt.store.acquire(ChangeSet(wk, cs), "intruder", {"applied": []})
+        # (A delivery of another task message: the daemon's own delivery cannot prove it stale.)
+        intruder = (
+            await daemon.rt.store.acquire(
+                ChangeSet(wk, cs), "intruder", {"applied": []}, TaskDelivery(10**9, 1)
+            )
+        ).handle
         response = await call  # the task comes back (ack_wait) and the request is applied by the new owner
         assert response.ok
         assert daemon.stats.tasks_fenced == 1

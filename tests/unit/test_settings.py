@@ -33,9 +33,11 @@ def test_defaults() -> None:
     assert s.requests_max_age == 0.0
     assert s.dead_letter_max_age == 14 * 86400.0
     assert s.max_active_change_sets == 10_000
-    assert s.ack_wait == 30.0
-    assert s.progress_period == 5.0
-    assert s.progress_period < s.ack_wait
+    assert s.ack_wait == 2.5
+    assert s.progress_period == 0.5
+    assert s.progress_period <= 0.4 * s.ack_wait
+    assert s.nats_timeout == 5.0
+    assert s.lease_margin == 0.5
     assert s.quiescent_period == 300.0
     assert s.handler_deadline == 120.0
     assert s.concurrency == 500
@@ -57,24 +59,24 @@ def test_settings_are_frozen_and_refuse_unknown_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    ("progress_period", "ack_wait"), [(30.0, 30.0), (31.0, 30.0), (2.0, 1.0), (0.5, 0.5)]
+    ("progress_period", "ack_wait"), [(30.0, 30.0), (31.0, 30.0), (2.0, 1.0), (0.5, 1.0), (0.41, 1.0)]
 )
-def test_progress_period_not_shorter_than_ack_wait_is_refused(
+def test_progress_period_over_two_renewals_per_ack_wait_is_refused(
     progress_period: float, ack_wait: float
 ) -> None:
-    with pytest.raises(ValidationError, match="progress_period must be shorter than ack_wait"):
+    with pytest.raises(ValidationError, match=r"progress_period must be at most 0\.4 x ack_wait"):
         Settings(progress_period=progress_period, ack_wait=ack_wait)
 
 
-def test_progress_period_just_below_ack_wait_is_accepted() -> None:
-    s = Settings(progress_period=0.99, ack_wait=1.0)
-    assert (s.progress_period, s.ack_wait) == (0.99, 1.0)
+def test_progress_period_of_two_renewals_per_ack_wait_is_accepted() -> None:
+    s = Settings(progress_period=0.4, ack_wait=1.0)
+    assert (s.progress_period, s.ack_wait) == (0.4, 1.0)
 
 
 def test_a_long_ack_wait_with_the_default_progress_period() -> None:
-    assert Settings(ack_wait=60.0).progress_period == 5.0
+    assert Settings(ack_wait=60.0).progress_period == 0.5
     with pytest.raises(ValidationError):
-        Settings(ack_wait=5.0)  # the default progress period (5 s) would no longer be shorter
+        Settings(ack_wait=1.0)  # the default progress period (0.5 s) would renew the lease too rarely
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,76 @@
+"""A daemon's hold on one task delivery: for how long it can be *sure* nobody else holds the change set.
+
+JetStream redelivers an unacked task ``ack_wait`` after the last progress ack it received, and it honours a late
+ack or nak from an older delivery (it would take the task from its new holder). Holding a message is therefore no
+proof of ownership; time is. Two facts bound it from below, both measured on this process's monotonic clock
+(which keeps running while the process is paused, so a SIGSTOP or a long GC pause counts against the lease):
+
+- **Delivery.** The task was delivered in answer to a pull request sent no earlier than ``since``, so the server
+  cannot redeliver it before ``since + ack_wait``.
+- **Renewal.** A progress ack (``+WPI``) sent as a request is answered by the server once it was applied. One sent
+  at ``t`` and answered proves the server's timer restarted no earlier than ``t``: nobody else gets the task before
+  ``t + ack_wait``. (nats-py's ``in_progress()`` is fire-and-forget, which proves nothing.)
+
+The lease is *held* while that bound, less a ``margin``, lies in the future. The margin covers what happens after
+the check: an ack or nak in flight, a step that must be cancelled. A daemon applies nothing, and never acks or naks
+the delivery, unless the lease is held: a paused, partitioned or slow daemon stops on its own, and its late ack can
+no longer take the task from the daemon that took over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+__all__ = ["Lease"]
+
+
+class Lease:
+    def __init__(self, nc: NatsClient, msg: Msg, *, ack_wait: float, margin: float, since: float) -> None:
+        self._nc = nc
+        self._msg = msg
+        self._ack_wait = ack_wait
+        self._margin = margin
+        self._expires = since + ack_wait  # monotonic: the earliest the server may redeliver the task
+        self.renewals = 0
+
+    def remaining(self) -> float:
+        """Seconds the lease is still held (negative once lost)."""
+        return self._expires - self._margin - time.monotonic()
+
+    def held(self) -> bool:
+        return self.remaining() > 0 and bool(self._nc.is_connected)
+
+    async def renew(self, timeout: float) -> bool:
+        """Send a confirmed progress ack; True (and the lease extended) if the server answered within ``timeout``."""
+        if not self._nc.is_connected or timeout <= 0:
+            return False
+        sent = time.monotonic()
+        try:
+            await self._nc.request(self._msg.reply, b"+WPI", timeout=timeout)
+        except (TimeoutError, nats.errors.Error):
+            return False
+        self._expires = max(self._expires, sent + self._ack_wait)
+        self.renewals += 1
+        return True
+
+    async def ack(self, timeout: float) -> bool:
+        """Ack (confirmed) if the lease is held; False if it was not sent or not confirmed."""
+        return await self._settle(b"+ACK", timeout)
+
+    async def nak(self, delay: float | None = None) -> bool:
+        """Hand the task back (redelivered after ``delay``) if the lease is held."""
+        payload = b"-NAK" if not delay else f'-NAK {{"delay": {int(delay * 1_000_000_000)}}}'.encode()
+        return await self._settle(payload, max(0.001, min(self.remaining(), 5.0)))
+
+    async def _settle(self, payload: bytes, timeout: float) -> bool:
+        if not self.held():
+            return False
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await self._nc.request(self._msg.reply, payload, timeout=min(timeout, self.remaining()))
+            return True
+        return False

@@ -1,0 +1,49 @@
+"""How one change-set task ends, and what the daemon then does with the task delivery."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["LeaseLost", "Outcome", "Retry", "TaskResult", "Wedged"]
+
+
+class Outcome(enum.Enum):
+    RELEASED = "released"  # quiet: task acked
+    RETRY = "retry"  # retryable failure: nack with delay
+    INTERRUPTED = "interrupted"  # shutdown or reconnect: nack now
+    WEDGED = "wedged"  # a step overran handler_deadline: nack now
+    # The three below touch the delivery in no way (no ack, no nack): someone else holds the task, or may.
+    FENCED = "fenced"  # another daemon took the change set over
+    LEASE_LOST = (
+        "lease_lost"  # the lease ran out (paused, partitioned, slow): the server may have redelivered
+    )
+    STALE = "stale"  # the delivery was already stale when taken (it waited in a paused daemon's buffer)
+
+    @property
+    def hands_back(self) -> bool:
+        """Nack the delivery (if the lease is still held) so another daemon can take it at once."""
+        return self in (Outcome.RETRY, Outcome.INTERRUPTED, Outcome.WEDGED)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    outcome: Outcome
+    delay: float = 0.0
+    reason: str = ""
+
+
+class Retry(Exception):
+    """A retryable failure: end the task and have it redelivered after ``delay``."""
+
+    def __init__(self, delay: float, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
+class Wedged(Exception):
+    """A step was cancelled by the watchdog (it overran handler_deadline)."""
+
+
+class LeaseLost(Exception):
+    """The lease on the task ran out: stop at once, touch nothing."""
