@@ -100,6 +100,7 @@ class RebaserClient:
         self._owns_connection = False
         self._inbox_prefix: str | None = None
         self._inbox_sub: Subscription | None = None
+        self._inbox_lock = asyncio.Lock()
         self._waiting: dict[str, asyncio.Future[EnqueueUpdatesResponse]] = {}
 
     @classmethod
@@ -336,11 +337,13 @@ class RebaserClient:
         await self._publisher.send(str(request.id), subject, headers, body, task)
 
     async def _reply_inbox(self) -> str:
-        if self._inbox_prefix is None:
-            prefix = self._nc.new_inbox()
-            self._inbox_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_reply)
-            self._inbox_prefix = prefix
-        return self._inbox_prefix
+        # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.
+        async with self._inbox_lock:
+            if self._inbox_prefix is None:
+                prefix = self._nc.new_inbox()
+                self._inbox_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_reply)
+                self._inbox_prefix = prefix
+            return self._inbox_prefix
 
     async def _on_reply(self, msg: Msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]

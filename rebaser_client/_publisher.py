@@ -39,6 +39,16 @@ log = logging.getLogger(__name__)
 _IN_FLIGHT_RETRY_AFTER = 0.5
 # While disconnected the replayer looks at the connection this often (nats-py offers nothing to await).
 _REPLAY_POLL = 0.1
+# Publishes whose caller was cancelled, kept referenced until they finish (a bare task may be garbage-collected).
+_UNFINISHED: set[asyncio.Future[None]] = set()
+
+
+def _forget(publish: asyncio.Future[None]) -> None:
+    _UNFINISHED.discard(publish)
+    if not publish.cancelled():
+        publish.exception()  # retrieved: the caller saw it, or was cancelled and no longer cares
+
+
 # Oldest spooled requests looked at per replay pass.
 _REPLAY_BATCH = 256
 # Cap on the pause after a refusal: a replay pass costs one refused publish per blocked change set, cheap enough
@@ -168,6 +178,27 @@ class Publisher:
                 limit="in_flight",
             ) from None
         self._in_flight += 1
+        # Shielded: a caller's timeout (or any cancellation) must not cut between the request publish and its task
+        # publish; the request would be stored with no task, stranded until the orphan sweep. Cancelled, the caller
+        # stops waiting, and the publish finishes on its own (it is bounded by its deadline and publish_timeout).
+        publish = asyncio.ensure_future(
+            self._publish_in_slot(what, request_id, subject, headers, body, task, deadline)
+        )
+        _UNFINISHED.add(publish)
+        publish.add_done_callback(_forget)
+        await asyncio.shield(publish)
+
+    async def _publish_in_slot(
+        self,
+        what: str,
+        request_id: str,
+        subject: str,
+        headers: dict[str, str],
+        body: bytes,
+        task: str | None,
+        deadline: float,
+    ) -> None:
+        loop = asyncio.get_running_loop()
         try:
             ensure_connected(self._nc, what)  # it may have dropped while we waited for a slot
             try:

@@ -8,7 +8,6 @@ zero (a notification is never lost) and never more than one (they coalesce).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -45,13 +44,20 @@ class SerialDvu:
         """Wait until no run is in progress and none is due."""
         await self._idle.wait()
 
-    async def stop(self) -> None:
-        """Cancel the loop (and a run in progress). Pending work is the caller's to persist."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Cancel the loop (and a run in progress), waiting at most ``timeout`` for it to end. Pending work is the
+        caller's to persist."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # Bounded: an app step that ignores cancellation must not hold its change set's shutdown for ever.
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                log.error(
+                    "%s: dependent values update ignored cancellation for %.1fs; left behind",
+                    self._name,
+                    timeout,
+                )
 
     async def _loop(self) -> None:
         while True:

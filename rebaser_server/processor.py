@@ -146,7 +146,7 @@ class ChangeSetProcessor:
             return await self._finish_task(self._result.result())
         finally:
             keepalive.cancel()
-            await self._dvu.stop()
+            await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
             await self._unsubscribe()
 
     # -- consuming ----------------------------------------------------------------------------------
@@ -254,8 +254,11 @@ class ChangeSetProcessor:
     async def _run_dvu(self) -> None:
         handle = self._handle
         assert handle is not None
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives just as the
+        # awaited thing completes, and a swallowed cancel would keep SerialDvu.stop() waiting for ever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._lull.wait(), self._rt.settings.dvu_max_delay)
+            async with asyncio.timeout(self._rt.settings.dvu_max_delay):
+                await self._lull.wait()
         try:
             async with handle.lock:
                 if not self.lease.held():
@@ -338,8 +341,7 @@ class ChangeSetProcessor:
             if idle >= limit and not self._request_lock.locked():
                 self._finish(Outcome.RELEASED, reason="quiescent")
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._result), timeout=limit - idle + 0.001)
+            await asyncio.wait({self._result}, timeout=limit - idle + 0.001)
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
         settings = self._rt.settings

@@ -14,10 +14,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.errors import FetchTimeoutError
@@ -46,6 +48,9 @@ _FETCH_TIMEOUT = 1.0
 # passes (design-notes §7), which stalled newly active change sets for up to _FETCH_TIMEOUT (measured: p99 1.1 s).
 # A pull per task *activation* (not per request) is cheap.
 _FETCH_BATCH = 1
+# Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
+_SETUP_RETRY_FIRST = 0.2
+_SETUP_RETRY_MAX = 5.0
 # /status lists at most this many owned change sets by name (the count is always exact).
 _STATUS_MAX_OWNED = 100
 # While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
@@ -94,10 +99,12 @@ class Daemon:
     def owned(self) -> list[ChangeSet]:
         return [p.change_set for p in self._active.values()]
 
-    async def start(self) -> None:
+    async def start(self, *, timeout: float | None = None) -> None:
+        """Set up streams, consumer, store and app, then serve. While NATS or JetStream is not available yet (a
+        cluster still forming, a stream leader being elected) set-up is retried with backoff, for ``timeout``
+        seconds (None: for ever), each failure one log line."""
         rt = self.rt
-        await ensure_streams(rt.js, rt.settings)
-        await rt.store.open()
+        await self._set_up(timeout)
         await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
         self._pull_sub = await rt.js.pull_subscribe_bind(rt.subjects.tasks_consumer, rt.subjects.tasks_stream)
@@ -111,6 +118,31 @@ class Daemon:
             rt.settings.prefix,
             rt.settings.concurrency,
         )
+
+    async def _set_up(self, timeout: float | None) -> None:
+        # Every daemon does this at start-up, often all at once: on a fresh cluster nats-server leaves the losing
+        # concurrent stream creates unanswered (a timeout), so a failure here is retried, not fatal. Retrying is
+        # safe: each step is create-or-update.
+        rt = self.rt
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = _SETUP_RETRY_FIRST
+        while True:
+            try:
+                await ensure_streams(rt.js, rt.settings)
+                await rt.store.open()
+                return
+            except (nats.errors.Error, TimeoutError, OSError) as err:
+                if deadline is not None and loop.time() + pause > deadline:
+                    raise
+                log.warning(
+                    "JetStream set-up failed (%s: %s); retrying in %.1fs",
+                    type(err).__name__,
+                    err or "no answer",
+                    pause,
+                )
+                await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+                pause = min(pause * 2, _SETUP_RETRY_MAX)
 
     async def _pull(self, sub: Any) -> None:
         settings = self.rt.settings
@@ -250,31 +282,51 @@ class Daemon:
             self._slot_freed.set()
 
     async def shutdown(self) -> None:
-        """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now."""
+        """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.
+
+        Every step is bounded (a NATS call that never answers, or an app that ignores cancellation, must not keep
+        the daemon from stopping): at most about ``_FETCH_TIMEOUT * 4 + shutdown_grace + 5 + 2 * nats_timeout``.
+        """
         if self._stopping:
             await self.stopped.wait()
             return
         self._stopping = True
         self._slot_freed.set()
+        settings = self.rt.settings
         if self._puller is not None:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._puller, timeout=_FETCH_TIMEOUT * 3)
+            # asyncio.wait, not wait_for: nothing here may swallow a cancellation (Python 3.11's wait_for can).
+            await _stop_task(self._puller, grace=_FETCH_TIMEOUT * 3, after_cancel=_FETCH_TIMEOUT)
         if self._pull_sub is not None:
             # Status messages of expired pulls can sit unread in its queue, and would stall the connection's drain.
             with contextlib.suppress(Exception):
                 await self._pull_sub.unsubscribe()
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
-                background.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await background
+                await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)
         for processor in list(self._active.values()):
             processor.interrupt()
         if self._active:
-            await asyncio.wait(set(self._active), timeout=self.rt.settings.shutdown_grace + 5.0)
-        with contextlib.suppress(Exception):
-            await self.queries.stop()
-        with contextlib.suppress(Exception):
-            await self.rt.app.stop()
+            await asyncio.wait(set(self._active), timeout=settings.shutdown_grace + 5.0)
+        if self._active:
+            log.error("%d change sets did not finish handing back in time", len(self._active))
+        for what, stop in (("queries", self.queries.stop), ("app", self.rt.app.stop)):
+            try:
+                async with asyncio.timeout(settings.nats_timeout):
+                    await stop()
+            except Exception as err:
+                log.warning("stopping the %s failed: %r", what, err)
         self.stopped.set()
         log.info("rebaser daemon %s stopped", self.rt.owner)
+
+
+async def _stop_task(task: asyncio.Task[Any], *, grace: float, after_cancel: float) -> None:
+    """Let ``task`` end by itself within ``grace``, else cancel it and wait at most ``after_cancel`` more."""
+    if grace > 0:
+        await asyncio.wait({task}, timeout=grace)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=after_cancel)
+    if not task.done():
+        log.error(
+            "%s did not stop within %.1fs of being cancelled; left behind", task.get_name(), after_cancel
+        )

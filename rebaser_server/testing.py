@@ -13,17 +13,22 @@ A race is proven by forcing it, not by sleeping and hoping::
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from nats.aio.client import Client as NatsClient
 
+from rebaser_core.connect import connection_state
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import CHECKPOINTS, Hooks
 from rebaser_server.server import Daemon
+from rebaser_server.state import ChangeSetRecord
 
-__all__ = ["CheckpointGate", "RecordingHooks", "fast_settings", "running_daemon"]
+__all__ = ["CheckpointGate", "RecordingHooks", "describe_state", "fast_settings", "running_daemon"]
+
+log = logging.getLogger(__name__)
 
 
 def _known(name: str) -> str:
@@ -103,12 +108,95 @@ def fast_settings(prefix: str | None, **overrides: object) -> Settings:
 
 @asynccontextmanager
 async def running_daemon(
-    nc: NatsClient, settings: Settings, app: RebaserApp, *, hooks: Hooks | None = None, sweep: bool = True
+    nc: NatsClient,
+    settings: Settings,
+    app: RebaserApp,
+    *,
+    hooks: Hooks | None = None,
+    sweep: bool = True,
+    start_timeout: float = 30.0,
+    stop_timeout: float = 45.0,
 ) -> AsyncIterator[Daemon]:
-    """A started in-process daemon, shut down gracefully on exit."""
+    """A started in-process daemon, shut down gracefully on exit.
+
+    Start and stop each have a deadline. If either expires, or the body raises, what JetStream holds for this
+    deployment (see :func:`describe_state`) is logged, so a rare failure explains itself.
+    """
     daemon = Daemon(nc, settings, app, hooks=hooks, sweep=sweep)
-    await daemon.start()
+    try:
+        async with asyncio.timeout(start_timeout):
+            await daemon.start(timeout=start_timeout)
+    except TimeoutError:
+        await _explain(nc, settings, f"daemon did not start within {start_timeout}s")
+        await daemon.shutdown()
+        raise AssertionError(f"daemon did not start within {start_timeout}s") from None
     try:
         yield daemon
+    except BaseException as err:
+        await _explain(nc, settings, f"test failed with the daemon running: {type(err).__name__}: {err}")
+        raise
     finally:
-        await daemon.shutdown()
+        try:
+            async with asyncio.timeout(stop_timeout):
+                await daemon.shutdown()
+        except TimeoutError:
+            await _explain(nc, settings, f"daemon did not stop within {stop_timeout}s")
+            raise AssertionError(f"daemon did not stop within {stop_timeout}s") from None
+
+
+async def _explain(nc: NatsClient, settings: Settings, what: str) -> None:
+    try:
+        async with asyncio.timeout(10):
+            state = await describe_state(nc, settings)
+    except Exception as err:
+        state = f"(could not read the state: {err!r})"
+    log.error("%s\n%s", what, state)
+
+
+async def describe_state(nc: NatsClient, settings: Settings, *, max_items: int = 20) -> str:
+    """What JetStream holds for one deployment, as text: the streams (with the subjects that hold messages), the
+    tasks consumer, and the change-set records. For explaining a failed test; every part is best effort."""
+    subjects = settings.subjects
+    js = nc.jetstream(timeout=5)
+    lines: list[str] = [f"JetStream state of prefix {settings.prefix!r} (connection {connection_state(nc)}):"]
+    for stream, filter_ in (
+        (subjects.requests_stream, subjects.requests_all),
+        (subjects.tasks_stream, subjects.tasks_all),
+        (subjects.dead_letter_stream, subjects.dead_letters_all),
+    ):
+        try:
+            info = await js.stream_info(stream, subjects_filter=filter_)
+            held = sorted((info.state.subjects or {}).items())
+            lines.append(
+                f"  {stream}: {info.state.messages} messages, seq {info.state.first_seq}..{info.state.last_seq}"
+                f", consumers {info.state.consumer_count}"
+            )
+            lines += [f"    {subject}: {count}" for subject, count in held[:max_items]]
+            if len(held) > max_items:
+                lines.append(f"    ... and {len(held) - max_items} more subjects")
+        except Exception as err:
+            lines.append(f"  {stream}: {err!r}")
+    try:
+        c = await js.consumer_info(subjects.tasks_stream, subjects.tasks_consumer)
+        lines.append(
+            f"  tasks consumer: pending {c.num_pending}, ack pending {c.num_ack_pending}, "
+            f"redelivered {c.num_redelivered}, waiting pulls {c.num_waiting}"
+        )
+    except Exception as err:
+        lines.append(f"  tasks consumer: {err!r}")
+    try:
+        kv = await js.key_value(subjects.change_sets_bucket)
+        keys = await kv.keys()
+        for key in sorted(keys)[:max_items]:
+            entry = await kv.get(key)
+            r = ChangeSetRecord.decode(entry.value or b"")
+            lines.append(
+                f"  record {key}: rev {entry.revision} epoch {r.epoch} owner {r.owner} applied_seq {r.applied_seq} "
+                f"task {r.task_seq}/{r.task_delivery} handed_back {r.handed_back} dvu_pending {r.dvu_pending} "
+                f"recent {len(r.recent)} attempts {dict(r.attempts)} suspect {r.suspect}"
+            )
+        if len(keys) > max_items:
+            lines.append(f"  ... and {len(keys) - max_items} more records")
+    except Exception as err:
+        lines.append(f"  change-set records: {err!r}")
+    return "\n".join(lines)

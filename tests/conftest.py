@@ -18,7 +18,8 @@ pytest_plugins = ["rebaser_core.testing"]
 async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
     conn = await nats.connect(nats_url)
     yield conn
-    await conn.close()
+    async with asyncio.timeout(10):  # every await in a test is bounded
+        await conn.close()
 
 
 @pytest.fixture
