@@ -9,6 +9,8 @@ there, act, and let it continue.
 ``stopped_consuming``  quiescence decided; the ordered consumer is gone; the task is not yet acked
 ``task_acked``         the task was acked (released); the final "anything queued?" check is next
 ``applied``            a request was committed, before its reply and delete
+``purging``            processed requests are about to be purged from the stream (a hook that
+                       raises here makes the purge fail, as a leader election would)
 =====================  =========================================================================
 """
 
@@ -18,7 +20,7 @@ from rebaser_server.app import ChangeSet
 
 __all__ = ["CHECKPOINTS", "Hooks"]
 
-CHECKPOINTS = ("acquired", "stopped_consuming", "task_acked", "applied")
+CHECKPOINTS = ("acquired", "stopped_consuming", "task_acked", "applied", "purging")
 
 
 class Hooks:

@@ -96,7 +96,7 @@ class ChangeSetProcessor:
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
         self._cancelled_why: type[Exception] | None = None
-        self._trimmer = Trimmer(rt, self._subject)
+        self._trimmer = Trimmer(rt, change_set)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None

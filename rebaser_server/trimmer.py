@@ -5,9 +5,11 @@ every earlier request on that subject is done too (applied, or dead-lettered). I
 the trimmer purges the subject below ``S + 1``, at most one purge in flight, coalescing everything processed
 meanwhile into the next one. Far fewer JetStream API calls under load.
 
-Safety: a processed request still in the stream is re-delivered after a crash and answered from the change set's
-idempotency record, which remembers the last ``idempotency_window`` request ids. So the trimmer never lets more
-than half that many processed requests wait for a purge: ``processed()`` waits until a purge catches up.
+Safety does not depend on the purge: a processed request still in the stream (a purge failed, or the owner died
+first) is delivered again, and the change set's record says it was processed (its ``applied_seq`` watermark), so
+it is never applied again. The trimmer still never lets more than half the idempotency window of processed
+requests wait for a purge (``processed()`` waits until a purge catches up), which keeps a failing purge from
+letting the stream grow without bound behind a busy change set.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import time
 
+from rebaser_server.app import ChangeSet
 from rebaser_server.runtime import Runtime
 
 __all__ = ["Trimmer"]
@@ -27,9 +30,10 @@ _JS_API = "$JS.API"
 
 
 class Trimmer:
-    def __init__(self, rt: Runtime, subject: str) -> None:
+    def __init__(self, rt: Runtime, change_set: ChangeSet) -> None:
         self._rt = rt
-        self._subject = subject
+        self._change_set = change_set
+        self._subject = rt.subjects.requests(change_set.workspace_id, change_set.change_set_id)
         self._processed_upto = 0  # stream sequence of the last processed request
         self._purged_upto = 0
         self._unpurged = 0  # processed requests not yet covered by a finished purge
@@ -62,8 +66,8 @@ class Trimmer:
             try:
                 await self._purge_below(target + 1)
             except Exception as err:
-                # Best effort by design: left-over requests are answered from the idempotency record if seen
-                # again (the release check republishes the task for them). The next processed request retries.
+                # Best effort by design: left-over requests are skipped by the record's watermark if seen again
+                # (the release check republishes the task for them). The next processed request retries.
                 self._rt.stats.delete_failures += 1
                 log.warning(
                     "%s: purging processed requests up to seq %d failed: %s", self._subject, target, err
@@ -75,6 +79,7 @@ class Trimmer:
 
     async def _purge_below(self, seq: int) -> None:
         rt = self._rt
+        await rt.hooks.checkpoint("purging", self._change_set)
         subject = f"{_JS_API}.STREAM.PURGE.{rt.subjects.requests_stream}"
         payload = json.dumps({"filter": self._subject, "seq": seq}).encode()
         reply = await rt.nc.request(subject, payload, timeout=rt.settings.nats_timeout)

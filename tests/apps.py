@@ -6,7 +6,9 @@ Behaviour is steered by the request's updates (inline ``SetLiteral`` on special 
 - ``/hang`` = anything: never return (the watchdog must give up);
 - ``/poison`` = anything: ``UnprocessableError``;
 - ``/flaky`` = n: ``RetryableError`` for the first n attempts of that request (counted in this process);
-- ``/dvu`` = anything: ask for a dependent-values update.
+- ``/dvu`` = anything: ask for a dependent-values update;
+- ``/exit`` = anything: end the process at once (``os._exit``), as an OOM kill would;
+- ``/block`` = seconds: a blocking sleep that freezes the whole event loop.
 
 With ``REBASER_TEST_RECORD`` set (subprocess daemons), every apply's start and end go to that JSONL file.
 """
@@ -79,10 +81,14 @@ class RecordingApp:
                 raise UnprocessableError("poison request")
             if "/flaky" in controls and self.attempts[rid] <= int(controls["/flaky"]):
                 raise RetryableError(f"flaky attempt {self.attempts[rid]}")
+            if "/exit" in controls:
+                os._exit(3)  # a request that kills the process (as an OOM kill or a segfault would)
+            if "/block" in controls:
+                time.sleep(float(controls["/block"]))  # noqa: ASYNC251 (the point: a call that blocks the loop)
             new_state = {**state, "applied": [*state["applied"], rid]}
-            self._log("end", change_set, rid)
             return Applied(SuccessStatus(updates_performed=1), new_state, dvu="/dvu" in controls)
         finally:
+            self._log("end", change_set, rid)  # also when it failed or was cancelled: the apply is over
             self.active[key] -= 1
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from rebaser_core.ids import RequestId
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 from rebaser_server.state import ChangeSetStore
-from tests.integration.daemons import DaemonProcess, daemon_processes, spawn_daemon
+from tests.integration.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
 
 ENV = {
     "REBASER_STORAGE": "file",
@@ -68,7 +70,8 @@ async def _run(
     change_sets: int = 6,
 ) -> dict[str, int]:
     """Traffic on ``change_sets`` change sets while ``fault(daemons, respawn)`` strikes every ``fault_every``."""
-    env = {**ENV, "REBASER_REPLICAS": str(replicas)}
+    applies = tmp_path / "applies.jsonl"
+    env = {**ENV, "REBASER_REPLICAS": str(replicas), "REBASER_TEST_RECORD": str(applies)}
     loop = asyncio.get_running_loop()
     async with daemon_processes() as procs:
         spawned = iter(range(1_000))
@@ -127,7 +130,9 @@ async def _run(
                 record = await store.read(ChangeSet(wk, cs))
                 assert record is not None
                 assert record.state["applied"] == ids, f"{cs}: lost, duplicated or reordered"
-            return {"requests": sum(len(ids) for ids in sent.values()), "faults": faults}
+            overlaps = apply_overlaps(read_record(applies), PAUSES)
+            assert overlaps == [], f"two daemons applied to one change set at once: {overlaps[:5]}"
+            return {"requests": sum(len(ids) for ids in sent.values()), "faults": faults, "overlaps": 0}
         finally:
             await conn.close()
 
@@ -150,6 +155,56 @@ async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetI
             best, last_progress = applied, loop.time()
         assert loop.time() - last_progress < 60, f"no progress for 60 s at {applied} applied requests"
         await asyncio.sleep(0.5)  # polling interval of a loop whose deadline is "no progress for 60 s"
+
+
+# (pid, stopped at, continued at), wall clock, of every SIGSTOP in this process's chaos runs.
+PAUSES: list[tuple[int, float, float]] = []
+
+
+def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, float, float]]) -> list[str]:
+    """Every time two daemons were applying requests of one change set at once, from the daemons' own records.
+
+    An apply is the interval between its "start" and "end" records (an apply cut short by a SIGKILL has no end and
+    is left out). An apply its own process was frozen in the middle of (SIGSTOP) is left out too: nothing can stop
+    a frozen process from resuming where it was, which is why its commit is fenced; what must never happen is a
+    daemon *starting* an apply without holding the change set, and that is what this finds.
+    """
+    opened: dict[tuple[object, object], float] = {}
+    intervals: dict[object, list[tuple[float, float, object]]] = {}
+    for e in events:
+        key = (e["pid"], e["rid"])
+        t = float(e["t"])  # type: ignore[arg-type]
+        if e["e"] == "start":
+            opened[key] = t
+        elif key in opened:
+            start = opened.pop(key)
+            frozen = any(pid == e["pid"] and start <= stopped <= t for pid, stopped, _ in pauses)
+            if not frozen:
+                intervals.setdefault(e["cs"], []).append((start, t, e["pid"]))
+    found = []
+    for cs, spans in intervals.items():
+        spans.sort(key=lambda span: span[0])
+        latest_end, latest_pid = 0.0, None
+        for start, end, pid in spans:
+            if pid != latest_pid and start < latest_end:
+                found.append(
+                    f"{cs}: pid {pid} started at {start:.3f}, pid {latest_pid} busy until {latest_end:.3f}"
+                )
+            if end > latest_end:
+                latest_end, latest_pid = end, pid
+    return found
+
+
+async def _pause_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+    """SIGSTOP a daemon for longer than ack_wait (its tasks go to the others), then let it run on."""
+    victim = random.choice(live)
+    stopped = time.time()
+    victim.proc.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(float(ENV["REBASER_ACK_WAIT"]) * 1.5)  # the length of the pause is the fault
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+        PAUSES.append((victim.pid, stopped, time.time()))
 
 
 async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
@@ -182,6 +237,31 @@ async def test_daemon_sigkills_smoke(nats_url: str, subject_prefix: str, tmp_pat
 @pytest.mark.timeout(900)
 async def test_daemon_sigkills_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
     await _daemon_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=4)
+
+
+async def _pause_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+    result = await _run(
+        [nats_url],
+        prefix,
+        tmp_path,
+        duration=duration,
+        fault=_pause_a_daemon,
+        fault_every=every,
+        replicas=1,
+        daemons=3,
+    )
+    assert result["faults"] >= 1
+    print(f"\npause chaos: {result}")
+
+
+async def test_daemon_sigstops_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _pause_chaos(nats_url, subject_prefix, tmp_path, duration=10, every=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_daemon_sigstops_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _pause_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=2)
 
 
 async def _cluster_chaos(
