@@ -100,7 +100,8 @@ class RebaserClient:
         self._owns_connection = False
         self._inbox_prefix: str | None = None
         self._inbox_sub: Subscription | None = None
-        self._waiting: dict[str, asyncio.Future[EnqueueUpdatesResponse]] = {}
+        # request id -> (the caller's future, the request): a reply is checked against the request it answers
+        self._waiting: dict[str, tuple[asyncio.Future[EnqueueUpdatesResponse], EnqueueUpdatesRequest]] = {}
 
     @classmethod
     async def connect(cls, options: ConnectOptions | str, **kwargs: object) -> RebaserClient:
@@ -140,7 +141,7 @@ class RebaserClient:
     async def close(self) -> None:
         # First, while the connection is still open: give the spool its bounded chance to drain.
         await self._publisher.close()
-        for future in self._waiting.values():
+        for future, _ in self._waiting.values():
             future.cancel()
         self._waiting.clear()
         if self._inbox_sub is not None:
@@ -289,6 +290,7 @@ class RebaserClient:
         except nats.errors.Error as err:  # the connection closed or dropped mid-request
             raise RebaserUnavailable(f"{operation} query failed: {err or type(err).__name__}") from None
         response: MessageVersion = reply_codec.decode(reply.headers, reply.data)
+        _check_answers(request, response)
         return response
 
     # -- internals ----------------------------------------------------------------------------------
@@ -315,7 +317,7 @@ class RebaserClient:
         # Registered before publishing, so a fast reply cannot arrive before anyone listens. The waiter stays
         # until the *final* reply: the daemon sends none for a retryable failure, only after the retry.
         future = asyncio.get_running_loop().create_future()
-        self._waiting[rid] = future
+        self._waiting[rid] = (future, request)
         try:
             async with asyncio.timeout(timeout):
                 await self._enqueue(request, f"{inbox}.{rid}")
@@ -344,10 +346,20 @@ class RebaserClient:
 
     async def _on_reply(self, msg: Msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]
-        future = self._waiting.get(rid)
-        if future is None or future.done():
+        future, request = self._waiting.get(rid, (None, None))
+        if future is None or request is None or future.done():
             return  # late or duplicate reply: the caller has moved on
         try:
-            future.set_result(ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data))
+            response = ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data)
+            _check_answers(request, response)
+            future.set_result(response)
         except ProtocolError as err:
             future.set_exception(err)
+
+
+def _check_answers(request: MessageVersion, response: MessageVersion) -> None:
+    """A reply must be about the request it answers: a forged or misrouted outcome is never accepted."""
+    for field in ("id", "workspace_id", "change_set_id"):
+        asked, answered = getattr(request, field), getattr(response, field, None)
+        if answered != asked:
+            raise ProtocolError(f"reply to request {request.id} carries {field} {answered}, expected {asked}")

@@ -8,6 +8,7 @@ Catch the narrowest class that tells you what to do next::
     ├── ProtocolError                  a message broke the wire contract
     │   ├── MissingHeader              a required header is absent
     │   ├── DecodeError                the body could not be decoded into the announced message
+    │   ├── InvalidReplyInbox          the reply inbox is not one the daemon may publish to
     │   └── Unsupported                well-formed, but this side does not speak it
     │       ├── UnsupportedContentType
     │       ├── UnsupportedMessageType
@@ -37,6 +38,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "EmbeddedServerError",
     "FencedError",
     "InvalidId",
+    "InvalidReplyInbox",
     "InvalidSubject",
     "MissingHeader",
     "NatsServerNotFound",
@@ -80,6 +82,10 @@ class MissingHeader(ProtocolError):
 
 class DecodeError(ProtocolError):
     """The body is garbled or does not match the schema its headers announce."""
+
+
+class InvalidReplyInbox(ProtocolError):
+    """A reply inbox the daemon must not publish to (see ``rebaser_core.inbox``): the request gets no reply."""
 
 
 class Unsupported(ProtocolError):

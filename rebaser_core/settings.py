@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rebaser_core.errors import InvalidReplyInbox
+from rebaser_core.inbox import DEFAULT_INBOX_PREFIX, check_inbox_prefix
 from rebaser_core.subjects import Subjects, validate_prefix
 
 __all__ = ["Settings"]
@@ -82,6 +84,12 @@ class Settings(BaseModel):
         description="Recent request ids (with replies) remembered per change set to make re-apply a no-op.",
     )
 
+    # -- hostile input --------------------------------------------------------------------------------------
+    reply_inbox_prefix: str = Field(
+        DEFAULT_INBOX_PREFIX,
+        description="Replies go only to inboxes under this prefix (nats-py's default; see rebaser_core.inbox).",
+    )
+
     # -- health (the daemon's /readyz) ----------------------------------------------------------------------
     ready_max_backlog: int = Field(
         10_000,
@@ -104,6 +112,10 @@ class Settings(BaseModel):
             raise ValueError("progress_period must be shorter than ack_wait")
         if self.retry_backoff > self.retry_backoff_max:
             raise ValueError("retry_backoff must not exceed retry_backoff_max")
+        try:
+            check_inbox_prefix(self.reply_inbox_prefix, self.subjects)
+        except InvalidReplyInbox as err:
+            raise ValueError(str(err)) from None
         return self
 
     @property

@@ -39,7 +39,7 @@ from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.dvu import SerialDvu
 from rebaser_server.group import CommitGroup
-from rebaser_server.replies import dead_letter, request_id_of
+from rebaser_server.replies import dead_letter, reply_inbox, request_id_of
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
 from rebaser_server.trimmer import Trimmer
@@ -233,6 +233,7 @@ class ChangeSetProcessor:
         seq = msg.metadata.sequence.stream
         headers = msg.headers or {}
         try:
+            reply_inbox(rt, headers)  # an inbox we may not publish to refuses the request (InvalidReplyInbox)
             request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
             if (request.workspace_id, request.change_set_id) != (
                 self.change_set.workspace_id,

@@ -24,7 +24,8 @@ from rebaser_core.api import (
     GetChangeSetResponse,
     VersionedMessage,
 )
-from rebaser_core.errors import InvalidSubject, ProtocolError, Unsupported
+from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
+from rebaser_core.inbox import check_reply_inbox
 from rebaser_server.app import ChangeSet, SupportsQueries
 from rebaser_server.replies import request_id_of
 from rebaser_server.runtime import Runtime
@@ -53,6 +54,11 @@ class QueryService:
 
     async def _on_query(self, msg: Msg) -> None:
         if not msg.reply:
+            return
+        try:
+            check_reply_inbox(msg.reply, self._rt.settings.reply_inbox_prefix, self._rt.subjects)
+        except InvalidReplyInbox as err:
+            log.warning("not answering query on %s: %s", msg.subject[:200], err)
             return
         operation = msg.subject.split(".")[-3]
         query = _QUERIES.get(operation)

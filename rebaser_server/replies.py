@@ -9,12 +9,13 @@ from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse
-from rebaser_core.errors import Unsupported
+from rebaser_core.errors import InvalidReplyInbox, Unsupported
 from rebaser_core.ids import RequestId
+from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.tasks import check_pub_ack
 from rebaser_server.runtime import Runtime
 
-__all__ = ["dead_letter", "request_id_of", "send_reply"]
+__all__ = ["dead_letter", "reply_inbox", "request_id_of", "send_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +29,22 @@ def request_id_of(headers: Mapping[str, str] | None) -> RequestId:
         return RequestId.new()
 
 
+def reply_inbox(rt: Runtime, headers: Mapping[str, str] | None) -> str | None:
+    """The request's reply inbox if the daemon may publish to it (None: no reply wanted); else
+    :class:`InvalidReplyInbox`, and the request is refused (``rebaser_core.inbox`` has the rule)."""
+    return reply_inbox_of(headers, rt.settings.reply_inbox_prefix, rt.subjects)
+
+
 async def send_reply(rt: Runtime, request_headers: dict[str, str], response: EnqueueUpdatesResponse) -> None:
-    """Reply on the request's ``X-Reply-Inbox`` (if it has one), in the content type the caller used.
+    """Reply on the request's ``X-Reply-Inbox`` (if it has a valid one), in the content type the caller used.
 
     Replies are core NATS, at most once: a caller that missed one still has its request applied, and asking again
     with the same request id is answered from the idempotency record.
     """
-    inbox = request_headers.get(h.REPLY_INBOX)
+    try:
+        inbox = reply_inbox(rt, request_headers)
+    except InvalidReplyInbox:
+        return  # the request was refused for it (dead-lettered); there is nowhere safe to answer
     if not inbox:
         return
     try:
