@@ -24,7 +24,13 @@ from rebaser_core import headers as h
 from rebaser_core.errors import InvalidReplyInbox
 from rebaser_core.subjects import Subjects
 
-__all__ = ["DEFAULT_INBOX_PREFIX", "MAX_INBOX_BYTES", "check_inbox_prefix", "check_reply_inbox", "reply_inbox_of"]
+__all__ = [
+    "DEFAULT_INBOX_PREFIX",
+    "MAX_INBOX_BYTES",
+    "check_inbox_prefix",
+    "check_reply_inbox",
+    "reply_inbox_of",
+]
 
 DEFAULT_INBOX_PREFIX = "_INBOX."
 MAX_INBOX_BYTES = 255
@@ -66,9 +72,13 @@ def check_inbox_prefix(prefix: str, subjects: Subjects) -> str:
 def check_reply_inbox(inbox: str, prefix: str, subjects: Subjects) -> str:
     """Return ``inbox`` if the daemon may publish a reply to it; else raise :class:`InvalidReplyInbox`."""
     if len(inbox.encode("utf-8", "surrogatepass")) > MAX_INBOX_BYTES:
-        raise InvalidReplyInbox(f"reply inbox of {len(inbox)} characters is longer than {MAX_INBOX_BYTES} bytes")
+        raise InvalidReplyInbox(
+            f"reply inbox of {len(inbox)} characters is longer than {MAX_INBOX_BYTES} bytes"
+        )
     if not inbox.startswith(prefix) or len(inbox) == len(prefix):
-        raise InvalidReplyInbox(f"reply inbox {_shown(inbox)} does not start with the inbox prefix {prefix!r}")
+        raise InvalidReplyInbox(
+            f"reply inbox {_shown(inbox)} does not start with the inbox prefix {prefix!r}"
+        )
     _check_tokens(inbox, "reply inbox")
     if inbox.startswith(_reserved(subjects)):
         raise InvalidReplyInbox(f"reply inbox {_shown(inbox)} lies under a subject the daemon uses")
