@@ -9,6 +9,7 @@ Catch the narrowest class that tells you what to do next::
     │   ├── MissingHeader              a required header is absent
     │   ├── DecodeError                the body could not be decoded into the announced message
     │   ├── InvalidReplyInbox          the reply inbox is not one the daemon may publish to
+    │   ├── HeadersTooLarge            the header block exceeds its documented limit
     │   └── Unsupported                well-formed, but this side does not speak it
     │       ├── UnsupportedContentType
     │       ├── UnsupportedMessageType
@@ -37,6 +38,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "DecodeError",
     "EmbeddedServerError",
     "FencedError",
+    "HeadersTooLarge",
     "InvalidId",
     "InvalidReplyInbox",
     "InvalidSubject",
@@ -86,6 +88,10 @@ class DecodeError(ProtocolError):
 
 class InvalidReplyInbox(ProtocolError):
     """A reply inbox the daemon must not publish to (see ``rebaser_core.inbox``): the request gets no reply."""
+
+
+class HeadersTooLarge(ProtocolError):
+    """The message's header block is over ``rebaser_core.headers.MAX_HEADER_BYTES``."""
 
 
 class Unsupported(ProtocolError):

@@ -44,6 +44,17 @@ class Settings(BaseModel):
     )
     requests_max_age: float = Field(0.0, ge=0, description="Requests older than this are dropped (0: never).")
     dead_letter_max_age: float = Field(14 * 86400.0, ge=0, description="How long dead letters are kept.")
+    dead_letter_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=-1,
+        description="Bytes of dead letters kept; the oldest go first (-1: unlimited).",
+    )
+    dead_letter_max_msgs: int = Field(
+        100_000, ge=-1, description="Dead letters kept; the oldest go first (-1: unlimited)."
+    )
+    dead_letter_max_body: int = Field(
+        64 * 1024, ge=0, description="A dead letter keeps at most this many bytes of the request's body."
+    )
     max_active_change_sets: int = Field(
         10_000,
         ge=1,

@@ -80,8 +80,10 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
         description="rebaser: requests that could not be processed, with the reason",
         subjects=[settings.subjects.dead_letters_all],
         retention=js_api.RetentionPolicy.LIMITS,
-        discard=js_api.DiscardPolicy.OLD,
+        discard=js_api.DiscardPolicy.OLD,  # bounded: a flood of poison drops the oldest dead letters, not work
         max_age=settings.dead_letter_max_age,
+        max_bytes=settings.dead_letter_max_bytes,
+        max_msgs=settings.dead_letter_max_msgs,
         storage=_storage(settings),
         num_replicas=settings.replicas,
         duplicate_window=settings.duplicate_window,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse
-from rebaser_core.errors import InvalidReplyInbox, Unsupported
+from rebaser_core.errors import InvalidReplyInbox, RebaserRefused, Unsupported
 from rebaser_core.ids import RequestId
 from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.tasks import check_pub_ack
@@ -60,17 +61,84 @@ async def send_reply(rt: Runtime, request_headers: dict[str, str], response: Enq
         log.warning("reply to %s failed: %s", inbox, err)
 
 
-async def dead_letter(rt: Runtime, msg: Msg, seq: int, reason: str) -> None:
-    """Copy the request, with the reason, to the dead-letter stream and wait for the stream's ack."""
+async def dead_letter(rt: Runtime, msg: Msg, seq: int, reason: str) -> bool:
+    """Copy the request, bounded, with the reason, to the dead-letter stream and wait for the stream's ack.
+
+    Never raises: a request being dead-lettered must end whatever happens to its copy. If JetStream refuses the
+    copy it is tried once more without the original headers and body; if that fails too (or the stream cannot be
+    reached), the copy is given up, logged and counted (``dead_letter_failures``), and False returned.
+    """
     change_set = rt.subjects.parse_requests(msg.subject)
     subject = rt.subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
-    headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
-    headers[h.DEAD_LETTER_REASON] = " ".join(reason.split())[:1024]  # header values are one line
-    headers[h.DEAD_LETTER_SUBJECT] = msg.subject
-    headers[h.DEAD_LETTER_SEQUENCE] = str(seq)
-    # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
-    headers[h.NATS_MSG_ID] = f"{rt.subjects.requests_stream}:{seq}"
-    reply = await rt.nc.request(subject, msg.data, headers=headers, timeout=rt.settings.ack_wait)
-    check_pub_ack(reply.data, subject)
+    reason = _one_ascii_line(reason, _MAX_REASON)
+    marks = {
+        h.DEAD_LETTER_REASON: reason,
+        h.DEAD_LETTER_SUBJECT: msg.subject,
+        h.DEAD_LETTER_SEQUENCE: str(seq),
+        # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
+        h.NATS_MSG_ID: f"{rt.subjects.requests_stream}:{seq}",
+    }
+    headers, body = _bounded_copy(msg, rt.settings.dead_letter_max_body)
+    try:
+        await _store(rt, subject, body, {**headers, **marks})
+    except RebaserRefused as err:
+        log.warning("dead letter of seq %d refused (%s); storing it without headers and body", seq, err)
+        try:
+            await _store(rt, subject, b"", {**marks, h.DEAD_LETTER_TRUNCATED: str(len(msg.data))})
+        except Exception as again:
+            return _given_up(rt, seq, msg.subject, reason, again)
+    except Exception as err:
+        return _given_up(rt, seq, msg.subject, reason, err)
     rt.stats.requests_dead_lettered += 1
     log.warning("dead-lettered request seq %d of %s: %s", seq, msg.subject, reason)
+    return True
+
+
+# A dead letter's reason is one header value: one line, ASCII (nats-py reads other values back as email Header
+# objects), bounded.
+_MAX_REASON = 1024
+# Original headers kept in a dead letter: each at most this long, all together within MAX_HEADER_BYTES minus room
+# for the headers the daemon adds.
+_MAX_KEPT_HEADER = 1024
+_MAX_KEPT_HEADERS = h.MAX_HEADER_BYTES - 2 * _MAX_REASON
+
+
+def _one_ascii_line(text: str, limit: int) -> str:
+    return " ".join(text.split()).encode("ascii", "backslashreplace").decode()[:limit]
+
+
+def _bounded_copy(msg: Msg, max_body: int) -> tuple[dict[str, str], bytes]:
+    """The request's headers and body as the dead letter keeps them: JetStream's own ``Nats-*`` headers left out,
+    oversized headers dropped (counted), the body cut to ``max_body`` bytes (its length noted)."""
+    kept: dict[str, str] = {}
+    dropped, total = 0, 0
+    for name, value in (msg.headers or {}).items():
+        if name.startswith("Nats-"):
+            continue
+        size = len(name) + len(str(value)) + 4
+        if len(name) > 128 or size > _MAX_KEPT_HEADER or total + size > _MAX_KEPT_HEADERS:
+            dropped += 1
+            continue
+        kept[name] = _one_ascii_line(str(value), _MAX_KEPT_HEADER)
+        total += size
+    if dropped:
+        kept[h.DEAD_LETTER_HEADERS_DROPPED] = str(dropped)
+    body = msg.data
+    if len(body) > max_body:
+        kept[h.DEAD_LETTER_TRUNCATED] = str(len(body))
+        body = body[:max_body]
+    return kept, body
+
+
+async def _store(rt: Runtime, subject: str, body: bytes, headers: dict[str, str]) -> None:
+    try:
+        reply = await rt.nc.request(subject, body, headers=headers, timeout=rt.settings.ack_wait)
+    except nats.errors.NoRespondersError:
+        raise RebaserRefused(f"no stream stores {subject}") from None
+    check_pub_ack(reply.data, subject)
+
+
+def _given_up(rt: Runtime, seq: int, subject: str, reason: str, err: BaseException) -> bool:
+    rt.stats.dead_letter_failures += 1
+    log.error("could not dead-letter request seq %d of %s (%s); it is dropped: %s", seq, subject, err, reason)
+    return False

@@ -36,6 +36,7 @@ class Stats:
     request_commits: int = 0  # record commits for requests: fewer than requests when group commits form
     requests_replayed: int = 0
     requests_dead_lettered: int = 0
+    dead_letter_failures: int = 0  # dead-letter copies given up (refused twice, or the stream unreachable)
     requests_retried: int = 0
     delete_failures: int = 0
     dvu_runs: int = 0

@@ -12,6 +12,7 @@ from rebaser_core import headers as h
 from rebaser_core.api import GET_CHANGE_SET_RESPONSE
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp, applied
 from tests.hostile import request_bomb
@@ -39,7 +40,9 @@ async def test_bomb_request_is_dead_lettered_and_the_canary_is_served(
         letter = await dead_letter_of(nc, settings, wk, cs)
         assert letter.headers is not None and "tag 28" in letter.headers[h.DEAD_LETTER_REASON]
         assert await applied(daemon.rt.store, wk, cs) == []
-        assert await stream_empty(nc, settings.subjects.requests_stream)
+        await wait_for(
+            lambda: stream_empty(nc, settings.subjects.requests_stream), message="requests stream empty"
+        )
 
 
 async def test_bomb_query_is_answered_with_an_error(
