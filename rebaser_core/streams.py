@@ -40,7 +40,7 @@ def requests_stream_config(settings: Settings) -> js_api.StreamConfig:
     return js_api.StreamConfig(
         name=settings.subjects.requests_stream,
         description="rebaser: queued change-set requests",
-        subjects=[settings.subjects.requests_all],
+        subjects=[settings.subjects.requests_stream_subject],
         retention=js_api.RetentionPolicy.LIMITS,
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=per_subject > 0,
@@ -61,7 +61,7 @@ def tasks_stream_config(settings: Settings) -> js_api.StreamConfig:
     return js_api.StreamConfig(
         name=settings.subjects.tasks_stream,
         description="rebaser: one exclusive processing task per active change set",
-        subjects=[settings.subjects.tasks_all],
+        subjects=[settings.subjects.tasks_stream_subject],
         retention=js_api.RetentionPolicy.WORK_QUEUE,
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=True,

@@ -10,13 +10,13 @@ from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse
-from rebaser_core.errors import InvalidReplyInbox, RebaserRefused, Unsupported
+from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, RebaserRefused, Unsupported
 from rebaser_core.ids import RequestId
 from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.tasks import check_pub_ack
 from rebaser_server.runtime import Runtime
 
-__all__ = ["dead_letter", "reply_inbox", "request_id_of", "send_reply"]
+__all__ = ["dead_letter", "dead_letter_stored", "reply_inbox", "request_id_of", "send_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -68,29 +68,39 @@ async def dead_letter(rt: Runtime, msg: Msg, seq: int, reason: str) -> bool:
     copy it is tried once more without the original headers and body; if that fails too (or the stream cannot be
     reached), the copy is given up, logged and counted (``dead_letter_failures``), and False returned.
     """
-    change_set = rt.subjects.parse_requests(msg.subject)
-    subject = rt.subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
+    return await dead_letter_stored(rt, msg.subject, msg.headers, msg.data, seq, reason)
+
+
+async def dead_letter_stored(
+    rt: Runtime, subject: str, original_headers: Mapping[str, str] | None, data: bytes, seq: int, reason: str
+) -> bool:
+    """:func:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
+    try:
+        change_set = rt.subjects.parse_requests(subject)
+        target = rt.subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
+    except InvalidSubject:
+        target = rt.subjects.dead_letter_malformed
     reason = _one_ascii_line(reason, _MAX_REASON)
     marks = {
         h.DEAD_LETTER_REASON: reason,
-        h.DEAD_LETTER_SUBJECT: msg.subject,
+        h.DEAD_LETTER_SUBJECT: _one_ascii_line(subject, _MAX_REASON),
         h.DEAD_LETTER_SEQUENCE: str(seq),
         # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
         h.NATS_MSG_ID: f"{rt.subjects.requests_stream}:{seq}",
     }
-    headers, body = _bounded_copy(msg, rt.settings.dead_letter_max_body)
+    headers, body = _bounded_copy(original_headers, data, rt.settings.dead_letter_max_body)
     try:
-        await _store(rt, subject, body, {**headers, **marks})
+        await _store(rt, target, body, {**headers, **marks})
     except RebaserRefused as err:
         log.warning("dead letter of seq %d refused (%s); storing it without headers and body", seq, err)
         try:
-            await _store(rt, subject, b"", {**marks, h.DEAD_LETTER_TRUNCATED: str(len(msg.data))})
+            await _store(rt, target, b"", {**marks, h.DEAD_LETTER_TRUNCATED: str(len(data))})
         except Exception as again:
-            return _given_up(rt, seq, msg.subject, reason, again)
+            return _given_up(rt, seq, marks[h.DEAD_LETTER_SUBJECT], reason, again)
     except Exception as err:
-        return _given_up(rt, seq, msg.subject, reason, err)
+        return _given_up(rt, seq, marks[h.DEAD_LETTER_SUBJECT], reason, err)
     rt.stats.requests_dead_lettered += 1
-    log.warning("dead-lettered request seq %d of %s: %s", seq, msg.subject, reason)
+    log.warning("dead-lettered request seq %d of %s: %s", seq, marks[h.DEAD_LETTER_SUBJECT][:200], reason)
     return True
 
 
@@ -107,12 +117,14 @@ def _one_ascii_line(text: str, limit: int) -> str:
     return " ".join(text.split()).encode("ascii", "backslashreplace").decode()[:limit]
 
 
-def _bounded_copy(msg: Msg, max_body: int) -> tuple[dict[str, str], bytes]:
+def _bounded_copy(
+    headers: Mapping[str, str] | None, data: bytes, max_body: int
+) -> tuple[dict[str, str], bytes]:
     """The request's headers and body as the dead letter keeps them: JetStream's own ``Nats-*`` headers left out,
     oversized headers dropped (counted), the body cut to ``max_body`` bytes (its length noted)."""
     kept: dict[str, str] = {}
     dropped, total = 0, 0
-    for name, value in (msg.headers or {}).items():
+    for name, value in (headers or {}).items():
         if name.startswith("Nats-"):
             continue
         size = len(name) + len(str(value)) + 4
@@ -123,7 +135,7 @@ def _bounded_copy(msg: Msg, max_body: int) -> tuple[dict[str, str], bytes]:
         total += size
     if dropped:
         kept[h.DEAD_LETTER_HEADERS_DROPPED] = str(dropped)
-    body = msg.data
+    body = data
     if len(body) > max_body:
         kept[h.DEAD_LETTER_TRUNCATED] = str(len(body))
         body = body[:max_body]

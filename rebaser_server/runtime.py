@@ -32,6 +32,7 @@ class Stats:
     tasks_interrupted: int = 0
     tasks_fenced: int = 0
     tasks_wedged: int = 0
+    tasks_dropped: int = 0  # tasks with nothing to do and no record: terminated without creating one
     requests_applied: int = 0
     request_commits: int = 0  # record commits for requests: fewer than requests when group commits form
     requests_replayed: int = 0

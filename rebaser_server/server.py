@@ -28,6 +28,7 @@ from rebaser_core.streams import ensure_streams
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.health import ConnectionWatch, StatusReporter
 from rebaser_server.hooks import Hooks
+from rebaser_server.junk import is_empty_task
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
 from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
@@ -221,6 +222,11 @@ class Daemon:
         stats = self.rt.stats
         try:
             try:
+                if await is_empty_task(self.rt, processor.change_set):
+                    stats.tasks_dropped += 1
+                    with contextlib.suppress(Exception):
+                        await msg.term()
+                    return
                 result = await processor.run()
             except Exception as err:
                 log.exception("%s: task failed", processor.change_set)
