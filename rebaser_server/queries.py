@@ -87,7 +87,17 @@ class QueryService:
         except Exception:
             log.exception("query on %s failed", msg.subject)
             return
-        headers, body = response_codec.encode(response, _content_type(msg.headers))
+        content_type = _content_type(msg.headers)
+        headers, body = response_codec.encode(response, content_type)
+        limit = self._rt.nc.max_payload
+        if len(body) + h.header_block_size(headers) > limit:
+            # NATS would refuse to send it and the caller would only time out: say why instead.
+            error = (
+                f"the reply ({len(body)} bytes) exceeds the NATS max_payload of {limit} bytes; "
+                "ask for one path at a time"
+            )
+            response = response_cls(id=response.id, **ids, error=error)
+            headers, body = response_codec.encode(response, content_type)
         await self._rt.nc.publish(msg.reply, body, headers=headers)
 
     def _parse(self, subject: str, operation: str) -> ChangeSet:
