@@ -37,7 +37,7 @@ from rebaser_core.api import (
     VersionedMessage,
 )
 from rebaser_core.batches import encode_batch
-from rebaser_core.connect import ConnectOptions, close_connection, connect
+from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import (
     ProtocolError,
     RebaserRefused,
@@ -110,7 +110,8 @@ class RebaserClient:
         try:
             nc = await connect(opts)
         except Exception as err:
-            raise RebaserUnavailable(f"cannot connect to NATS at {', '.join(opts.servers)}: {err}") from err
+            servers = ", ".join(map(redact_url, opts.servers))
+            raise RebaserUnavailable(f"cannot connect to NATS at {servers}: {err}") from err
         try:
             client = cls(nc, **kwargs)  # type: ignore[arg-type]
             client._owns_connection = True

@@ -3,6 +3,7 @@ permissions gets its work done, and cannot reach the daemons' records, snapshots
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -89,3 +90,27 @@ async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsCl
             ).ok
     finally:
         await caller.close()
+
+
+async def test_status_shows_no_credentials(accounts_server: NatsServer) -> None:
+    url = f"nats://rebaser-daemon:change-me-daemon@127.0.0.1:{accounts_server.port}"
+    conn = await nats.connect(url)
+    try:
+        async with running_daemon(conn, fast_settings(None), RecordingApp()) as daemon:
+            status = json.dumps(await daemon.status())
+            assert "change-me-daemon" not in status and "rebaser-daemon" not in status
+            assert f"***@127.0.0.1:{accounts_server.port}" in status
+    finally:
+        await conn.close()
+
+
+async def test_connect_failure_shows_no_credentials(accounts_server: NatsServer) -> None:
+    from rebaser_core.connect import ConnectOptions
+    from rebaser_core.errors import RebaserUnavailable
+
+    url = f"nats://client-1:wrong-password@127.0.0.1:{accounts_server.port}"
+    with pytest.raises(RebaserUnavailable) as raised:
+        await RebaserClient.connect(
+            ConnectOptions(servers=(url,), connect_timeout=1.0, extra={"max_reconnect_attempts": 0})
+        )
+    assert "wrong-password" not in str(raised.value) and "***@127.0.0.1" in str(raised.value)
