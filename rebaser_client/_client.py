@@ -37,7 +37,7 @@ from rebaser_core.api import (
     VersionedMessage,
 )
 from rebaser_core.batches import encode_batch
-from rebaser_core.connect import ConnectOptions, close_connection, connect
+from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import (
     ProtocolError,
     RebaserRefused,
@@ -101,7 +101,8 @@ class RebaserClient:
         self._inbox_prefix: str | None = None
         self._inbox_sub: Subscription | None = None
         self._inbox_lock = asyncio.Lock()
-        self._waiting: dict[str, asyncio.Future[EnqueueUpdatesResponse]] = {}
+        # request id -> (the caller's future, the request): a reply is checked against the request it answers
+        self._waiting: dict[str, tuple[asyncio.Future[EnqueueUpdatesResponse], EnqueueUpdatesRequest]] = {}
 
     @classmethod
     async def connect(cls, options: ConnectOptions | str, **kwargs: object) -> RebaserClient:
@@ -110,7 +111,8 @@ class RebaserClient:
         try:
             nc = await connect(opts)
         except Exception as err:
-            raise RebaserUnavailable(f"cannot connect to NATS at {', '.join(opts.servers)}: {err}") from err
+            servers = ", ".join(map(redact_url, opts.servers))
+            raise RebaserUnavailable(f"cannot connect to NATS at {servers}: {err}") from err
         try:
             client = cls(nc, **kwargs)  # type: ignore[arg-type]
             client._owns_connection = True
@@ -141,7 +143,7 @@ class RebaserClient:
     async def close(self) -> None:
         # First, while the connection is still open: give the spool its bounded chance to drain.
         await self._publisher.close()
-        for future in self._waiting.values():
+        for future, _ in self._waiting.values():
             future.cancel()
         self._waiting.clear()
         if self._inbox_sub is not None:
@@ -290,6 +292,7 @@ class RebaserClient:
         except nats.errors.Error as err:  # the connection closed or dropped mid-request
             raise RebaserUnavailable(f"{operation} query failed: {err or type(err).__name__}") from None
         response: MessageVersion = reply_codec.decode(reply.headers, reply.data)
+        _check_answers(request, response)
         return response
 
     # -- internals ----------------------------------------------------------------------------------
@@ -316,7 +319,7 @@ class RebaserClient:
         # Registered before publishing, so a fast reply cannot arrive before anyone listens. The waiter stays
         # until the *final* reply: the daemon sends none for a retryable failure, only after the retry.
         future = asyncio.get_running_loop().create_future()
-        self._waiting[rid] = future
+        self._waiting[rid] = (future, request)
         try:
             async with asyncio.timeout(timeout):
                 await self._enqueue(request, f"{inbox}.{rid}")
@@ -347,10 +350,20 @@ class RebaserClient:
 
     async def _on_reply(self, msg: Msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]
-        future = self._waiting.get(rid)
-        if future is None or future.done():
+        future, request = self._waiting.get(rid, (None, None))
+        if future is None or request is None or future.done():
             return  # late or duplicate reply: the caller has moved on
         try:
-            future.set_result(ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data))
+            response = ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data)
+            _check_answers(request, response)
+            future.set_result(response)
         except ProtocolError as err:
             future.set_exception(err)
+
+
+def _check_answers(request: MessageVersion, response: MessageVersion) -> None:
+    """A reply must be about the request it answers: a forged or misrouted outcome is never accepted."""
+    for field in ("id", "workspace_id", "change_set_id"):
+        asked, answered = getattr(request, field), getattr(response, field, None)
+        if answered != asked:
+            raise ProtocolError(f"reply to request {request.id} carries {field} {answered}, expected {asked}")

@@ -6,15 +6,27 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-__all__ = ["ConnectOptions", "close_connection", "connect", "connection_state"]
+__all__ = ["ConnectOptions", "close_connection", "connect", "connection_state", "redact_url"]
 
 log = logging.getLogger(__name__)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials (``user:password@`` or ``token@``) replaced by ``***@``: the one way a server
+    URL is shown or logged, since operators put credentials in them."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    host = rest.rpartition("@")[2]  # rpartition: a password may contain '@'
+    return f"{scheme}{sep}***@{host}"
 
 
 @dataclass(frozen=True)
@@ -22,8 +34,8 @@ class ConnectOptions:
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     name: str | None = None
     user: str | None = None
-    password: str | None = None
-    token: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     nkeys_seed: str | None = None  # path to an nkey seed file
     creds: str | None = None  # path to a .creds file (JWT + seed)
     tls_ca: str | None = None
@@ -33,6 +45,13 @@ class ConnectOptions:
     # nats-py buffers publishes while reconnecting; keep that buffer small (bytes) so memory stays bounded.
     pending_size: int = 8 * 1024 * 1024
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        # Never shows credentials: passwords and tokens are left out, server URLs redacted (extra is not shown).
+        shown: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["servers"] = tuple(redact_url(s) for s in self.servers)
+        shown.pop("extra", None)
+        return f"ConnectOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def tls_context(self) -> ssl.SSLContext | None:
         if not (self.tls_ca or self.tls_cert):
@@ -78,7 +97,7 @@ async def connect(options: ConnectOptions) -> NatsClient:
             await nc.connect(**kwargs)
     except TimeoutError:
         await nc.close()
-        raise TimeoutError(f"could not connect to {', '.join(options.servers)}") from None
+        raise TimeoutError(f"could not connect to {', '.join(map(redact_url, options.servers))}") from None
     return nc
 
 

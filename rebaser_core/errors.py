@@ -8,6 +8,8 @@ Catch the narrowest class that tells you what to do next::
     ├── ProtocolError                  a message broke the wire contract
     │   ├── MissingHeader              a required header is absent
     │   ├── DecodeError                the body could not be decoded into the announced message
+    │   ├── InvalidReplyInbox          the reply inbox is not one the daemon may publish to
+    │   ├── HeadersTooLarge            the header block exceeds its documented limit
     │   └── Unsupported                well-formed, but this side does not speak it
     │       ├── UnsupportedContentType
     │       ├── UnsupportedMessageType
@@ -36,7 +38,9 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "DecodeError",
     "EmbeddedServerError",
     "FencedError",
+    "HeadersTooLarge",
     "InvalidId",
+    "InvalidReplyInbox",
     "InvalidSubject",
     "MissingHeader",
     "NatsServerNotFound",
@@ -80,6 +84,14 @@ class MissingHeader(ProtocolError):
 
 class DecodeError(ProtocolError):
     """The body is garbled or does not match the schema its headers announce."""
+
+
+class InvalidReplyInbox(ProtocolError):
+    """A reply inbox the daemon must not publish to (see ``rebaser_core.inbox``): the request gets no reply."""
+
+
+class HeadersTooLarge(ProtocolError):
+    """The message's header block is over ``rebaser_core.headers.MAX_HEADER_BYTES``."""
 
 
 class Unsupported(ProtocolError):

@@ -1,16 +1,25 @@
-"""Header names of the wire protocol (see ``docs/protocol.md``)."""
+"""Header names of the wire protocol (see ``docs/protocol.md``), and the limit on a message's header block."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from rebaser_core.errors import HeadersTooLarge
+
 __all__ = [
     "CONTENT_TYPE",
+    "DEAD_LETTER_HEADERS_DROPPED",
     "DEAD_LETTER_REASON",
     "DEAD_LETTER_SEQUENCE",
     "DEAD_LETTER_SUBJECT",
+    "DEAD_LETTER_TRUNCATED",
+    "MAX_HEADER_BYTES",
     "MESSAGE_TYPE",
     "MESSAGE_VERSION",
     "NATS_MSG_ID",
     "REPLY_INBOX",
+    "check_header_block",
+    "header_block_size",
 ]
 
 CONTENT_TYPE = "X-CONTENT-TYPE"
@@ -23,3 +32,23 @@ REPLY_INBOX = "X-Reply-Inbox"
 DEAD_LETTER_REASON = "X-Rebaser-Dead-Letter-Reason"
 DEAD_LETTER_SUBJECT = "X-Rebaser-Original-Subject"
 DEAD_LETTER_SEQUENCE = "X-Rebaser-Original-Sequence"
+# Set on a dead letter whose copy was cut down: the original body length, the number of headers left out.
+DEAD_LETTER_TRUNCATED = "X-Rebaser-Dead-Letter-Truncated"
+DEAD_LETTER_HEADERS_DROPPED = "X-Rebaser-Dead-Letter-Headers-Dropped"
+
+# A header block (names and values) larger than this is refused before anything is decoded. A real request needs a
+# few hundred bytes (the reply inbox is at most 255); JetStream refuses to store blocks over 64 KiB, so a request
+# near that limit could not even be copied to the dead-letter stream.
+MAX_HEADER_BYTES = 8 * 1024
+
+
+def header_block_size(headers: Mapping[str, object] | None) -> int:
+    """Bytes of the header block as sent: ``Name: value\r\n`` per header (the fixed preamble left out)."""
+    return sum(len(str(k)) + len(str(v)) + 4 for k, v in (headers or {}).items())
+
+
+def check_header_block(headers: Mapping[str, object] | None) -> None:
+    """Raise :class:`HeadersTooLarge` if the header block exceeds ``MAX_HEADER_BYTES``."""
+    size = header_block_size(headers)
+    if size > MAX_HEADER_BYTES:
+        raise HeadersTooLarge(f"header block of {size} bytes exceeds the limit of {MAX_HEADER_BYTES} bytes")

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rebaser_core.errors import InvalidReplyInbox
+from rebaser_core.inbox import DEFAULT_INBOX_PREFIX, check_inbox_prefix
 from rebaser_core.subjects import Subjects, validate_prefix
 
 __all__ = ["Settings"]
@@ -42,6 +44,17 @@ class Settings(BaseModel):
     )
     requests_max_age: float = Field(0.0, ge=0, description="Requests older than this are dropped (0: never).")
     dead_letter_max_age: float = Field(14 * 86400.0, ge=0, description="How long dead letters are kept.")
+    dead_letter_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=-1,
+        description="Bytes of dead letters kept; the oldest go first (-1: unlimited).",
+    )
+    dead_letter_max_msgs: int = Field(
+        100_000, ge=-1, description="Dead letters kept; the oldest go first (-1: unlimited)."
+    )
+    dead_letter_max_body: int = Field(
+        64 * 1024, ge=0, description="A dead letter keeps at most this many bytes of the request's body."
+    )
     max_active_change_sets: int = Field(
         10_000,
         ge=1,
@@ -91,6 +104,12 @@ class Settings(BaseModel):
         description="Recent request ids (with replies) remembered per change set to make re-apply a no-op.",
     )
 
+    # -- hostile input --------------------------------------------------------------------------------------
+    reply_inbox_prefix: str = Field(
+        DEFAULT_INBOX_PREFIX,
+        description="Replies go only to inboxes under this prefix (nats-py's default; see rebaser_core.inbox).",
+    )
+
     # -- health (the daemon's /readyz) ----------------------------------------------------------------------
     ready_max_backlog: int = Field(
         10_000,
@@ -116,6 +135,10 @@ class Settings(BaseModel):
             )
         if self.retry_backoff > self.retry_backoff_max:
             raise ValueError("retry_backoff must not exceed retry_backoff_max")
+        try:
+            check_inbox_prefix(self.reply_inbox_prefix, self.subjects)
+        except InvalidReplyInbox as err:
+            raise ValueError(str(err)) from None
         return self
 
     @property

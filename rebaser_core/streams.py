@@ -40,7 +40,7 @@ def requests_stream_config(settings: Settings) -> js_api.StreamConfig:
     return js_api.StreamConfig(
         name=settings.subjects.requests_stream,
         description="rebaser: queued change-set requests",
-        subjects=[settings.subjects.requests_all],
+        subjects=[settings.subjects.requests_stream_subject],
         retention=js_api.RetentionPolicy.LIMITS,
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=per_subject > 0,
@@ -61,7 +61,7 @@ def tasks_stream_config(settings: Settings) -> js_api.StreamConfig:
     return js_api.StreamConfig(
         name=settings.subjects.tasks_stream,
         description="rebaser: one exclusive processing task per active change set",
-        subjects=[settings.subjects.tasks_all],
+        subjects=[settings.subjects.tasks_stream_subject],
         retention=js_api.RetentionPolicy.WORK_QUEUE,
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=True,
@@ -80,8 +80,10 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
         description="rebaser: requests that could not be processed, with the reason",
         subjects=[settings.subjects.dead_letters_all],
         retention=js_api.RetentionPolicy.LIMITS,
-        discard=js_api.DiscardPolicy.OLD,
+        discard=js_api.DiscardPolicy.OLD,  # bounded: a flood of poison drops the oldest dead letters, not work
         max_age=settings.dead_letter_max_age,
+        max_bytes=settings.dead_letter_max_bytes,
+        max_msgs=settings.dead_letter_max_msgs,
         storage=_storage(settings),
         num_replicas=settings.replicas,
         duplicate_window=settings.duplicate_window,

@@ -6,7 +6,7 @@ With prefix ``P`` every subject gains a leading ``P.`` token and every stream na
 ================  =================================================
 requests          ``[P.]rebaser.requests.<workspace>.<change_set>``
 tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process``
-dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>``
+dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>`` (``….malformed`` for junk subjects)
 queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
 ================  =================================================
 """
@@ -103,11 +103,24 @@ class Subjects:
     # -- stream subject filters -----------------------------------------------------------------
     @property
     def requests_all(self) -> str:
+        """Everything under the requests subject space (for listing, including subjects stored by older
+        stream configurations that took any number of tokens)."""
         return self._subject("rebaser", "requests", ">")
 
     @property
     def tasks_all(self) -> str:
         return self._subject("rebaser", "tasks", ">")
+
+    @property
+    def requests_stream_subject(self) -> str:
+        """What the requests stream stores: exactly two tokens after ``rebaser.requests``, so a request on a
+        subject with more or fewer tokens is refused by JetStream instead of stored for good."""
+        return self._subject("rebaser", "requests", "*", "*")
+
+    @property
+    def tasks_stream_subject(self) -> str:
+        """What the tasks stream stores: ``rebaser.tasks.<wk>.<cs>.process`` and nothing else."""
+        return self._subject("rebaser", "tasks", "*", "*", "process")
 
     @property
     def tasks_filter(self) -> str:
@@ -127,6 +140,11 @@ class Subjects:
 
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
+
+    @property
+    def dead_letter_malformed(self) -> str:
+        """Where requests stored on malformed subjects (no change set to file them under) are dead-lettered."""
+        return self._subject("dlq", "rebaser", "requests", "malformed")
 
     def api(self, operation: str, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         """Subject of a request/reply query (``get``, ``fork``) about one change set."""

@@ -30,7 +30,7 @@ from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
 from rebaser_server.app import ChangeSet
 from rebaser_server.group import CommitGroup
 from rebaser_server.outcome import LeaseLost, Retry, Wedged
-from rebaser_server.replies import dead_letter, request_id_of
+from rebaser_server.replies import dead_letter, reply_inbox, request_id_of
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetRecord
 
@@ -73,6 +73,9 @@ class RequestHandler:
             return
         group = await self.group()
         try:
+            reply_inbox(
+                self._rt, headers
+            )  # an inbox we may not publish to refuses the request (InvalidReplyInbox)
             request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
             if (request.workspace_id, request.change_set_id) != (
                 self._change_set.workspace_id,

@@ -18,7 +18,7 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from rebaser_core.connect import connection_state
+from rebaser_core.connect import connection_state, redact_url
 from rebaser_server.runtime import Runtime
 
 __all__ = ["ConnectionWatch", "JetStreamFacts", "StatusReporter"]
@@ -190,7 +190,7 @@ class StatusReporter:
         nc = self._rt.nc
         return {
             "state": connection_state(nc),
-            "url": None if nc.connected_url is None else nc.connected_url.netloc,
+            "url": None if nc.connected_url is None else redact_url(nc.connected_url.netloc),
             "disconnected_at": self.watch.disconnected_at,
             "disconnected_for": round(self.watch.disconnected_for(), 3),
             "reconnects": self.watch.reconnects,

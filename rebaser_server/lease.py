@@ -67,6 +67,10 @@ class Lease:
         payload = b"-NAK" if not delay else f'-NAK {{"delay": {int(delay * 1_000_000_000)}}}'.encode()
         return await self._settle(payload, max(0.001, min(self.remaining(), 5.0)))
 
+    async def term(self) -> bool:
+        """Remove the task for good (it can have no work) if the lease is held."""
+        return await self._settle(b"+TERM", max(0.001, min(self.remaining(), 5.0)))
+
     async def _settle(self, payload: bytes, timeout: float) -> bool:
         if not self.held():
             return False

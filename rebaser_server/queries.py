@@ -24,7 +24,8 @@ from rebaser_core.api import (
     GetChangeSetResponse,
     VersionedMessage,
 )
-from rebaser_core.errors import InvalidSubject, ProtocolError, Unsupported
+from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
+from rebaser_core.inbox import check_reply_inbox
 from rebaser_server.app import ChangeSet, SupportsQueries
 from rebaser_server.replies import request_id_of
 from rebaser_server.runtime import Runtime
@@ -54,6 +55,11 @@ class QueryService:
     async def _on_query(self, msg: Msg) -> None:
         if not msg.reply:
             return
+        try:
+            check_reply_inbox(msg.reply, self._rt.settings.reply_inbox_prefix, self._rt.subjects)
+        except InvalidReplyInbox as err:
+            log.warning("not answering query on %s: %s", msg.subject[:200], err)
+            return
         operation = msg.subject.split(".")[-3]
         query = _QUERIES.get(operation)
         if query is None:
@@ -81,7 +87,17 @@ class QueryService:
         except Exception:
             log.exception("query on %s failed", msg.subject)
             return
-        headers, body = response_codec.encode(response, _content_type(msg.headers))
+        content_type = _content_type(msg.headers)
+        headers, body = response_codec.encode(response, content_type)
+        limit = self._rt.nc.max_payload
+        if len(body) + h.header_block_size(headers) > limit:
+            # NATS would refuse to send it and the caller would only time out: say why instead.
+            error = (
+                f"the reply ({len(body)} bytes) exceeds the NATS max_payload of {limit} bytes; "
+                "ask for one path at a time"
+            )
+            response = response_cls(id=response.id, **ids, error=error)
+            headers, body = response_codec.encode(response, content_type)
         await self._rt.nc.publish(msg.reply, body, headers=headers)
 
     def _parse(self, subject: str, operation: str) -> ChangeSet:

@@ -32,10 +32,12 @@ class Stats:
     tasks_interrupted: int = 0
     tasks_fenced: int = 0
     tasks_wedged: int = 0
+    tasks_dropped: int = 0  # tasks with nothing to do and no record: terminated without creating one
     requests_applied: int = 0
     request_commits: int = 0  # record commits for requests: fewer than requests when group commits form
     requests_replayed: int = 0
     requests_dead_lettered: int = 0
+    dead_letter_failures: int = 0  # dead-letter copies given up (refused twice, or the stream unreachable)
     requests_retried: int = 0
     delete_failures: int = 0
     # Tasks handed over without a handback (the owner died or froze), lease renewals and leases lost.

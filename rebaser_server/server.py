@@ -31,6 +31,7 @@ from rebaser_core.streams import ensure_streams
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.health import ConnectionWatch, StatusReporter
 from rebaser_server.hooks import Hooks
+from rebaser_server.junk import is_empty_task
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
 from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
@@ -258,6 +259,10 @@ class Daemon:
         stats = self.rt.stats
         try:
             try:
+                if await is_empty_task(self.rt, processor.change_set):
+                    stats.tasks_dropped += 1
+                    await processor.lease.term()
+                    return
                 result = await processor.run()
             except Exception as err:
                 log.exception("%s: task failed", processor.change_set)

@@ -26,7 +26,8 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse
-from rebaser_core.errors import FencedError
+from rebaser_core.api.cbor_scan import CborLimits, scan_item
+from rebaser_core.errors import DecodeError, FencedError
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
@@ -42,6 +43,9 @@ __all__ = [
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
+# Records are written by daemons, but they are read back as untrusted bytes all the same: a record holding CBOR
+# shared references (28/29) would expand exponentially in the decoder. Their size is bounded by the bucket.
+_RECORD_LIMITS = CborLimits(max_depth=128)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,10 @@ class ChangeSetRecord:
 
     @classmethod
     def decode(cls, data: bytes) -> ChangeSetRecord:
+        try:
+            scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)
+        except ValueError as err:
+            raise DecodeError(f"change-set record is not valid: {err}") from None
         decoder = cbor2.CBORDecoder(io.BytesIO(data))
         raw = decoder.decode()
         entries = decoder.decode()

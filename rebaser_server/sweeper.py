@@ -4,7 +4,8 @@ A request can be left without a task if its client died between publishing the r
 publish failed for any other reason. Every ``sweep_interval`` (with jitter, so daemons spread out) the sweeper
 lists the change sets that have queued requests and those that have a task, and publishes a task for each
 difference. That bounds how long any request can be stranded to about one interval. Two stream-info calls per
-sweep; nothing per request.
+sweep; nothing per request. Messages on malformed subjects, which nobody will ever consume, are removed
+(``junk.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from rebaser_core.errors import InvalidSubject, RebaserError
 from rebaser_core.subjects import ParsedSubject
 from rebaser_core.tasks import publish_task
+from rebaser_server.junk import JunkRemover
 from rebaser_server.runtime import Runtime
 
 __all__ = ["Sweeper"]
@@ -24,14 +26,17 @@ __all__ = ["Sweeper"]
 log = logging.getLogger(__name__)
 
 
-def _parse_all(parse: Callable[[str], ParsedSubject], names: dict[str, int] | None) -> set[ParsedSubject]:
-    parsed = set()
+def _parse_all(
+    parse: Callable[[str], ParsedSubject], names: dict[str, int] | None
+) -> tuple[set[ParsedSubject], dict[str, str]]:
+    """The change sets named by well-formed subjects, and the malformed subjects with why."""
+    parsed, malformed = set(), {}
     for name in names or {}:
         try:
             parsed.add(parse(name))
-        except InvalidSubject:
-            log.warning("orphan sweep: ignoring malformed subject %r", name)
-    return parsed
+        except InvalidSubject as err:
+            malformed[name] = str(err)
+    return parsed, malformed
 
 
 class Sweeper:
@@ -39,17 +44,19 @@ class Sweeper:
         self._rt = rt
         self.sweeps = 0
         self.orphans_found = 0
+        self.junk = JunkRemover(rt)
 
     async def sweep_once(self) -> int:
         """Publish a task for every change set with queued requests and no task; return how many."""
         rt, subjects = self._rt, self._rt.subjects
         requests = await rt.js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
-        queued = _parse_all(subjects.parse_requests, requests.state.subjects)
-        if not queued:
-            self.sweeps += 1
-            return 0
+        queued, junk = _parse_all(subjects.parse_requests, requests.state.subjects)
+        if junk:
+            await self.junk.remove(subjects.requests_stream, junk, dead_letter=True)
         tasks = await rt.js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
-        tasked = _parse_all(subjects.parse_task, tasks.state.subjects)
+        tasked, junk = _parse_all(subjects.parse_task, tasks.state.subjects)
+        if junk:
+            await self.junk.remove(subjects.tasks_stream, junk, dead_letter=False)
         found = 0
         for change_set in sorted(queued - tasked, key=str):
             if await self._publish(change_set):

@@ -2,6 +2,10 @@
 
 A codec turns the JSON-compatible form of a message (``model_dump(mode="json")``) into bytes and back. Both
 codecs carry the same data model, so a message converts losslessly between them.
+
+Decoding is bounded before anything walks the result (see ``docs/protocol.md`` §4): at most ``MAX_BODY_BYTES``,
+``MAX_DEPTH`` nested arrays/maps and ``MAX_ITEMS`` values, and CBOR is pre-scanned (``cbor_scan``) so that tags,
+which include cbor2's expanding shared references, never reach the decoder.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from typing import Any
 
 import cbor2
 
+from rebaser_core.api.cbor_scan import CborLimits, scan_item
 from rebaser_core.errors import DecodeError, UnsupportedContentType
 
-__all__ = ["ContentType", "decode_body", "encode_body"]
+__all__ = ["MAX_BODY_BYTES", "MAX_DEPTH", "MAX_ITEMS", "ContentType", "decode_body", "encode_body"]
 
 
 class ContentType(StrEnum):
@@ -39,8 +44,13 @@ def encode_body(data: Any, content_type: ContentType) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
-_MAX_DEPTH = 64
+# Limits on one message body (requests, replies, queries), checked before the body is validated. 8 MiB is the
+# largest max_payload NATS recommends; MAX_ITEMS allows inline batches of well over 10,000 updates.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_ITEMS = 250_000
 _MAX_INT = 2**64
+_LIMITS = CborLimits(max_depth=MAX_DEPTH, max_items=MAX_ITEMS)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -50,6 +60,7 @@ def _refuse_constant(name: str) -> Any:
 def _decode(body: bytes, content_type: ContentType) -> Any:
     if content_type is ContentType.JSON:
         return json.loads(body, parse_constant=_refuse_constant)
+    scan_item(body, 0, _LIMITS)  # refuses tags (shared references) and bounds depth and items first
     stream = io.BytesIO(body)
     data = cbor2.CBORDecoder(stream).decode()
     if stream.tell() != len(body):
@@ -57,10 +68,20 @@ def _decode(body: bytes, content_type: ContentType) -> Any:
     return data
 
 
-def _check(value: Any, depth: int = 0) -> None:
+class _Counter:
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items = 0
+
+
+def _check(value: Any, counter: _Counter, depth: int = 0) -> None:
     """Only the JSON data model crosses the wire: both codecs must be able to carry whatever we accept."""
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    counter.items += 1
+    if counter.items > MAX_ITEMS:
+        raise ValueError(f"more than {MAX_ITEMS} values")
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
@@ -73,22 +94,24 @@ def _check(value: Any, depth: int = 0) -> None:
         value.encode("utf-8")  # lone surrogates raise UnicodeEncodeError, a ValueError
     elif isinstance(value, list):
         for item in value:
-            _check(item, depth + 1)
+            _check(item, counter, depth + 1)
     elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ValueError("map keys must be strings")
-            _check(key, depth + 1)
-            _check(item, depth + 1)
+            _check(key, counter, depth + 1)
+            _check(item, counter, depth + 1)
     else:
         raise ValueError(f"{type(value).__name__} values are not part of the JSON data model")
 
 
 def decode_body(body: bytes, content_type: ContentType) -> Any:
     """Bytes to JSON-compatible data; any failure becomes :class:`DecodeError`."""
+    if len(body) > MAX_BODY_BYTES:
+        raise DecodeError(f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
     try:
         data = _decode(body, content_type)
-        _check(data)
+        _check(data, _Counter())
         return data
     except (ValueError, TypeError, EOFError, RecursionError, OverflowError, MemoryError) as err:
         raise DecodeError(f"body is not valid {content_type.value}: {err}") from None

@@ -95,9 +95,11 @@ class VersionedMessage(Generic[C]):
     def negotiate(self, headers: Mapping[str, str] | None) -> Negotiated:
         """Check content type, message type and version from the headers alone.
 
-        Raises :class:`MissingHeader`, :class:`UnsupportedContentType`, :class:`UnsupportedMessageType` or
-        :class:`UnsupportedMessageVersion`. A missing content type means the default, CBOR.
+        Raises :class:`HeadersTooLarge`, :class:`MissingHeader`, :class:`UnsupportedContentType`,
+        :class:`UnsupportedMessageType` or :class:`UnsupportedMessageVersion`. A missing content type means the
+        default, CBOR.
         """
+        h.check_header_block(headers)  # bounded before anything is looked at (HeadersTooLarge)
         # Header names are matched case-insensitively: some client libraries canonicalise them.
         headers = {k.upper(): v for k, v in (headers or {}).items()}
         content_type = ContentType.parse(headers.get(h.CONTENT_TYPE.upper()) or ContentType.CBOR.value)

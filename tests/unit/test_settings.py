@@ -204,7 +204,7 @@ def _p(settings: Settings, name: str, sep: str) -> str:
 def test_tasks_stream_is_a_work_queue_with_one_task_per_change_set(settings: Settings) -> None:
     c = tasks_stream_config(settings)
     assert c.name == _p(settings, "REBASER_TASKS", "_")
-    assert c.subjects == [_p(settings, "rebaser.tasks.>", ".")]
+    assert c.subjects == [_p(settings, "rebaser.tasks.*.*.process", ".")]
     assert c.retention == js_api.RetentionPolicy.WORK_QUEUE
     assert c.discard == js_api.DiscardPolicy.NEW
     assert c.max_msgs_per_subject == 1
@@ -218,7 +218,7 @@ def test_tasks_stream_is_a_work_queue_with_one_task_per_change_set(settings: Set
 def test_requests_stream_keeps_requests_and_refuses_new_ones_when_full(settings: Settings) -> None:
     c = requests_stream_config(settings)
     assert c.name == _p(settings, "REBASER_REQUESTS", "_")
-    assert c.subjects == [_p(settings, "rebaser.requests.>", ".")]
+    assert c.subjects == [_p(settings, "rebaser.requests.*.*", ".")]
     assert c.retention == js_api.RetentionPolicy.LIMITS
     assert c.discard == js_api.DiscardPolicy.NEW
     assert c.allow_direct is True

@@ -266,3 +266,21 @@ def test_prefixed_parsers_accept_their_own_subjects() -> None:
     assert s.parse_requests(f"P.rebaser.requests.{WK}.{CS}") == ParsedSubject(WS_ID, CS_ID)
     with pytest.raises(InvalidSubject):
         s.parse_requests(f"rebaser.requests.{WK}.{CS}")
+
+
+@pytest.mark.parametrize("prefix", [None, "P"])
+def test_stream_subjects_take_only_well_shaped_subjects(prefix: str | None) -> None:
+    s = Subjects(prefix)
+    assert _matches(s.requests_stream_subject, s.requests(WS_ID, CS_ID))
+    assert _matches(s.tasks_stream_subject, s.task(WS_ID, CS_ID))
+    head = f"{prefix}." if prefix else ""
+    for junk in ("rebaser.requests.a", "rebaser.requests.a.b.c", "rebaser.requests.a.b.c.d.e"):
+        assert not _matches(s.requests_stream_subject, head + junk)
+    for junk in (
+        "rebaser.tasks.a.b",
+        "rebaser.tasks.a.b.c",
+        "rebaser.tasks.a.b.c.process",
+        "rebaser.tasks.a.b.x",
+    ):
+        assert not _matches(s.tasks_stream_subject, head + junk)
+    assert _matches(s.dead_letters_all, s.dead_letter_malformed)
