@@ -31,26 +31,35 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
     if options is None:
         store = config.data_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
-        embedded = NatsServer(store_dir=store, port=config.embedded_port)
+        embedded = NatsServer(store_dir=store, port=config.embedded_port or None)  # 0: any free port
         embedded.start()
-        click.echo(f"embedded nats-server listening on {embedded.url} (store {store})")
+        click.echo(f"embedded nats-server listening on {embedded.url} (pid {embedded.pid}, store {store})")
         options = ConnectOptions(servers=(embedded.url,), name="rebaser-server")
+    # Shutdown runs in this order, also when starting fails half-way: the daemon hands its change sets back (each
+    # hand-back confirmed by the server, see rebaser_server.handback), the connection is drained (which flushes
+    # the last replies), and only then is the embedded server stopped, gracefully, so that it stores all of it.
     try:
         nc = await connect(options)
-        daemon = Daemon(nc, config.settings, load_app(config.app))
-        await daemon.start()
-        http = await _start_http(daemon, config)
-        _install_signal_handlers(daemon)
-        click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
-        if demo:
-            from rebaser_server.demo import run_demo
+        http: HealthServer | None = None
+        daemon: Daemon | None = None
+        try:
+            daemon = Daemon(nc, config.settings, load_app(config.app))
+            await daemon.start()
+            http = await _start_http(daemon, config)
+            _install_signal_handlers(daemon)
+            click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
+            if demo:
+                from rebaser_server.demo import run_demo
 
-            demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
-            demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
-        await daemon.stopped.wait()
-        if http is not None:
-            await http.stop()
-        await close_connection(nc)  # also during an outage (SIGTERM while NATS is down)
+                demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
+                demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
+            await daemon.stopped.wait()
+        finally:
+            if daemon is not None and not daemon.stopped.is_set():
+                await daemon.shutdown()  # failed after start (no health port): hand back what it took
+            if http is not None:
+                await http.stop()
+            await close_connection(nc)  # also during an outage (SIGTERM while NATS is down)
     finally:
         if embedded is not None:
             embedded.stop()

@@ -34,20 +34,27 @@ class DaemonProcess:
 
 
 async def spawn_daemon(
-    nats_url: str | list[str], prefix: str, workdir: Path, env: dict[str, str], name: str
+    nats_url: str | list[str] | None,
+    prefix: str,
+    workdir: Path,
+    env: dict[str, str],
+    name: str,
+    *,
+    args: tuple[str, ...] = (),
 ) -> DaemonProcess:
+    """A daemon on ``nats_url``; with None, on its embedded server (pass ``--data-dir`` etc. in ``args``)."""
     log = workdir / f"{name}.log"
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    # An inherited REBASER_NATS_URL would turn an embedded-server daemon into a client of some other server.
+    full_env.pop("REBASER_NATS_URL", None)
+    urls = [] if nats_url is None else [nats_url] if isinstance(nats_url, str) else nats_url
     out = log.open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "rebaser_server",
-        *(
-            arg
-            for url in ([nats_url] if isinstance(nats_url, str) else nats_url)
-            for arg in ("--nats-url", url)
-        ),
+        *(arg for url in urls for arg in ("--nats-url", url)),
+        *args,
         "--http-port",
         "0",
         "--prefix",
