@@ -26,7 +26,9 @@ Usage::
 awaitable readiness check.
 
 Split by concern: :mod:`.binary` finds the binary and renders its command line, :mod:`.net` holds the
-loopback and port helpers, :mod:`.server` runs one node, :mod:`.cluster` a routed cluster of nodes.
+loopback and port helpers, :mod:`.process` starts the process (own session, parent-death signal),
+:mod:`.store` guards a store directory (one server per store), :mod:`.server` runs one node,
+:mod:`.cluster` a routed cluster of nodes.
 """
 
 from rebaser_core.embedded.binary import ENV_NATS_SERVER, find_nats_server

@@ -16,6 +16,8 @@ from typing import Self
 
 from rebaser_core.embedded.binary import find_nats_server, server_command
 from rebaser_core.embedded.net import can_connect, check_loopback, format_host, port_of
+from rebaser_core.embedded.process import launch_command
+from rebaser_core.embedded.store import StoreGuard
 from rebaser_core.errors import EmbeddedServerError
 
 __all__ = ["NatsServer"]
@@ -29,6 +31,7 @@ class _Resources:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runtime_dir: Path | None = None
+        self.guard: StoreGuard | None = None
 
     def release(self) -> None:
         proc, self.proc = self.proc, None
@@ -36,6 +39,10 @@ class _Resources:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5.0)
+        if self.guard is not None:
+            if proc is None or proc.poll() is not None:
+                self.guard.forget_server()
+            self.guard.release()
         runtime_dir, self.runtime_dir = self.runtime_dir, None
         if runtime_dir is not None:
             shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -49,7 +56,16 @@ class NatsServer:
     :meth:`start` after :meth:`stop` or :meth:`kill` come back on the same URL.
     With ``store_dir=None`` JetStream data lives in a temporary directory that
     :meth:`stop` removes; the log and the ports file always live in a private temporary
-    directory (see :attr:`log_path`).
+    directory (see :attr:`log_path`). ``port=0`` also means "any free port".
+
+    A ``store_dir`` of your own is guarded (:class:`~rebaser_core.embedded.store.StoreGuard`):
+    :meth:`start` takes its lock, or raises :class:`~rebaser_core.errors.StoreInUse` when another
+    process holds it, and stops a server an earlier owner left running on it; :meth:`stop` (unless
+    ``keep_files``) releases the lock.
+
+    The process runs in its own session, so a terminal's Ctrl-C reaches only its owner, which stops
+    it (see :mod:`.process`). With ``die_with_parent`` (Linux) it also gets SIGTERM when the thread
+    that started it dies, e.g. its owner is killed with SIGKILL; start it from the main thread.
     """
 
     def __init__(
@@ -65,10 +81,11 @@ class NatsServer:
         server_name: str | None = None,
         extra_args: Sequence[str] = (),
         binary: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self._host = check_loopback(host)
         self._store_dir_arg = Path(store_dir) if store_dir is not None else None
-        self._port = port
+        self._port = port or None
         self._jetstream = jetstream
         self._cluster_name = cluster_name
         self._cluster_port = cluster_port
@@ -77,8 +94,11 @@ class NatsServer:
         self._server_name = server_name
         self._extra_args = list(extra_args)
         self._binary = binary
+        self._die_with_parent = die_with_parent
         self._log_offset = 0
         self._res = _Resources()
+        if self._store_dir_arg is not None and jetstream:
+            self._res.guard = StoreGuard(self._store_dir_arg)
         self._finalizer = weakref.finalize(self, self._res.release)
 
     # ----------------------------------------------------------------- properties
@@ -154,19 +174,28 @@ class NatsServer:
         """Spawn the process and wait until it accepts client connections.
 
         A no-op when already running. Raises :class:`EmbeddedServerError` (with the tail
-        of the log) if the process exits early or is not ready within ``timeout`` seconds.
+        of the log) if the process exits early or is not ready within ``timeout`` seconds,
+        :class:`~rebaser_core.errors.StoreInUse` if another process guards the store.
         """
         if self.running:
             return self
         self._reap()
-        binary = self._binary or find_nats_server()
-        # Ports not given are chosen by the server itself (``-p -1``) and read back from its
-        # ports file, so there is no window in which another process could take them.
-        self._spawn(binary)
+        guard = self._res.guard
+        took_lock = guard is not None and not guard.held
+        if guard is not None:
+            guard.acquire()
         try:
+            if guard is not None:
+                guard.stop_stale_server()
+            binary = self._binary or find_nats_server()
+            # Ports not given are chosen by the server itself (``-p -1``) and read back from its
+            # ports file, so there is no window in which another process could take them.
+            self._spawn(binary)
             self._wait_started(time.monotonic() + timeout)
         except BaseException:
             self._reap()
+            if took_lock and guard is not None:
+                guard.release()
             raise
         return self
 
@@ -185,6 +214,7 @@ class NatsServer:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout)
+            self._forget_server()
         finally:
             if not keep_files:
                 self._res.release()
@@ -195,6 +225,7 @@ class NatsServer:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+        self._forget_server()
 
     def restart(self, timeout: float = 10.0) -> Self:
         """Stop (keeping the store) and start again on the same ports."""
@@ -251,14 +282,17 @@ class NatsServer:
             self._log_offset = log.tell()
             try:
                 self._res.proc = subprocess.Popen(
-                    self._command(binary),
+                    launch_command(self._command(binary), die_with_parent=self._die_with_parent),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    close_fds=True,
+                    close_fds=True,  # the store lock's descriptor stays with the owner
+                    start_new_session=True,  # see .process: only the owner stops it
                 )
             except OSError as exc:
                 raise EmbeddedServerError(f"could not run {binary}: {exc}") from exc
+        if self._res.guard is not None:
+            self._res.guard.record_server(self._res.proc.pid)
 
     def _read_ports(self, pid: int) -> dict[str, list[str]] | None:
         # nats-server writes ``<executable>_<pid>.ports`` once all its listeners are bound.
@@ -306,6 +340,11 @@ class NatsServer:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            self._forget_server()
+
+    def _forget_server(self) -> None:
+        if self._res.guard is not None:
+            self._res.guard.forget_server()
 
     def _terminate_nowait(self) -> None:
         proc = self._res.proc
