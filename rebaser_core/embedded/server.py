@@ -265,7 +265,8 @@ class NatsServer:
             host=self._host,
             port=self._port,
             ports_dir=self._ports_dir(),
-            store_dir=self.store_dir if self._jetstream else None,
+            # Absolute, so the next owner recognises a server left on this store whatever its working directory.
+            store_dir=self.store_dir.absolute() if self._jetstream else None,
             server_name=self._server_name,
             clustered=self._clustered,
             cluster_port=self._cluster_port,

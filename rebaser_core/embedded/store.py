@@ -173,5 +173,5 @@ def _read_pid(path: Path) -> int | None:
 def _is_server_on(argv: list[str], store_dir: Path) -> bool:
     if not argv or not Path(argv[0]).name.startswith("nats-server"):
         return False
-    wanted = {str(store_dir), str(store_dir.resolve())}
+    wanted = {str(store_dir.absolute()), str(store_dir.resolve())}
     return any(a in wanted for a in argv[1:])

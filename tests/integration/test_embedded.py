@@ -130,9 +130,13 @@ def test_port_in_use_fails_with_log_tail() -> None:
         server.stop()
 
 
-def test_one_server_per_store(tmp_path: Path) -> None:
-    store = tmp_path / "store"
+def test_one_server_per_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = Path("store")  # relative: the server is told the absolute path
     with NatsServer(store_dir=store, jetstream=True) as first:
+        assert first.pid is not None
+        argv = Path(f"/proc/{first.pid}/cmdline").read_bytes().split(b"\0") if sys.platform == "linux" else []
+        assert not argv or str(tmp_path / "store").encode() in argv
         second = NatsServer(store_dir=store)
         with pytest.raises(StoreInUse, match="in use by process") as info:
             second.start()
