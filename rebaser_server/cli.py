@@ -7,6 +7,7 @@ and serves. ``--demo`` also sends demo traffic and prints what happens, then exi
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -39,11 +40,12 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
     try:
         nc = await connect(options)
         http: HealthServer | None = None
-        daemon: Daemon | None = None
+        starting: Daemon | None = None  # set once it may have taken tasks
         try:
             daemon = Daemon(nc, config.settings, load_app(config.app))
             # Before the daemon takes any task: a daemon that cannot serve its probes must not start working.
             http = await _start_http(daemon, config)
+            starting = daemon
             await daemon.start()
             _install_signal_handlers(daemon)
             click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
@@ -54,8 +56,8 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
                 demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
             await daemon.stopped.wait()
         finally:
-            if daemon is not None and not daemon.stopped.is_set():
-                await daemon.shutdown()  # failed half-way: hand back whatever it took
+            if starting is not None and not starting.stopped.is_set():
+                await starting.shutdown()  # failed half-way: hand back whatever it took
             if http is not None:
                 await http.stop()
             await close_connection(nc)  # also during an outage (SIGTERM while NATS is down)
@@ -98,8 +100,9 @@ async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | No
         await http.start()
     except OSError as err:
         # Running on without probes would look dead (or like another daemon) to whatever probes this port.
+        reason = "is taken" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror or err})"
         raise click.ClickException(
-            f"health endpoint port {config.http_host}:{config.http_port} is not available ({err.strerror}); "
+            f"health endpoint port {config.http_host}:{config.http_port} {reason}; "
             "choose another with --http-port N (0: any free port, -1: no health endpoint)"
         ) from None
     click.echo(f"health endpoint on {http.url} (/healthz, /readyz, /status)")
