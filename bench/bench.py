@@ -324,7 +324,8 @@ class Bench:
 
     def _spawn_daemons(self, prefix: str, count: int, app: str) -> list[subprocess.Popen[bytes]]:
         args = [sys.executable, "-m", "rebaser_server", "--nats-url", self.server.url, "--prefix", prefix]
-        args += ["--app", app, "--log-level", "WARNING"]
+        # No health endpoint: several daemons share this host, and a taken health port is an error.
+        args += ["--app", app, "--log-level", "WARNING", "--http-port", "-1"]
         return [self.procs.spawn(f"{prefix}-daemon{i}", args, self.env) for i in range(count)]
 
     def _spawn_workers(self, prefix: str, count: int) -> list[subprocess.Popen[bytes]]:

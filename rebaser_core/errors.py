@@ -25,7 +25,8 @@ Catch the narrowest class that tells you what to do next::
     │   └── UnprocessableError         permanent: the request is dead-lettered with an error reply
     ├── FencedError                    this daemon no longer owns the change set; its commit was refused
     └── EmbeddedServerError            the embedded nats-server could not be started or stopped
-        └── NatsServerNotFound         the nats-server binary is not installed
+        ├── NatsServerNotFound         the nats-server binary is not installed
+        └── StoreInUse                 another process runs a server on this store (``holder_pid``)
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "RebaserUnavailable",
     "RetryableError",
     "SpoolError",
+    "StoreInUse",
     "UnprocessableError",
     "Unsupported",
     "UnsupportedContentType",
@@ -184,3 +186,12 @@ class EmbeddedServerError(RebaserError):
 
 class NatsServerNotFound(EmbeddedServerError, FileNotFoundError):
     """The ``nats-server`` binary is not installed."""
+
+
+class StoreInUse(EmbeddedServerError):
+    """Another process runs an embedded ``nats-server`` on this store (two servers on one store corrupt it)."""
+
+    def __init__(self, message: str, *, store_dir: str, holder_pid: int | None) -> None:
+        super().__init__(message)
+        self.store_dir = store_dir
+        self.holder_pid = holder_pid

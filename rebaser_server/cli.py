@@ -7,6 +7,7 @@ and serves. ``--demo`` also sends demo traffic and prints what happens, then exi
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -16,9 +17,11 @@ import click
 
 from rebaser_core.connect import ConnectOptions, close_connection, connect
 from rebaser_core.embedded import NatsServer
+from rebaser_core.embedded.net import ADDR_IN_USE
+from rebaser_core.errors import EmbeddedServerError, StoreInUse
 from rebaser_core.settings import Settings
 from rebaser_server.app import load_app
-from rebaser_server.config import DEFAULT_APP, ServerConfig
+from rebaser_server.config import DEFAULT_APP, DEFAULT_EMBEDDED_PORT, ServerConfig
 from rebaser_server.http import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT, HealthServer
 from rebaser_server.server import Daemon
 
@@ -29,32 +32,64 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
     embedded: NatsServer | None = None
     options = config.connect
     if options is None:
-        store = config.data_dir / "nats"
-        store.mkdir(parents=True, exist_ok=True)
-        embedded = NatsServer(store_dir=store, port=config.embedded_port)
-        embedded.start()
-        click.echo(f"embedded nats-server listening on {embedded.url} (store {store})")
+        embedded = _start_embedded(config)
         options = ConnectOptions(servers=(embedded.url,), name="rebaser-server")
+    # Shutdown runs in this order, also when starting fails half-way: the daemon hands its change sets back (each
+    # hand-back confirmed by the server, see rebaser_server.handback), the connection is drained (which flushes
+    # the last replies), and only then is the embedded server stopped, gracefully, so that it stores all of it.
     try:
         nc = await connect(options)
-        daemon = Daemon(nc, config.settings, load_app(config.app))
-        await daemon.start()
-        http = await _start_http(daemon, config)
-        _install_signal_handlers(daemon)
-        click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
-        if demo:
-            from rebaser_server.demo import run_demo
+        http: HealthServer | None = None
+        starting: Daemon | None = None  # set once it may have taken tasks
+        try:
+            daemon = Daemon(nc, config.settings, load_app(config.app))
+            # Before the daemon takes any task: a daemon that cannot serve its probes must not start working.
+            http = await _start_http(daemon, config)
+            starting = daemon
+            await daemon.start()
+            _install_signal_handlers(daemon)
+            click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
+            if demo:
+                from rebaser_server.demo import run_demo
 
-            demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
-            demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
-        await daemon.stopped.wait()
-        if http is not None:
-            await http.stop()
-        await close_connection(nc)  # also during an outage (SIGTERM while NATS is down)
+                demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
+                demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
+            await daemon.stopped.wait()
+        finally:
+            if starting is not None and not starting.stopped.is_set():
+                await starting.shutdown()  # failed half-way: hand back whatever it took
+            if http is not None:
+                await http.stop()
+            await close_connection(nc)  # also during an outage (SIGTERM while NATS is down)
     finally:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def _start_embedded(config: ServerConfig) -> NatsServer:
+    """The embedded server on ``config.data_dir``; a one-line error for what a user can fix."""
+    store = config.data_dir / "nats"
+    port = config.embedded_port
+    # die_with_parent: a daemon killed with SIGKILL takes its server along instead of leaving it on the store.
+    embedded = NatsServer(store_dir=store, port=port, die_with_parent=True)
+    try:
+        embedded.start()
+    except StoreInUse as err:
+        holder = f" (pid {err.holder_pid})" if err.holder_pid else ""
+        raise click.ClickException(
+            f"data directory {config.data_dir} is in use by another rebaser-server{holder}; "
+            "stop it, or pass another --data-dir"
+        ) from None
+    except EmbeddedServerError as err:
+        if ADDR_IN_USE not in str(err):
+            raise
+        raise click.ClickException(
+            f"port {port} on 127.0.0.1 is taken (another nats-server or rebaser-server?); "
+            "run the embedded server on another with --port N (0: any free port), or use --nats-url"
+        ) from None
+    click.echo(f"embedded nats-server listening on {embedded.url} (pid {embedded.pid}, store {store})")
+    return embedded
 
 
 async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | None:
@@ -64,10 +99,12 @@ async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | No
     try:
         await http.start()
     except OSError as err:
-        # The daemon's work does not depend on its probe port; a taken port (a second daemon on this host) is
-        # logged loudly, and the probes failing make it visible to an orchestrator.
-        log.error("health endpoint not started on %s:%d: %s", config.http_host, config.http_port, err)
-        return None
+        # Running on without probes would look dead (or like another daemon) to whatever probes this port.
+        reason = "is taken" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror or err})"
+        raise click.ClickException(
+            f"health endpoint port {config.http_host}:{config.http_port} {reason}; "
+            "choose another with --http-port N (0: any free port, -1: no health endpoint)"
+        ) from None
     click.echo(f"health endpoint on {http.url} (/healthz, /readyz, /status)")
     return http
 
@@ -119,7 +156,15 @@ def _install_signal_handlers(daemon: Daemon) -> None:
     default=None,
     help="Store of the embedded server (default ~/.local/share/rebaser).",
 )
-@click.option("--port", "embedded_port", type=int, default=None, help="Client port of the embedded server.")
+@click.option(
+    "--port",
+    "embedded_port",
+    type=int,
+    default=DEFAULT_EMBEDDED_PORT,
+    show_default=True,
+    envvar="REBASER_EMBEDDED_PORT",
+    help="Client port of the embedded server on 127.0.0.1 (0 picks a free one).",
+)
 @click.option(
     "--http-host",
     default=DEFAULT_HTTP_HOST,
@@ -155,7 +200,7 @@ def main(
     progress_period: float | None,
     handler_deadline: float | None,
     data_dir: Path | None,
-    embedded_port: int | None,
+    embedded_port: int,
     http_host: str,
     http_port: int,
     demo: bool,

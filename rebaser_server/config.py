@@ -8,9 +8,11 @@ from pathlib import Path
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.settings import Settings
 
-__all__ = ["DEFAULT_APP", "ServerConfig"]
+__all__ = ["DEFAULT_APP", "DEFAULT_EMBEDDED_PORT", "ServerConfig"]
 
 DEFAULT_APP = "rebaser_server.apps.snapshots:SnapshotApp"
+# The embedded server listens where every NATS client looks first (the client CLI's default URL too).
+DEFAULT_EMBEDDED_PORT = 4222
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,8 @@ class ServerConfig:
     connect: ConnectOptions | None = None
     app: str = DEFAULT_APP
     data_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "rebaser")
-    embedded_port: int | None = None
+    # The embedded server's client port on 127.0.0.1; 0 picks a free one.
+    embedded_port: int = DEFAULT_EMBEDDED_PORT
     # The health endpoint (rebaser_server.http): port 0 picks a free one, a negative port turns it off.
     http_host: str = "127.0.0.1"
     http_port: int = 9090

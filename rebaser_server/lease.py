@@ -26,6 +26,8 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from rebaser_server.handback import nak_payload
+
 __all__ = ["Lease"]
 
 
@@ -64,8 +66,7 @@ class Lease:
 
     async def nak(self, delay: float | None = None) -> bool:
         """Hand the task back (redelivered after ``delay``) if the lease is held."""
-        payload = b"-NAK" if not delay else f'-NAK {{"delay": {int(delay * 1_000_000_000)}}}'.encode()
-        return await self._settle(payload, max(0.001, min(self.remaining(), 5.0)))
+        return await self._settle(nak_payload(delay), max(0.001, min(self.remaining(), 5.0)))
 
     async def term(self) -> bool:
         """Remove the task for good (it can have no work) if the lease is held."""

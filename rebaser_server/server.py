@@ -29,6 +29,7 @@ from rebaser_core.ids import RequestId
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.handback import hand_back
 from rebaser_server.health import ConnectionWatch, StatusReporter
 from rebaser_server.hooks import Hooks
 from rebaser_server.junk import is_empty_task
@@ -176,7 +177,7 @@ class Daemon:
                     # Fetched during shutdown, or beyond our free slots (nats-py's fetch also returns deliveries
                     # of an earlier, expired pull that arrived late): hand it straight back.
                     with contextlib.suppress(Exception):
-                        await msg.nak()
+                        await hand_back(self.rt.nc, msg)
                 else:
                     await self._take(msg, pulled_at)
 

@@ -34,20 +34,31 @@ class DaemonProcess:
 
 
 async def spawn_daemon(
-    nats_url: str | list[str], prefix: str, workdir: Path, env: dict[str, str], name: str
+    nats_url: str | list[str] | None,
+    prefix: str,
+    workdir: Path,
+    env: dict[str, str],
+    name: str,
+    *,
+    args: tuple[str, ...] = (),
+    new_session: bool = False,
 ) -> DaemonProcess:
+    """A daemon on ``nats_url``; with None, on its embedded server (pass ``--data-dir`` etc. in ``args``).
+
+    ``new_session``: in a process group of its own, like a shell job, so a test can signal the whole group as a
+    terminal's Ctrl-C does (without also hitting the test runner)."""
     log = workdir / f"{name}.log"
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    # An inherited REBASER_NATS_URL would turn an embedded-server daemon into a client of some other server.
+    full_env.pop("REBASER_NATS_URL", None)
+    urls = [] if nats_url is None else [nats_url] if isinstance(nats_url, str) else nats_url
     out = log.open("wb")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "rebaser_server",
-        *(
-            arg
-            for url in ([nats_url] if isinstance(nats_url, str) else nats_url)
-            for arg in ("--nats-url", url)
-        ),
+        *(arg for url in urls for arg in ("--nats-url", url)),
+        *args,
         "--http-port",
         "0",
         "--prefix",
@@ -60,6 +71,7 @@ async def spawn_daemon(
         stderr=asyncio.subprocess.STDOUT,
         env=full_env,
         cwd=str(ROOT),
+        start_new_session=new_session,
     )
     out.close()
     daemon = DaemonProcess(proc, log)
@@ -76,6 +88,31 @@ async def spawn_daemon(
             await proc.wait()
         raise
     return daemon
+
+
+async def run_daemon(args: tuple[str, ...], workdir: Path, name: str, timeout: float) -> tuple[int, str]:
+    """Run ``rebaser-server args`` until it exits by itself; its exit code and output. Killed at the deadline."""
+    log = workdir / f"{name}.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REBASER_NATS_URL", None)
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "rebaser_server",
+            *args,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+        )
+    try:
+        code = await asyncio.wait_for(proc.wait(), timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return code, log.read_text()
 
 
 @asynccontextmanager

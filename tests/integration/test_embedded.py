@@ -18,7 +18,8 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 
 from rebaser_core.embedded import NatsCluster, NatsServer, _run_blocking, find_nats_server
-from rebaser_core.errors import EmbeddedServerError, NatsServerNotFound
+from rebaser_core.embedded.store import PID_FILE
+from rebaser_core.errors import EmbeddedServerError, NatsServerNotFound, StoreInUse
 from rebaser_core.testing import wait_for
 
 # Publishes and API calls may fail or time out while a leader is being elected.
@@ -127,6 +128,40 @@ def test_port_in_use_fails_with_log_tail() -> None:
             server.start(timeout=5.0)
         assert not server.running
         server.stop()
+
+
+def test_one_server_per_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = Path("store")  # relative: the server is told the absolute path
+    with NatsServer(store_dir=store, jetstream=True) as first:
+        assert first.pid is not None
+        argv = Path(f"/proc/{first.pid}/cmdline").read_bytes().split(b"\0") if sys.platform == "linux" else []
+        assert not argv or str(tmp_path / "store").encode() in argv
+        second = NatsServer(store_dir=store)
+        with pytest.raises(StoreInUse, match="in use by process") as info:
+            second.start()
+        assert info.value.holder_pid == os.getpid()
+        assert not second.running and first.running
+        assert (store / PID_FILE).read_text().strip() == str(first.pid), (
+            "the refused one left the record alone"
+        )
+        first.restart()  # the owner keeps its lock across a restart
+        assert (store / PID_FILE).read_text().strip() == str(first.pid)
+    assert not (store / PID_FILE).exists()
+    with NatsServer(store_dir=store) as third:  # stopped: the store is free again
+        assert third.running
+
+
+def test_port_zero_picks_a_free_port() -> None:
+    with NatsServer(port=0, jetstream=False) as server:
+        assert server.port not in (0, 4222)
+
+
+def test_the_server_runs_in_its_own_session() -> None:
+    # A terminal's Ctrl-C signals its foreground process group; the owner, not the terminal, stops the server.
+    with NatsServer(jetstream=False) as server:
+        assert server.pid is not None
+        assert os.getsid(server.pid) == server.pid != os.getsid(0)
 
 
 def test_only_loopback_is_accepted() -> None:
