@@ -113,10 +113,11 @@ class RequestHandler:
         """
         group = await self.group()
         base = group.base
+        # Attempts that died with their daemon so far (this takeover is the count-th in a row).
         count = base.suspect[1] + 1 if base.suspect and base.suspect[0] == seq else 1
-        if count > self._rt.settings.max_attempts:
+        if count >= self._rt.settings.max_attempts:
             reason = (
-                f"gave up after {count - 1} attempts: every daemon that took this request died or froze "
+                f"gave up after {count} attempts: every daemon that took this request died or froze "
                 "before finishing it"
             )
             log.error("%s: request seq %d %s", self._change_set, seq, reason)

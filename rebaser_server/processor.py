@@ -83,9 +83,10 @@ class ChangeSetProcessor:
         # Held while one request is processed; release takes it to wait for the request in hand.
         self._request_lock = asyncio.Lock()
         self._handle: ChangeSetHandle | None = None
-        self._unclean = (
-            False  # taken over from an owner that died or froze: count an attempt for the first request
-        )
+        # Taken over from an owner that died or froze: count an attempt against the first request, and commit
+        # every request on its own for the rest of this ownership (see _maybe_flush).
+        self._unclean = False
+        self._suspect_mode = False
         self._sub: Any = None
         self._consumer: str | None = None
         self._caught_up = False
@@ -129,6 +130,7 @@ class ChangeSetProcessor:
             if not self.lease.held():
                 return TaskResult(Outcome.LEASE_LOST, reason="lease ran out while acquiring")
             self._handle, self._unclean = acquired.handle, acquired.unclean
+            self._suspect_mode = acquired.unclean
             if self._unclean:
                 rt.stats.unclean_takeovers += 1
             self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
@@ -235,7 +237,13 @@ class ChangeSetProcessor:
         """Commit now unless more requests are already waiting and the group has room (then soon, by timer)."""
         assert self._commits is not None
         waiting = msg.metadata.num_pending if msg.reply else 0
-        if not waiting or len(self._commits) >= min(_GROUP_MAX, self._rt.settings.idempotency_window // 2):
+        # After an unclean takeover, no group commit: the request that killed the last owner may sit anywhere in
+        # its uncommitted group, and committing one by one puts the blame (the suspect count) on the right one.
+        if (
+            self._suspect_mode
+            or not waiting
+            or len(self._commits) >= min(_GROUP_MAX, self._rt.settings.idempotency_window // 2)
+        ):
             await self._commits.flush()
         elif self._flush_timer is None or self._flush_timer.done():
             self._flush_timer = asyncio.create_task(self._flush_soon())
