@@ -1,0 +1,83 @@
+"""No window strands a request until the orphan sweep: every test here runs its daemon without the sweep, so only
+the enqueue and release protocols can get the request served."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client import RebaserClient, SetLiteral, _publisher
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.testing import wait_for
+from rebaser_server.app import ChangeSet
+from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
+from tests.apps import RecordingApp, applied
+
+
+async def test_a_caller_cancelled_between_its_two_publishes_still_leaves_a_task(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    real_publish_task = _publisher.publish_task
+
+    async def slow_publish_task(*args: Any, **kwargs: Any) -> bool:
+        entered.set()  # the request is in the stream; its task is not yet
+        await go_on.wait()
+        return await real_publish_task(*args, **kwargs)
+
+    monkeypatch.setattr(_publisher, "publish_task", slow_publish_task)
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        call = asyncio.create_task(client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)]))
+        await asyncio.wait_for(entered.wait(), 10)
+        call.cancel()  # as the caller's reply timeout would, between the two publishes
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        go_on.set()
+
+        async def served() -> bool:
+            return len(await applied(daemon.rt.store, wk, cs)) == 1
+
+        await wait_for(served, timeout=10, message="request served without the orphan sweep")
+
+
+async def test_a_failing_queued_check_after_release_is_retried(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, quiescent_period=0.05)
+    gate = CheckpointGate("stopped_consuming")
+    js = nc.jetstream()
+    async with running_daemon(nc, settings, RecordingApp(), hooks=gate, sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=10)
+        ).ok
+        await gate.wait_reached()
+        # Inside the release window: a request whose task publish is refused (the task still exists) ...
+        before = (await js.stream_info(settings.subjects.requests_stream)).state.last_seq
+        late = asyncio.create_task(
+            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=15)
+        )
+
+        async def published() -> bool:
+            return (await js.stream_info(settings.subjects.requests_stream)).state.last_seq > before
+
+        await wait_for(published, timeout=5, message="late request durable")
+        # ... and the first "anything queued?" check after the ack fails (a leader election, a timeout).
+        real_queued = daemon.rt.queued
+        failures = 0
+
+        async def flaky_queued(change_set: ChangeSet, **kwargs: Any) -> bool:
+            nonlocal failures
+            if failures == 0:
+                failures += 1
+                raise TimeoutError("injected: no answer")
+            return await real_queued(change_set, **kwargs)
+
+        daemon.rt.queued = flaky_queued  # type: ignore[method-assign]
+        gate.release()
+        assert (await late).ok
+        assert failures == 1
