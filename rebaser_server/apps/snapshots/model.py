@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -281,19 +282,18 @@ def _dependents(attributes: Mapping[str, Attribute]) -> dict[str, set[str]]:
 
 
 def _downstream(attributes: Mapping[str, Attribute], roots: Iterable[str]) -> set[str]:
-    """Every function attribute reachable from the roots (including roots that are functions themselves)."""
+    """Every function attribute reachable from the roots (including roots that are functions themselves).
+
+    Each path is pushed at most once, so this is linear in attributes plus dependency edges."""
     dependents = _dependents(attributes)
-    seen: set[str] = set()
-    stack = list(roots)
+    seen: set[str] = set(roots)
+    stack = list(seen)
     while stack:
-        path = stack.pop()
-        attribute = attributes.get(path)
-        if attribute is not None and attribute.is_function and path not in seen:
-            seen.add(path)
-        for dependent in dependents.get(path, ()):
+        for dependent in dependents.get(stack.pop(), ()):
             if dependent not in seen:
+                seen.add(dependent)
                 stack.append(dependent)
-    return seen
+    return {p for p in seen if p in attributes and attributes[p].is_function}
 
 
 def dependent_values_update(
@@ -301,25 +301,31 @@ def dependent_values_update(
 ) -> tuple[Snapshot, list[str]]:
     """Recompute everything downstream of the roots, each once, in dependency order.
 
-    Returns the new snapshot (no roots left) and the order in which attributes were computed.
+    Returns the new snapshot (no roots left) and the order in which attributes were computed. Linear in the
+    affected attributes and their dependency edges (plus sorting, for a deterministic order): a hostile chain of
+    50,000 functions must not cost 50,000² steps.
     """
     attributes = dict(snapshot.attributes)
     affected = _downstream(attributes, snapshot.roots)
     # Kahn's algorithm over the affected subgraph: an attribute is ready once none of its args is still pending.
     pending_args = {p: {a for a in attributes[p].args if a in affected} for p in affected}
     dependents = _dependents({p: attributes[p] for p in affected})
-    ready = sorted(p for p, args in pending_args.items() if not args)
+    ready = deque(sorted(p for p, args in pending_args.items() if not args))
     order: list[str] = []
     while ready:
-        path = ready.pop(0)
+        path = ready.popleft()
         order.append(path)
         attributes[path] = _compute(attributes[path], attributes, functions)
         for dependent in sorted(dependents.get(path, ())):
-            pending_args[dependent].discard(path)
-            if not pending_args[dependent] and dependent not in order and dependent not in ready:
-                ready.append(dependent)
+            waiting = pending_args[dependent]
+            # Each (input, dependent) edge is visited once, so a dependent empties its set (and is queued) once.
+            if path in waiting:
+                waiting.discard(path)
+                if not waiting:
+                    ready.append(dependent)
     # Whatever never became ready is on a cycle or downstream of one.
-    for path in sorted(affected - set(order)):
+    computed = set(order)
+    for path in sorted(affected - computed):
         attribute = attributes[path]
         attributes[path] = Attribute(
             value=None,
@@ -336,7 +342,7 @@ def _compute(
     assert attribute.function is not None
 
     def fail(error: str) -> Attribute:
-        return Attribute(value=None, function=attribute.function, args=attribute.args, error=error)
+        return Attribute(value=None, function=attribute.function, args=attribute.args, error=_short(error))
 
     function = functions.get(attribute.function)
     if function is None:
@@ -353,3 +359,12 @@ def _compute(
     except Exception as err:
         return fail(f"{attribute.function} failed: {type(err).__name__}: {err}")
     return Attribute(value=value, function=attribute.function, args=attribute.args)
+
+
+MAX_ERROR_CHARS = 256
+"""Error values are cut to this length: an error quotes its input's error, so along a chain of 50,000 failing
+functions uncut messages would grow quadratically; and a function's exception may quote a huge argument."""
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
