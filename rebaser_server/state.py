@@ -25,6 +25,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse
+from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import FencedError
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -34,6 +35,12 @@ __all__ = ["ChangeSetHandle", "ChangeSetRecord", "ChangeSetStore"]
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
+
+# The recent replies of a record share this budget (the record must fit in one NATS message, 1 MiB by default), so
+# each is stored within RECENT_REPLIES_MAX_BYTES / idempotency_window, but at least REPLY_MIN_BYTES (the default
+# window of 64 gets 8 KiB each). A reply answered again from the record may so list fewer conflicts than the first.
+RECENT_REPLIES_MAX_BYTES = 512 * 1024
+REPLY_MIN_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +100,8 @@ class ChangeSetRecord:
     def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
         recent = dict(self.recent)
         recent.pop(request_id, None)
-        recent[request_id] = bytes(cbor2.dumps([request_id, response.status.model_dump(mode="json")]))
+        status = bounded_status(response.status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window))
+        recent[request_id] = bytes(cbor2.dumps([request_id, status.model_dump(mode="json")]))
         while len(recent) > window:
             del recent[next(iter(recent))]
         attempts = {k: v for k, v in self.attempts.items() if k != request_id}
