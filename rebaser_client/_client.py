@@ -257,7 +257,10 @@ class RebaserClient:
         return response
 
     async def store_batch(self, updates: Sequence[Update]) -> StoredUpdates:
-        """Write a (large) batch to the batches object store once; send the result as ``updates``."""
+        """Write a (large) batch to the batches object store once; send the result as ``updates``.
+
+        Raises :class:`~rebaser_core.errors.BatchTooLarge` (nothing stored) for a batch over the limits of
+        :mod:`rebaser_core.batches` (100,000 updates, 16 MiB), which daemons with default settings would refuse."""
         address, data = encode_batch(list(updates))
         ensure_connected(self._nc, f"storing batch {address}")
         js = self._nc.jetstream()

@@ -48,7 +48,9 @@ def test_an_error_at_the_head_of_a_long_chain_stays_short_downstream() -> None:
     errors = updated.errors()
     assert len(errors) == CHAIN
     assert max(len(e) for e in errors.values()) <= MAX_ERROR_CHARS
-    assert errors[f"/c{CHAIN - 1}"].startswith(f"input /c{CHAIN - 2} has an error")
+    assert (
+        errors[f"/c{CHAIN - 1}"] == f"input /c{CHAIN - 2} has an error: unknown function 'no-such-function'"
+    )
 
 
 def test_a_function_error_quoting_a_huge_argument_is_cut() -> None:
