@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -118,3 +119,23 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
         assert final.values == {f"/c{MAX_BATCH_UPDATES - 1}": "v"}
         print(f"\ncanary: {len(latencies)} requests, slowest {max(latencies):.2f}s")
         assert len(latencies) >= 3 and max(latencies) < 1.5
+
+
+async def test_hostile_stored_batches_are_refused_before_they_are_loaded(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # Written straight to the object store, as a client that skips store_batch's checks would.
+    settings = fast_settings(subject_prefix, max_stored_batch_bytes=1024 * 1024, max_updates_per_request=1000)
+    async with running_daemon(nc, settings, SnapshotApp()):
+        store = await nc.jetstream().object_store(settings.subjects.batches_bucket)
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+
+        def batch(n: int) -> bytes:
+            return b'{"kind":"inline","updates":[' + b",".join([b'{"op":"remove","path":"/a"}'] * n) + b"]}"
+
+        for data, setting in ((batch(50_000), "max_stored_batch_bytes"), (batch(1001), "1001 updates")):
+            address = hashlib.sha256(data).hexdigest()
+            await store.put(address, data)
+            response = await client.enqueue_updates_with_reply(wk, cs, address, timeout=30)
+            assert response.status.kind == "error" and setting in response.status.message, response.status
+        assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/ok", value=1)])).ok

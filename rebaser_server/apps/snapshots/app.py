@@ -18,7 +18,7 @@ must be pure too.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
@@ -31,6 +31,7 @@ from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.limits import Limits, check_growth, check_updates
 from rebaser_server.apps.snapshots.model import (
+    Attribute,
     Change,
     Function,
     Rebased,
@@ -181,14 +182,23 @@ class SnapshotApp:
 
     async def describe(self, change_set: ChangeSet, state: AppState, path: str | None) -> ChangeSetView:
         snapshot = await self.store.get(state["snapshot"])
-        attributes: dict[str, Any] = dict(snapshot.attributes)
-        if path is not None:
-            attributes = {p: a for p, a in attributes.items() if p == path}
         base = state.get("base")
-        return ChangeSetView(
-            snapshot_address=state["snapshot"],
-            values={p: a.value for p, a in attributes.items()},
-            versions={p: a.version for p, a in attributes.items()},
-            errors={p: a.error for p, a in attributes.items() if a.error is not None},
-            forked_from=ChangeSetId(base["change_set_id"]) if base else None,
-        )
+        forked_from = ChangeSetId(base["change_set_id"]) if base else None
+        if path is not None:
+            attribute = snapshot.attributes.get(path)
+            return _view(state["snapshot"], {} if attribute is None else {path: attribute}, forked_from)
+        # Every attribute's version is a hash: for a large snapshot, that is work for a thread too.
+        large = self._large(state["snapshot"], len(snapshot.attributes))
+        return await self._run(large, _view, state["snapshot"], snapshot.attributes, forked_from)
+
+
+def _view(
+    address: str, attributes: Mapping[str, Attribute], forked_from: ChangeSetId | None
+) -> ChangeSetView:
+    return ChangeSetView(
+        snapshot_address=address,
+        values={p: a.value for p, a in attributes.items()},
+        versions={p: a.version for p, a in attributes.items()},
+        errors={p: a.error for p, a in attributes.items() if a.error is not None},
+        forked_from=forked_from,
+    )
