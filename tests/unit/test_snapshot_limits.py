@@ -63,6 +63,10 @@ def test_computed_values_stop_at_the_snapshot_limit() -> None:
     assert snapshot.errors()[f"/c{first}"] == "over max_snapshot_bytes"
     assert snapshot.errors()["/c49"] == "input /c48 has an error: over max_snapshot_bytes"
     assert len(snapshot.encode()) <= limits.max_snapshot_bytes + 50 * 300
+    # The caller may pass the size it already knows instead of having it measured again.
+    rebased = rebase(Snapshot(), updates).snapshot
+    size = len(rebased.encode())
+    assert dependent_values_update(rebased, BUILTIN_FUNCTIONS, limits, encoded_size=size)[0] == snapshot
 
 
 def test_without_limits_nothing_is_cut() -> None:

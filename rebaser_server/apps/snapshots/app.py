@@ -78,8 +78,10 @@ def _conflicts_status(rebased: Rebased) -> ConflictsStatus:
     return ConflictsStatus(conflicts=list(rebased.conflicts))
 
 
-def _updated(snapshot: Snapshot, functions: dict[str, Function], limits: Limits) -> tuple[Snapshot, bytes]:
-    updated, _order = dependent_values_update(snapshot, functions, limits)
+def _updated(
+    snapshot: Snapshot, functions: dict[str, Function], limits: Limits, size: int | None
+) -> tuple[Snapshot, bytes]:
+    updated, _order = dependent_values_update(snapshot, functions, limits, encoded_size=size)
     return updated, updated.encode()
 
 
@@ -176,7 +178,8 @@ class SnapshotApp:
         if not snapshot.roots:
             return state
         large = self._large(state["snapshot"], len(snapshot.attributes))
-        updated, data = await self._run(large, _updated, snapshot, self.functions, self.limits)
+        size = self.store.size(state["snapshot"])
+        updated, data = await self._run(large, _updated, snapshot, self.functions, self.limits, size)
         address = await self.store.put(updated, data)
         return {**state, "snapshot": address, "dvu_runs": state.get("dvu_runs", 0) + 1}
 

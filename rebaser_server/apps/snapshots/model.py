@@ -305,7 +305,11 @@ def _downstream(attributes: Mapping[str, Attribute], roots: Iterable[str]) -> se
 
 
 def dependent_values_update(
-    snapshot: Snapshot, functions: Mapping[str, Function], limits: Limits | None = None
+    snapshot: Snapshot,
+    functions: Mapping[str, Function],
+    limits: Limits | None = None,
+    *,
+    encoded_size: int | None = None,
 ) -> tuple[Snapshot, list[str]]:
     """Recompute everything downstream of the roots, each once, in dependency order.
 
@@ -313,10 +317,11 @@ def dependent_values_update(
     affected attributes and their dependency edges (plus sorting, for a deterministic order): a hostile chain of
     50,000 functions must not cost 50,000² steps. With ``limits``, a function whose inputs or value are too large,
     or whose value would take the snapshot over its size limit, gets an error value instead (eleven ``concat``
-    doublings of a 100 KB literal once made a 391 MB snapshot).
+    doublings of a 100 KB literal once made a 391 MB snapshot). ``encoded_size``: ``len(snapshot.encode())``, if
+    the caller knows it (else it is measured).
     """
     attributes = dict(snapshot.attributes)
-    sizes = None if limits is None else _Sizes(snapshot, limits)
+    sizes = None if limits is None else _Sizes(snapshot, limits, encoded_size)
     affected = _downstream(attributes, snapshot.roots)
     # Kahn's algorithm over the affected subgraph: an attribute is ready once none of its args is still pending.
     pending_args = {p: {a for a in attributes[p].args if a in affected} for p in affected}
@@ -345,10 +350,11 @@ def dependent_values_update(
 class _Sizes:
     """Encoded value sizes (each measured once per run) and the bytes the snapshot may still grow by."""
 
-    def __init__(self, snapshot: Snapshot, limits: Limits) -> None:
+    def __init__(self, snapshot: Snapshot, limits: Limits, encoded_size: int | None) -> None:
         self.limits = limits
         self._known: dict[str, int] = {}
-        self._room = limits.max_snapshot_bytes - len(snapshot.encode())
+        size = len(snapshot.encode()) if encoded_size is None else encoded_size
+        self._room = limits.max_snapshot_bytes - size
 
     def of(self, path: str, attributes: Mapping[str, Attribute]) -> int:
         size = self._known.get(path)
