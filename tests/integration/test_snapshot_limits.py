@@ -75,6 +75,9 @@ async def test_the_client_refuses_to_store_a_batch_over_the_limits(client: Rebas
     with pytest.raises(BatchTooLarge) as refused:
         await client.store_batch([SetLiteral(path="/a", value=1)] * (MAX_BATCH_UPDATES + 1))
     assert refused.value.limit == "updates"
+    with pytest.raises(BatchTooLarge) as refused:
+        await client.store_batch([SetLiteral(path="/a", value="x" * 100)] * 10, max_bytes=1000)
+    assert refused.value.limit == "bytes"
 
 
 async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
