@@ -121,7 +121,8 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
         final = await client.get_change_set(wk, heavy, f"/c{MAX_BATCH_UPDATES - 1}")
         assert final.values == {f"/c{MAX_BATCH_UPDATES - 1}": "v"}
         print(f"\ncanary: {len(latencies)} requests, slowest {max(latencies):.2f}s")
-        assert len(latencies) >= 3 and max(latencies) < 1.5
+        # Generous for a busy shared machine (about 0.5 s seen); on the event loop, the stall lasted the whole request.
+        assert len(latencies) >= 3 and max(latencies) < 2.5
 
 
 async def test_hostile_stored_batches_are_refused_before_they_are_loaded(
