@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any, cast
 
 import pytest
+from nats.js.errors import NotFoundError
 
 from rebaser_core.api import SetFunction, SetLiteral, Update
 from rebaser_core.batches import decode_batch, encode_batch
 from rebaser_core.errors import BatchTooLarge, DecodeError, UnprocessableError
+from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.limits import Limits, OverLimit, check_growth, check_updates
 from rebaser_server.apps.snapshots.model import Attribute, Snapshot, dependent_values_update, rebase
 from rebaser_server.apps.snapshots.model import _canonical as canonical
+from rebaser_server.apps.snapshots.store import SnapshotStore
 
 KIB = 1024
 
@@ -157,3 +161,28 @@ def test_the_daemon_counts_a_stored_batch_before_validating_it() -> None:
 def test_a_malformed_stored_batch_is_a_decode_error(body: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_batch(hashlib.sha256(body).hexdigest(), body)
+
+
+# -- the snapshot cache ---------------------------------------------------------------------------------------
+
+
+class _FakeObjectStore:
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    async def get_info(self, name: str) -> None:
+        if name not in self.objects:
+            raise NotFoundError
+
+    async def put(self, name: str, data: bytes) -> None:
+        self.objects[name] = data
+
+
+async def test_the_snapshot_cache_is_bounded_in_bytes() -> None:
+    store = SnapshotStore(cast(Any, None), Settings(), cache_bytes=10 * KIB)
+    store._snapshots = cast(Any, _FakeObjectStore())
+    addresses = [await store.put(Snapshot({"/a": Attribute(value=str(i) * 3 * KIB)})) for i in range(10)]
+    cached = [a for a in addresses if store.size(a) is not None]
+    assert cached == addresses[-3:]  # about 3 KiB each: the newest three fit in 10 KiB
+    huge = await store.put(Snapshot({"/a": Attribute(value="h" * 20 * KIB)}))
+    assert store.size(huge) is not None and all(store.size(a) is None for a in addresses)

@@ -11,7 +11,8 @@ Pure Python: no NATS, no I/O, so every rule here is unit-tested on its own.
   with the same conflict rule (the target must still have, for each changed path, the version seen at the fork).
 - Applying marks *dependent-value roots*; :func:`dependent_values_update` recomputes every function attribute
   downstream of the roots, in dependency order, each once. Cycles and failing functions become error values on the
-  attributes involved; they never raise and never loop.
+  attributes involved; they never raise and never loop. Its work is linear in what is downstream, and with
+  :class:`~rebaser_server.apps.snapshots.limits.Limits` no computed value, and so no snapshot, grows without bound.
 """
 
 from __future__ import annotations

@@ -20,10 +20,13 @@ from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
 
-__all__ = ["OFF_LOOP_BYTES", "SnapshotStore"]
+__all__ = ["CACHE_BYTES", "OFF_LOOP_BYTES", "SnapshotStore"]
 
 OFF_LOOP_BYTES = 256 * 1024
 """Data larger than this is decoded in a worker thread; smaller data costs less than the thread hop."""
+
+CACHE_BYTES = 256 * 1024 * 1024
+"""The snapshot cache holds at most this many bytes of snapshots (their encoded size; in memory they take more)."""
 
 
 async def open_object_store(js: JetStreamContext, name: str, settings: Settings) -> ObjectStore:
@@ -37,7 +40,14 @@ async def open_object_store(js: JetStreamContext, name: str, settings: Settings)
 
 
 class SnapshotStore:
-    def __init__(self, js: JetStreamContext, settings: Settings, *, cache_size: int = 1024) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        settings: Settings,
+        *,
+        cache_size: int = 1024,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
         self._js = js
         self._settings = settings
         self._snapshots: ObjectStore | None = None
@@ -45,6 +55,8 @@ class SnapshotStore:
         # Snapshots are immutable, so a cache never goes stale; it only saves reads. With each its encoded size.
         self._cache: OrderedDict[str, tuple[Snapshot, int]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cached_bytes = 0
         self._written: set[str] = set()
 
     async def open(self) -> None:
@@ -53,10 +65,15 @@ class SnapshotStore:
         self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
     def _remember(self, address: str, snapshot: Snapshot, size: int) -> None:
+        previous = self._cache.pop(address, None)
+        self._cached_bytes += size - (0 if previous is None else previous[1])
         self._cache[address] = (snapshot, size)
-        self._cache.move_to_end(address)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        # Bounded in bytes too: a thousand snapshots at the size limit would not fit in memory. The newest stays.
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes
+        ):
+            _, (_, evicted) = self._cache.popitem(last=False)
+            self._cached_bytes -= evicted
 
     def size(self, address: str) -> int | None:
         """The encoded size of a snapshot this store has in its cache, else None."""
