@@ -67,12 +67,6 @@ class Conflict(_Status):
         # Room for the "(and K more ...)" note on top of a cut message (see _listed).
         return _cut(message, 2 * MAX_CONFLICT_MESSAGE_CHARS)
 
-    @property
-    def size(self) -> int:
-        """About the encoded size in bytes (JSON or CBOR): the text fields plus room for keys and framing."""
-        texts = (self.path, self.expected_version or "", self.actual_version or "", self.message)
-        return 72 + sum(len(t.encode()) for t in texts)
-
 
 class ConflictsStatus(_Status):
     kind: Literal["conflicts"] = "conflicts"
@@ -97,12 +91,18 @@ class ErrorStatus(_Status):
         return _cut(message, MAX_ERROR_MESSAGE_CHARS)
 
 
+def _size(conflict: Conflict) -> int:
+    """About the encoded size in bytes (JSON or CBOR): the text fields plus room for keys and framing."""
+    texts = (conflict.path, conflict.expected_version or "", conflict.actual_version or "", conflict.message)
+    return 72 + sum(len(t.encode()) for t in texts)
+
+
 def _listed(conflicts: list[Conflict], max_bytes: int) -> list[Conflict]:
     """``conflicts`` itself if it is within the bounds, else its longest prefix that is (never empty), the last
     one's message saying how many were left out."""
     total, keep = 0, 0
     for conflict in conflicts[:MAX_LISTED_CONFLICTS]:
-        total += conflict.size
+        total += _size(conflict)
         if keep and total > max_bytes:
             break
         keep += 1
