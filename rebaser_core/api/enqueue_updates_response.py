@@ -16,6 +16,7 @@ is cut to :data:`MAX_ERROR_MESSAGE_CHARS` characters. :func:`bounded_status` bou
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, field_validator, model_validator
@@ -91,6 +92,9 @@ class ErrorStatus(_Status):
         return _cut(message, MAX_ERROR_MESSAGE_CHARS)
 
 
+_NOTE = re.compile(r"\(and ([0-9]{1,18}) more conflicts not listed\)$")
+
+
 def _size(conflict: Conflict) -> int:
     """About the encoded size in bytes (JSON or CBOR): the text fields plus room for keys and framing."""
     texts = (conflict.path, conflict.expected_version or "", conflict.actual_version or "", conflict.message)
@@ -108,8 +112,11 @@ def _listed(conflicts: list[Conflict], max_bytes: int) -> list[Conflict]:
         keep += 1
     if keep == len(conflicts):
         return conflicts
+    # Cutting an already cut list (the record keeps a shorter copy) counts what the first cut left out too.
+    earlier = _NOTE.search(conflicts[-1].message)
+    omitted = len(conflicts) - keep + (int(earlier.group(1)) if earlier else 0)
     last = conflicts[keep - 1]
-    note = f"(and {len(conflicts) - keep} more conflicts not listed)"
+    note = f"(and {omitted} more conflicts not listed)"
     message = f"{_cut(last.message, MAX_CONFLICT_MESSAGE_CHARS)} {note}".lstrip()
     return [*conflicts[: keep - 1], last.model_copy(update={"message": message})]
 
