@@ -21,6 +21,7 @@ from rebaser_core.api import (
     StoredUpdates,
 )
 from rebaser_core.errors import (
+    BatchTooLarge,
     ClientError,
     RebaserBusy,
     RebaserError,
@@ -33,6 +34,7 @@ from rebaser_core.errors import (
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 __all__ = [
+    "BatchTooLarge",
     "ChangeSetId",
     "ClientError",
     "ClientStatus",

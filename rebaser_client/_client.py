@@ -36,7 +36,7 @@ from rebaser_core.api import (
     UpdatesKind,
     VersionedMessage,
 )
-from rebaser_core.batches import encode_batch
+from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES, encode_batch
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import (
     ProtocolError,
@@ -259,9 +259,19 @@ class RebaserClient:
             raise RebaserRefused(response.error)
         return response
 
-    async def store_batch(self, updates: Sequence[Update]) -> StoredUpdates:
-        """Write a (large) batch to the batches object store once; send the result as ``updates``."""
-        address, data = encode_batch(list(updates))
+    async def store_batch(
+        self,
+        updates: Sequence[Update],
+        *,
+        max_updates: int = MAX_BATCH_UPDATES,
+        max_bytes: int = MAX_BATCH_BYTES,
+    ) -> StoredUpdates:
+        """Write a (large) batch to the batches object store once; send the result as ``updates``.
+
+        Raises :class:`~rebaser_core.errors.BatchTooLarge` (nothing stored) for a batch over ``max_updates`` or
+        ``max_bytes``: by default 100,000 updates and 16 MiB, the daemons' default ``max_updates_per_request`` and
+        ``max_stored_batch_bytes`` (pass theirs if they were changed)."""
+        address, data = encode_batch(list(updates), max_updates=max_updates, max_bytes=max_bytes)
         ensure_connected(self._nc, f"storing batch {address}")
         js = self._nc.jetstream()
         try:

@@ -17,7 +17,8 @@ Catch the narrowest class that tells you what to do next::
     ├── ClientError                    raised by rebaser_client
     │   ├── RebaserTimeout             no reply before the deadline (the request may still be applied)
     │   ├── RebaserRefused             the server refused to take the request
-    │   │   └── RebaserBusy            back-pressure (``limit`` says which); retry after ``retry_after`` seconds
+    │   │   ├── RebaserBusy            back-pressure (``limit`` says which); retry after ``retry_after`` seconds
+    │   │   └── BatchTooLarge          a stored batch over the size limits (``limit``); nothing was stored
     │   ├── RebaserUnavailable         NATS or JetStream cannot be reached
     │   └── SpoolError                 the client's local spool file cannot be used (locked by another client)
     ├── ApplicationError               raised by an app while applying a request
@@ -35,6 +36,7 @@ from typing import Literal
 
 __all__ = [  # classes only (BusyLimit, a type alias, is importable but not listed: the tree lists classes)
     "ApplicationError",
+    "BatchTooLarge",
     "ClientError",
     "DecodeError",
     "EmbeddedServerError",
@@ -149,6 +151,17 @@ class RebaserBusy(RebaserRefused):
         super().__init__(message)
         self.retry_after = retry_after
         self.limit: BusyLimit = limit
+
+
+class BatchTooLarge(RebaserRefused):
+    """A batch has more updates (``limit == "updates"``) or bytes (``"bytes"``) than a stored batch may have
+    (``size`` > ``maximum``); nothing was stored. Split it into several requests."""
+
+    def __init__(self, message: str, limit: Literal["updates", "bytes"], size: int, maximum: int) -> None:
+        super().__init__(message)
+        self.limit: Literal["updates", "bytes"] = limit
+        self.size = size
+        self.maximum = maximum
 
 
 class RebaserUnavailable(ClientError):

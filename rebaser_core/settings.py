@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES
 from rebaser_core.errors import InvalidReplyInbox
 from rebaser_core.inbox import DEFAULT_INBOX_PREFIX, check_inbox_prefix
 from rebaser_core.subjects import Subjects, validate_prefix
@@ -119,6 +120,29 @@ class Settings(BaseModel):
     ready_max_disconnected: float = Field(
         30.0, gt=0, description="Not ready once NATS has been unreachable for longer than this."
     )
+
+    # -- limits of the built-in snapshot app (docs/protocol.md, "Limits") ----------------------------------------
+    # Over a limit, a request is refused (error reply, dead letter) and a computed value becomes an error value:
+    # no message may make a daemon compute or hold without bound.
+    max_updates_per_request: int = Field(
+        MAX_BATCH_UPDATES, ge=1, description="Updates in one request, inline or stored."
+    )
+    max_stored_batch_bytes: int = Field(
+        MAX_BATCH_BYTES, ge=1, description="Size of a stored batch (checked before it is downloaded)."
+    )
+    max_value_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="A literal or computed value, as compact JSON. A function whose arguments add up to more "
+        "than 4 times this is not called (error value).",
+    )
+    max_snapshot_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1,
+        description="A change set's snapshot, as stored (compact JSON). Decoding one holds the GIL: about "
+        "0.3 s for 32 MiB.",
+    )
+    max_snapshot_attributes: int = Field(100_000, ge=1, description="Attributes in one snapshot.")
 
     @field_validator("prefix")
     @classmethod

@@ -288,7 +288,16 @@ class ChangeSetProcessor:
     # -- watchdog and keep-alive --------------------------------------------------------------------
     async def _step(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one app step in its own task so the watchdog can cancel it (wedged, or the lease ran out)."""
-        task = asyncio.ensure_future(coro)
+        async def guarded() -> T:
+            # Checked in the step's own task, right before the app runs (no await in between): a daemon frozen
+            # anywhere between taking a request and applying it (SIGSTOP, a long GC pause) must not apply it when
+            # it resumes; the other daemon that took the change set over meanwhile may be applying it.
+            if not self.lease.held():
+                coro.close()
+                raise LeaseLost()
+            return await coro
+
+        task = asyncio.ensure_future(guarded())
         self._steps[task] = time.monotonic()
         try:
             return await task

@@ -27,6 +27,7 @@ from nats.js.kv import KeyValue
 
 from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
+from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -46,6 +47,12 @@ _ACQUIRE_ATTEMPTS = 5
 # Records are written by daemons, but they are read back as untrusted bytes all the same: a record holding CBOR
 # shared references (28/29) would expand exponentially in the decoder. Their size is bounded by the bucket.
 _RECORD_LIMITS = CborLimits(max_depth=128)
+
+# The recent replies of a record share this budget (the record must fit in one NATS message, 1 MiB by default), so
+# each is stored within RECENT_REPLIES_MAX_BYTES / idempotency_window, but at least REPLY_MIN_BYTES (the default
+# window of 64 gets 8 KiB each). A reply answered again from the record may so list fewer conflicts than the first.
+RECENT_REPLIES_MAX_BYTES = 512 * 1024
+REPLY_MIN_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +139,8 @@ class ChangeSetRecord:
     def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
         recent = dict(self.recent)
         recent.pop(request_id, None)
-        recent[request_id] = bytes(cbor2.dumps([request_id, response.status.model_dump(mode="json")]))
+        status = bounded_status(response.status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window))
+        recent[request_id] = bytes(cbor2.dumps([request_id, status.model_dump(mode="json")]))
         while len(recent) > window:
             del recent[next(iter(recent))]
         attempts = {k: v for k, v in self.attempts.items() if k != request_id}

@@ -6,13 +6,20 @@
   names the resulting state;
 - ``conflicts``: nothing applied, because targets changed since the caller computed the batch;
 - ``error``: not applied; ``retryable`` says whether sending the same request again can help.
+
+A status has a bounded size by construction, so a reply always fits in a NATS message and the last
+``idempotency_window`` replies fit in the change set's record (a 20,000-conflict reply once made every commit
+fail): a conflicts status lists at most :data:`MAX_LISTED_CONFLICTS` conflicts and :data:`MAX_STATUS_BYTES` of
+them (always the first), and says how many more there were in the last listed conflict's message; an error message
+is cut to :data:`MAX_ERROR_MESSAGE_CHARS` characters. :func:`bounded_status` bounds a status tighter still.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+import re
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, field_validator, model_validator
 
 from rebaser_core.api.versioned import MessageVersion, VersionedMessage
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -26,7 +33,17 @@ __all__ = [
     "ErrorStatus",
     "ResponseStatus",
     "SuccessStatus",
+    "bounded_status",
 ]
+
+MAX_LISTED_CONFLICTS = 100
+MAX_STATUS_BYTES = 16 * 1024
+MAX_CONFLICT_MESSAGE_CHARS = 256
+MAX_ERROR_MESSAGE_CHARS = 1024
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Status(BaseModel):
@@ -45,16 +62,77 @@ class Conflict(_Status):
     actual_version: str | None
     message: str = ""
 
+    @field_validator("message")
+    @classmethod
+    def _short_message(cls, message: str) -> str:
+        # Room for the "(and K more ...)" note on top of a cut message (see _listed).
+        return _cut(message, 2 * MAX_CONFLICT_MESSAGE_CHARS)
+
 
 class ConflictsStatus(_Status):
     kind: Literal["conflicts"] = "conflicts"
     conflicts: list[Conflict]
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _bounded(cls, data: Any, handler: ModelWrapValidatorHandler[ConflictsStatus]) -> ConflictsStatus:
+        status = handler(data)
+        listed = _listed(status.conflicts, MAX_STATUS_BYTES)
+        return status if listed is status.conflicts else handler({"conflicts": listed})
 
 
 class ErrorStatus(_Status):
     kind: Literal["error"] = "error"
     message: str
     retryable: bool = False
+
+    @field_validator("message")
+    @classmethod
+    def _short_message(cls, message: str) -> str:
+        return _cut(message, MAX_ERROR_MESSAGE_CHARS)
+
+
+_NOTE = re.compile(r"\(and ([0-9]{1,18}) more conflicts not listed\)$")
+
+
+def _size(conflict: Conflict) -> int:
+    """About the encoded size in bytes (JSON or CBOR): the text fields plus room for keys and framing."""
+    texts = (conflict.path, conflict.expected_version or "", conflict.actual_version or "", conflict.message)
+    return 72 + sum(len(t.encode()) for t in texts)
+
+
+def _listed(conflicts: list[Conflict], max_bytes: int) -> list[Conflict]:
+    """``conflicts`` itself if it is within the bounds, else its longest prefix that is (never empty), the last
+    one's message saying how many were left out."""
+    total, keep = 0, 0
+    for conflict in conflicts[:MAX_LISTED_CONFLICTS]:
+        total += _size(conflict)
+        if keep and total > max_bytes:
+            break
+        keep += 1
+    if keep == len(conflicts):
+        return conflicts
+    # Cutting an already cut list (the record keeps a shorter copy) counts what the first cut left out too.
+    earlier = _NOTE.search(conflicts[-1].message)
+    omitted = len(conflicts) - keep + (int(earlier.group(1)) if earlier else 0)
+    last = conflicts[keep - 1]
+    note = f"(and {omitted} more conflicts not listed)"
+    message = f"{_cut(last.message, MAX_CONFLICT_MESSAGE_CHARS)} {note}".lstrip()
+    return [*conflicts[: keep - 1], last.model_copy(update={"message": message})]
+
+
+def bounded_status(
+    status: SuccessStatus | ConflictsStatus | ErrorStatus, max_bytes: int
+) -> SuccessStatus | ConflictsStatus | ErrorStatus:
+    """``status`` within about ``max_bytes`` (tighter than the bounds every status has): fewer conflicts listed,
+    a shorter error message. The first conflict is always listed."""
+    if isinstance(status, ConflictsStatus):
+        listed = _listed(status.conflicts, max_bytes)
+        return status if listed is status.conflicts else ConflictsStatus(conflicts=listed)
+    if isinstance(status, ErrorStatus) and len(status.message.encode()) > max_bytes:
+        # Characters, not bytes, are cut: 4 bytes per character at most.
+        return status.model_copy(update={"message": _cut(status.message, max(64, max_bytes // 4))})
+    return status
 
 
 ResponseStatus = Annotated[SuccessStatus | ConflictsStatus | ErrorStatus, Field(discriminator="kind")]

@@ -6,11 +6,20 @@ State (the ``state`` of the framework's change-set record, committed with compar
 
 ``base`` is where the change set was forked from; applying a change set onto another (``from_change_set_id``)
 carries over what it changed since that fork. Snapshots themselves live in an object store, written once.
+
+Requests over the limits in ``Settings`` are refused (``limits.OverLimit``). The pure work of a step (rebase,
+dependent values update, encoding the snapshot) runs in a worker thread when the snapshot or the batch is large,
+so one huge change set does not stall the event loop that serves health, progress acks and the other change sets;
+small steps stay on the loop, where they cost less than the thread hop (and never wait behind huge ones). The model
+is pure and every snapshot immutable, so the thread shares nothing mutable with the loop; registered functions
+must be pure too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
 
@@ -20,7 +29,10 @@ from rebaser_core.ids import ChangeSetId
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
+from rebaser_server.apps.snapshots.limits import Limits, check_growth, check_updates
 from rebaser_server.apps.snapshots.model import (
+    Attribute,
+    Change,
     Function,
     Rebased,
     Snapshot,
@@ -29,12 +41,48 @@ from rebaser_server.apps.snapshots.model import (
     dependent_values_update,
     rebase,
 )
-from rebaser_server.apps.snapshots.store import SnapshotStore
+from rebaser_server.apps.snapshots.store import OFF_LOOP_BYTES, SnapshotStore
 from rebaser_server.state import ChangeSetStore
 
 __all__ = ["SnapshotApp"]
 
 EMPTY = Snapshot()
+T = TypeVar("T")
+
+# A step over this many attributes plus updates (or a snapshot over OFF_LOOP_BYTES) runs in a worker thread.
+_OFF_LOOP_ITEMS = 2_000
+
+
+def _rebased(current: Snapshot, updates: Sequence[Update], limits: Limits) -> tuple[Rebased, bytes]:
+    check_updates(updates, limits)
+    return _checked(current, rebase(current, updates), limits)
+
+
+def _merged(current: Snapshot, base: Snapshot, source: Snapshot, limits: Limits) -> tuple[Rebased, bytes]:
+    changes: list[Change] = changes_since(base, source)
+    return _checked(current, apply_changes(current, changes), limits)
+
+
+def _checked(current: Snapshot, rebased: Rebased, limits: Limits) -> tuple[Rebased, bytes]:
+    """The result and its encoding (for the store), refused if it takes the snapshot over the limits."""
+    if not rebased.ok:
+        return rebased, b""
+    data = rebased.snapshot.encode()
+    # The current size is only needed (and only measured) when the result is over the limit.
+    before = len(current.encode()) if len(data) > limits.max_snapshot_bytes else 0
+    check_growth((len(current.attributes), before), (len(rebased.snapshot.attributes), len(data)), limits)
+    return rebased, data
+
+
+def _conflicts_status(rebased: Rebased) -> ConflictsStatus:
+    return ConflictsStatus(conflicts=list(rebased.conflicts))
+
+
+def _updated(
+    snapshot: Snapshot, functions: dict[str, Function], limits: Limits, size: int | None
+) -> tuple[Snapshot, bytes]:
+    updated, _order = dependent_values_update(snapshot, functions, limits, encoded_size=size)
+    return updated, updated.encode()
 
 
 class SnapshotApp:
@@ -50,12 +98,14 @@ class SnapshotApp:
         self.functions: dict[str, Function] = dict(BUILTIN_FUNCTIONS)
         self._store: SnapshotStore | None = None
         self._records: ChangeSetStore | None = None
+        self.limits = Limits()
 
     def register_function(self, name: str, function: Function) -> None:
         self.functions[name] = function
 
     async def start(self, nc: NatsClient, settings: Settings) -> None:
         js = nc.jetstream()
+        self.limits = Limits.from_settings(settings)
         self._store = SnapshotStore(js, settings)
         await self._store.open()
         await self._store.put(EMPTY)
@@ -82,15 +132,30 @@ class SnapshotApp:
             "dvu_runs": 0,
         }
 
+    def _large(self, address: str, items: int) -> bool:
+        size = self.store.size(address)
+        return items > _OFF_LOOP_ITEMS or size is None or size > OFF_LOOP_BYTES
+
+    async def _run(self, large: bool, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(work, *args) if large else work(*args)
+
     async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
         current = await self.store.get(state["snapshot"])
         if request.from_change_set_id is not None:
-            rebased = await self._apply_change_set(change_set, current, request.from_change_set_id)
+            base, source = await self._fork_point(change_set, request.from_change_set_id)
+            large = (
+                True  # three snapshots compared and hashed path by path; rare enough to always take a thread
+            )
+            rebased, data = await self._run(large, _merged, current, base, source, self.limits)
         else:
-            rebased = rebase(current, await self._updates(request))
+            updates = await self._updates(request)
+            large = self._large(state["snapshot"], len(current.attributes) + len(updates))
+            rebased, data = await self._run(large, _rebased, current, updates, self.limits)
         if not rebased.ok:
-            return Applied(ConflictsStatus(conflicts=list(rebased.conflicts)), state)
-        address = await self.store.put(rebased.snapshot)
+            # Validating 20,000 conflicts before the status keeps the first 100 is work too.
+            conflicts = await self._run(large, _conflicts_status, rebased)
+            return Applied(conflicts, state)
+        address = await self.store.put(rebased.snapshot, data)
         status = SuccessStatus(updates_performed=rebased.performed, snapshot_address=address)
         return Applied(status, {**state, "snapshot": address}, dvu=bool(rebased.snapshot.roots))
 
@@ -99,9 +164,8 @@ class SnapshotApp:
             return await self.store.get_batch(request.updates.address)
         return list(request.updates.updates)
 
-    async def _apply_change_set(
-        self, target: ChangeSet, current: Snapshot, source_id: ChangeSetId
-    ) -> Rebased:
+    async def _fork_point(self, target: ChangeSet, source_id: ChangeSetId) -> tuple[Snapshot, Snapshot]:
+        """The source change set's snapshot at its fork, and now."""
         assert self._records is not None
         record = await self._records.read(ChangeSet(target.workspace_id, source_id))
         if record is None:
@@ -109,29 +173,37 @@ class SnapshotApp:
         base = record.state.get("base") if isinstance(record.state, dict) else None
         if not base:
             raise UnprocessableError(f"change set {source_id} was not forked, so it has no changes to apply")
-        changes = changes_since(
-            await self.store.get(base["snapshot"]), await self.store.get(record.state["snapshot"])
-        )
-        return apply_changes(current, changes)
+        return await self.store.get(base["snapshot"]), await self.store.get(record.state["snapshot"])
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
         snapshot = await self.store.get(state["snapshot"])
         if not snapshot.roots:
             return state
-        updated, _order = dependent_values_update(snapshot, self.functions)
-        address = await self.store.put(updated)
+        large = self._large(state["snapshot"], len(snapshot.attributes))
+        size = self.store.size(state["snapshot"])
+        updated, data = await self._run(large, _updated, snapshot, self.functions, self.limits, size)
+        address = await self.store.put(updated, data)
         return {**state, "snapshot": address, "dvu_runs": state.get("dvu_runs", 0) + 1}
 
     async def describe(self, change_set: ChangeSet, state: AppState, path: str | None) -> ChangeSetView:
         snapshot = await self.store.get(state["snapshot"])
-        attributes: dict[str, Any] = dict(snapshot.attributes)
-        if path is not None:
-            attributes = {p: a for p, a in attributes.items() if p == path}
         base = state.get("base")
-        return ChangeSetView(
-            snapshot_address=state["snapshot"],
-            values={p: a.value for p, a in attributes.items()},
-            versions={p: a.version for p, a in attributes.items()},
-            errors={p: a.error for p, a in attributes.items() if a.error is not None},
-            forked_from=ChangeSetId(base["change_set_id"]) if base else None,
-        )
+        forked_from = ChangeSetId(base["change_set_id"]) if base else None
+        if path is not None:
+            attribute = snapshot.attributes.get(path)
+            return _view(state["snapshot"], {} if attribute is None else {path: attribute}, forked_from)
+        # Every attribute's version is a hash: for a large snapshot, that is work for a thread too.
+        large = self._large(state["snapshot"], len(snapshot.attributes))
+        return await self._run(large, _view, state["snapshot"], snapshot.attributes, forked_from)
+
+
+def _view(
+    address: str, attributes: Mapping[str, Attribute], forked_from: ChangeSetId | None
+) -> ChangeSetView:
+    return ChangeSetView(
+        snapshot_address=address,
+        values={p: a.value for p, a in attributes.items()},
+        versions={p: a.version for p, a in attributes.items()},
+        errors={p: a.error for p, a in attributes.items() if a.error is not None},
+        forked_from=forked_from,
+    )

@@ -1,7 +1,12 @@
-"""Snapshots and stored batches in JetStream Object Stores: content-addressed, written once, cached."""
+"""Snapshots and stored batches in JetStream Object Stores: content-addressed, written once, cached.
+
+Decoding a large snapshot or batch is CPU work: it runs in a worker thread so the event loop (health, progress
+acks, other change sets) keeps being served.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 
 from nats.js import JetStreamContext
@@ -15,7 +20,13 @@ from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
 
-__all__ = ["SnapshotStore"]
+__all__ = ["CACHE_BYTES", "OFF_LOOP_BYTES", "SnapshotStore"]
+
+OFF_LOOP_BYTES = 256 * 1024
+"""Data larger than this is decoded in a worker thread; smaller data costs less than the thread hop."""
+
+CACHE_BYTES = 256 * 1024 * 1024
+"""The snapshot cache holds at most this many bytes of snapshots (their encoded size; in memory they take more)."""
 
 
 async def open_object_store(js: JetStreamContext, name: str, settings: Settings) -> ObjectStore:
@@ -29,14 +40,23 @@ async def open_object_store(js: JetStreamContext, name: str, settings: Settings)
 
 
 class SnapshotStore:
-    def __init__(self, js: JetStreamContext, settings: Settings, *, cache_size: int = 1024) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        settings: Settings,
+        *,
+        cache_size: int = 1024,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
         self._js = js
         self._settings = settings
         self._snapshots: ObjectStore | None = None
         self._batches: ObjectStore | None = None
-        # Snapshots are immutable, so a cache never goes stale; it only saves reads.
-        self._cache: OrderedDict[str, Snapshot] = OrderedDict()
+        # Snapshots are immutable, so a cache never goes stale; it only saves reads. With each its encoded size.
+        self._cache: OrderedDict[str, tuple[Snapshot, int]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cached_bytes = 0
         self._written: set[str] = set()
 
     async def open(self) -> None:
@@ -44,16 +64,28 @@ class SnapshotStore:
         self._snapshots = await open_object_store(self._js, subjects.snapshots_bucket, self._settings)
         self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
-    def _remember(self, address: str, snapshot: Snapshot) -> None:
-        self._cache[address] = snapshot
-        self._cache.move_to_end(address)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+    def _remember(self, address: str, snapshot: Snapshot, size: int) -> None:
+        previous = self._cache.pop(address, None)
+        self._cached_bytes += size - (0 if previous is None else previous[1])
+        self._cache[address] = (snapshot, size)
+        # Bounded in bytes too: a thousand snapshots at the size limit would not fit in memory. The newest stays.
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes
+        ):
+            _, (_, evicted) = self._cache.popitem(last=False)
+            self._cached_bytes -= evicted
 
-    async def put(self, snapshot: Snapshot) -> str:
-        """Write ``snapshot`` unless that address is already stored; return its address."""
+    def size(self, address: str) -> int | None:
+        """The encoded size of a snapshot this store has in its cache, else None."""
+        cached = self._cache.get(address)
+        return None if cached is None else cached[1]
+
+    async def put(self, snapshot: Snapshot, data: bytes | None = None) -> str:
+        """Write ``snapshot`` (whose encoding is ``data``, if already known) unless that address is already stored;
+        return its address."""
         assert self._snapshots is not None
-        data = snapshot.encode()
+        if data is None:
+            data = snapshot.encode()
         address = Snapshot.address_of(data)
         if address not in self._written:
             try:
@@ -61,29 +93,50 @@ class SnapshotStore:
             except NotFoundError:
                 await self._snapshots.put(address, data)
             self._written.add(address)
-        self._remember(address, snapshot)
+        self._remember(address, snapshot, len(data))
         return address
 
     async def get(self, address: str) -> Snapshot:
         cached = self._cache.get(address)
         if cached is not None:
             self._cache.move_to_end(address)
-            return cached
+            return cached[0]
         assert self._snapshots is not None
         result = await self._snapshots.get(address)
-        assert result.data is not None
-        snapshot = Snapshot.decode(result.data)
-        self._remember(address, snapshot)
+        data = result.data
+        assert data is not None
+        snapshot = (
+            await asyncio.to_thread(Snapshot.decode, data)
+            if len(data) > OFF_LOOP_BYTES
+            else Snapshot.decode(data)
+        )
+        self._remember(address, snapshot, len(data))
         return snapshot
 
     async def get_batch(self, address: str) -> list[Update]:
+        """The updates of a stored batch; ``UnprocessableError`` if it is missing, corrupt or over the limits
+        (``max_stored_batch_bytes``: its declared size is checked before it is downloaded, its real size after;
+        ``max_updates_per_request``: counted before any update is validated)."""
         assert self._batches is not None
+        max_bytes = self._settings.max_stored_batch_bytes
         try:
+            info = await self._batches.get_info(address)
+            if (info.size or 0) > max_bytes:
+                raise UnprocessableError(
+                    f"stored batch {address} has {info.size} bytes, over the limit of {max_bytes} "
+                    "(max_stored_batch_bytes)"
+                )
             result = await self._batches.get(address)
         except NotFoundError:
             raise UnprocessableError(f"stored batch {address} does not exist") from None
-        assert result.data is not None
+        data = result.data
+        assert data is not None
+        if len(data) > max_bytes:
+            raise UnprocessableError(f"stored batch {address} is over the limit of {max_bytes} bytes")
+        max_updates = self._settings.max_updates_per_request
         try:
-            return decode_batch(address, result.data)
+            if len(data) > OFF_LOOP_BYTES:
+                return await asyncio.to_thread(decode_batch, address, data, max_updates=max_updates)
+            return decode_batch(address, data, max_updates=max_updates)
         except DecodeError as err:
             raise UnprocessableError(str(err)) from None
