@@ -17,9 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class SerialDvu:
-    def __init__(self, run: Callable[[], Awaitable[None]], *, name: str = "dvu") -> None:
+    def __init__(
+        self,
+        run: Callable[[], Awaitable[None]],
+        *,
+        name: str = "dvu",
+        retry_backoff: float = 1.0,
+        retry_backoff_max: float = 60.0,
+    ) -> None:
         self._run = run
         self._name = name
+        self._retry_backoff = retry_backoff
+        self._retry_backoff_max = retry_backoff_max
         self._permit = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -60,6 +69,7 @@ class SerialDvu:
                 )
 
     async def _loop(self) -> None:
+        failed_in_a_row = 0
         while True:
             await self._permit.wait()
             # Clear before running: a notify() during the run sets the permit again -> exactly one more run.
@@ -67,11 +77,17 @@ class SerialDvu:
             try:
                 await self._run()
                 self.runs += 1
+                failed_in_a_row = 0
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # A DVU failure must not end the task: log, count, and wait for the next notification.
+                # A DVU failure must not end the task, nor leave the update undone until the next request happens to
+                # come: it is still due, so it runs again after a backoff (doubling, capped).
                 self.failures += 1
-                log.exception("%s: dependent values update failed", self._name)
+                failed_in_a_row += 1
+                delay = min(self._retry_backoff * 2 ** (failed_in_a_row - 1), self._retry_backoff_max)
+                log.exception("%s: dependent values update failed; again in %.1fs", self._name, delay)
+                await asyncio.sleep(delay)
+                self._permit.set()
             if not self._permit.is_set():
                 self._idle.set()

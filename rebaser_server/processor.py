@@ -101,7 +101,12 @@ class ChangeSetProcessor:
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None
-        self._dvu = SerialDvu(self._run_dvu, name=f"dvu {change_set}")
+        self._dvu = SerialDvu(
+            self._run_dvu,
+            name=f"dvu {change_set}",
+            retry_backoff=settings.retry_backoff,
+            retry_backoff_max=settings.retry_backoff_max,
+        )
 
     # -- public -------------------------------------------------------------------------------------
     def interrupt(self) -> None:
@@ -288,6 +293,7 @@ class ChangeSetProcessor:
     # -- watchdog and keep-alive --------------------------------------------------------------------
     async def _step(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one app step in its own task so the watchdog can cancel it (wedged, or the lease ran out)."""
+
         async def guarded() -> T:
             # Checked in the step's own task, right before the app runs (no await in between): a daemon frozen
             # anywhere between taking a request and applying it (SIGSTOP, a long GC pause) must not apply it when

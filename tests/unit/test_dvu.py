@@ -39,7 +39,7 @@ async def test_notification_while_idle_runs_once_and_failures_do_not_stop_the_lo
         if calls == 1:
             raise RuntimeError("boom")
 
-    dvu = SerialDvu(run)
+    dvu = SerialDvu(run, retry_backoff=0.01)
     dvu.start()
     dvu.notify()
     await wait_for(lambda: dvu.failures == 1, timeout=5)
@@ -65,4 +65,22 @@ async def test_drain_waits_for_pending_run() -> None:
     assert not drained.done()
     proceed.set()
     await asyncio.wait_for(drained, 5)
+    await dvu.stop()
+
+
+async def test_a_failed_update_runs_again_with_backoff_without_a_new_notification() -> None:
+    calls = 0
+
+    async def run() -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise RuntimeError(f"failure {calls}")
+
+    dvu = SerialDvu(run, retry_backoff=0.01, retry_backoff_max=0.02)
+    dvu.start()
+    dvu.notify()  # the only notification
+    await wait_for(lambda: dvu.runs == 1, timeout=5, message="the update succeeded on its fourth try")
+    await asyncio.wait_for(dvu.drain(), 5)
+    assert (calls, dvu.failures) == (4, 3) and not dvu.pending
     await dvu.stop()
