@@ -1,0 +1,48 @@
+"""Three daemons starting at once against a fresh 3-node cluster (R3 streams): every one of them comes up.
+
+nats-server leaves the losing concurrent stream creates unanswered, so a daemon that treated the timeout as fatal
+would exit; the set-up is retried instead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import nats
+
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.embedded import NatsCluster
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_server.server import Daemon
+from rebaser_server.testing import fast_settings
+from tests.apps import RecordingApp
+
+
+async def test_three_daemons_start_at_once_on_a_fresh_cluster(subject_prefix: str, tmp_path: Path) -> None:
+    cluster = NatsCluster(3, base_dir=tmp_path)  # its own, brand new: nothing created on it yet
+    await asyncio.to_thread(cluster.start)
+    try:
+        await _start_three(cluster, subject_prefix)
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def _start_three(cluster: NatsCluster, subject_prefix: str) -> None:
+    settings = fast_settings(subject_prefix, replicas=3, storage="file")
+    conns = [await nats.connect(servers=[url]) for url in cluster.urls]
+    daemons = [Daemon(nc, settings, RecordingApp()) for nc in conns]
+    try:
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(d.start(timeout=45) for d in daemons))
+        async with RebaserClient(conns[0], prefix=subject_prefix) as client:
+            response = await client.enqueue_updates_with_reply(
+                WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+            )
+            assert response.ok
+    finally:
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(d.shutdown() for d in daemons))
+        for nc in conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
