@@ -13,7 +13,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from rebaser_client._publisher import ClientStatus, Publisher
+from rebaser_client._publisher import ClientStatus, Publisher, Sent
 from rebaser_client._spool import SpoolConfig
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
@@ -22,6 +22,8 @@ from rebaser_core.api import (
     FORK_CHANGE_SET_RESPONSE,
     GET_CHANGE_SET_REQUEST,
     GET_CHANGE_SET_RESPONSE,
+    GET_REPLY_REQUEST,
+    GET_REPLY_RESPONSE,
     ContentType,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
@@ -29,6 +31,8 @@ from rebaser_core.api import (
     ForkChangeSetResponse,
     GetChangeSetRequest,
     GetChangeSetResponse,
+    GetReplyRequest,
+    GetReplyResponse,
     InlineUpdates,
     MessageVersion,
     StoredUpdates,
@@ -55,6 +59,10 @@ Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
 """Inline updates (a list, or ``InlineUpdates``), or a stored batch (``StoredUpdates`` or its address)."""
 
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
+# Polling the recorded reply of a resent request: first pause, doubling up to the cap; each query's own timeout.
+_RECORDED_REPLY_FIRST_PAUSE = 0.05
+_RECORDED_REPLY_MAX_PAUSE = 1.0
+_QUERY_TIMEOUT = 2.0
 
 
 def _updates_kind(updates: Updates) -> UpdatesKind:
@@ -289,7 +297,7 @@ class RebaserClient:
         reply_codec: VersionedMessage[Any],
         timeout: float,
     ) -> MessageVersion:
-        assert isinstance(request, GetChangeSetRequest | ForkChangeSetRequest)
+        assert isinstance(request, GetChangeSetRequest | ForkChangeSetRequest | GetReplyRequest)
         subject = self._subjects.api(operation, request.workspace_id, request.change_set_id)
         headers, body = codec.encode(request, self._content_type)
         ensure_connected(self._nc, f"{operation} query")
@@ -330,9 +338,14 @@ class RebaserClient:
         # until the *final* reply: the daemon sends none for a retryable failure, only after the retry.
         future = asyncio.get_running_loop().create_future()
         self._waiting[rid] = (future, request)
+        recorded: asyncio.Task[None] | None = None
         try:
             async with asyncio.timeout(timeout):
-                await self._enqueue(request, f"{inbox}.{rid}")
+                if await self._enqueue(request, f"{inbox}.{rid}") is Sent.DUPLICATE:
+                    # The stream already held this request (a resend after a lost ack or a lost reply), so this
+                    # publish will get no reply of its own, and the first one's may have gone where nobody listens
+                    # any more. Ask the daemons for the recorded reply until it is there (or a reply comes).
+                    recorded = asyncio.create_task(self._recorded_reply(request, future))
                 response: EnqueueUpdatesResponse = await future
                 return response
         except TimeoutError:
@@ -341,13 +354,47 @@ class RebaserClient:
             ) from None
         finally:
             self._waiting.pop(rid, None)
+            if recorded is not None:
+                recorded.cancel()
 
-    async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> None:
+    async def _recorded_reply(
+        self, request: EnqueueUpdatesRequest, future: asyncio.Future[EnqueueUpdatesResponse]
+    ) -> None:
+        """Poll the ``reply`` query until the change set's record holds this request's reply; set ``future``."""
+        pause = _RECORDED_REPLY_FIRST_PAUSE
+        query = GetReplyRequest(
+            id=RequestId.new(),
+            workspace_id=request.workspace_id,
+            change_set_id=request.change_set_id,
+            request_id=request.id,
+        )
+        while not future.done():
+            try:
+                answer = await self._query(
+                    "reply", query, GET_REPLY_REQUEST, GET_REPLY_RESPONSE, _QUERY_TIMEOUT
+                )
+            except (RebaserTimeout, RebaserUnavailable, ProtocolError):
+                answer = None
+            if isinstance(answer, GetReplyResponse) and answer.found and answer.status is not None:
+                if not future.done():
+                    future.set_result(
+                        EnqueueUpdatesResponse(
+                            id=request.id,
+                            workspace_id=request.workspace_id,
+                            change_set_id=request.change_set_id,
+                            status=answer.status,
+                        )
+                    )
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RECORDED_REPLY_MAX_PAUSE)
+
+    async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> Sent:
         subject = self._subjects.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
         headers[_NATS_EXPECTED_STREAM] = self._subjects.requests_stream
         task = self._subjects.task(request.workspace_id, request.change_set_id)
-        await self._publisher.send(str(request.id), subject, headers, body, task)
+        return await self._publisher.send(str(request.id), subject, headers, body, task)
 
     async def _reply_inbox(self) -> str:
         # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -31,7 +33,7 @@ from rebaser_core.errors import (
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import check_pub_ack, ensure_connected, publish_task
 
-__all__ = ["ClientStatus", "Publisher"]
+__all__ = ["ClientStatus", "Publisher", "Sent"]
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +42,10 @@ _IN_FLIGHT_RETRY_AFTER = 0.5
 # While disconnected the replayer looks at the connection this often (nats-py offers nothing to await).
 _REPLAY_POLL = 0.1
 # Publishes whose caller was cancelled, kept referenced until they finish (a bare task may be garbage-collected).
-_UNFINISHED: set[asyncio.Future[None]] = set()
+_UNFINISHED: set[asyncio.Future[bool]] = set()
 
 
-def _forget(publish: asyncio.Future[None]) -> None:
+def _forget(publish: asyncio.Future[bool]) -> None:
     _UNFINISHED.discard(publish)
     if not publish.cancelled():
         publish.exception()  # retrieved: the caller saw it, or was cancelled and no longer cares
@@ -54,6 +56,14 @@ _REPLAY_BATCH = 256
 # Cap on the pause after a refusal: a replay pass costs one refused publish per blocked change set, cheap enough
 # to try a few times a second, so the spool drains soon after the stream does (the callers' retry_after is longer).
 _REPLAY_MAX_PAUSE = 0.25
+
+
+class Sent(enum.Enum):
+    """What became of a request handed to :meth:`Publisher.send`."""
+
+    PUBLISHED = "published"  # stored in the stream now
+    DUPLICATE = "duplicate"  # the stream already held a request with this id (a resend): not stored again
+    SPOOLED = "spooled"  # kept in the local spool, to be published later
 
 
 @dataclass(frozen=True)
@@ -139,16 +149,16 @@ class Publisher:
     # -- sending ----------------------------------------------------------------------------------------
     async def send(
         self, request_id: str, subject: str, headers: dict[str, str], body: bytes, task: str | None = None
-    ) -> bool:
-        """Publish a request (and its task); True if it was spooled instead (durable locally, sent later)."""
+    ) -> Sent:
+        """Publish a request (and its task), or spool it (durable locally, sent later)."""
         await self.start()
         spool = self._spool
         if spool is not None and spool.holds(subject):
             # Earlier requests of this change set wait in the spool; publishing this one now would overtake them.
             await spool.add(request_id, subject, headers, body)
-            return True
+            return Sent.SPOOLED
         try:
-            await self._publish(request_id, subject, headers, body, task)
+            duplicate = await self._publish(request_id, subject, headers, body, task)
         except (RebaserBusy, RebaserUnavailable) as err:
             if spool is None:
                 raise
@@ -157,12 +167,13 @@ class Publisher:
             except RebaserBusy as full:
                 raise RebaserBusy(f"{full}; NATS: {err}", full.retry_after, full.limit) from err
             log.info("request %s spooled: %s", request_id, err)
-            return True
-        return False
+            return Sent.SPOOLED
+        return Sent.DUPLICATE if duplicate else Sent.PUBLISHED
 
     async def _publish(
         self, request_id: str, subject: str, headers: dict[str, str], body: bytes, task: str | None = None
-    ) -> None:
+    ) -> bool:
+        """Publish; True if the stream already held a request with this id (a duplicate, not stored again)."""
         what = f"publishing request {request_id}"
         ensure_connected(self._nc, what)
         loop = asyncio.get_running_loop()
@@ -186,7 +197,7 @@ class Publisher:
         )
         _UNFINISHED.add(publish)
         publish.add_done_callback(_forget)
-        await asyncio.shield(publish)
+        return await asyncio.shield(publish)
 
     async def _publish_in_slot(
         self,
@@ -197,7 +208,7 @@ class Publisher:
         body: bytes,
         task: str | None,
         deadline: float,
-    ) -> None:
+    ) -> bool:
         loop = asyncio.get_running_loop()
         try:
             ensure_connected(self._nc, what)  # it may have dropped while we waited for a slot
@@ -215,6 +226,7 @@ class Publisher:
                 # A timeout, or the connection dropped mid-request (ConnectionClosedError, OutboundBufferLimitError).
                 raise RebaserUnavailable(f"{what} failed: {err or type(err).__name__}") from None
             check_pub_ack(ack.data, subject)
+            duplicate = bool(json.loads(ack.data).get("duplicate", False))
             self._last_publish_at = time.time()
             # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
             if task is None:  # a replayed request: only its subject was spooled
@@ -226,6 +238,7 @@ class Publisher:
                 log.warning(
                     "task publish for request %s failed (the orphan sweep finds it): %s", request_id, err
                 )
+            return duplicate
         finally:
             self._in_flight -= 1
             self._slots.release()

@@ -1,4 +1,4 @@
-"""Request/reply queries about change sets (``get``, ``fork``), answered by any daemon of a queue group.
+"""Request/reply queries about change sets (``get``, ``fork``, ``reply``), answered by any daemon of a queue group.
 
 They read committed records and never take a change set's task: a ``get`` shows the state as of the last commit,
 and a ``fork`` creates a record that does not exist yet (refused if it does), so neither races the owner.
@@ -19,9 +19,12 @@ from rebaser_core.api import (
     FORK_CHANGE_SET_RESPONSE,
     GET_CHANGE_SET_REQUEST,
     GET_CHANGE_SET_RESPONSE,
+    GET_REPLY_REQUEST,
+    GET_REPLY_RESPONSE,
     ContentType,
     ForkChangeSetResponse,
     GetChangeSetResponse,
+    GetReplyResponse,
     VersionedMessage,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
@@ -79,7 +82,7 @@ class QueryService:
                     id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
                 )
             else:
-                handler = self._get if operation == "get" else self._fork
+                handler = {"get": self._get, "fork": self._fork, "reply": self._reply}[operation]
                 response = await handler(change_set, request, ids)
         except InvalidSubject as err:
             log.warning("refusing query on %s: %s", msg.subject, err)
@@ -128,6 +131,13 @@ class QueryService:
             forked_from=view.forked_from,
         )
 
+    async def _reply(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> GetReplyResponse:
+        record = await self._rt.store.read(change_set)
+        status = None if record is None else record.recorded_status(str(request.request_id))
+        return GetReplyResponse(
+            id=request.id, **ids, request_id=request.request_id, found=status is not None, status=status
+        )
+
     async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
         app = self._rt.app
         if not isinstance(app, SupportsQueries):
@@ -153,6 +163,7 @@ class QueryService:
 _QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any]]] = {
     "get": (GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, GetChangeSetResponse),
     "fork": (FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, ForkChangeSetResponse),
+    "reply": (GET_REPLY_REQUEST, GET_REPLY_RESPONSE, GetReplyResponse),
 }
 
 

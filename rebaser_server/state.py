@@ -24,8 +24,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+from pydantic import TypeAdapter
 
-from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse
+from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, ResponseStatus
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
@@ -41,6 +42,8 @@ __all__ = [
     "StaleDelivery",
     "TaskDelivery",
 ]
+
+_STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
@@ -124,17 +127,22 @@ class ChangeSetRecord:
 
     def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
         """The reply already given to ``request`` if it was processed (then it must not be applied again)."""
-        raw = self.recent.get(str(request.id))
+        status = self.recorded_status(str(request.id))
+        if status is None:
+            return None
+        return EnqueueUpdatesResponse(
+            id=request.id,
+            workspace_id=request.workspace_id,
+            change_set_id=request.change_set_id,
+            status=status,
+        )
+
+    def recorded_status(self, request_id: str) -> ResponseStatus | None:
+        """The status of the reply recorded for ``request_id``, if the record still holds it."""
+        raw = self.recent.get(request_id)
         if raw is None:
             return None
-        return EnqueueUpdatesResponse.model_validate(
-            {
-                "id": request.id,
-                "workspace_id": request.workspace_id,
-                "change_set_id": request.change_set_id,
-                "status": cbor2.loads(raw)[1],
-            }
-        )
+        return _STATUS.validate_python(cbor2.loads(raw)[1])
 
     def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
         recent = dict(self.recent)

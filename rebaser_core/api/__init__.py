@@ -5,10 +5,14 @@ from rebaser_core.api.change_set_queries import (
     FORK_CHANGE_SET_RESPONSE,
     GET_CHANGE_SET_REQUEST,
     GET_CHANGE_SET_RESPONSE,
+    GET_REPLY_REQUEST,
+    GET_REPLY_RESPONSE,
     ForkChangeSetRequest,
     ForkChangeSetResponse,
     GetChangeSetRequest,
     GetChangeSetResponse,
+    GetReplyRequest,
+    GetReplyResponse,
 )
 from rebaser_core.api.codec import ContentType
 from rebaser_core.api.enqueue_updates_request import (
@@ -47,6 +51,8 @@ __all__ = [
     "FORK_CHANGE_SET_RESPONSE",
     "GET_CHANGE_SET_REQUEST",
     "GET_CHANGE_SET_RESPONSE",
+    "GET_REPLY_REQUEST",
+    "GET_REPLY_RESPONSE",
     "AttributePath",
     "Conflict",
     "ConflictsStatus",
@@ -62,6 +68,8 @@ __all__ = [
     "ForkChangeSetResponse",
     "GetChangeSetRequest",
     "GetChangeSetResponse",
+    "GetReplyRequest",
+    "GetReplyResponse",
     "InlineUpdates",
     "MessageVersion",
     "Negotiated",

@@ -5,7 +5,12 @@
 ``ForkChangeSet`` v1 on ``[P.]rebaser.api.fork.<workspace>.<change_set>``:
     create ``change_set`` as a fork of ``from_change_set_id`` at that one's current snapshot.
 
-Both replies carry ``error`` (a message) instead of a result when the query could not be answered.
+``GetReply`` v1 on ``[P.]rebaser.api.reply.<workspace>.<change_set>``:
+    the reply already given to one request, from the change set's record (``found`` false if the request is not
+    processed yet, or so long ago that the record no longer holds its reply). A client whose resend of a request
+    was dropped as a duplicate asks this, since the request's own reply may have gone where nobody listens.
+
+Every reply carries ``error`` (a message) instead of a result when the query could not be answered.
 """
 
 from __future__ import annotations
@@ -14,19 +19,24 @@ from typing import Any, ClassVar
 
 from pydantic import JsonValue
 
+from rebaser_core.api.enqueue_updates_response import ResponseStatus
 from rebaser_core.api.updates import AttributePath
 from rebaser_core.api.versioned import MessageVersion, VersionedMessage
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 __all__ = [
     "FORK_CHANGE_SET_REQUEST",
     "FORK_CHANGE_SET_RESPONSE",
     "GET_CHANGE_SET_REQUEST",
     "GET_CHANGE_SET_RESPONSE",
+    "GET_REPLY_REQUEST",
+    "GET_REPLY_RESPONSE",
     "ForkChangeSetRequest",
     "ForkChangeSetResponse",
     "GetChangeSetRequest",
     "GetChangeSetResponse",
+    "GetReplyRequest",
+    "GetReplyResponse",
 ]
 
 
@@ -91,3 +101,28 @@ FORK_CHANGE_SET_REQUEST = VersionedMessage(
 FORK_CHANGE_SET_RESPONSE = VersionedMessage(
     "ForkChangeSetResponse", (ForkChangeSetResponse,), ForkChangeSetResponse
 )
+
+
+class GetReplyRequest(MessageVersion):
+    MESSAGE_TYPE: ClassVar[str] = "GetReplyRequest"
+    VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    request_id: RequestId
+
+
+class GetReplyResponse(MessageVersion):
+    MESSAGE_TYPE: ClassVar[str] = "GetReplyResponse"
+    VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    request_id: RequestId | None = None  # None only with ``error`` (the query could not be read)
+    found: bool = False
+    status: ResponseStatus | None = None
+    error: str | None = None
+
+
+GET_REPLY_REQUEST = VersionedMessage("GetReplyRequest", (GetReplyRequest,), GetReplyRequest)
+GET_REPLY_RESPONSE = VersionedMessage("GetReplyResponse", (GetReplyResponse,), GetReplyResponse)

@@ -10,7 +10,8 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral, _publisher
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
@@ -81,3 +82,31 @@ async def test_a_failing_queued_check_after_release_is_retried(
         gate.release()
         assert (await late).ok
         assert failures == 1
+
+
+async def test_a_resent_request_whose_reply_was_lost_gets_the_recorded_reply(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        request = EnqueueUpdatesRequest(
+            id=RequestId.new(),
+            workspace_id=wk,
+            change_set_id=cs,
+            updates=InlineUpdates(updates=[SetLiteral(path="/n", value=1)]),
+        )
+        # The first client publishes with a reply inbox and is gone before the reply comes (a crash, a node kill):
+        # the request is applied, its reply goes nowhere.
+        async with RebaserClient(nc, prefix=subject_prefix) as first:
+            await first._enqueue(request, nc.new_inbox())  # an inbox nobody will listen to
+
+            async def committed() -> bool:
+                return await applied(daemon.rt.store, wk, cs) == [str(request.id)]
+
+            await wait_for(committed, timeout=10, message="first publish applied")
+        # The caller retries with the same id, within the stream's duplicate window: the publish is dropped as a
+        # duplicate, so no daemon sees it again. The reply must come all the same, from the change set's record.
+        async with RebaserClient(nc, prefix=subject_prefix) as second:
+            response = await second.send(request, timeout=10)
+        assert response is not None and response.ok and response.id == request.id
+        assert await applied(daemon.rt.store, wk, cs) == [str(request.id)]  # applied once
