@@ -43,11 +43,13 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
         starting: Daemon | None = None  # set once it may have taken tasks
         try:
             daemon = Daemon(nc, config.settings, load_app(config.app))
+            # First: a SIGTERM while starting (slow JetStream set-up, a busy machine) must stop the daemon cleanly,
+            # not kill it with the default action.
+            _install_signal_handlers(daemon)
             # Before the daemon takes any task: a daemon that cannot serve its probes must not start working.
             http = await _start_http(daemon, config)
             starting = daemon
             await daemon.start()
-            _install_signal_handlers(daemon)
             click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
             if demo:
                 from rebaser_server.demo import run_demo

@@ -107,9 +107,13 @@ class Daemon:
         seconds (None: for ever), each failure one log line."""
         rt = self.rt
         await self._set_up(timeout)
+        if self._stopping:
+            return  # shut down while starting (a signal): start nothing
         await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
         self._pull_sub = await rt.js.pull_subscribe_bind(rt.subjects.tasks_consumer, rt.subjects.tasks_stream)
+        if self._stopping:
+            return  # shut down meanwhile: take no task
         self._puller = asyncio.create_task(self._pull(self._pull_sub), name="rebaser task puller")
         if self._sweep:
             self._sweeper_task = asyncio.create_task(self.sweeper.run(), name="rebaser orphan sweep")
@@ -129,7 +133,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         pause = _SETUP_RETRY_FIRST
-        while True:
+        while not self._stopping:
             try:
                 await ensure_streams(rt.js, rt.settings)
                 await rt.store.open()

@@ -48,4 +48,10 @@ async def test_request_published_during_release_is_never_stranded(
             await wait_for(published, timeout=5, message="late request durable")
             gate.release()
             assert (await late).ok, f"iteration {i}: late request not processed"
+            # The activation that served `late` must be gone before the gate is armed again: armed early, the gate
+            # would pause *its* release, with the next iteration's first request waiting behind it for a reply
+            # that needs the gate released (the test would deadlock with itself).
+            await wait_for(
+                lambda: not daemon.owned, timeout=10, message=f"iteration {i}: change set released"
+            )
         assert daemon.stats.requests_applied == 2 * ITERATIONS

@@ -80,12 +80,16 @@ async def test_the_client_refuses_to_store_a_batch_over_the_limits(client: Rebas
     assert refused.value.limit == "bytes"
 
 
+@pytest.mark.timeout(400)  # a minute on a quiet machine; much more under load
 async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     # A 100,000-long chain of functions (the most the default limits allow): seconds of decoding, rebasing,
     # encoding and dependent values update. On the event loop, it stalled every other change set for all of it.
-    async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
+    # handler_deadline: on a loaded machine the huge steps take longer than the test default (10 s); a step cut short
+    # as wedged would be retried from scratch, over and over.
+    settings = fast_settings(subject_prefix, handler_deadline=300)
+    async with running_daemon(nc, settings, SnapshotApp()):
         wk, heavy, canary = WorkspacePk.new(), ChangeSetId.new(), ChangeSetId.new()
         assert (await client.enqueue_updates_with_reply(wk, canary, [SetLiteral(path="/n", value=0)])).ok
         chain: list[Update] = [SetLiteral(path="/c0", value="v")]
@@ -94,7 +98,7 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
             for i in range(1, MAX_BATCH_UPDATES)
         ]
         heavy_reply = asyncio.ensure_future(
-            client.enqueue_updates_with_reply(wk, heavy, await client.store_batch(chain), timeout=120)
+            client.enqueue_updates_with_reply(wk, heavy, await client.store_batch(chain), timeout=300)
         )
 
         async def heavy_settled() -> bool:
@@ -106,7 +110,7 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
 
         latencies: list[float] = []
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 120
+        deadline = loop.time() + 300
         while not await heavy_settled():
             assert loop.time() < deadline, "the huge request was not processed in time"
             started = loop.time()
@@ -121,8 +125,9 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
         final = await client.get_change_set(wk, heavy, f"/c{MAX_BATCH_UPDATES - 1}")
         assert final.values == {f"/c{MAX_BATCH_UPDATES - 1}": "v"}
         print(f"\ncanary: {len(latencies)} requests, slowest {max(latencies):.2f}s")
-        # Generous for a busy shared machine (about 0.5 s seen); on the event loop, the stall lasted the whole request.
-        assert len(latencies) >= 3 and max(latencies) < 2.5
+        # Generous for a busy shared machine (about 0.5 s seen on a quiet one); on the event loop, the stall lasted
+        # the whole request (about 20 s on a quiet machine).
+        assert len(latencies) >= 3 and max(latencies) < 8
 
 
 async def test_hostile_stored_batches_are_refused_before_they_are_loaded(
