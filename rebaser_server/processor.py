@@ -175,6 +175,7 @@ class ChangeSetProcessor:
         info = await js.add_consumer(self._rt.subjects.requests_stream, config)
         self._consumer = info.name
         self._caught_up = (info.num_pending or 0) == 0
+        log.debug("%s: consuming, %d requests queued", self.change_set, info.num_pending or 0)
         if not self._caught_up:
             self._lull.clear()
         self._sub = await js.subscribe_bind(
@@ -358,13 +359,16 @@ class ChangeSetProcessor:
     async def _wait_for_outcome(self) -> None:
         quiet = self._rt.settings.quiescent_period
         while not self._result.done():
-            # Before the consumer has caught up, a gap may just be slow delivery: wait twice as long.
-            limit = quiet if self._caught_up else 2 * quiet
+            # Before the consumer has caught up, a gap is slow delivery (a busy machine, flow control), not a quiet
+            # change set: releasing then would only cost a re-take. Give up on it only after nats_timeout (a stalled
+            # consumer; the release check hands the queued requests to a fresh activation).
+            limit = quiet if self._caught_up else max(2 * quiet, self._rt.settings.nats_timeout)
             idle = time.monotonic() - self._last_activity
             if idle >= limit and not self._request_lock.locked():
                 self._finish(Outcome.RELEASED, reason="quiescent")
                 return
-            await asyncio.wait({self._result}, timeout=limit - idle + 0.001)
+            # Look again within one quiet period at most: catching up shortens the limit.
+            await asyncio.wait({self._result}, timeout=min(limit - idle, quiet) + 0.001)
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
         settings = self._rt.settings

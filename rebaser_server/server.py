@@ -36,7 +36,7 @@ from rebaser_server.junk import is_empty_task
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
 from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
-from rebaser_server.state import ChangeSetStore
+from rebaser_server.state import ChangeSetStore, TaskDelivery
 from rebaser_server.sweeper import Sweeper
 
 __all__ = ["Daemon"]
@@ -256,6 +256,7 @@ class Daemon:
             return
         self.rt.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
+        log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
         processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at)
         task = asyncio.create_task(self._own(processor), name=f"change set {processor.change_set}")
         self._active[task] = processor
