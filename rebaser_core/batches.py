@@ -20,13 +20,29 @@ from pydantic import TypeAdapter, ValidationError
 from rebaser_core.api import InlineUpdates, Update
 from rebaser_core.errors import BatchTooLarge, DecodeError
 
-__all__ = ["MAX_BATCH_BYTES", "MAX_BATCH_UPDATES", "decode_batch", "encode_batch"]
+__all__ = [
+    "ADDRESS_SCHEME",
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_UPDATES",
+    "batch_object_name",
+    "decode_batch",
+    "encode_batch",
+]
 
 MAX_BATCH_UPDATES = 100_000
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 _UPDATES: TypeAdapter[list[Update]] = TypeAdapter(list[Update])
 _SLICE = 500
+
+# An address may be written with its hash named, ``sha256:<hex>`` (docs/protocol.md §10 shows it so), or as the
+# plain hex the client produces (§14); both name the same object, stored under the plain hex.
+ADDRESS_SCHEME = "sha256:"
+
+
+def batch_object_name(address: str) -> str:
+    """The object-store name of a batch address given in either form (``sha256:<hex>`` or ``<hex>``)."""
+    return address.removeprefix(ADDRESS_SCHEME)
 
 
 def encode_batch(
@@ -58,7 +74,7 @@ def decode_batch(address: str, data: bytes, *, max_updates: int = MAX_BATCH_UPDA
     """Parse a stored batch, checking it is the one its address names and has at most ``max_updates`` updates.
 
     CPU-heavy for a large batch (about 30 µs an update): call it off the event loop."""
-    if hashlib.sha256(data).hexdigest() != address:
+    if hashlib.sha256(data).hexdigest() != batch_object_name(address):
         raise DecodeError(f"stored batch {address} does not match its content address")
     try:
         raw = json.loads(data, parse_constant=_refuse_constant)

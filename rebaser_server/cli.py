@@ -50,7 +50,9 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
             http = await _start_http(daemon, config)
             starting = daemon
             await daemon.start()
-            click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
+            # The demo ends the daemon itself; a "Ctrl-C to stop" there would promise the wrong thing.
+            until = "the demo follows, then it stops" if demo else "Ctrl-C to stop"
+            click.echo(f"rebaser daemon serving (app {config.app}); {until}")
             if demo:
                 from rebaser_server.demo import run_demo
 

@@ -23,7 +23,14 @@ from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.api import ConflictsStatus, EnqueueUpdatesRequest, StoredUpdates, SuccessStatus, Update
+from rebaser_core.api import (
+    ConflictsStatus,
+    EnqueueUpdatesRequest,
+    SetFunction,
+    StoredUpdates,
+    SuccessStatus,
+    Update,
+)
 from rebaser_core.errors import UnprocessableError
 from rebaser_core.ids import ChangeSetId
 from rebaser_core.settings import Settings
@@ -149,6 +156,7 @@ class SnapshotApp:
             rebased, data = await self._run(large, _merged, current, base, source, self.limits)
         else:
             updates = await self._updates(request)
+            self._check_functions(updates)
             large = self._large(state["snapshot"], len(current.attributes) + len(updates))
             rebased, data = await self._run(large, _rebased, current, updates, self.limits)
         if not rebased.ok:
@@ -158,6 +166,14 @@ class SnapshotApp:
         address = await self.store.put(rebased.snapshot, data)
         status = SuccessStatus(updates_performed=rebased.performed, snapshot_address=address)
         return Applied(status, {**state, "snapshot": address}, dvu=bool(rebased.snapshot.roots))
+
+    def _check_functions(self, updates: list[Update]) -> None:
+        # Refused when sent, not stored to fail later as an error value: the caller learns at once (error reply).
+        unknown = sorted({u.function for u in updates if isinstance(u, SetFunction)} - set(self.functions))
+        if unknown:
+            raise UnprocessableError(
+                f"unknown function {', '.join(map(repr, unknown))}; known: {', '.join(sorted(self.functions))}"
+            )
 
     async def _updates(self, request: EnqueueUpdatesRequest) -> list[Update]:
         if isinstance(request.updates, StoredUpdates):

@@ -15,7 +15,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
 from rebaser_core.api import Update
-from rebaser_core.batches import decode_batch
+from rebaser_core.batches import batch_object_name, decode_batch
 from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
@@ -120,13 +120,13 @@ class SnapshotStore:
         assert self._batches is not None
         max_bytes = self._settings.max_stored_batch_bytes
         try:
-            info = await self._batches.get_info(address)
+            info = await self._batches.get_info(batch_object_name(address))
             if (info.size or 0) > max_bytes:
                 raise UnprocessableError(
                     f"stored batch {address} has {info.size} bytes, over the limit of {max_bytes} "
                     "(max_stored_batch_bytes)"
                 )
-            result = await self._batches.get(address)
+            result = await self._batches.get(batch_object_name(address))
         except NotFoundError:
             raise UnprocessableError(f"stored batch {address} does not exist") from None
         data = result.data
