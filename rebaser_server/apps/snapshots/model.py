@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 Function = Callable[[list[Any]], Any]
+_INDEX = re.compile(r"-?[0-9]+")
 
 
 def _canonical(data: Any) -> bytes:
@@ -272,11 +274,43 @@ def apply_changes(target: Snapshot, changes: Sequence[Change]) -> Rebased:
 # -- dependent values update ----------------------------------------------------------------------------------
 
 
+def _prefixes(path: str) -> list[str]:
+    """``path`` and every attribute path above it, longest first: ``/a/b/c`` -> ``/a/b/c``, ``/a/b``, ``/a``."""
+    parts = path.split("/")[1:]
+    return ["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def _source(arg: str, attributes: Mapping[str, Attribute]) -> str | None:
+    """The attribute an argument path reads: itself, else the nearest attribute above it (the argument then points
+    into that attribute's JSON value, e.g. ``/web/config/port`` into ``/web/config``), else None."""
+    return next((p for p in _prefixes(arg) if p in attributes), None)
+
+
+def _resolve(arg: str, attributes: Mapping[str, Attribute]) -> tuple[Attribute | None, Any]:
+    """The attribute an argument reads and the argument's value: null when the path leads nowhere."""
+    source = _source(arg, attributes)
+    if source is None:
+        return None, None
+    attribute = attributes[source]
+    value = attribute.value
+    for token in arg[len(source) + 1 :].split("/") if arg != source else []:
+        if isinstance(value, dict):
+            value = value.get(token)
+        elif isinstance(value, list) and _INDEX.fullmatch(token) and -len(value) <= int(token) < len(value):
+            value = value[int(token)]
+        else:
+            return attribute, None
+    return attribute, value
+
+
 def _dependents(attributes: Mapping[str, Attribute]) -> dict[str, set[str]]:
+    """Path -> the function attributes to recompute when it changes. An argument depends on its own path and on
+    every path above it: setting or removing ``/web/config`` changes what ``/web/config/port`` reads."""
     dependents: dict[str, set[str]] = {}
     for path, attribute in attributes.items():
         for arg in attribute.args:
-            dependents.setdefault(arg, set()).add(path)
+            for source in _prefixes(arg):
+                dependents.setdefault(source, set()).add(path)
     return dependents
 
 
@@ -306,8 +340,11 @@ def dependent_values_update(
     attributes = dict(snapshot.attributes)
     affected = _downstream(attributes, snapshot.roots)
     # Kahn's algorithm over the affected subgraph: an attribute is ready once none of its args is still pending.
-    pending_args = {p: {a for a in attributes[p].args if a in affected} for p in affected}
-    dependents = _dependents({p: attributes[p] for p in affected})
+    pending_args = {p: _affected_sources(attributes[p], attributes, affected) for p in affected}
+    dependents: dict[str, set[str]] = {}
+    for path, sources in pending_args.items():
+        for source in sources:
+            dependents.setdefault(source, set()).add(path)
     ready = sorted(p for p, args in pending_args.items() if not args)
     order: list[str] = []
     while ready:
@@ -330,6 +367,13 @@ def dependent_values_update(
     return Snapshot(attributes, frozenset()), order
 
 
+def _affected_sources(
+    attribute: Attribute, attributes: Mapping[str, Attribute], affected: set[str]
+) -> set[str]:
+    """The attributes among ``affected`` that ``attribute``'s arguments read (to compute it after them)."""
+    return {s for a in attribute.args if (s := _source(a, attributes)) is not None and s in affected}
+
+
 def _compute(
     attribute: Attribute, attributes: Mapping[str, Attribute], functions: Mapping[str, Function]
 ) -> Attribute:
@@ -343,10 +387,10 @@ def _compute(
         return fail(f"unknown function {attribute.function!r}")
     args = []
     for arg in attribute.args:
-        source = attributes.get(arg)
+        source, value = _resolve(arg, attributes)
         if source is not None and source.error is not None:
             return fail(f"input {arg} has an error: {source.error}")
-        args.append(None if source is None else source.value)
+        args.append(value)
     try:
         # Store exactly the JSON form: it is what the snapshot encodes, so a reloaded snapshot is equal.
         value = json.loads(_canonical(function(args)))
