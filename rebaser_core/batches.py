@@ -15,7 +15,16 @@ from pydantic import ValidationError
 from rebaser_core.api import InlineUpdates, Update
 from rebaser_core.errors import DecodeError
 
-__all__ = ["decode_batch", "encode_batch"]
+__all__ = ["ADDRESS_SCHEME", "batch_object_name", "decode_batch", "encode_batch"]
+
+# An address may be written with its hash named, ``sha256:<hex>`` (docs/protocol.md §10 shows it so), or as the
+# plain hex the client produces (§14); both name the same object, stored under the plain hex.
+ADDRESS_SCHEME = "sha256:"
+
+
+def batch_object_name(address: str) -> str:
+    """The object-store name of a batch address given in either form (``sha256:<hex>`` or ``<hex>``)."""
+    return address.removeprefix(ADDRESS_SCHEME)
 
 
 def encode_batch(updates: list[Update]) -> tuple[str, bytes]:
@@ -28,7 +37,7 @@ def encode_batch(updates: list[Update]) -> tuple[str, bytes]:
 
 def decode_batch(address: str, data: bytes) -> list[Update]:
     """Parse a stored batch, checking it is the one its address names."""
-    if hashlib.sha256(data).hexdigest() != address:
+    if hashlib.sha256(data).hexdigest() != batch_object_name(address):
         raise DecodeError(f"stored batch {address} does not match its content address")
     try:
         return InlineUpdates.model_validate_json(data).updates

@@ -27,6 +27,7 @@ from rebaser_core.api import (
     ErrorStatus,
 )
 from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
+from rebaser_core.headers import check_msg_id
 from rebaser_server.app import ChangeSet
 from rebaser_server.group import CommitGroup
 from rebaser_server.outcome import LeaseLost, Retry, Wedged
@@ -77,6 +78,7 @@ class RequestHandler:
                 self._rt, headers
             )  # an inbox we may not publish to refuses the request (InvalidReplyInbox)
             request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
+            check_msg_id(headers, str(request.id))
             if (request.workspace_id, request.change_set_id) != (
                 self._change_set.workspace_id,
                 self._change_set.change_set_id,
@@ -137,7 +139,7 @@ class RequestHandler:
         try:
             applied = await self._step(rt.app.apply(self._change_set, record.state, request))
         except UnprocessableError as err:
-            reason = f"unprocessable: {err}"
+            reason = f"{type(err).__name__}: {err}"  # the §9 form of every error reply
         except (FencedError, LeaseLost):
             raise
         except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts

@@ -158,6 +158,6 @@ _QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any
 
 def _content_type(headers: Mapping[str, str] | None) -> ContentType:
     try:
-        return ContentType.parse((headers or {}).get(h.CONTENT_TYPE) or ContentType.CBOR.value)
+        return ContentType.parse(h.get_header(headers, h.CONTENT_TYPE) or ContentType.CBOR.value)
     except Unsupported:
         return ContentType.JSON

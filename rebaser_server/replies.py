@@ -25,7 +25,7 @@ def request_id_of(headers: Mapping[str, str] | None) -> RequestId:
     """The request id a caller put in ``Nats-Msg-Id``, for replying to a message we could not decode; a fresh id
     if it sent none usable (it cannot be matching replies on one then)."""
     try:
-        return RequestId((headers or {}).get(h.NATS_MSG_ID, ""))
+        return RequestId(h.get_header(headers, h.NATS_MSG_ID) or "")
     except ValueError:
         return RequestId.new()
 
@@ -49,7 +49,9 @@ async def send_reply(rt: Runtime, request_headers: dict[str, str], response: Enq
     if not inbox:
         return
     try:
-        content_type = ContentType.parse(request_headers.get(h.CONTENT_TYPE) or ContentType.CBOR.value)
+        content_type = ContentType.parse(
+            h.get_header(request_headers, h.CONTENT_TYPE) or ContentType.CBOR.value
+        )
     except Unsupported:
         content_type = (
             ContentType.JSON
@@ -125,7 +127,7 @@ def _bounded_copy(
     kept: dict[str, str] = {}
     dropped, total = 0, 0
     for name, value in (headers or {}).items():
-        if name.startswith("Nats-"):
+        if name.lower().startswith("nats-"):  # JetStream's own, in whatever case the caller wrote them
             continue
         size = len(name) + len(str(value)) + 4
         if len(name) > 128 or size > _MAX_KEPT_HEADER or total + size > _MAX_KEPT_HEADERS:

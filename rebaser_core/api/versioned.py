@@ -100,15 +100,13 @@ class VersionedMessage(Generic[C]):
         default, CBOR.
         """
         h.check_header_block(headers)  # bounded before anything is looked at (HeadersTooLarge)
-        # Header names are matched case-insensitively: some client libraries canonicalise them.
-        headers = {k.upper(): v for k, v in (headers or {}).items()}
-        content_type = ContentType.parse(headers.get(h.CONTENT_TYPE.upper()) or ContentType.CBOR.value)
-        message_type = headers.get(h.MESSAGE_TYPE.upper())
+        content_type = ContentType.parse(h.get_header(headers, h.CONTENT_TYPE) or ContentType.CBOR.value)
+        message_type = h.get_header(headers, h.MESSAGE_TYPE)
         if message_type is None:
             raise MissingHeader(h.MESSAGE_TYPE)
         if message_type != self.name:
             raise UnsupportedMessageType(message_type, self.name)
-        raw_version = headers.get(h.MESSAGE_VERSION.upper())
+        raw_version = h.get_header(headers, h.MESSAGE_VERSION)
         if raw_version is None:
             raise MissingHeader(h.MESSAGE_VERSION)
         # Compare as text: no int() of attacker-sized digit strings, and "01" is not "1".

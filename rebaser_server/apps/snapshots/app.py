@@ -14,7 +14,14 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.api import ConflictsStatus, EnqueueUpdatesRequest, StoredUpdates, SuccessStatus, Update
+from rebaser_core.api import (
+    ConflictsStatus,
+    EnqueueUpdatesRequest,
+    SetFunction,
+    StoredUpdates,
+    SuccessStatus,
+    Update,
+)
 from rebaser_core.errors import UnprocessableError
 from rebaser_core.ids import ChangeSetId
 from rebaser_core.settings import Settings
@@ -87,12 +94,22 @@ class SnapshotApp:
         if request.from_change_set_id is not None:
             rebased = await self._apply_change_set(change_set, current, request.from_change_set_id)
         else:
-            rebased = rebase(current, await self._updates(request))
+            updates = await self._updates(request)
+            self._check_functions(updates)
+            rebased = rebase(current, updates)
         if not rebased.ok:
             return Applied(ConflictsStatus(conflicts=list(rebased.conflicts)), state)
         address = await self.store.put(rebased.snapshot)
         status = SuccessStatus(updates_performed=rebased.performed, snapshot_address=address)
         return Applied(status, {**state, "snapshot": address}, dvu=bool(rebased.snapshot.roots))
+
+    def _check_functions(self, updates: list[Update]) -> None:
+        # Refused when sent, not stored to fail later as an error value: the caller learns at once (error reply).
+        unknown = sorted({u.function for u in updates if isinstance(u, SetFunction)} - set(self.functions))
+        if unknown:
+            raise UnprocessableError(
+                f"unknown function {', '.join(map(repr, unknown))}; known: {', '.join(sorted(self.functions))}"
+            )
 
     async def _updates(self, request: EnqueueUpdatesRequest) -> list[Update]:
         if isinstance(request.updates, StoredUpdates):

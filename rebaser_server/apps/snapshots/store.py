@@ -10,7 +10,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
 from rebaser_core.api import Update
-from rebaser_core.batches import decode_batch
+from rebaser_core.batches import batch_object_name, decode_batch
 from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
@@ -79,7 +79,7 @@ class SnapshotStore:
     async def get_batch(self, address: str) -> list[Update]:
         assert self._batches is not None
         try:
-            result = await self._batches.get(address)
+            result = await self._batches.get(batch_object_name(address))
         except NotFoundError:
             raise UnprocessableError(f"stored batch {address} does not exist") from None
         assert result.data is not None
