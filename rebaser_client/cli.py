@@ -1,7 +1,11 @@
 """``rebaser``: enqueue requests from the shell.
 
-rebaser enqueue --workspace W --change-set C --set /a=1 --function /b=sum(/a,/c) --remove /d
+rebaser new-id                      (a fresh ULID, for workspaces and change sets)
+rebaser enqueue --workspace W --change-set C --set /a=1 --set '/s="text"' --function /b=sum(/a,/c) --remove /d
 rebaser request ... (same options; waits for and prints the reply)
+
+Input mistakes are refused here, before anything is sent: a ``--set`` value must be JSON (a string is quoted:
+``--set '/name="web"'``), paths must be attribute paths, function names identifiers.
 """
 
 from __future__ import annotations
@@ -15,36 +19,97 @@ import click
 
 from rebaser_client._sync import SyncRebaserClient
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
-from rebaser_core.errors import RebaserError
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.connect import ConnectOptions, redact_url
+from rebaser_core.errors import RebaserError, RebaserUnavailable
+from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
 
-_FUNCTION = re.compile(r"^(?P<path>[^=]+)=(?P<fn>[A-Za-z_][\w-]*)\((?P<args>[^)]*)\)$")
+_FUNCTION = re.compile(r"^(?P<path>[^=]+)=(?P<fn>[^(]*)\((?P<args>[^)]*)\)$")
+# A function name as the built-in app registers them. The daemon's registry can be extended (register_function),
+# so the client cannot know every valid name: it refuses what can never be one, the daemon refuses unknown ones.
+_FUNCTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
+# Same rule as the wire's AttributePath (rebaser_core/api/updates.py), checked here for a one-line message.
+_PATH = re.compile(r"^(/[^/\s]+)+$")
+_MAX_PATH = 1024
+
+# A CLI call is one short exchange: when NATS is unreachable it should say so in one line, at once, rather than
+# retry for the library's default connect budget and log every attempt.
+CLI_CONNECT_TIMEOUT = 2.0
+
+
+def _check_path(path: str, what: str = "path") -> str:
+    if len(path) > _MAX_PATH or not _PATH.fullmatch(path):
+        raise click.BadParameter(
+            f"{what} {path!r} is not an attribute path: '/' followed by a segment without '/' or whitespace, "
+            "one or more times (e.g. /web/port)"
+        )
+    return path
 
 
 def _parse_set(text: str) -> SetLiteral:
     path, sep, raw = text.partition("=")
     if not sep:
-        raise click.BadParameter(f"expected PATH=JSON, got {text!r}")
+        raise click.BadParameter(f"--set expects PATH=JSON, got {text!r}")
     try:
         value = json.loads(raw)
-    except ValueError:
-        value = raw  # a bare word is a string
-    return SetLiteral(path=path, value=value)
+    except ValueError as err:
+        # Never guess: '{bad json' stored as a string would surface much later as a wrong value.
+        raise click.BadParameter(
+            f"--set {path}: {raw!r} is not JSON ({err}); to set a string, quote it: --set '{path}=\"text\"'"
+        ) from None
+    return SetLiteral(path=_check_path(path), value=value)
 
 
 def _parse_function(text: str) -> SetFunction:
     match = _FUNCTION.match(text)
     if not match:
-        raise click.BadParameter(f"expected PATH=FUNCTION(ARG,...), got {text!r}")
-    args = [a.strip() for a in match["args"].split(",") if a.strip()]
-    return SetFunction(path=match["path"], function=match["fn"], args=args)
+        raise click.BadParameter(f"--function expects PATH=FUNCTION(/ARG,...), got {text!r}")
+    name = match["fn"].strip()
+    if not _FUNCTION_NAME.fullmatch(name):
+        raise click.BadParameter(f"--function {text!r}: {name!r} is not a function name")
+    args = [_check_path(a.strip(), "argument") for a in match["args"].split(",") if a.strip()]
+    return SetFunction(path=_check_path(match["path"].strip()), function=name, args=args)
 
 
 def _updates(sets: tuple[str, ...], functions: tuple[str, ...], removes: tuple[str, ...]) -> list[Update]:
+    return [
+        *map(_parse_set, sets),
+        *map(_parse_function, functions),
+        *(Remove(path=_check_path(p)) for p in removes),
+    ]
+
+
+def _id(cls: type[UlidId], value: str, option: str) -> Any:
     try:
-        return [*map(_parse_set, sets), *map(_parse_function, functions), *(Remove(path=p) for p in removes)]
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
+        return cls(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a ULID (26 characters of Crockford base32); get one with `rebaser new-id`",
+            param_hint=option,
+        ) from None
+
+
+def _connect(nats_url: str, prefix: str | None) -> SyncRebaserClient:
+    errors: list[Exception] = []
+
+    async def remember(err: Exception) -> None:
+        errors.append(err)  # nats-py reports every failed attempt here; the user sees the last one, once
+
+    options = ConnectOptions(
+        servers=(nats_url,),
+        connect_timeout=CLI_CONNECT_TIMEOUT,
+        # nats-py retries a server until it has failed max_reconnect_attempts + 1 times (0 means forever), waiting
+        # reconnect_time_wait in between: 1 and a short wait make it two quick attempts, then the answer.
+        extra={"max_reconnect_attempts": 1, "reconnect_time_wait": 0.1, "error_cb": remember},
+    )
+    try:
+        return SyncRebaserClient(options, prefix=prefix)
+    except RebaserUnavailable as err:
+        if not errors:
+            raise
+        raise RebaserUnavailable(
+            f"cannot connect to NATS at {redact_url(nats_url)}: {errors[-1]} "
+            "(is the daemon running, e.g. `make serve`? --nats-url / REBASER_NATS_URL set the address)"
+        ) from err
 
 
 def _decorate(f: Any, decorators: list[Any]) -> Any:
@@ -79,8 +144,13 @@ def _options(f: Any) -> Any:
                 click.option(
                     "--from-change-set", default=None, help="Apply this change set's changes instead."
                 ),
-                click.option("--set", "sets", multiple=True, help="PATH=JSON literal."),
-                click.option("--function", "functions", multiple=True, help="PATH=FUNCTION(ARG,...)."),
+                click.option(
+                    "--set",
+                    "sets",
+                    multiple=True,
+                    help="PATH=JSON literal (a string is quoted: '/a=\"text\"').",
+                ),
+                click.option("--function", "functions", multiple=True, help="PATH=FUNCTION(/ARG,...)."),
                 click.option("--remove", "removes", multiple=True, help="PATH to remove."),
             ],
         )
@@ -90,6 +160,18 @@ def _options(f: Any) -> Any:
 @click.group()
 def main() -> None:
     """rebaser client and admin commands."""
+
+
+@main.command("new-id")
+@click.option("--count", "-n", default=1, show_default=True, help="How many ids to print, one a line.")
+def new_id(count: int) -> None:
+    """Print a fresh ULID: an id for a workspace, a change set or a request (e.g. WK=$(rebaser new-id))."""
+    for _ in range(count):
+        click.echo(str(RequestId.new()))
+
+
+def _fail(err: RebaserError) -> click.ClickException:
+    return click.ClickException(f"{type(err).__name__}: {err}")
 
 
 @main.command()
@@ -106,17 +188,16 @@ def enqueue(
 ) -> None:
     """Enqueue a request; print its id once it is durable."""
     updates = _updates(sets, functions, removes)
+    wk, cs = _id(WorkspacePk, workspace, "--workspace"), _id(ChangeSetId, change_set, "--change-set")
+    source = _id(ChangeSetId, from_change_set, "--from-change-set") if from_change_set else None
     try:
-        with SyncRebaserClient(nats_url, prefix=prefix) as client:
-            wk, cs = WorkspacePk(workspace), ChangeSetId(change_set)
-            if from_change_set:
-                rid = client.enqueue_updates_from_change_set(
-                    wk, cs, ChangeSetId(from_change_set), updates=updates
-                )
+        with _connect(nats_url, prefix) as client:
+            if source is not None:
+                rid = client.enqueue_updates_from_change_set(wk, cs, source, updates=updates)
             else:
                 rid = client.enqueue_updates(wk, cs, updates)
     except RebaserError as err:
-        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+        raise _fail(err) from None
     click.echo(str(rid))
 
 
@@ -136,17 +217,18 @@ def request(
 ) -> None:
     """Enqueue a request and print the reply as JSON (exit 1 unless it succeeded)."""
     updates = _updates(sets, functions, removes)
+    wk, cs = _id(WorkspacePk, workspace, "--workspace"), _id(ChangeSetId, change_set, "--change-set")
+    source = _id(ChangeSetId, from_change_set, "--from-change-set") if from_change_set else None
     try:
-        with SyncRebaserClient(nats_url, prefix=prefix) as client:
-            wk, cs = WorkspacePk(workspace), ChangeSetId(change_set)
-            if from_change_set:
+        with _connect(nats_url, prefix) as client:
+            if source is not None:
                 response = client.enqueue_updates_from_change_set_with_reply(
-                    wk, cs, ChangeSetId(from_change_set), updates=updates, timeout=timeout
+                    wk, cs, source, updates=updates, timeout=timeout
                 )
             else:
                 response = client.enqueue_updates_with_reply(wk, cs, updates, timeout=timeout)
     except RebaserError as err:
-        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+        raise _fail(err) from None
     click.echo(json.dumps(response.model_dump(mode="json"), indent=2))
     sys.exit(0 if response.ok else 1)
 
@@ -155,12 +237,22 @@ def request(
 @_target_options
 @click.option("--path", default=None, help="Only this attribute.")
 def get(nats_url: str, prefix: str | None, workspace: str, change_set: str, path: str | None) -> None:
-    """Print a change set's values, snapshot address and whether a DVU is pending, as JSON."""
+    """Print a change set's values, snapshot address and whether a DVU is pending, as JSON.
+
+    Exit 1 with a message if the change set, or the --path asked for, does not exist."""
+    wk, cs = _id(WorkspacePk, workspace, "--workspace"), _id(ChangeSetId, change_set, "--change-set")
+    if path is not None:
+        _check_path(path)
     try:
-        with SyncRebaserClient(nats_url, prefix=prefix) as client:
-            response = client.get_change_set(WorkspacePk(workspace), ChangeSetId(change_set), path)
-    except (RebaserError, ValueError) as err:
-        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+        with _connect(nats_url, prefix) as client:
+            response = client.get_change_set(wk, cs, path)
+    except RebaserError as err:
+        raise _fail(err) from None
+    if not response.exists:
+        raise click.ClickException(f"change set {cs} does not exist in workspace {wk}")
+    if path is not None and path not in response.values:
+        # The query answers "no values" for an absent path; an empty object would read as success.
+        raise click.ClickException(f"path {path} does not exist in change set {cs}")
     data = response.model_dump(mode="json", exclude={"id", "error"})
     click.echo(json.dumps(data, indent=2))
 
@@ -169,12 +261,12 @@ def get(nats_url: str, prefix: str | None, workspace: str, change_set: str, path
 @_target_options
 @click.option("--from-change-set", "from_change_set", required=True, help="The change set to fork.")
 def fork(nats_url: str, prefix: str | None, workspace: str, change_set: str, from_change_set: str) -> None:
-    """Create a change set as a fork of another, at that one's current snapshot."""
+    """Create a change set as a fork of another, at that one's current snapshot; print its snapshot address."""
+    wk, cs = _id(WorkspacePk, workspace, "--workspace"), _id(ChangeSetId, change_set, "--change-set")
+    source = _id(ChangeSetId, from_change_set, "--from-change-set")
     try:
-        with SyncRebaserClient(nats_url, prefix=prefix) as client:
-            response = client.fork_change_set(
-                WorkspacePk(workspace), ChangeSetId(change_set), ChangeSetId(from_change_set)
-            )
-    except (RebaserError, ValueError) as err:
-        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+        with _connect(nats_url, prefix) as client:
+            response = client.fork_change_set(wk, cs, source)
+    except RebaserError as err:
+        raise _fail(err) from None
     click.echo(response.snapshot_address or "")
