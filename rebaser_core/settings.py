@@ -3,7 +3,7 @@
 Durations are seconds. ``Settings()`` gives the production defaults; tests shrink the periods. Every field can
 also be set from the environment as ``REBASER_<FIELD>`` (upper case) via :meth:`Settings.from_env`.
 
-How the limits fit together (design-notes §6): each active change set holds one unacked task on the shared
+How the limits fit together (docs/design.md §4): each active change set holds one unacked task on the shared
 tasks consumer *and* one ordered consumer on ``REBASER_REQUESTS``. So ``max_active_change_sets`` becomes both
 the tasks consumer's ``max_ack_pending`` (a cluster-wide cap: once that many tasks are out, no daemon gets another
 until one is released) and, plus headroom, the requests stream's ``max_consumers``. A daemon owns at most

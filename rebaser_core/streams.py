@@ -1,4 +1,4 @@
-"""Stream and consumer configurations (design-notes §1), derived from :class:`~rebaser_core.settings.Settings`.
+"""Stream and consumer configurations (docs/design.md §1), derived from :class:`~rebaser_core.settings.Settings`.
 
 ``ensure_streams`` creates them or updates them in place; it is idempotent and safe to call from every daemon
 at start-up.
@@ -95,7 +95,7 @@ def tasks_consumer_config(settings: Settings) -> js_api.ConsumerConfig:
     """The one durable pull consumer shared by every daemon.
 
     ``max_deliver`` stays unlimited: a task is a lock, not a unit of work, and a task that hit max_deliver would
-    stay in the work queue and block its change set (design-notes §3). Poison *requests* are bounded by
+    stay in the work queue and block its change set (docs/design.md §3). Poison *requests* are bounded by
     ``Settings.max_attempts`` instead.
     """
     return js_api.ConsumerConfig(

@@ -1,7 +1,7 @@
 """NATS subjects and stream names, with the optional per-deployment prefix.
 
 With prefix ``P`` every subject gains a leading ``P.`` token and every stream name a leading ``P_``
-(design-notes §1); tests give each test its own prefix so their streams never collide.
+(docs/design.md §1); tests give each test its own prefix so their streams never collide.
 
 ================  =================================================
 requests          ``[P.]rebaser.requests.<workspace>.<change_set>``

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # pulling (and never leaves a pull request open that could hand us a task after we stopped).
 _FETCH_TIMEOUT = 1.0
 # One task per pull: nats-py's fetch(batch > 1) holds the pull open until the whole batch arrives or the timeout
-# passes (design-notes §7), which stalled newly active change sets for up to _FETCH_TIMEOUT (measured: p99 1.1 s).
+# passes (docs/design.md §6), which stalled newly active change sets for up to _FETCH_TIMEOUT (measured: p99 1.1 s).
 # A pull per task *activation* (not per request) is cheap.
 _FETCH_BATCH = 1
 # Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.

@@ -1,4 +1,4 @@
-"""Subjects and stream names (design-notes §1), with and without a prefix, and parsing them back."""
+"""Subjects and stream names (docs/design.md §1), with and without a prefix, and parsing them back."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_matching_helpers() -> None:
     assert not _overlap("a.*", "a.b.c")
 
 
-# -- names, exactly as in design-notes §1 ---------------------------------------------------------------------
+# -- names, exactly as in docs/design.md §1 ---------------------------------------------------------------------
 
 
 def test_unprefixed_names() -> None:
