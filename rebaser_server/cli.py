@@ -48,7 +48,9 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
             starting = daemon
             await daemon.start()
             _install_signal_handlers(daemon)
-            click.echo(f"rebaser daemon serving (app {config.app}); Ctrl-C to stop")
+            # The demo ends the daemon itself; a "Ctrl-C to stop" there would promise the wrong thing.
+            until = "the demo follows, then it stops" if demo else "Ctrl-C to stop"
+            click.echo(f"rebaser daemon serving (app {config.app}); {until}")
             if demo:
                 from rebaser_server.demo import run_demo
 

@@ -72,7 +72,7 @@ class HealthServer:
         except BaseException:
             await self._runner.cleanup()
             raise
-        log.info("health endpoint on %s", self.url)
+        log.debug("health endpoint on %s", self.url)  # the CLI prints it for users; once is enough
 
     @property
     def port(self) -> int:
