@@ -89,7 +89,8 @@ class RecordingHooks(Hooks):
 
 
 def fast_settings(prefix: str | None, **overrides: object) -> Settings:
-    """Settings with periods shrunk for tests (quiet after 0.5 s, ack_wait 3 s, sweep every 1 s)."""
+    """Settings with periods shrunk for tests (quiet after 0.5 s, ack_wait 3 s, sweep every 1 s), small dead-letter
+    streams."""
     values: dict[str, object] = {
         "prefix": prefix,
         "storage": "memory",
@@ -101,6 +102,10 @@ def fast_settings(prefix: str | None, **overrides: object) -> Settings:
         "retry_backoff": 0.1,
         "retry_backoff_max": 0.5,
         "shutdown_grace": 5.0,
+        # Memory streams reserve their max_bytes from the server's JetStream memory up front: at the production 256
+        # MiB, the session server (one deployment per test) ran out ("insufficient memory resources available",
+        # err_code 10028) after some 60 tests with daemons.
+        "dead_letter_max_bytes": 8 * 1024 * 1024,
     }
     values.update(overrides)
     return Settings.model_validate(values)

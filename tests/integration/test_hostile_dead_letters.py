@@ -8,6 +8,7 @@ from nats.js import api as js_api
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core import headers as h
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.settings import Settings
 from rebaser_core.streams import dead_letter_stream_config, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
@@ -78,7 +79,8 @@ async def test_dead_letters_are_bounded_copies_in_a_bounded_stream(
 
 
 async def test_an_existing_dead_letter_stream_gets_the_limits(nc: NatsClient, subject_prefix: str) -> None:
-    settings = fast_settings(subject_prefix)
+    # The production size (fast_settings shrinks it to spare the test server's memory).
+    settings = fast_settings(subject_prefix, dead_letter_max_bytes=Settings().dead_letter_max_bytes)
     js = nc.jetstream()
     unbounded = dead_letter_stream_config(settings)
     unbounded.max_bytes, unbounded.max_msgs = -1, -1
