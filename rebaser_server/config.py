@@ -26,4 +26,4 @@ class ServerConfig:
     embedded_port: int = DEFAULT_EMBEDDED_PORT
     # The health endpoint (rebaser_server.http): port 0 picks a free one, a negative port turns it off.
     http_host: str = "127.0.0.1"
-    http_port: int = 9090
+    http_port: int = 9464  # rebaser_server.http.DEFAULT_HTTP_PORT

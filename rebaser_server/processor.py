@@ -200,8 +200,9 @@ class ChangeSetProcessor:
             assert self._handler is not None
             try:
                 unclean, self._unclean = self._unclean, False
-                await self._handler.handle(msg, unclean=unclean)
-                await self._maybe_flush(msg)
+                with self._rt.metrics.request(msg):  # queue wait and processing time (rebaser_server.metrics)
+                    await self._handler.handle(msg, unclean=unclean)
+                    await self._maybe_flush(msg)
             except Exception as err:
                 self._fail(err)
             finally:
