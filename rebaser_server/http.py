@@ -56,7 +56,7 @@ async def _metrics(request: web.Request) -> web.Response:
     daemon = request.app[_DAEMON]
     await daemon.health.facts()  # refresh the backlog gauges (cached: at most one JetStream fetch a second)
     # As a raw header: aiohttp's content_type argument refuses parameters (the format version, the charset).
-    return web.Response(body=render(daemon.rt.metrics), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=render(daemon.rt.observe.metrics), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 class HealthServer:
@@ -71,7 +71,7 @@ class HealthServer:
         app.router.add_get("/readyz", _readyz)
         app.router.add_get("/status", _status)
         app.router.add_get("/metrics", _metrics)
-        daemon.rt.metrics.bind(daemon)
+        daemon.rt.observe.metrics.bind(daemon)
         # No access log: probers call every few seconds and would drown the daemon's own log.
         self._runner = web.AppRunner(app, access_log=None)
         self._host = host

@@ -85,10 +85,9 @@ class RequestMetrics:
         self._bound = False
 
     @contextlib.contextmanager
-    def request(self, msg: Any) -> Iterator[None]:
-        """Around the handling of one request delivery: observes its queue wait (from the time JetStream stored
-        it) and its processing time, also when handling fails."""
-        arrived = arrival_of(msg)
+    def request(self, arrived: datetime.datetime | None) -> Iterator[None]:
+        """Around the handling of one request delivery: observes its queue wait (from ``arrived``, when JetStream
+        stored it) and its processing time, also when handling fails."""
         if arrived is not None:
             self.queue_wait.observe(max(0.0, time.time() - arrived.timestamp()))
         started = time.monotonic()

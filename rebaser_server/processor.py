@@ -200,7 +200,9 @@ class ChangeSetProcessor:
             assert self._handler is not None
             try:
                 unclean, self._unclean = self._unclean, False
-                with self._rt.metrics.request(msg):  # queue wait and processing time (rebaser_server.metrics)
+                with self._rt.observe.request(
+                    msg, self.change_set
+                ):  # metrics, log ids (rebaser_server.observe)
                     await self._handler.handle(msg, unclean=unclean)
                     await self._maybe_flush(msg)
             except Exception as err:

@@ -13,7 +13,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import Hooks
-from rebaser_server.metrics import RequestMetrics
+from rebaser_server.observe import Observer
 from rebaser_server.state import ChangeSetStore
 
 __all__ = ["Runtime", "Stats"]
@@ -76,8 +76,8 @@ class Runtime:
     owner: str
     hooks: Hooks = field(default_factory=Hooks)
     stats: Stats = field(default_factory=Stats)
-    # Histograms and the daemon's own Prometheus registry (``/metrics``; see rebaser_server.metrics).
-    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # Per-request metrics (the daemon's own Prometheus registry), log context and tracing: rebaser_server.observe.
+    observe: Observer = field(default_factory=Observer)
 
     @property
     def subjects(self) -> Subjects:
