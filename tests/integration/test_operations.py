@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_client.cli import main as client_cli
+from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server import cli as server_cli
@@ -230,3 +231,19 @@ async def test_json_logs_carry_the_request_ids(nats_url: str, subject_prefix: st
     every = lines()  # every line the daemon wrote, start-up lines included, is a JSON object
     assert any("rebaser daemon serving" in r["message"] for r in every)
     assert any(r["message"].startswith("health endpoint on http://") for r in every)
+
+
+# ------------------------------------------------------------------------------------------------- in a container
+
+
+def test_the_embedded_server_binds_every_interface_only_when_asked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="only binds loopback"):
+        NatsServer(host="0.0.0.0")
+    server = NatsServer(host="0.0.0.0", expose=True, store_dir=tmp_path / "nats")
+    server.start()
+    try:
+        assert server.url == f"nats://127.0.0.1:{server.port}"  # where this machine reaches it
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as conn:
+            assert conn.recv(4).startswith(b"INFO")
+    finally:
+        server.stop()
