@@ -11,7 +11,8 @@ COPY pyproject.toml README.md ./
 COPY rebaser_core ./rebaser_core
 COPY rebaser_client ./rebaser_client
 COPY rebaser_server ./rebaser_server
-RUN /opt/rebaser/bin/pip install --no-cache-dir .
+# The otlp extra: the daemons export traces to a collector when OTEL_TRACES_EXPORTER=otlp (docker-compose.yml).
+RUN /opt/rebaser/bin/pip install --no-cache-dir ".[otlp]"
 
 # -- run: the virtualenv on a clean slim base, as an unprivileged user ----------------------------------------
 FROM python:3.11-slim

@@ -32,6 +32,7 @@ from rebaser_server.config import DEFAULT_APP, DEFAULT_EMBEDDED_HOST, DEFAULT_EM
 from rebaser_server.http import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT, HealthServer
 from rebaser_server.logs import LOG_FORMATS, LogFormat, configure_logging
 from rebaser_server.server import Daemon
+from rebaser_server.tracing import TracingError, configure_tracing
 
 log = logging.getLogger("rebaser_server")
 
@@ -441,9 +442,15 @@ def main(
     """Run a rebaser daemon.
 
     Every option can also be given as the REBASER_* variable shown, or in the --config file; every other tunable
-    (rebaser_core/settings.py) as REBASER_<FIELD> or in the --config file.
+    (rebaser_core/settings.py) as REBASER_<FIELD> or in the --config file. Tracing is off unless the standard
+    OTEL_TRACES_EXPORTER variable asks for it (console, or otlp with the rebaser[otlp] extra; OTEL_SERVICE_NAME,
+    OTEL_EXPORTER_OTLP_ENDPOINT, ...).
     """
     configure_logging(log_level, log_format)
+    try:
+        tracing = configure_tracing()
+    except TracingError as err:
+        raise click.ClickException(str(err)) from None
     settings = _settings(
         ctx.meta.get(_FILE_SETTINGS, {}),
         prefix=prefix,
@@ -478,4 +485,9 @@ def main(
         log_format=log_format,
         **({"data_dir": data_dir} if data_dir else {}),
     )
-    raise SystemExit(asyncio.run(serve(config, demo=demo)))
+    try:
+        code = asyncio.run(serve(config, demo=demo))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still batched
+    raise SystemExit(code)

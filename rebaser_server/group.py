@@ -106,6 +106,7 @@ class CommitGroup:
                 setattr(rt.stats, counter, getattr(rt.stats, counter) + 1)
             rt.stats.last_request_at = time.time()
             if self._dvu:
+                rt.observe.dvu_due(self._change_set)  # the DVU run joins this request's trace
                 self._notify_dvu()
         finally:
             self.abandon()

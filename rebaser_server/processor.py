@@ -263,7 +263,10 @@ class ChangeSetProcessor:
             async with asyncio.timeout(self._rt.settings.dvu_max_delay):
                 await self._lull.wait()
         try:
-            async with handle.lock:
+            async with (
+                handle.lock,
+                self._rt.observe.dvu(self.change_set),
+            ):  # trace span (rebaser_server.observe)
                 if not self.lease.held():
                     raise LeaseLost()
                 record = handle.record

@@ -253,7 +253,11 @@ class Daemon:
         self.rt.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
         processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at)
-        task = asyncio.create_task(self._own(processor), name=f"change set {processor.change_set}")
+        task = (
+            self.rt.observe.own(  # the take's trace span lasts as long as the task (rebaser_server.observe)
+                change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
+            )
+        )
         self._active[task] = processor
 
     async def _own(self, processor: ChangeSetProcessor) -> None:
