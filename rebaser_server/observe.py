@@ -97,8 +97,9 @@ class Observer:
                 links=[Link(take)] if take.is_valid else None,
             ) as span,
         ):
-            if request_id:
-                self._requests[request_id] = span.get_span_context()
+            context = span.get_span_context()
+            if request_id and context.is_valid:  # valid only when spans are recorded: nothing kept otherwise
+                self._requests[request_id] = context
                 while len(self._requests) > _RECENT_REQUESTS:
                     self._requests.popitem(last=False)
             yield
