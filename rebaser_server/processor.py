@@ -200,9 +200,8 @@ class ChangeSetProcessor:
             assert self._handler is not None
             try:
                 unclean, self._unclean = self._unclean, False
-                with self._rt.observe.request(
-                    msg, self.change_set
-                ):  # metrics, log ids (rebaser_server.observe)
+                # Metrics, log ids and the trace span of this request (rebaser_server.observe).
+                with self._rt.observe.request(msg, self.change_set):
                     await self._handler.handle(msg, unclean=unclean)
                     await self._maybe_flush(msg)
             except Exception as err:
@@ -263,10 +262,8 @@ class ChangeSetProcessor:
             async with asyncio.timeout(self._rt.settings.dvu_max_delay):
                 await self._lull.wait()
         try:
-            async with (
-                handle.lock,
-                self._rt.observe.dvu(self.change_set),
-            ):  # trace span (rebaser_server.observe)
+            # The DVU run's trace span (rebaser_server.observe).
+            async with handle.lock, self._rt.observe.dvu(self.change_set):
                 if not self.lease.held():
                     raise LeaseLost()
                 record = handle.record

@@ -253,10 +253,9 @@ class Daemon:
         self.rt.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
         processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at)
-        task = (
-            self.rt.observe.own(  # the take's trace span lasts as long as the task (rebaser_server.observe)
-                change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
-            )
+        # The take's trace span lasts as long as the task (rebaser_server.observe).
+        task = self.rt.observe.own(
+            change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
         )
         self._active[task] = processor
 
