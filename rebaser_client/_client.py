@@ -12,6 +12,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from opentelemetry.trace import SpanKind, TracerProvider
 
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
 from rebaser_client._spool import SpoolConfig
@@ -51,6 +52,7 @@ from rebaser_core.errors import (
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected
+from rebaser_core.tracing import get_tracer, inject
 
 __all__ = ["RebaserClient", "Updates"]
 
@@ -87,6 +89,8 @@ class RebaserClient:
         spool: a local SQLite spool for requests NATS refuses (``RebaserBusy``) or cannot take
             (``RebaserUnavailable``): they are stored durably, ``enqueue_updates`` returns their id, and they are
             replayed in order once NATS takes work again. Off by default.
+        tracer_provider: the OpenTelemetry tracer provider for the client's spans (default: the global one). Each
+            request carries the W3C trace context of its ``rebaser.enqueue`` span; the daemon continues that trace.
     """
 
     def __init__(
@@ -98,8 +102,11 @@ class RebaserClient:
         publish_timeout: float = 5.0,
         max_in_flight: int = 1024,
         spool: SpoolConfig | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self._nc = nc
+        # Spans only if the application installed an OpenTelemetry SDK (or passes a provider): see rebaser_core.tracing.
+        self._tracer = get_tracer("rebaser_client", tracer_provider)
         self._subjects = Subjects(prefix)
         self._content_type = content_type
         self._publisher = Publisher(
@@ -332,6 +339,12 @@ class RebaserClient:
         )
 
     async def _call(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
+        with self._tracer.start_as_current_span(
+            "rebaser.request", kind=SpanKind.CLIENT, attributes=_span_attributes(request)
+        ):
+            return await self._call_traced(request, timeout)
+
+    async def _call_traced(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
         inbox = await self._reply_inbox()
         rid = str(request.id)
         # Registered before publishing, so a fast reply cannot arrive before anyone listens. The waiter stays
@@ -394,7 +407,11 @@ class RebaserClient:
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
         headers[_NATS_EXPECTED_STREAM] = self._subjects.requests_stream
         task = self._subjects.task(request.workspace_id, request.change_set_id)
-        return await self._publisher.send(str(request.id), subject, headers, body, task)
+        with self._tracer.start_as_current_span(
+            "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
+        ):
+            inject(headers)  # the daemon's span for this request continues this one
+            return await self._publisher.send(str(request.id), subject, headers, body, task)
 
     async def _reply_inbox(self) -> str:
         # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.
@@ -416,6 +433,14 @@ class RebaserClient:
             future.set_result(response)
         except ProtocolError as err:
             future.set_exception(err)
+
+
+def _span_attributes(request: EnqueueUpdatesRequest) -> dict[str, str]:
+    return {
+        "rebaser.request_id": str(request.id),
+        "rebaser.workspace_id": str(request.workspace_id),
+        "rebaser.change_set_id": str(request.change_set_id),
+    }
 
 
 def _check_answers(request: MessageVersion, response: MessageVersion) -> None:

@@ -158,6 +158,7 @@ def _options(f: Any) -> Any:
 
 
 @click.group()
+@click.version_option(package_name="rebaser", prog_name="rebaser")
 def main() -> None:
     """rebaser client and admin commands."""
 

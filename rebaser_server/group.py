@@ -23,6 +23,8 @@ from rebaser_server.trimmer import Trimmer
 
 __all__ = ["CommitGroup"]
 
+_OUTCOME_COUNTERS = {"success": "requests_ok", "conflicts": "requests_conflict", "error": "requests_error"}
+
 
 class CommitGroup:
     def __init__(
@@ -44,6 +46,7 @@ class CommitGroup:
         self._dvu = False
         self._applied = 0
         self._requests = 0  # staged requests with a sequence (to be purged after the commit)
+        self._outcomes: list[str] = []  # reply kinds of the applied requests, counted once committed
         self.open = False
 
     def __len__(self) -> int:
@@ -79,6 +82,8 @@ class CommitGroup:
             self._requests += 1
         self._dvu = self._dvu or dvu
         self._applied += applied
+        if applied and response is not None:
+            self._outcomes.append(response.status.kind)
 
     async def flush(self) -> None:
         """Commit what is staged, then answer and purge the group. Raises FencedError if fenced; on any failure
@@ -96,8 +101,12 @@ class CommitGroup:
             if self._last_seq:
                 await self._trimmer.processed(self._last_seq, self._requests)
             rt.stats.requests_applied += self._applied
+            for kind in self._outcomes:
+                counter = _OUTCOME_COUNTERS[kind]
+                setattr(rt.stats, counter, getattr(rt.stats, counter) + 1)
             rt.stats.last_request_at = time.time()
             if self._dvu:
+                rt.observe.dvu_due(self._change_set)  # the DVU run joins this request's trace
                 self._notify_dvu()
         finally:
             self.abandon()
@@ -114,5 +123,6 @@ class CommitGroup:
             0,
             0,
         )
+        self._outcomes = []
         self.open = False
         self._handle.lock.release()

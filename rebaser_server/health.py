@@ -126,6 +126,10 @@ class StatusReporter:
                 self._facts = await self._fetch()
         return self._facts, False
 
+    def last_facts(self) -> tuple[JetStreamFacts, bool]:
+        """The facts as last fetched, without asking JetStream (for /metrics, which refreshes them first)."""
+        return self._facts, not self.watch.connected
+
     async def _fetch(self) -> JetStreamFacts:
         subjects = self._rt.subjects
         calls: dict[str, Awaitable[Any]] = {

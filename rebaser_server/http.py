@@ -7,6 +7,8 @@
               it is shutting down
 ``/status``   JSON: owned change sets, tasks waiting and unacked, requests waiting, dead letters, the last
               request and write times, the NATS connection, and the daemon's counters
+``/metrics``  the same counters and backlog, plus latency histograms, in Prometheus text format
+              (``rebaser_server.metrics``)
 ============  ==============================================================================================
 
 It binds 127.0.0.1 by default: the status page names change sets, so exposing it is a deliberate choice.
@@ -18,6 +20,7 @@ import logging
 
 from aiohttp import web
 
+from rebaser_server.metrics import CONTENT_TYPE_LATEST, render
 from rebaser_server.server import Daemon
 
 __all__ = ["DEFAULT_HTTP_HOST", "DEFAULT_HTTP_PORT", "HealthServer"]
@@ -25,7 +28,9 @@ __all__ = ["DEFAULT_HTTP_HOST", "DEFAULT_HTTP_PORT", "HealthServer"]
 log = logging.getLogger(__name__)
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 9090
+# Not 9090: that is Prometheus's own port, and a Prometheus beside the daemon is what scrapes it. 9464 is the
+# port the OpenTelemetry Prometheus exporter uses by convention.
+DEFAULT_HTTP_PORT = 9464
 
 _DAEMON: web.AppKey[Daemon] = web.AppKey("daemon", Daemon)
 
@@ -47,6 +52,13 @@ async def _status(request: web.Request) -> web.Response:
     return web.json_response(await request.app[_DAEMON].status())
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    daemon = request.app[_DAEMON]
+    await daemon.health.facts()  # refresh the backlog gauges (cached: at most one JetStream fetch a second)
+    # As a raw header: aiohttp's content_type argument refuses parameters (the format version, the charset).
+    return web.Response(body=render(daemon.rt.observe.metrics), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 class HealthServer:
     """``await HealthServer(daemon, port=0).start()`` serves the endpoints; ``port`` 0 picks a free one."""
 
@@ -58,6 +70,8 @@ class HealthServer:
         app.router.add_get("/healthz", _healthz)
         app.router.add_get("/readyz", _readyz)
         app.router.add_get("/status", _status)
+        app.router.add_get("/metrics", _metrics)
+        daemon.rt.observe.metrics.bind(daemon)
         # No access log: probers call every few seconds and would drown the daemon's own log.
         self._runner = web.AppRunner(app, access_log=None)
         self._host = host

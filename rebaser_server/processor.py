@@ -208,8 +208,10 @@ class ChangeSetProcessor:
             assert self._handler is not None
             try:
                 unclean, self._unclean = self._unclean, False
-                await self._handler.handle(msg, unclean=unclean)
-                await self._maybe_flush(msg)
+                # Metrics, log ids and the trace span of this request (rebaser_server.observe).
+                with self._rt.observe.request(msg, self.change_set):
+                    await self._handler.handle(msg, unclean=unclean)
+                    await self._maybe_flush(msg)
             except Exception as err:
                 self._fail(err)
             finally:
@@ -274,7 +276,8 @@ class ChangeSetProcessor:
             async with asyncio.timeout(self._rt.settings.dvu_max_delay):
                 await self._lull.wait()
         try:
-            async with handle.lock:
+            # The DVU run's trace span (rebaser_server.observe).
+            async with handle.lock, self._rt.observe.dvu(self.change_set):
                 if not self.lease.held():
                     raise LeaseLost()
                 record = handle.record

@@ -13,6 +13,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import Hooks
+from rebaser_server.observe import Observer
 from rebaser_server.state import ChangeSetStore
 
 __all__ = ["Runtime", "Stats"]
@@ -34,6 +35,10 @@ class Stats:
     tasks_wedged: int = 0
     tasks_dropped: int = 0  # tasks with nothing to do and no record: terminated without creating one
     requests_applied: int = 0
+    # Applied requests by the status of their reply (a permanent app failure is an error reply *and* a dead letter).
+    requests_ok: int = 0
+    requests_conflict: int = 0
+    requests_error: int = 0
     request_commits: int = 0  # record commits for requests: fewer than requests when group commits form
     requests_replayed: int = 0
     requests_dead_lettered: int = 0
@@ -71,6 +76,8 @@ class Runtime:
     owner: str
     hooks: Hooks = field(default_factory=Hooks)
     stats: Stats = field(default_factory=Stats)
+    # Per-request metrics (the daemon's own Prometheus registry), log context and tracing: rebaser_server.observe.
+    observe: Observer = field(default_factory=Observer)
 
     @property
     def subjects(self) -> Subjects:

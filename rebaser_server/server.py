@@ -258,7 +258,10 @@ class Daemon:
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
         log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
         processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at)
-        task = asyncio.create_task(self._own(processor), name=f"change set {processor.change_set}")
+        # The take's trace span lasts as long as the task (rebaser_server.observe).
+        task = self.rt.observe.own(
+            change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
+        )
         self._active[task] = processor
 
     async def _own(self, processor: ChangeSetProcessor) -> None:

@@ -66,6 +66,7 @@ class NatsServer:
     The process runs in its own session, so a terminal's Ctrl-C reaches only its owner, which stops
     it (see :mod:`.process`). With ``die_with_parent`` (Linux) it also gets SIGTERM when the thread
     that started it dies, e.g. its owner is killed with SIGKILL; start it from the main thread.
+    It listens on loopback only; ``expose=True`` allows any ``host`` (``0.0.0.0`` in a container).
     """
 
     def __init__(
@@ -82,8 +83,13 @@ class NatsServer:
         extra_args: Sequence[str] = (),
         binary: Path | None = None,
         die_with_parent: bool = False,
+        expose: bool = False,
     ) -> None:
-        self._host = check_loopback(host)
+        # Loopback only unless the caller says otherwise (``expose``): the server has no authentication. A daemon
+        # in a container exposes it on 0.0.0.0, where the container's network is the fence.
+        self._host = host if expose else check_loopback(host)
+        # Where this machine reaches it: a wildcard address is listened on, not connected to.
+        self._connect_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
         self._store_dir_arg = Path(store_dir) if store_dir is not None else None
         self._port = port or None
         self._jetstream = jetstream
@@ -120,13 +126,13 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://{format_host(self._host)}:{self.port}"
+        return f"nats://{format_host(self._connect_host)}:{self.port}"
 
     @property
     def cluster_url(self) -> str | None:
         if self._cluster_port is None:
             return None
-        return f"nats://{format_host(self._host)}:{self._cluster_port}"
+        return f"nats://{format_host(self._connect_host)}:{self._cluster_port}"
 
     @property
     def server_name(self) -> str | None:
@@ -321,7 +327,7 @@ class NatsServer:
                 client = [p for p in map(port_of, ports.get("nats", [])) if p]
                 cluster = [p for p in map(port_of, ports.get("cluster", [])) if p]
                 listening = bool(client) and (bool(cluster) or not self._clustered)
-                if listening and can_connect(self._host, client[0]) and proc.poll() is None:
+                if listening and can_connect(self._connect_host, client[0]) and proc.poll() is None:
                     self._port = client[0]
                     if self._clustered:
                         self._cluster_port = cluster[0]

@@ -90,11 +90,14 @@ async def spawn_daemon(
     return daemon
 
 
-async def run_daemon(args: tuple[str, ...], workdir: Path, name: str, timeout: float) -> tuple[int, str]:
+async def run_daemon(
+    args: tuple[str, ...], workdir: Path, name: str, timeout: float, env: dict[str, str] | None = None
+) -> tuple[int, str]:
     """Run ``rebaser-server args`` until it exits by itself; its exit code and output. Killed at the deadline."""
     log = workdir / f"{name}.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    extra, env = env or {}, {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REBASER_NATS_URL", None)
+    env.update(extra)
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -1,0 +1,34 @@
+"""Trace context on the wire: W3C ``traceparent``/``tracestate`` headers on requests and replies.
+
+Client and daemon use the OpenTelemetry API only; whether spans are recorded and where they go is the
+application's choice (an SDK ``TracerProvider``; the daemon sets one up from the standard ``OTEL_*`` variables, see
+``rebaser_server.tracing``). Without one every call here is a cheap no-op and no header is added, and a peer that
+sends no trace headers is served all the same: its request starts a trace of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+
+__all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject"]
+
+# The headers the default (W3C trace context) propagator reads and writes.
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def get_tracer(name: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
+    """A tracer of ``provider``, or of the global provider (no-op until an application installs one)."""
+    return trace.get_tracer(name, tracer_provider=provider)
+
+
+def inject(headers: MutableMapping[str, str], context: Context | None = None) -> None:
+    """Add the trace context (the current span's, or ``context``'s) to message headers; nothing if none."""
+    propagate.inject(headers, context=context)
+
+
+def extract(headers: Mapping[str, str] | None) -> Context:
+    """The trace context a message carries (an empty context if it carries none)."""
+    return propagate.extract(dict(headers or {}))
