@@ -305,7 +305,12 @@ class ChangeSetProcessor:
             if not self.lease.held():
                 coro.close()
                 raise LeaseLost()
-            return await coro
+            result = await coro
+            if not self.lease.held():
+                # Computed partly without the lease (the loop was blocked, the process paused): discarded, never
+                # committed; the next owner applies the request again.
+                raise LeaseLost()
+            return result
 
         task = asyncio.ensure_future(guarded())
         self._steps[task] = time.monotonic()

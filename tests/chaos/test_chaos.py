@@ -27,6 +27,7 @@ from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 from rebaser_server.state import ChangeSetStore
 from tests.integration.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
+from tests.proxy import TcpProxy
 
 ENV = {
     "REBASER_STORAGE": "file",
@@ -68,7 +69,8 @@ async def _run(
     replicas: int,
     daemons: int = 3,
     change_sets: int = 6,
-) -> dict[str, int]:
+    daemon_urls: Callable[[int], list[str]] | None = None,
+) -> dict[str, int | float]:
     """Traffic on ``change_sets`` change sets while ``fault(daemons, respawn)`` strikes every ``fault_every``."""
     applies = tmp_path / "applies.jsonl"
     env = {**ENV, "REBASER_REPLICAS": str(replicas), "REBASER_TEST_RECORD": str(applies)}
@@ -77,7 +79,9 @@ async def _run(
         spawned = iter(range(1_000))
 
         async def respawn() -> None:
-            procs.append(await spawn_daemon(urls, prefix, tmp_path, env, f"d{next(spawned)}"))
+            index = next(spawned)
+            where = urls if daemon_urls is None else daemon_urls(index)
+            procs.append(await spawn_daemon(where, prefix, tmp_path, env, f"d{index}"))
 
         for _ in range(daemons):
             await respawn()
@@ -130,9 +134,18 @@ async def _run(
                 record = await store.read(ChangeSet(wk, cs))
                 assert record is not None
                 assert record.state["applied"] == ids, f"{cs}: lost, duplicated or reordered"
-            overlaps = apply_overlaps(read_record(applies), PAUSES)
+            events = read_record(applies)
+            overlaps = apply_overlaps(events, PAUSES)
             assert overlaps == [], f"two daemons applied to one change set at once: {overlaps[:5]}"
-            return {"requests": sum(len(ids) for ids in sent.values()), "faults": faults, "overlaps": 0}
+            return {
+                "requests": sum(len(ids) for ids in sent.values()),
+                "faults": faults,
+                "lost": 0,
+                "applied_twice": 0,
+                "out_of_order": 0,
+                "overlaps": 0,
+                "longest_stall_s": round(longest_stall(events), 2),
+            }
         finally:
             await conn.close()
 
@@ -193,6 +206,19 @@ def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, floa
             if end > latest_end:
                 latest_end, latest_pid = end, pid
     return found
+
+
+def longest_stall(events: list[dict[str, object]]) -> float:
+    """The longest time, over all change sets, between two consecutive apply starts of one change set: producers
+    keep every change set busy, so a long gap is a change set that waited (for a takeover, a leader election)."""
+    starts: dict[object, list[float]] = {}
+    for e in events:
+        if e["e"] == "start":
+            starts.setdefault(e["cs"], []).append(float(e["t"]))  # type: ignore[arg-type]
+    gaps = [
+        b - a for times in starts.values() for a, b in zip(sorted(times), sorted(times)[1:], strict=False)
+    ]
+    return max(gaps, default=0.0)
 
 
 async def _pause_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
@@ -262,6 +288,47 @@ async def test_daemon_sigstops_smoke(nats_url: str, subject_prefix: str, tmp_pat
 @pytest.mark.timeout(900)
 async def test_daemon_sigstops_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
     await _pause_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=2)
+
+
+async def _partition_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+    """Daemon 0 reaches NATS through a TCP proxy that is cut or stalled for longer than ack_wait, in turns."""
+    host, port = nats_url.removeprefix("nats://").rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    turns = 0
+
+    async def cut_or_stall(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+        nonlocal turns
+        turns += 1
+        outage = float(ENV["REBASER_ACK_WAIT"]) * 1.5
+        await (proxy.cut(outage) if turns % 2 else proxy.stall(outage))
+
+    try:
+        result = await _run(
+            [nats_url],
+            prefix,
+            tmp_path,
+            duration=duration,
+            fault=cut_or_stall,
+            fault_every=every,
+            replicas=1,
+            daemons=2,
+            daemon_urls=lambda index: [proxy.url] if index == 0 else [nats_url],
+        )
+    finally:
+        await proxy.stop()
+    assert result["faults"] >= 1
+    print(f"\npartition chaos: {result}")
+
+
+async def test_partitions_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=10, every=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_partitions_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=2)
 
 
 async def _cluster_chaos(

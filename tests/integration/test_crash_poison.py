@@ -102,3 +102,27 @@ async def test_a_killed_daemons_change_set_is_served_again_within_seconds(
         print(f"\nserved again {stall:.2f}s after the owner was killed")
         # The default ack_wait (2.5 s) bounds it; the old default (30 s) would fail this.
         assert stall < 10
+
+
+async def test_a_request_that_freezes_the_daemon_is_dead_lettered(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    # A blocking call longer than ack_wait: the daemon's event loop stops, so it cannot renew its lease; the other
+    # daemon takes the change set over and freezes on the same request, and so on, until max_attempts.
+    settings = Settings(prefix=subject_prefix)
+    async with daemon_processes() as procs:
+        for name in ("a", "b"):
+            procs.append(await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, name))
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        freezer = asyncio.create_task(
+            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/block", value=4)], timeout=90)
+        )
+        after = asyncio.create_task(
+            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=90)
+        )
+        bad, ok = await freezer, await after
+        assert bad.status.kind == "error" and "died or froze" in bad.status.message
+        assert ok.ok
+        store = ChangeSetStore(nc.jetstream(), settings)
+        await store.open()
+        assert await applied(store, wk, cs) == [str(ok.id)]
