@@ -170,7 +170,7 @@ class StatusReporter:
             fetched_mono=time.monotonic(),
         )
 
-    def not_ready(self, facts: JetStreamFacts, stale: bool, *, stopping: bool) -> list[str]:
+    def not_ready(self, facts: JetStreamFacts, stale: bool, *, stopping: bool, owned: int = 0) -> list[str]:
         """Why the daemon is not ready (empty: ready). A disconnect shorter than ``ready_max_disconnected`` is
         tolerated: nats-py reconnects by itself and nothing acknowledged is lost meanwhile."""
         settings = self._rt.settings
@@ -185,6 +185,12 @@ class StatusReporter:
                 reasons.append(f"missing in JetStream: {', '.join(facts.missing)}")
             if facts.error:
                 reasons.append(f"JetStream not answering: {facts.error}")
+        waiting = facts.tasks_waiting
+        if owned >= settings.concurrency and waiting:
+            reasons.append(
+                f"full: all {settings.concurrency} change-set slots taken (concurrency) while {waiting} change sets "
+                "wait for an owner"
+            )
         backlog = facts.requests_waiting
         if settings.ready_max_backlog >= 0 and backlog is not None and backlog > settings.ready_max_backlog:
             reasons.append(f"{backlog} requests waiting (ready_max_backlog {settings.ready_max_backlog})")

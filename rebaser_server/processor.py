@@ -52,6 +52,8 @@ T = TypeVar("T")
 # stream must stay within the window).
 _GROUP_MAX = 32
 _GROUP_MAX_WAIT = 0.005
+# Under pressure (the daemon is full and other change sets wait for an owner), a change set idle this long lets go.
+_PRESSURE_QUIET = 1.0
 
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
@@ -371,12 +373,16 @@ class ChangeSetProcessor:
             # change set: releasing then would only cost a re-take. Give up on it only after nats_timeout (a stalled
             # consumer; the release check hands the queued requests to a fresh activation).
             limit = quiet if self._caught_up else max(2 * quiet, self._rt.settings.nats_timeout)
+            if self._caught_up and self._rt.pressure:
+                limit = min(limit, _PRESSURE_QUIET)  # others wait for a slot: an idle change set gives way
             idle = time.monotonic() - self._last_activity
             if idle >= limit and not self._request_lock.locked():
-                self._finish(Outcome.RELEASED, reason="quiescent")
+                self._finish(
+                    Outcome.RELEASED, reason="quiescent" if limit == quiet else "others wait for a slot"
+                )
                 return
-            # Look again within one quiet period at most: catching up shortens the limit.
-            await asyncio.wait({self._result}, timeout=min(limit - idle, quiet) + 0.001)
+            # Look again soon: catching up, or pressure, shortens the limit.
+            await asyncio.wait({self._result}, timeout=min(limit - idle, quiet, _PRESSURE_QUIET) + 0.001)
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
         settings = self._rt.settings

@@ -76,6 +76,8 @@ class Runtime:
     owner: str
     hooks: Hooks = field(default_factory=Hooks)
     stats: Stats = field(default_factory=Stats)
+    # Every slot of this daemon is taken while other change sets wait for an owner: idle change sets let go early.
+    pressure: bool = False
     # Per-request metrics (the daemon's own Prometheus registry), log context and tracing: rebaser_server.observe.
     observe: Observer = field(default_factory=Observer)
 

@@ -53,6 +53,8 @@ _FETCH_BATCH = 1
 # Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
 _SETUP_RETRY_FIRST = 0.2
 _SETUP_RETRY_MAX = 5.0
+# While every slot is taken, how often the daemon looks whether other change sets wait for an owner.
+_PRESSURE_CHECK = 1.0
 # /status lists at most this many owned change sets by name (the count is always exact).
 _STATUS_MAX_OWNED = 100
 # While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
@@ -155,10 +157,16 @@ class Daemon:
         while not self._stopping:
             free = settings.concurrency - len(self._active)
             if free <= 0:
-                # Every slot is taken: stop pulling until a change set is released.
+                # Every slot is taken: stop pulling until a change set is released. Meanwhile, if other change sets
+                # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
+                # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default).
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                freed = asyncio.ensure_future(self._slot_freed.wait())
+                await asyncio.wait({freed}, timeout=_PRESSURE_CHECK)
+                freed.cancel()
+                self.rt.pressure = not self._slot_freed.is_set() and await self._others_waiting()
                 continue
+            self.rt.pressure = False
             if not self.rt.nc.is_connected:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
                 await asyncio.sleep(_RECONNECT_POLL)
@@ -184,6 +192,15 @@ class Daemon:
                         await hand_back(self.rt.nc, msg)
                 else:
                     await self._take(msg, pulled_at)
+
+    async def _others_waiting(self) -> bool:
+        """Do change sets wait for an owner (tasks the shared consumer has not delivered yet)? From the health
+        facts, which are cached: at most one consumer-info call a second however often this is asked."""
+        try:
+            facts, stale = await self.health.facts()
+        except Exception:
+            return False
+        return not stale and bool(facts.tasks_waiting)
 
     async def _on_reconnect(self) -> None:
         """After a reconnect: streams back, owned change sets handed back, orphans swept.
@@ -226,7 +243,7 @@ class Daemon:
         """Everything ``/status`` shows; ``ready`` and ``not_ready`` are what ``/readyz`` answers from."""
         rt, health = self.rt, self.health
         facts, stale = await health.facts()
-        reasons = health.not_ready(facts, stale, stopping=self._stopping)
+        reasons = health.not_ready(facts, stale, stopping=self._stopping, owned=len(self._active))
         owned = self.owned
         return {
             "owner": rt.owner,
