@@ -41,7 +41,7 @@ test: lint
 	$(BIN)/pytest -m "not slow" -q
 
 chaos: $(BIN)/.installed
-	$(BIN)/pytest -m slow -q
+	$(BIN)/pytest -m slow -q -s
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/bench.py
