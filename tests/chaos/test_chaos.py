@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
 import signal
 import time
@@ -114,8 +116,8 @@ async def _run(
                 nonlocal faults
                 while True:
                     await asyncio.sleep(fault_every)
+                    faults += 1  # counted as it strikes: the recovery (a respawn) may outlast the run
                     await fault([p for p in procs if p.proc.returncode is None], respawn)
-                    faults += 1
 
             producers = [asyncio.create_task(produce(cs)) for cs in sent]
             chaos_task = asyncio.create_task(chaos())
@@ -240,54 +242,94 @@ async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaita
     await respawn()
 
 
-async def _daemon_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+async def _one_server_chaos(
+    nats_url: str,
+    prefix: str,
+    tmp_path: Path,
+    fault: Fault,
+    *,
+    label: str,
+    duration: float,
+    every: float,
+    daemons: int,
+) -> None:
     result = await _run(
         [nats_url],
         prefix,
         tmp_path,
         duration=duration,
-        fault=_kill_a_daemon,
+        fault=fault,
         fault_every=every,
         replicas=1,
-        daemons=2,
+        daemons=daemons,
     )
     assert result["faults"] >= 1
-    print(f"\ndaemon chaos: {result}")
+    _report(label, result)
+
+
+def _report(label: str, result: dict[str, int | float]) -> None:
+    """Print a scenario's figures; with REBASER_CHAOS_REPORT set, also append them to that JSON-lines file."""
+    print(f"\n{label}: {result}")
+    path = os.environ.get("REBASER_CHAOS_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"scenario": label, **result}) + "\n")
 
 
 async def test_daemon_sigkills_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _daemon_chaos(nats_url, subject_prefix, tmp_path, duration=8, every=2.5)
+    await _one_server_chaos(
+        nats_url,
+        subject_prefix,
+        tmp_path,
+        _kill_a_daemon,
+        label="daemon SIGKILLs",
+        duration=8,
+        every=2.5,
+        daemons=2,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_daemon_sigkills_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _daemon_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=4)
-
-
-async def _pause_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
-    result = await _run(
-        [nats_url],
-        prefix,
+    await _one_server_chaos(
+        nats_url,
+        subject_prefix,
         tmp_path,
-        duration=duration,
-        fault=_pause_a_daemon,
-        fault_every=every,
-        replicas=1,
-        daemons=3,
+        _kill_a_daemon,
+        label="daemon SIGKILLs",
+        duration=90,
+        every=1.5,
+        daemons=2,
     )
-    assert result["faults"] >= 1
-    print(f"\npause chaos: {result}")
 
 
 async def test_daemon_sigstops_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _pause_chaos(nats_url, subject_prefix, tmp_path, duration=10, every=1)
+    await _one_server_chaos(
+        nats_url,
+        subject_prefix,
+        tmp_path,
+        _pause_a_daemon,
+        label="daemon SIGSTOPs",
+        duration=10,
+        every=1,
+        daemons=3,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_daemon_sigstops_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _pause_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=2)
+    await _one_server_chaos(
+        nats_url,
+        subject_prefix,
+        tmp_path,
+        _pause_a_daemon,
+        label="daemon SIGSTOPs",
+        duration=90,
+        every=2,
+        daemons=3,
+    )
 
 
 async def _partition_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
@@ -318,7 +360,7 @@ async def _partition_chaos(nats_url: str, prefix: str, tmp_path: Path, duration:
     finally:
         await proxy.stop()
     assert result["faults"] >= 1
-    print(f"\npartition chaos: {result}")
+    _report("partitions (cut or stalled line)", result)
 
 
 async def test_partitions_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
@@ -358,7 +400,7 @@ async def _cluster_chaos(
     finally:
         for index in down:
             await asyncio.to_thread(cluster.start_node, index)
-    print(f"\ncluster chaos: {result}")
+    _report("3-node cluster node kills", result)
 
 
 async def test_cluster_node_kills_smoke(
