@@ -276,59 +276,42 @@ def _report(label: str, result: dict[str, int | float]) -> None:
             f.write(json.dumps({"scenario": label, **result}) + "\n")
 
 
-async def test_daemon_sigkills_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+# scenario -> (fault, label, daemons, (smoke seconds, fault every), (long seconds, fault every))
+ONE_SERVER: dict[str, tuple[Fault, str, int, tuple[float, float], tuple[float, float]]] = {
+    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 2, (8, 2.5), (90, 1.5)),
+    "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3, (10, 1), (90, 2)),
+}
+
+
+@pytest.mark.parametrize("scenario", ONE_SERVER)
+async def test_daemon_faults_smoke(nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str) -> None:
+    fault, label, daemons, (duration, every), _ = ONE_SERVER[scenario]
     await _one_server_chaos(
         nats_url,
         subject_prefix,
         tmp_path,
-        _kill_a_daemon,
-        label="daemon SIGKILLs",
-        duration=8,
-        every=2.5,
-        daemons=2,
+        fault,
+        label=label,
+        duration=duration,
+        every=every,
+        daemons=daemons,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_daemon_sigkills_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scenario", ONE_SERVER)
+async def test_daemon_faults_long(nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str) -> None:
+    fault, label, daemons, _, (duration, every) = ONE_SERVER[scenario]
     await _one_server_chaos(
         nats_url,
         subject_prefix,
         tmp_path,
-        _kill_a_daemon,
-        label="daemon SIGKILLs",
-        duration=90,
-        every=1.5,
-        daemons=2,
-    )
-
-
-async def test_daemon_sigstops_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _one_server_chaos(
-        nats_url,
-        subject_prefix,
-        tmp_path,
-        _pause_a_daemon,
-        label="daemon SIGSTOPs",
-        duration=10,
-        every=1,
-        daemons=3,
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-async def test_daemon_sigstops_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _one_server_chaos(
-        nats_url,
-        subject_prefix,
-        tmp_path,
-        _pause_a_daemon,
-        label="daemon SIGSTOPs",
-        duration=90,
-        every=2,
-        daemons=3,
+        fault,
+        label=label,
+        duration=duration,
+        every=every,
+        daemons=daemons,
     )
 
 

@@ -57,23 +57,7 @@ async def test_a_request_that_kills_the_daemon_is_dead_lettered(
         stop = asyncio.Event()
         keeper = asyncio.create_task(_keep_one_alive(procs, spawn, stop))
         try:
-            wk, cs = WorkspacePk.new(), ChangeSetId.new()
-            killer = asyncio.create_task(
-                client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/exit", value=1)], timeout=60)
-            )
-            after = asyncio.create_task(
-                client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=60)
-            )
-            bad, ok = await killer, await after
-            assert bad.status.kind == "error" and "died or froze" in bad.status.message
-            assert ok.ok
-            store = ChangeSetStore(nc.jetstream(), settings)
-            await store.open()
-            assert await applied(store, wk, cs) == [str(ok.id)]
-            dlq = await nc.jetstream().get_last_msg(
-                settings.subjects.dead_letter_stream, settings.subjects.dead_letter(wk, cs)
-            )
-            assert dlq.headers is not None and "died or froze" in dlq.headers[h.DEAD_LETTER_REASON]
+            await _poison_is_dead_lettered(nc, client, settings, SetLiteral(path="/exit", value=1))
         finally:
             stop.set()
             deaths = await keeper
@@ -113,16 +97,26 @@ async def test_a_request_that_freezes_the_daemon_is_dead_lettered(
     async with daemon_processes() as procs:
         for name in ("a", "b"):
             procs.append(await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, name))
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        freezer = asyncio.create_task(
-            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/block", value=4)], timeout=90)
-        )
-        after = asyncio.create_task(
-            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=90)
-        )
-        bad, ok = await freezer, await after
-        assert bad.status.kind == "error" and "died or froze" in bad.status.message
-        assert ok.ok
-        store = ChangeSetStore(nc.jetstream(), settings)
-        await store.open()
-        assert await applied(store, wk, cs) == [str(ok.id)]
+        await _poison_is_dead_lettered(nc, client, settings, SetLiteral(path="/block", value=4))
+
+
+async def _poison_is_dead_lettered(
+    nc: NatsClient, client: RebaserClient, settings: Settings, poison: SetLiteral
+) -> None:
+    """``poison`` and a good request behind it: the poison ends in an error reply and a dead letter, the good one
+    is applied, nothing else is."""
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    bad_call = asyncio.create_task(client.enqueue_updates_with_reply(wk, cs, [poison], timeout=90))
+    good_call = asyncio.create_task(
+        client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=90)
+    )
+    bad, ok = await bad_call, await good_call
+    assert bad.status.kind == "error" and "died or froze" in bad.status.message
+    assert ok.ok
+    store = ChangeSetStore(nc.jetstream(), settings)
+    await store.open()
+    assert await applied(store, wk, cs) == [str(ok.id)]
+    dlq = await nc.jetstream().get_last_msg(
+        settings.subjects.dead_letter_stream, settings.subjects.dead_letter(wk, cs)
+    )
+    assert dlq.headers is not None and "died or froze" in dlq.headers[h.DEAD_LETTER_REASON]
