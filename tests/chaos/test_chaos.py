@@ -57,7 +57,8 @@ async def _send_until_acknowledged(
             await asyncio.sleep(0.1)
 
 
-Fault = Callable[[list[DaemonProcess], Callable[[], Awaitable[None]]], Awaitable[None]]
+# A fault strikes the live daemons (and may respawn one, in the background); False if it declined to strike.
+Fault = Callable[[list[DaemonProcess], Callable[[], Awaitable[None]]], Awaitable[bool | None]]
 
 
 async def _run(
@@ -80,13 +81,21 @@ async def _run(
     async with daemon_processes() as procs:
         spawned = iter(range(1_000))
 
-        async def respawn() -> None:
+        async def spawn() -> None:
             index = next(spawned)
             where = urls if daemon_urls is None else daemon_urls(index)
             procs.append(await spawn_daemon(where, prefix, tmp_path, env, f"d{index}"))
 
+        starting: set[asyncio.Task[None]] = set()
+
+        async def respawn() -> None:
+            # In the background: faults strike at their own pace, however long a replacement takes to start.
+            task = asyncio.create_task(spawn())
+            starting.add(task)
+            task.add_done_callback(starting.discard)
+
         for _ in range(daemons):
-            await respawn()
+            await spawn()
         conn = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
         try:
             client = RebaserClient(conn, prefix=prefix, publish_timeout=5.0)
@@ -116,16 +125,19 @@ async def _run(
                 nonlocal faults
                 while True:
                     await asyncio.sleep(fault_every)
-                    faults += 1  # counted as it strikes: the recovery (a respawn) may outlast the run
-                    await fault([p for p in procs if p.proc.returncode is None], respawn)
+                    struck = await fault([p for p in procs if p.proc.returncode is None], respawn)
+                    faults += struck is not False  # a fault may decline to strike (too few daemons up)
 
             producers = [asyncio.create_task(produce(cs)) for cs in sent]
             chaos_task = asyncio.create_task(chaos())
             await asyncio.sleep(duration)
             stop.set()
+            load_ended = time.time()
             chaos_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await chaos_task
+            # Replacements still starting finish starting (their processes are stopped with the others at the end).
+            await asyncio.gather(*starting)
             await asyncio.gather(*producers)
             await _drained(store, wk, sent)
             for cs in sent:  # a final request with a reply per change set: everything before it is applied
@@ -146,7 +158,7 @@ async def _run(
                 "applied_twice": 0,
                 "out_of_order": 0,
                 "overlaps": 0,
-                "longest_stall_s": round(longest_stall(events), 2),
+                "longest_stall_s": round(longest_stall(events, until=load_ended), 2),
             }
         finally:
             await conn.close()
@@ -210,12 +222,13 @@ def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, floa
     return found
 
 
-def longest_stall(events: list[dict[str, object]]) -> float:
-    """The longest time, over all change sets, between two consecutive apply starts of one change set: producers
-    keep every change set busy, so a long gap is a change set that waited (for a takeover, a leader election)."""
+def longest_stall(events: list[dict[str, object]], *, until: float) -> float:
+    """The longest time, over all change sets, between two consecutive apply starts of one change set while the
+    producers kept every change set busy (up to ``until``): a long gap is a change set that waited (for a takeover,
+    a leader election)."""
     starts: dict[object, list[float]] = {}
     for e in events:
-        if e["e"] == "start":
+        if e["e"] == "start" and float(e["t"]) <= until:  # type: ignore[arg-type]
             starts.setdefault(e["cs"], []).append(float(e["t"]))  # type: ignore[arg-type]
     gaps = [
         b - a for times in starts.values() for a, b in zip(sorted(times), sorted(times)[1:], strict=False)
@@ -235,11 +248,14 @@ async def _pause_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Await
         PAUSES.append((victim.pid, stopped, time.time()))
 
 
-async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> bool:
+    if len(live) < 2:
+        return False  # keep one daemon serving while replacements start
     victim = random.choice(live)
     victim.kill()
     await victim.wait(10)
     await respawn()
+    return True
 
 
 async def _one_server_chaos(
@@ -278,7 +294,7 @@ def _report(label: str, result: dict[str, int | float]) -> None:
 
 # scenario -> (fault, label, daemons, (smoke seconds, fault every), (long seconds, fault every))
 ONE_SERVER: dict[str, tuple[Fault, str, int, tuple[float, float], tuple[float, float]]] = {
-    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 2, (8, 2.5), (90, 1.5)),
+    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 3, (8, 2.5), (90, 1.5)),
     "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3, (10, 1), (90, 2)),
 }
 
