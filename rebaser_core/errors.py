@@ -25,6 +25,7 @@ Catch the narrowest class that tells you what to do next::
     │   ├── RetryableError             transient: the task is retried later, the request stays first
     │   └── UnprocessableError         permanent: the request is dead-lettered with an error reply
     ├── FencedError                    this daemon no longer owns the change set; its commit was refused
+    ├── LayoutMismatch                 a flag disagrees with the cluster's shard layout, or a layout change is unsafe
     └── EmbeddedServerError            the embedded nats-server could not be started or stopped
         ├── NatsServerNotFound         the nats-server binary is not installed
         └── StoreInUse                 another process runs a server on this store (``holder_pid``)
@@ -45,6 +46,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "InvalidId",
     "InvalidReplyInbox",
     "InvalidSubject",
+    "LayoutMismatch",
     "MissingHeader",
     "NatsServerNotFound",
     "ProtocolError",
@@ -191,6 +193,10 @@ class UnprocessableError(ApplicationError):
 
 class FencedError(RebaserError):
     """Another daemon took this change set over; the commit of this (stale) owner was refused."""
+
+
+class LayoutMismatch(RebaserError):
+    """A ``--streams`` or ``--assignment`` flag disagrees with the cluster's layout, or a layout is refused."""
 
 
 class EmbeddedServerError(RebaserError):

@@ -62,6 +62,26 @@ class Settings(BaseModel):
         description="Cluster-wide cap on change sets owned at once (tasks consumer max_ack_pending).",
     )
 
+    # -- shards (docs/operations.md) -----------------------------------------------------------------------
+    streams: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Shards of requests and tasks. The cluster's layout (a KV entry) is authoritative: this only "
+        "creates it (none: 1) or must agree with it.",
+    )
+    assignment: Literal["shared", "pinned"] | None = Field(
+        None,
+        description="shared: every daemon pulls every shard; pinned: daemon i of --daemons R serves shards i, "
+        "i+R, ... (none: the layout's, or shared).",
+    )
+    daemons: int | None = Field(None, ge=1, description="Pinned mode: how many daemons share the shards (R).")
+    replica_index: int | None = Field(
+        None,
+        ge=0,
+        description="Pinned mode: this daemon's index 0..R-1 (none: the hostname's ordinal, rebaser-2 is 2).",
+    )
+
     # -- task ownership ------------------------------------------------------------------------------
     ack_wait: float = Field(
         2.5,

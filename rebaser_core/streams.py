@@ -13,11 +13,14 @@ from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NotFoundError
 
 from rebaser_core.settings import Settings
+from rebaser_core.subjects import Subjects
 
 __all__ = [
     "dead_letter_stream_config",
+    "ensure_shard",
     "ensure_streams",
     "requests_stream_config",
+    "split",
     "tasks_consumer_config",
     "tasks_stream_config",
 ]
@@ -30,25 +33,37 @@ def _storage(settings: Settings) -> js_api.StorageType:
     return js_api.StorageType.FILE if settings.storage == "file" else js_api.StorageType.MEMORY
 
 
-def requests_stream_config(settings: Settings) -> js_api.StreamConfig:
+def split(total: int, streams: int) -> int:
+    """One shard's part of a cluster-wide cap (-1: unlimited stays unlimited). Rounded down, so the shards
+    together never exceed the cap; at least 1, so no shard is closed. Hash spreads change sets unevenly, so a shard
+    can reach its part before the cluster reaches the total: its work then waits (a task stays queued) or is
+    refused with RebaserBusy, never lost."""
+    if total < 0 or streams <= 1:
+        return total
+    return max(1, total // streams)
+
+
+def requests_stream_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.StreamConfig:
     """``REBASER_REQUESTS``: limits retention; a processed request is deleted by sequence.
 
     Discard-new: a full stream refuses new requests rather than silently dropping old, acknowledged ones.
     Direct get is on so "is anything still queued for this change set?" is one cheap lookup.
     """
     per_subject = settings.requests_max_msgs_per_change_set
+    subjects = settings.subjects.for_shard(shard)
     return js_api.StreamConfig(
-        name=settings.subjects.requests_stream,
-        description="rebaser: queued change-set requests",
-        subjects=[settings.subjects.requests_stream_subject],
+        name=subjects.requests_stream,
+        description=f"rebaser: queued change-set requests (shard {shard} of {streams})",
+        subjects=[subjects.requests_stream_subject],
         retention=js_api.RetentionPolicy.LIMITS,
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=per_subject > 0,
         max_msgs_per_subject=per_subject,
-        max_msgs=settings.requests_max_msgs,
-        max_bytes=settings.requests_max_bytes,
+        max_msgs=split(settings.requests_max_msgs, streams),
+        max_bytes=split(settings.requests_max_bytes, streams),
         max_age=settings.requests_max_age,
-        max_consumers=settings.max_active_change_sets + _CONSUMER_HEADROOM,
+        # Set explicitly: nats-server caps a stream at 1,000 consumers otherwise.
+        max_consumers=split(settings.max_active_change_sets, streams) + _CONSUMER_HEADROOM,
         storage=_storage(settings),
         num_replicas=settings.replicas,
         duplicate_window=settings.duplicate_window,
@@ -56,12 +71,13 @@ def requests_stream_config(settings: Settings) -> js_api.StreamConfig:
     )
 
 
-def tasks_stream_config(settings: Settings) -> js_api.StreamConfig:
+def tasks_stream_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.StreamConfig:
     """``REBASER_TASKS``: a work queue holding at most one task (one owner) per change set."""
+    subjects = settings.subjects.for_shard(shard)
     return js_api.StreamConfig(
-        name=settings.subjects.tasks_stream,
-        description="rebaser: one exclusive processing task per active change set",
-        subjects=[settings.subjects.tasks_stream_subject],
+        name=subjects.tasks_stream,
+        description=f"rebaser: one exclusive processing task per active change set (shard {shard} of {streams})",
+        subjects=[subjects.tasks_stream_subject],
         retention=js_api.RetentionPolicy.WORK_QUEUE,
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=True,
@@ -91,22 +107,24 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
     )
 
 
-def tasks_consumer_config(settings: Settings) -> js_api.ConsumerConfig:
+def tasks_consumer_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.ConsumerConfig:
     """The one durable pull consumer shared by every daemon.
 
     ``max_deliver`` stays unlimited: a task is a lock, not a unit of work, and a task that hit max_deliver would
     stay in the work queue and block its change set (docs/design.md §3). Poison *requests* are bounded by
-    ``Settings.max_attempts`` instead.
+    ``Settings.max_attempts`` instead. With shards, each shard's consumer gets its part of the cluster-wide cap on
+    active change sets.
     """
+    subjects = settings.subjects.for_shard(shard)
     return js_api.ConsumerConfig(
-        durable_name=settings.subjects.tasks_consumer,
+        durable_name=subjects.tasks_consumer,
         description="rebaser: tasks shared by all daemons",
-        filter_subject=settings.subjects.tasks_filter,
+        filter_subject=subjects.tasks_filter,
         deliver_policy=js_api.DeliverPolicy.ALL,
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.ack_wait,
         max_deliver=-1,
-        max_ack_pending=settings.max_active_change_sets,
+        max_ack_pending=split(settings.max_active_change_sets, streams),
         num_replicas=settings.replicas,
     )
 
@@ -122,14 +140,28 @@ async def _ensure_stream(js: JetStreamContext, config: js_api.StreamConfig) -> N
     await js.update_stream(config)
 
 
-async def ensure_streams(js: JetStreamContext, settings: Settings, *, consumer: bool = True) -> None:
-    """Create or update the three streams and (with ``consumer``) the shared tasks consumer."""
-    for config in (
-        requests_stream_config(settings),
-        tasks_stream_config(settings),
-        dead_letter_stream_config(settings),
-    ):
-        await _ensure_stream(js, config)
+async def ensure_shard(
+    js: JetStreamContext, settings: Settings, shard: int, streams: int, *, consumer: bool = True
+) -> None:
+    """Create or update one shard's requests and tasks streams and (with ``consumer``) its tasks consumer."""
+    await _ensure_stream(js, requests_stream_config(settings, shard, streams))
+    await _ensure_stream(js, tasks_stream_config(settings, shard, streams))
     if consumer:
         # add_consumer on a durable is create-or-update on the server.
-        await js.add_consumer(settings.subjects.tasks_stream, tasks_consumer_config(settings))
+        subjects: Subjects = settings.subjects.for_shard(shard)
+        await js.add_consumer(subjects.tasks_stream, tasks_consumer_config(settings, shard, streams))
+
+
+async def ensure_streams(
+    js: JetStreamContext,
+    settings: Settings,
+    *,
+    consumer: bool = True,
+    shards: range = range(1),
+    streams: int = 1,
+) -> None:
+    """Create or update the dead-letter stream and every shard in ``shards`` (of ``streams`` current shards;
+    shards beyond it are draining and keep the split of their own layout, which is the same or smaller)."""
+    for shard in shards:
+        await ensure_shard(js, settings, shard, max(streams, 1), consumer=consumer)
+    await _ensure_stream(js, dead_letter_stream_config(settings))

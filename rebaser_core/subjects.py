@@ -9,6 +9,13 @@ tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process``
 dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>`` (``….malformed`` for junk subjects)
 queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
 ================  =================================================
+
+**Shards** (docs/operations.md): with ``--streams N`` requests and tasks are spread over N streams each. Shard 0
+keeps the names above, so a deployment of one stream is exactly what it always was; shard ``k`` >= 1 has streams
+``[P_]REBASER_REQUESTS_<k>`` / ``[P_]REBASER_TASKS_<k>`` and one more subject token after ``requests``/``tasks``:
+``[P.]rebaser.requests.<k>.<workspace>.<change_set>``. That token makes the shards' subject spaces disjoint
+(a stream's subjects may not overlap another's) without touching shard 0's. Which shard a change set is in is
+:func:`rebaser_core.layout.shard_of`.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ CHANGE_SETS_BUCKET = "REBASER_CHANGE_SETS"
 SNAPSHOTS_BUCKET = "REBASER_SNAPSHOTS"
 BATCHES_BUCKET = "REBASER_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
+LAYOUT_BUCKET = "REBASER_LAYOUT"
+LAYOUT_KEY = "layout"
 
 
 def validate_prefix(prefix: str | None) -> str | None:
@@ -59,9 +68,25 @@ class Subjects:
     """All names for one deployment (one prefix). Build with ``Subjects(prefix)``."""
 
     prefix: str | None = None
+    shard: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", validate_prefix(self.prefix))
+        if self.shard < 0:
+            raise InvalidSubject(f"shard {self.shard} must be >= 0")
+
+    def for_shard(self, shard: int) -> Subjects:
+        """The names of shard ``shard`` of this deployment (streams and request/task subjects differ per shard;
+        dead letters, records, queries and object stores are shared by all shards)."""
+        return self if shard == self.shard else Subjects(self.prefix, shard)
+
+    def _sharded(self, kind: str, *tokens: str) -> str:
+        """A request or task subject: ``rebaser.<kind>[.<shard>].…`` (shard 0 has no shard token)."""
+        head = ("rebaser", kind, str(self.shard)) if self.shard else ("rebaser", kind)
+        return self._subject(*head, *tokens)
+
+    def _shard_name(self, name: str) -> str:
+        return self._name(f"{name}_{self.shard}" if self.shard else name)
 
     def _subject(self, *tokens: str) -> str:
         return ".".join((self.prefix, *tokens) if self.prefix else tokens)
@@ -72,11 +97,11 @@ class Subjects:
     # -- stream, consumer and bucket names ------------------------------------------------------
     @property
     def requests_stream(self) -> str:
-        return self._name(REQUESTS_STREAM)
+        return self._shard_name(REQUESTS_STREAM)
 
     @property
     def tasks_stream(self) -> str:
-        return self._name(TASKS_STREAM)
+        return self._shard_name(TASKS_STREAM)
 
     @property
     def dead_letter_stream(self) -> str:
@@ -85,6 +110,15 @@ class Subjects:
     @property
     def change_sets_bucket(self) -> str:
         return self._name(CHANGE_SETS_BUCKET)
+
+    @property
+    def layout_bucket(self) -> str:
+        """KV bucket holding the shard layout (one key, ``layout``): see rebaser_core.layout."""
+        return self._name(LAYOUT_BUCKET)
+
+    @property
+    def layout_key(self) -> str:
+        return LAYOUT_KEY
 
     @property
     def snapshots_bucket(self) -> str:
@@ -105,27 +139,27 @@ class Subjects:
     def requests_all(self) -> str:
         """Everything under the requests subject space (for listing, including subjects stored by older
         stream configurations that took any number of tokens)."""
-        return self._subject("rebaser", "requests", ">")
+        return self._sharded("requests", ">")
 
     @property
     def tasks_all(self) -> str:
-        return self._subject("rebaser", "tasks", ">")
+        return self._sharded("tasks", ">")
 
     @property
     def requests_stream_subject(self) -> str:
         """What the requests stream stores: exactly two tokens after ``rebaser.requests``, so a request on a
         subject with more or fewer tokens is refused by JetStream instead of stored for good."""
-        return self._subject("rebaser", "requests", "*", "*")
+        return self._sharded("requests", "*", "*")
 
     @property
     def tasks_stream_subject(self) -> str:
         """What the tasks stream stores: ``rebaser.tasks.<wk>.<cs>.process`` and nothing else."""
-        return self._subject("rebaser", "tasks", "*", "*", "process")
+        return self._sharded("tasks", "*", "*", "process")
 
     @property
     def tasks_filter(self) -> str:
         """The shared tasks consumer's filter (exactly the task subjects, nothing else)."""
-        return self._subject("rebaser", "tasks", "*", "*", "*")
+        return self._sharded("tasks", "*", "*", "*")
 
     @property
     def dead_letters_all(self) -> str:
@@ -133,10 +167,10 @@ class Subjects:
 
     # -- per change set ---------------------------------------------------------------------------
     def requests(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
-        return self._subject("rebaser", "requests", str(workspace_id), str(change_set_id))
+        return self._sharded("requests", str(workspace_id), str(change_set_id))
 
     def task(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
-        return self._subject("rebaser", "tasks", str(workspace_id), str(change_set_id), "process")
+        return self._sharded("tasks", str(workspace_id), str(change_set_id), "process")
 
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
@@ -183,8 +217,26 @@ class Subjects:
             raise InvalidSubject(f"subject {subject!r}: ids in subjects must be canonical upper-case ULIDs")
         return parsed
 
+    def _head(self, kind: str) -> tuple[str, ...]:
+        return ("rebaser", kind, str(self.shard)) if self.shard else ("rebaser", kind)
+
     def parse_task(self, subject: str) -> ParsedSubject:
-        return self._strip(subject, ("rebaser", "tasks"), ("process",))
+        return self._strip(subject, self._head("tasks"), ("process",))
 
     def parse_requests(self, subject: str) -> ParsedSubject:
-        return self._strip(subject, ("rebaser", "requests"), ())
+        return self._strip(subject, self._head("requests"), ())
+
+    def shard_of_subject(self, subject: str) -> int:
+        """The shard a request or task subject belongs to (0 unless it carries a numeric shard token)."""
+        tokens = subject.split(".")
+        if self.prefix:
+            tokens = tokens[1:]
+        shard = tokens[2] if len(tokens) in (5, 6) and tokens[0] == "rebaser" else ""
+        # A shard token is a short decimal number; a workspace id (26 characters) never is.
+        if 0 < len(shard) <= 4 and shard.isdigit() and shard[0] != "0":
+            return int(shard)
+        return 0
+
+    def parse_any_requests(self, subject: str) -> ParsedSubject:
+        """Parse a request subject of any shard of this deployment."""
+        return self.for_shard(self.shard_of_subject(subject)).parse_requests(subject)

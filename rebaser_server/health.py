@@ -100,10 +100,30 @@ class JetStreamFacts:
     requests_waiting: int | None = None  # messages in REBASER_REQUESTS (queued or being applied)
     requests_bytes: int | None = None
     dead_letters: int | None = None
+    # Per shard: backlog, consumers, pull requests waiting and the stream leader (rebaser streams show, too).
+    shards: tuple[dict[str, Any], ...] = ()
+    # Shards with tasks waiting and no daemon pulling (pinned mode with its daemon down, or every daemon full).
+    unserved_shards: tuple[int, ...] = ()
     missing: tuple[str, ...] = ()  # streams or the tasks consumer that do not exist
     error: str | None = None  # why some call failed (other than "not found")
     checked_at: float | None = None  # wall clock time of the fetch
     fetched_mono: float = field(default=0.0, repr=False)
+
+
+def shard_facts(shard: int, requests: Any, consumer: Any) -> dict[str, Any]:
+    """One shard's line of ``/status`` and ``rebaser streams show``, from its stream and consumer info."""
+    cluster = getattr(requests, "cluster", None) if requests is not None else None
+    return {
+        "shard": shard,
+        "requests_waiting": None if requests is None else int(requests.state.messages),
+        "requests_bytes": None if requests is None else int(requests.state.bytes),
+        "consumers": None if requests is None else int(requests.state.consumer_count),
+        "tasks_waiting": None if consumer is None else int(consumer.num_pending or 0),
+        "tasks_unacked": None if consumer is None else int(consumer.num_ack_pending or 0),
+        # Pull requests waiting on the tasks consumer: 0 means no daemon is pulling this shard right now.
+        "pulling": None if consumer is None else int(consumer.num_waiting or 0),
+        "leader": None if cluster is None else cluster.leader,
+    }
 
 
 class StatusReporter:
@@ -132,14 +152,16 @@ class StatusReporter:
 
     async def _fetch(self) -> JetStreamFacts:
         subjects = self._rt.subjects
+        shards = [subjects.for_shard(k) for k in self._rt.layout.shards]
         calls: dict[str, Awaitable[Any]] = {
-            subjects.requests_stream: self._js.stream_info(subjects.requests_stream),
-            subjects.tasks_stream: self._js.stream_info(subjects.tasks_stream),
-            subjects.dead_letter_stream: self._js.stream_info(subjects.dead_letter_stream),
-            f"consumer {subjects.tasks_consumer}": self._js.consumer_info(
-                subjects.tasks_stream, subjects.tasks_consumer
-            ),
+            subjects.dead_letter_stream: self._js.stream_info(subjects.dead_letter_stream)
         }
+        for names in shards:
+            calls[names.requests_stream] = self._js.stream_info(names.requests_stream)
+            calls[names.tasks_stream] = self._js.stream_info(names.tasks_stream)
+            calls[f"consumer {names.tasks_stream}/{names.tasks_consumer}"] = self._js.consumer_info(
+                names.tasks_stream, names.tasks_consumer
+            )
         results = await asyncio.gather(*calls.values(), return_exceptions=True)
         answers = dict(zip(calls, results, strict=True))
         missing = tuple(name for name, r in answers.items() if isinstance(r, NotFoundError))
@@ -153,17 +175,28 @@ class StatusReporter:
             result = answers[name]
             return None if isinstance(result, BaseException) else result
 
-        requests, dlq, consumer = (
-            ok(subjects.requests_stream),
-            ok(subjects.dead_letter_stream),
-            ok(f"consumer {subjects.tasks_consumer}"),
-        )
+        per_shard = [
+            shard_facts(
+                names.shard,
+                ok(names.requests_stream),
+                ok(f"consumer {names.tasks_stream}/{names.tasks_consumer}"),
+            )
+            for names in shards
+        ]
+        dlq = ok(subjects.dead_letter_stream)
+
+        def total(key: str) -> int | None:
+            values = [s[key] for s in per_shard]
+            return None if any(v is None for v in values) else sum(values)
+
         return JetStreamFacts(
-            tasks_waiting=None if consumer is None else int(consumer.num_pending or 0),
-            tasks_unacked=None if consumer is None else int(consumer.num_ack_pending or 0),
-            requests_waiting=None if requests is None else int(requests.state.messages),
-            requests_bytes=None if requests is None else int(requests.state.bytes),
+            tasks_waiting=total("tasks_waiting"),
+            tasks_unacked=total("tasks_unacked"),
+            requests_waiting=total("requests_waiting"),
+            requests_bytes=total("requests_bytes"),
             dead_letters=None if dlq is None else int(dlq.state.messages),
+            shards=tuple(per_shard),
+            unserved_shards=tuple(s["shard"] for s in per_shard if s["tasks_waiting"] and not s["pulling"]),
             missing=missing,
             error="; ".join(errors) or None,
             checked_at=time.time(),
@@ -212,6 +245,8 @@ class StatusReporter:
         out = asdict(facts)
         out.pop("fetched_mono", None)
         out["missing"] = list(facts.missing)
+        out["shards"] = list(facts.shards)
+        out["unserved_shards"] = list(facts.unserved_shards)
         out["stale"] = stale
         out["age"] = None if facts.checked_at is None else round(time.time() - facts.checked_at, 3)
         return out

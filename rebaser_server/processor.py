@@ -30,11 +30,13 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from rebaser_core.errors import FencedError
+from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.dvu import SerialDvu
 from rebaser_server.group import CommitGroup
 from rebaser_server.handling import RequestHandler
 from rebaser_server.lease import Lease
+from rebaser_server.migration import draining
 from rebaser_server.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged
 from rebaser_server.release import release
 from rebaser_server.runtime import Runtime
@@ -71,15 +73,25 @@ def _in_background(coro: Coroutine[Any, Any, Any]) -> None:
 
 
 class ChangeSetProcessor:
-    def __init__(self, rt: Runtime, change_set: ChangeSet, task_msg: Msg, *, pulled_at: float) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        change_set: ChangeSet,
+        task_msg: Msg,
+        *,
+        pulled_at: float,
+        subjects: Subjects | None = None,
+    ) -> None:
         self._rt = rt
+        # The shard the task came from: its requests are read, purged and checked there.
+        self._names = subjects or rt.subjects
         self.change_set = change_set
         self._task_msg = task_msg
         settings = rt.settings
         self.lease = Lease(
             rt.nc, task_msg, ack_wait=settings.ack_wait, margin=settings.lease_margin, since=pulled_at
         )
-        self._subject = rt.subjects.requests(change_set.workspace_id, change_set.change_set_id)
+        self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
         self._stopping = False
         # Held while one request is processed; release takes it to wait for the request in hand.
@@ -99,7 +111,7 @@ class ChangeSetProcessor:
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
         self._cancelled_why: type[Exception] | None = None
-        self._trimmer = Trimmer(rt, change_set)
+        self._trimmer = Trimmer(rt, change_set, self._names)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None
@@ -111,6 +123,11 @@ class ChangeSetProcessor:
         )
 
     # -- public -------------------------------------------------------------------------------------
+    @property
+    def subjects(self) -> Subjects:
+        """The names of the shard this change set's task came from."""
+        return self._names
+
     def interrupt(self) -> None:
         """Graceful shutdown: finish the request in hand (bounded), then hand the task back."""
         self._finish(Outcome.INTERRUPTED, reason="shutdown")
@@ -174,14 +191,14 @@ class ChangeSetProcessor:
             inactive_threshold=30.0,
         )
         # add_consumer + subscribe_bind (not js.subscribe) keeps the consumer's name and num_pending.
-        info = await js.add_consumer(self._rt.subjects.requests_stream, config)
+        info = await js.add_consumer(self._names.requests_stream, config)
         self._consumer = info.name
         self._caught_up = (info.num_pending or 0) == 0
         log.debug("%s: consuming, %d requests queued", self.change_set, info.num_pending or 0)
         if not self._caught_up:
             self._lull.clear()
         self._sub = await js.subscribe_bind(
-            self._rt.subjects.requests_stream, config, info.name, cb=self._on_request, ordered_consumer=True
+            self._names.requests_stream, config, info.name, cb=self._on_request, ordered_consumer=True
         )
 
     async def _unsubscribe(self) -> None:
@@ -195,7 +212,7 @@ class ChangeSetProcessor:
         name = getattr(sub, "_consumer", None) or self._consumer
         if name:
             # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
-            _in_background(self._rt.js.delete_consumer(self._rt.subjects.requests_stream, name))
+            _in_background(self._rt.js.delete_consumer(self._names.requests_stream, name))
 
     async def _on_request(self, msg: Msg) -> None:
         if self._stopping:
@@ -373,7 +390,9 @@ class ChangeSetProcessor:
             # change set: releasing then would only cost a re-take. Give up on it only after nats_timeout (a stalled
             # consumer; the release check hands the queued requests to a fresh activation).
             limit = quiet if self._caught_up else max(2 * quiet, self._rt.settings.nats_timeout)
-            if self._caught_up and self._rt.pressure:
+            # The change set's shard moved (the layout changed, looked at every time: it may change while owned):
+            # this ownership only drains the old shard, so it lets go once idle and its new shard's task goes on.
+            if self._caught_up and (self._rt.pressure or draining(self._rt, self.change_set, self._names)):
                 limit = min(limit, _PRESSURE_QUIET)  # others wait for a slot: an idle change set gives way
             idle = time.monotonic() - self._last_activity
             if idle >= limit and not self._request_lock.locked():
@@ -407,7 +426,7 @@ class ChangeSetProcessor:
         if result.outcome is not Outcome.RELEASED:
             return result
         assert self._handle is not None
-        return await release(self._rt, self.change_set, self._handle, self.lease)
+        return await release(self._rt, self.change_set, self._handle, self.lease, self._names)
 
     async def _settle_group(self, result: TaskResult) -> None:
         """Commit and answer what an open group holds, unless we no longer own the change set."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.lease import Lease
@@ -27,7 +28,13 @@ log = logging.getLogger(__name__)
 _RETRY_PAUSE = 0.1
 
 
-async def release(rt: Runtime, change_set: ChangeSet, handle: ChangeSetHandle, lease: Lease) -> TaskResult:
+async def release(
+    rt: Runtime,
+    change_set: ChangeSet,
+    handle: ChangeSetHandle,
+    lease: Lease,
+    subjects: Subjects | None = None,
+) -> TaskResult:
     if not await handle.still_owner():
         # Acking now could delete the task of the daemon that took over (a late ack is still accepted).
         return TaskResult(Outcome.FENCED, reason="lost ownership before release")
@@ -37,18 +44,19 @@ async def release(rt: Runtime, change_set: ChangeSet, handle: ChangeSetHandle, l
         # still right either way: a task publish while one exists is refused, which is harmless.
         log.warning("%s: release ack not confirmed; checking for queued requests anyway", change_set)
     await rt.hooks.checkpoint("task_acked", change_set)
-    await _task_for_queued(rt, change_set)
+    await _task_for_queued(rt, change_set, subjects or rt.subjects)
     return TaskResult(Outcome.RELEASED, reason="quiescent")
 
 
-async def _task_for_queued(rt: Runtime, change_set: ChangeSet) -> None:
-    """If a request of the change set is still queued, make sure it has a task (retried within nats_timeout)."""
-    task = rt.subjects.task(change_set.workspace_id, change_set.change_set_id)
+async def _task_for_queued(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> None:
+    """If a request of the change set is still queued in the shard it was owned from, make sure it has a task
+    there (retried within nats_timeout)."""
+    task = subjects.task(change_set.workspace_id, change_set.change_set_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + rt.settings.nats_timeout
     while True:
         try:
-            if await rt.queued(change_set, from_leader=True):
+            if await rt.queued(change_set, from_leader=True, subjects=subjects):
                 created = await publish_task(rt.nc, task, timeout=max(0.1, deadline - loop.time()))
                 log.info(
                     "%s: request arrived during release; task %s",

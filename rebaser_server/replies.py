@@ -79,7 +79,7 @@ async def dead_letter_stored(
 ) -> bool:
     """:func:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
     try:
-        change_set = rt.subjects.parse_requests(subject)
+        change_set = rt.subjects.parse_any_requests(subject)
         target = rt.subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
     except InvalidSubject:
         target = rt.subjects.dead_letter_malformed
@@ -89,7 +89,7 @@ async def dead_letter_stored(
         h.DEAD_LETTER_SUBJECT: _one_ascii_line(subject, _MAX_REASON),
         h.DEAD_LETTER_SEQUENCE: str(seq),
         # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
-        h.NATS_MSG_ID: f"{rt.subjects.requests_stream}:{seq}",
+        h.NATS_MSG_ID: f"{rt.subjects.for_shard(rt.subjects.shard_of_subject(subject)).requests_stream}:{seq}",
     }
     headers, body = _bounded_copy(original_headers, data, rt.settings.dead_letter_max_body)
     try:

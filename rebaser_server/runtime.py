@@ -9,6 +9,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from rebaser_core.layout import Layout
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
@@ -52,6 +53,8 @@ class Stats:
     tasks_lease_lost: int = 0
     tasks_stale: int = 0
     release_checks_failed: int = 0
+    # New-shard tasks handed back while their change set still had work in its old shard (a layout change).
+    tasks_deferred: int = 0
     dvu_runs: int = 0
     dvu_failures: int = 0
     nats_reconnects: int = 0
@@ -80,19 +83,32 @@ class Runtime:
     pressure: bool = False
     # Per-request metrics (the daemon's own Prometheus registry), log context and tracing: rebaser_server.observe.
     observe: Observer = field(default_factory=Observer)
+    # The cluster's shard layout as last read (rebaser_server.shards follows it).
+    layout: Layout = field(default_factory=Layout)
 
     @property
     def subjects(self) -> Subjects:
+        """Shard 0's names, and everything shards share (dead letters, records, queries)."""
         return self.settings.subjects
 
-    async def queued(self, change_set: ChangeSet, *, from_leader: bool = False) -> bool:
-        """Is any request of this change set still in the stream? One get, no consumer involved.
+    def shard_subjects(self, change_set: ChangeSet) -> Subjects:
+        """The names of the shard new requests of ``change_set`` go to."""
+        return self.subjects.for_shard(
+            self.layout.shard_of(change_set.workspace_id, change_set.change_set_id)
+        )
+
+    async def queued(
+        self, change_set: ChangeSet, *, from_leader: bool = False, subjects: Subjects | None = None
+    ) -> bool:
+        """Is any request of this change set still in the stream (of shard ``subjects``, default shard 0)? One
+        get, no consumer involved.
 
         A direct get may be answered by any replica, which can lag behind the leader: ``from_leader`` asks the
         stream leader (where a decision must not miss a request just written, as after a release)."""
-        subject = self.subjects.requests(change_set.workspace_id, change_set.change_set_id)
+        names = subjects or self.subjects
+        subject = names.requests(change_set.workspace_id, change_set.change_set_id)
         try:
-            await self.js.get_last_msg(self.subjects.requests_stream, subject, direct=not from_leader)
+            await self.js.get_last_msg(names.requests_stream, subject, direct=not from_leader)
         except NotFoundError:
             return False
         return True

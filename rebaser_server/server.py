@@ -28,14 +28,17 @@ from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import RequestId
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
+from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.handback import hand_back
 from rebaser_server.health import ConnectionWatch, StatusReporter
 from rebaser_server.hooks import Hooks
 from rebaser_server.junk import is_empty_task
+from rebaser_server.migration import old_shard_busy
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
 from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
+from rebaser_server.shards import ShardPullers
 from rebaser_server.state import ChangeSetStore, TaskDelivery
 from rebaser_server.sweeper import Sweeper
 
@@ -59,6 +62,8 @@ _PRESSURE_CHECK = 1.0
 _STATUS_MAX_OWNED = 100
 # While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
 _RECONNECT_POLL = 0.1
+# A new-shard task whose change set still has work in its old shard (a layout change) is handed back for this long.
+_DEFER_DELAY = 0.25
 
 
 class Daemon:
@@ -87,8 +92,8 @@ class Daemon:
         self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
         self._slot_freed = asyncio.Event()
         self._stopping = False
-        self._puller: asyncio.Task[None] | None = None
-        self._pull_sub: Any = None
+        # One pull loop (_pull) per served shard: rebaser_server.shards.
+        self.shards = ShardPullers(self.rt, self._pull)
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(self.rt, self.watch)
@@ -113,18 +118,20 @@ class Daemon:
             return  # shut down while starting (a signal): start nothing
         await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
-        self._pull_sub = await rt.js.pull_subscribe_bind(rt.subjects.tasks_consumer, rt.subjects.tasks_stream)
         if self._stopping:
             return  # shut down meanwhile: take no task
-        self._puller = asyncio.create_task(self._pull(self._pull_sub), name="rebaser task puller")
+        await self.shards.start()
         if self._sweep:
             self._sweeper_task = asyncio.create_task(self.sweeper.run(), name="rebaser orphan sweep")
         self._watch_task = asyncio.create_task(self.watch.run(self._on_reconnect), name="rebaser NATS watch")
         log.info(
-            "rebaser daemon %s serving (prefix=%s, concurrency=%d)",
+            "rebaser daemon %s serving (prefix=%s, concurrency=%d, shards %s of %d, %s)",
             rt.owner,
             rt.settings.prefix,
             rt.settings.concurrency,
+            self.shards.shards,
+            rt.layout.streams,
+            rt.layout.mode,
         )
 
     async def _set_up(self, timeout: float | None) -> None:
@@ -137,7 +144,7 @@ class Daemon:
         pause = _SETUP_RETRY_FIRST
         while not self._stopping:
             try:
-                await ensure_streams(rt.js, rt.settings)
+                await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
                 await rt.store.open()
                 return
             except (nats.errors.Error, TimeoutError, OSError) as err:
@@ -152,7 +159,8 @@ class Daemon:
                 await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                 pause = min(pause * 2, _SETUP_RETRY_MAX)
 
-    async def _pull(self, sub: Any) -> None:
+    async def _pull(self, sub: Any, subjects: Subjects) -> None:
+        """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
         settings = self.rt.settings
         while not self._stopping:
             free = settings.concurrency - len(self._active)
@@ -185,13 +193,14 @@ class Daemon:
                 await asyncio.sleep(_FETCH_TIMEOUT)
                 continue
             for i, msg in enumerate(msgs):
-                if self._stopping or i >= free:
+                if self._stopping or i >= free or len(self._active) >= settings.concurrency:
                     # Fetched during shutdown, or beyond our free slots (nats-py's fetch also returns deliveries
-                    # of an earlier, expired pull that arrived late): hand it straight back.
+                    # of an earlier, expired pull that arrived late; or another shard's puller took the last
+                    # slot meanwhile): hand it straight back.
                     with contextlib.suppress(Exception):
                         await hand_back(self.rt.nc, msg)
                 else:
-                    await self._take(msg, pulled_at)
+                    await self._take(msg, pulled_at, subjects)
 
     async def _others_waiting(self) -> bool:
         """Do change sets wait for an owner (tasks the shared consumer has not delivered yet)? From the health
@@ -220,7 +229,7 @@ class Daemon:
             processor.interrupt()
         try:
             # A memory-storage deployment loses streams, consumer and bucket in a restart; elsewhere a no-op.
-            await ensure_streams(rt.js, rt.settings)
+            await ensure_streams(rt.js, rt.settings, shards=rt.layout.shards, streams=rt.layout.streams)
             await rt.store.open()
         except Exception as err:
             log.warning(
@@ -234,9 +243,10 @@ class Daemon:
 
     def alive(self) -> str | None:
         """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""
-        for name, task in (("task puller", self._puller), ("NATS watch", self._watch_task)):
-            if not self._stopping and task is not None and task.done():
-                return f"the {name} has stopped"
+        if not self._stopping and self.shards.stopped_unexpectedly():
+            return "a task puller has stopped"
+        if not self._stopping and self._watch_task is not None and self._watch_task.done():
+            return "the NATS watch has stopped"
         return None
 
     async def status(self) -> dict[str, Any]:
@@ -248,6 +258,13 @@ class Daemon:
         return {
             "owner": rt.owner,
             "prefix": rt.settings.prefix,
+            "layout": {
+                "streams": rt.layout.streams,
+                "mode": rt.layout.mode,
+                "previous": rt.layout.previous,
+                "epoch": rt.layout.epoch,
+                "served_shards": self.shards.shards,
+            },
             "ready": not reasons,
             "not_ready": reasons,
             "alive": self.alive() is None,
@@ -264,9 +281,9 @@ class Daemon:
             "stats": rt.stats.as_dict(),
         }
 
-    async def _take(self, msg: Msg, pulled_at: float) -> None:
+    async def _take(self, msg: Msg, pulled_at: float, subjects: Subjects) -> None:
         try:
-            parsed = self.rt.subjects.parse_task(msg.subject)
+            parsed = subjects.parse_task(msg.subject)
         except InvalidSubject as err:
             log.error("dropping malformed task %r: %s", msg.subject, err)
             await msg.term()
@@ -274,7 +291,7 @@ class Daemon:
         self.rt.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
         log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
-        processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at)
+        processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects)
         # The take's trace span lasts as long as the task (rebaser_server.observe).
         task = self.rt.observe.own(
             change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
@@ -285,11 +302,17 @@ class Daemon:
         stats = self.rt.stats
         try:
             try:
-                if await is_empty_task(self.rt, processor.change_set):
+                if await is_empty_task(self.rt, processor.change_set, processor.subjects):
                     stats.tasks_dropped += 1
                     await processor.lease.term()
                     return
-                result = await processor.run()
+                # Order across a layout change: what is queued in the change set's old shard goes first.
+                busy = await old_shard_busy(self.rt, processor.change_set, processor.subjects)
+                if busy is not None:
+                    stats.tasks_deferred += 1
+                    result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
+                else:
+                    result = await processor.run()
             except Exception as err:
                 log.exception("%s: task failed", processor.change_set)
                 result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
@@ -324,13 +347,8 @@ class Daemon:
         self._stopping = True
         self._slot_freed.set()
         settings = self.rt.settings
-        if self._puller is not None:
-            # asyncio.wait, not wait_for: nothing here may swallow a cancellation (Python 3.11's wait_for can).
-            await _stop_task(self._puller, grace=_FETCH_TIMEOUT * 3, after_cancel=_FETCH_TIMEOUT)
-        if self._pull_sub is not None:
-            # Status messages of expired pulls can sit unread in its queue, and would stall the connection's drain.
-            with contextlib.suppress(Exception):
-                await self._pull_sub.unsubscribe()
+        # Each puller may finish its fetch; then it is cancelled and its subscription dropped.
+        await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
                 await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)

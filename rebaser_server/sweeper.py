@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject, RebaserError
-from rebaser_core.subjects import ParsedSubject
+from rebaser_core.subjects import ParsedSubject, Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.junk import JunkRemover
 from rebaser_server.runtime import Runtime
@@ -47,8 +47,28 @@ class Sweeper:
         self.junk = JunkRemover(rt)
 
     async def sweep_once(self) -> int:
-        """Publish a task for every change set with queued requests and no task; return how many."""
-        rt, subjects = self._rt, self._rt.subjects
+        """Publish a task for every change set with queued requests and no task, in every shard (each shard's
+        requests get their task in the same shard); return how many."""
+        found = 0
+        failed: Exception | None = None
+        for shard in self._rt.layout.shards:
+            try:
+                found += await self._sweep_shard(self._rt.subjects.for_shard(shard))
+            except (
+                Exception
+            ) as err:  # one shard's trouble (its leader being elected) must not skip the others
+                log.warning("orphan sweep of shard %d failed: %s", shard, err)
+                failed = err
+        self.sweeps += 1
+        self.orphans_found += found
+        if found:
+            log.warning("orphan sweep: published tasks for %d change sets with queued requests", found)
+        if failed is not None:
+            raise failed
+        return found
+
+    async def _sweep_shard(self, subjects: Subjects) -> int:
+        rt = self._rt
         requests = await rt.js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
         queued, junk = _parse_all(subjects.parse_requests, requests.state.subjects)
         if junk:
@@ -59,16 +79,12 @@ class Sweeper:
             await self.junk.remove(subjects.tasks_stream, junk, dead_letter=False)
         found = 0
         for change_set in sorted(queued - tasked, key=str):
-            if await self._publish(change_set):
+            if await self._publish(subjects, change_set):
                 found += 1
-        self.sweeps += 1
-        self.orphans_found += found
-        if found:
-            log.warning("orphan sweep: published tasks for %d change sets with queued requests", found)
         return found
 
-    async def _publish(self, change_set: ParsedSubject) -> bool:
-        subject = self._rt.subjects.task(change_set.workspace_id, change_set.change_set_id)
+    async def _publish(self, subjects: Subjects, change_set: ParsedSubject) -> bool:
+        subject = subjects.task(change_set.workspace_id, change_set.change_set_id)
         try:
             return await publish_task(self._rt.nc, subject)
         except RebaserError as err:

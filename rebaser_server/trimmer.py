@@ -19,6 +19,7 @@ import json
 import logging
 import time
 
+from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.runtime import Runtime
 
@@ -30,10 +31,11 @@ _JS_API = "$JS.API"
 
 
 class Trimmer:
-    def __init__(self, rt: Runtime, change_set: ChangeSet) -> None:
+    def __init__(self, rt: Runtime, change_set: ChangeSet, subjects: Subjects | None = None) -> None:
         self._rt = rt
         self._change_set = change_set
-        self._subject = rt.subjects.requests(change_set.workspace_id, change_set.change_set_id)
+        self._names = subjects or rt.subjects  # the shard the change set's task came from
+        self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._processed_upto = 0  # stream sequence of the last processed request
         self._purged_upto = 0
         self._unpurged = 0  # processed requests not yet covered by a finished purge
@@ -80,7 +82,7 @@ class Trimmer:
     async def _purge_below(self, seq: int) -> None:
         rt = self._rt
         await rt.hooks.checkpoint("purging", self._change_set)
-        subject = f"{_JS_API}.STREAM.PURGE.{rt.subjects.requests_stream}"
+        subject = f"{_JS_API}.STREAM.PURGE.{self._names.requests_stream}"
         payload = json.dumps({"filter": self._subject, "seq": seq}).encode()
         reply = await rt.nc.request(subject, payload, timeout=rt.settings.nats_timeout)
         data = json.loads(reply.data)

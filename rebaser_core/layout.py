@@ -1,0 +1,156 @@
+"""The shard layout: how many request/task streams a deployment has, and which shard a change set is in.
+
+Pure and NATS-free (the cluster's copy lives in a KV entry: :mod:`rebaser_core.layout_store`).
+
+A change set maps to a shard by a stable hash of ``<workspace>.<change_set>``, so all of its requests go to one
+shard, in order. The hash is blake2b, not Python's ``hash()`` (salted per process) and not CRC (a client in another
+language can compute blake2b-64 too): every client and daemon, in any process, agrees.
+
+While the number of shards changes, the layout keeps the previous number (``previous``): a change set whose shard
+moved may still have requests queued in its old shard, and those are applied before any in its new shard
+(see ``docs/operations.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from rebaser_core.errors import LayoutMismatch
+
+__all__ = [
+    "MAX_STREAMS",
+    "AssignmentMode",
+    "Layout",
+    "ordinal_from_hostname",
+    "pinned_shards",
+    "shard_of",
+]
+
+AssignmentMode = Literal["shared", "pinned"]
+MODES: tuple[AssignmentMode, ...] = ("shared", "pinned")
+# A shard is at least two streams and a consumer; far more than the servers of any cluster is only overhead.
+MAX_STREAMS = 64
+_ORDINAL = re.compile(r"-(\d+)$")
+
+
+def shard_of(workspace_id: object, change_set_id: object, streams: int) -> int:
+    """The shard of a change set among ``streams`` shards: blake2b-64 of ``"<workspace>.<change_set>"`` mod N.
+
+    Ids are hashed in their canonical (upper-case) form, the form they have in subjects."""
+    if streams < 1:
+        raise ValueError(f"streams must be >= 1, got {streams}")
+    if streams == 1:
+        return 0
+    key = f"{str(workspace_id).upper()}.{str(change_set_id).upper()}".encode()
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % streams
+
+
+def pinned_shards(index: int, daemons: int, streams: int) -> list[int]:
+    """The shards daemon ``index`` of ``daemons`` serves in pinned mode: index, index + R, index + 2R, ...
+
+    More daemons than shards would leave a daemon without a shard: refused, as is an index outside 0..R-1."""
+    if daemons < 1:
+        raise LayoutMismatch(f"--daemons must be >= 1, got {daemons}")
+    if daemons > streams:
+        raise LayoutMismatch(
+            f"pinned mode: {daemons} daemons but only {streams} streams; every daemon needs a shard of its own "
+            f"(raise the streams with 'rebaser streams set {daemons}' or run fewer daemons)"
+        )
+    if not 0 <= index < daemons:
+        raise LayoutMismatch(f"replica index {index} is outside 0..{daemons - 1} (--daemons {daemons})")
+    return list(range(index, streams, daemons))
+
+
+def ordinal_from_hostname(hostname: str) -> int | None:
+    """A StatefulSet-style ordinal: ``rebaser-2`` is 2; None if the name does not end in ``-<digits>``."""
+    match = _ORDINAL.search(hostname.split(".", 1)[0])
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The deployment's shard layout (one KV entry, written once, changed only by ``rebaser streams set``)."""
+
+    streams: int = 1
+    mode: AssignmentMode = "shared"
+    # The number of shards before the last change, while its shards may still hold requests; None once drained.
+    previous: int | None = None
+    # Bumped by every change: lets a watcher tell a new layout from a repeat.
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be between 1 and {MAX_STREAMS}, got {self.streams}")
+        if self.mode not in MODES:
+            raise ValueError(f"assignment mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.previous is not None and not 1 <= self.previous <= MAX_STREAMS:
+            raise ValueError(f"previous streams must be between 1 and {MAX_STREAMS}, got {self.previous}")
+
+    @property
+    def migrating(self) -> bool:
+        return self.previous is not None and self.previous != self.streams
+
+    @property
+    def shards(self) -> range:
+        """Every shard that may hold work: the current ones, and while migrating also the previous ones."""
+        return range(max(self.streams, self.previous or 0))
+
+    def shard_of(self, workspace_id: object, change_set_id: object) -> int:
+        """Where new requests of the change set go."""
+        return shard_of(workspace_id, change_set_id, self.streams)
+
+    def old_shard_of(self, workspace_id: object, change_set_id: object) -> int | None:
+        """While migrating: the change set's shard under the previous layout, if it differs from its new one."""
+        if not self.migrating or self.previous is None:
+            return None
+        old = shard_of(workspace_id, change_set_id, self.previous)
+        return None if old == self.shard_of(workspace_id, change_set_id) else old
+
+    def changed_to(self, streams: int) -> Layout:
+        """The layout after ``rebaser streams set <streams>``: the current shards become the draining ones."""
+        return replace(self, streams=streams, previous=self.streams, epoch=self.epoch + 1)
+
+    def settled(self) -> Layout:
+        """The layout once the previous shards have drained."""
+        return replace(self, previous=None, epoch=self.epoch + 1)
+
+    def check_flags(self, streams: int | None, mode: AssignmentMode | None, who: str) -> None:
+        """A client's or daemon's flags must agree with the cluster's layout: a clear error, never mis-routing."""
+        if streams is not None and streams != self.streams:
+            raise LayoutMismatch(
+                f"{who} was started with --streams {streams} but the cluster's layout has {self.streams} "
+                f"streams; drop the flag (the layout is read from the cluster) or change the layout with "
+                f"'rebaser streams set {streams}'"
+            )
+        if mode is not None and mode != self.mode:
+            raise LayoutMismatch(
+                f"{who} was started with --assignment {mode} but the cluster's layout says {self.mode}; drop "
+                f"the flag or change the layout with 'rebaser streams set {self.streams} --assignment {mode}'"
+            )
+
+    # -- the KV value ---------------------------------------------------------------------------------------
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"streams": self.streams, "mode": self.mode, "previous": self.previous, "epoch": self.epoch},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Layout:
+        try:
+            raw: Any = json.loads(data)
+            return cls(
+                streams=int(raw["streams"]),
+                mode=raw.get("mode", "shared"),
+                previous=None if raw.get("previous") is None else int(raw["previous"]),
+                epoch=int(raw.get("epoch", 0)),
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise LayoutMismatch(
+                f"the cluster's layout entry is unreadable ({err}): {data[:200]!r}"
+            ) from None

@@ -1,0 +1,168 @@
+"""The cluster's copy of the shard layout: one KV entry, created once, changed only by ``rebaser streams set``.
+
+Daemons create it at start-up from their flags if it does not exist yet (the first one wins; ``create`` is
+atomic); everyone else reads it, and a flag that disagrees is a :class:`~rebaser_core.errors.LayoutMismatch`.
+:class:`LayoutFollower` keeps a process's copy current by reading the entry every ``poll`` seconds: a direct get,
+cheap, and unlike a KV watch (an ordered consumer) it needs nothing re-created after a server restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from rebaser_core.errors import LayoutMismatch
+from rebaser_core.layout import AssignmentMode, Layout
+from rebaser_core.subjects import Subjects
+
+__all__ = ["LayoutFollower", "init_layout", "open_layout", "read_layout", "write_layout"]
+
+log = logging.getLogger(__name__)
+
+# How often a client or daemon looks at the layout entry. A layout change waits at least a few of these before it
+# settles (see rebaser_client.streams), so nobody routes by a layout that long gone.
+DEFAULT_POLL = 1.0
+
+
+async def open_layout(
+    js: JetStreamContext,
+    subjects: Subjects,
+    *,
+    create: bool = False,
+    replicas: int = 1,
+    storage: str = "file",
+) -> KeyValue | None:
+    """The layout bucket; None if it does not exist and ``create`` is false."""
+    try:
+        return await js.key_value(subjects.layout_bucket)
+    except BucketNotFoundError:
+        if not create:
+            return None
+    with contextlib.suppress(nats.errors.Error):  # created concurrently by another daemon: open it below
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=subjects.layout_bucket,
+                history=5,
+                storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
+                replicas=replicas,
+            )
+        )
+    return await js.key_value(subjects.layout_bucket)
+
+
+async def read_layout(kv: KeyValue, subjects: Subjects) -> tuple[Layout, int] | None:
+    """The layout and its revision; None if none was written yet."""
+    try:
+        entry = await kv.get(subjects.layout_key)
+    except KeyNotFoundError:
+        return None
+    if entry.value is None or entry.revision is None:
+        return None
+    return Layout.decode(entry.value), entry.revision
+
+
+async def write_layout(kv: KeyValue, subjects: Subjects, layout: Layout, *, revision: int) -> int:
+    """Replace the layout read at ``revision`` (compare-and-set); LayoutMismatch if someone changed it since."""
+    try:
+        return await kv.update(subjects.layout_key, layout.encode(), last=revision)
+    except KeyWrongLastSequenceError:
+        raise LayoutMismatch(
+            "the layout was changed by someone else meanwhile; look again and retry"
+        ) from None
+
+
+async def init_layout(
+    js: JetStreamContext,
+    subjects: Subjects,
+    *,
+    streams: int | None,
+    mode: AssignmentMode | None,
+    who: str,
+    replicas: int = 1,
+    storage: str = "file",
+) -> Layout:
+    """The cluster's layout, created from the flags (defaults: 1 stream, shared) if there is none yet; flags that
+    disagree with an existing layout raise LayoutMismatch."""
+    kv = await open_layout(js, subjects, create=True, replicas=replicas, storage=storage)
+    assert kv is not None
+    for _ in range(3):
+        found = await read_layout(kv, subjects)
+        if found is not None:
+            layout = found[0]
+            layout.check_flags(streams, mode, who)
+            return layout
+        layout = Layout(streams=streams or 1, mode=mode or "shared")
+        try:
+            await kv.create(subjects.layout_key, layout.encode())
+            log.info("created the shard layout: %d streams, %s", layout.streams, layout.mode)
+            return layout
+        except KeyWrongLastSequenceError:
+            continue  # another daemon created it first: read theirs
+    raise LayoutMismatch("could not create or read the shard layout")
+
+
+class LayoutFollower:
+    """Keeps ``current`` equal to the cluster's layout; calls ``on_change`` (if any) after each change."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        initial: Layout,
+        *,
+        poll: float = DEFAULT_POLL,
+        on_change: Callable[[Layout, Layout], Awaitable[None]] | None = None,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self.current = initial
+        self._poll = poll
+        self._on_change = on_change
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="rebaser layout follower")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=self._poll + 1.0)
+
+    async def refresh(self) -> Layout:
+        """Read the entry now (bounded by the connection's JetStream timeout); keep the last layout on failure."""
+        if self._kv is None:
+            self._kv = await open_layout(self._js, self._subjects)
+        if self._kv is not None:
+            found = await read_layout(self._kv, self._subjects)
+            if found is not None and found[0] != self.current:
+                old, self.current = self.current, found[0]
+                log.warning(
+                    "shard layout changed: %d -> %d streams%s",
+                    old.streams,
+                    self.current.streams,
+                    f" (draining {self.current.previous})" if self.current.migrating else "",
+                )
+                if self._on_change is not None:
+                    await self._on_change(old, self.current)
+        return self.current
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll)
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # NATS trouble: keep routing by the last layout, look again next time
+                log.debug("reading the shard layout failed: %s", err)
