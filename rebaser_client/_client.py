@@ -15,6 +15,7 @@ from nats.aio.subscription import Subscription
 from opentelemetry.trace import SpanKind, TracerProvider
 
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
+from rebaser_client._routing import Router
 from rebaser_client._spool import SpoolConfig
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
@@ -89,6 +90,9 @@ class RebaserClient:
         spool: a local SQLite spool for requests NATS refuses (``RebaserBusy``) or cannot take
             (``RebaserUnavailable``): they are stored durably, ``enqueue_updates`` returns their id, and they are
             replayed in order once NATS takes work again. Off by default.
+        streams: the number of shards the caller expects (None: whatever the cluster's layout says). It only
+            guards against a mis-configured caller: if it disagrees with the cluster's layout at start,
+            ``LayoutMismatch`` is raised. The client follows later layout changes by itself.
         tracer_provider: the OpenTelemetry tracer provider for the client's spans (default: the global one). Each
             request carries the W3C trace context of its ``rebaser.enqueue`` span; the daemon continues that trace.
     """
@@ -103,14 +107,21 @@ class RebaserClient:
         max_in_flight: int = 1024,
         spool: SpoolConfig | None = None,
         tracer_provider: TracerProvider | None = None,
+        streams: int | None = None,
     ) -> None:
         self._nc = nc
         # Spans only if the application installed an OpenTelemetry SDK (or passes a provider): see rebaser_core.tracing.
         self._tracer = get_tracer("rebaser_client", tracer_provider)
         self._subjects = Subjects(prefix)
+        self._router = Router(nc, self._subjects, streams=streams)
         self._content_type = content_type
         self._publisher = Publisher(
-            nc, self._subjects, publish_timeout=publish_timeout, max_in_flight=max_in_flight, spool=spool
+            nc,
+            self._subjects,
+            publish_timeout=publish_timeout,
+            max_in_flight=max_in_flight,
+            spool=spool,
+            reroute=self._router.reroute,
         )
         self._owns_connection = False
         self._inbox_prefix: str | None = None
@@ -139,7 +150,9 @@ class RebaserClient:
 
     async def start(self) -> None:
         """Open the spool (if configured) and start replaying what it holds. ``connect`` and ``async with`` call
-        it; otherwise the first enqueue does."""
+        it; otherwise the first enqueue does. Reads the cluster's shard layout (LayoutMismatch if ``streams``
+        disagrees with it)."""
+        await self._router.start()
         await self._publisher.start()
 
     def status(self) -> ClientStatus:
@@ -158,6 +171,7 @@ class RebaserClient:
     async def close(self) -> None:
         # First, while the connection is still open: give the spool its bounded chance to drain.
         await self._publisher.close()
+        await self._router.close()
         for future, _ in self._waiting.values():
             future.cancel()
         self._waiting.clear()
@@ -403,10 +417,12 @@ class RebaserClient:
             pause = min(pause * 2, _RECORDED_REPLY_MAX_PAUSE)
 
     async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> Sent:
-        subject = self._subjects.requests(request.workspace_id, request.change_set_id)
+        await self._router.start()
+        names = self._router.subjects_for(request.workspace_id, request.change_set_id)
+        subject = names.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
-        headers[_NATS_EXPECTED_STREAM] = self._subjects.requests_stream
-        task = self._subjects.task(request.workspace_id, request.change_set_id)
+        headers[_NATS_EXPECTED_STREAM] = names.requests_stream
+        task = names.task(request.workspace_id, request.change_set_id)
         with self._tracer.start_as_current_span(
             "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
         ):

@@ -17,6 +17,7 @@ import enum
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import nats.errors
@@ -92,11 +93,14 @@ class Publisher:
         publish_timeout: float,
         max_in_flight: int,
         spool: SpoolConfig | None,
+        reroute: Callable[[str, dict[str, str]], tuple[str, dict[str, str]]] | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._nc = nc
         self._subjects = subjects
+        # A spooled request is replayed to its change set's shard under the layout of the time of the replay.
+        self._reroute = reroute
         self._publish_timeout = publish_timeout
         self._max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -230,8 +234,9 @@ class Publisher:
             self._last_publish_at = time.time()
             # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
             if task is None:  # a replayed request: only its subject was spooled
-                parsed = self._subjects.parse_requests(subject)
-                task = self._subjects.task(parsed.workspace_id, parsed.change_set_id)
+                names = self._subjects.for_shard(self._subjects.shard_of_subject(subject))
+                parsed = names.parse_requests(subject)
+                task = names.task(parsed.workspace_id, parsed.change_set_id)
             try:
                 await publish_task(self._nc, task, timeout=self._publish_timeout)
             except RebaserError as err:
@@ -273,7 +278,10 @@ class Publisher:
             if entry.subject in blocked:
                 continue
             try:
-                await self._publish(entry.request_id, entry.subject, entry.headers, entry.body)
+                subject, headers = entry.subject, entry.headers
+                if self._reroute is not None:
+                    subject, headers = self._reroute(subject, dict(headers))
+                await self._publish(entry.request_id, subject, headers, entry.body)
             except RebaserBusy as err:
                 if err.limit != "change_set":
                     return min(err.retry_after, _REPLAY_MAX_PAUSE)  # the stream or the client is full

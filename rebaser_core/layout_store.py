@@ -51,6 +51,7 @@ async def open_layout(
             KeyValueConfig(
                 bucket=subjects.layout_bucket,
                 history=5,
+                direct=True,  # clients read it with one direct get (rebaser_client._routing)
                 storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
                 replicas=replicas,
             )

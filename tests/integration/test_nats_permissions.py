@@ -62,6 +62,8 @@ async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsCl
             assert (
                 await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
             ).ok
+            # Reading the shard layout is allowed (one direct get), and nothing else the client did was refused.
+            assert not [e for e in errors if "permissions violation" in e.lower()]
             with pytest.raises(RebaserRefused, match="cannot describe"):  # a query is answered
                 await client.get_change_set(wk, cs)
             key = settings.subjects.change_set_key(wk, cs)
@@ -70,6 +72,8 @@ async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsCl
                 f"$KV.{settings.subjects.change_sets_bucket}.{key}",
                 f"$O.{settings.subjects.snapshots_bucket}.M.abc",
                 f"$JS.API.STREAM.DELETE.{settings.subjects.requests_stream}",
+                # The layout's direct get is allowed; another bucket's is not.
+                f"$JS.API.DIRECT.GET.KV_{settings.subjects.change_sets_bucket}",
                 f"dlq.rebaser.requests.{wk}.{cs}",
                 "_INBOX.someone-else.x",
             ]

@@ -1,0 +1,114 @@
+"""Which shard's streams a client publishes a change set's requests and tasks to.
+
+The client reads the cluster's layout once when it starts and then follows it (one read a second). It reads with a
+single direct get on the layout bucket's stream (``$JS.API.DIRECT.GET.<stream>.<subject>``), which needs only that
+one subject in a caller's publish permissions (docs/nats-accounts.conf), not the JetStream API.
+
+No layout entry means no daemon has set the deployment up yet (or it predates shards): the client routes by the
+``streams`` it was given (default 1) until one appears. A ``streams`` that disagrees with the cluster's layout at
+start is a LayoutMismatch, never silent mis-routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+
+from rebaser_core.errors import LayoutMismatch
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.layout import Layout
+from rebaser_core.layout_store import DEFAULT_POLL
+from rebaser_core.subjects import Subjects
+
+__all__ = ["Router", "fetch_layout"]
+
+log = logging.getLogger(__name__)
+
+_READ_TIMEOUT = 2.0
+_KV_STREAM = "KV_"
+
+
+async def fetch_layout(nc: NatsClient, subjects: Subjects, timeout: float = _READ_TIMEOUT) -> Layout | None:
+    """The cluster's layout by one direct get; None if there is none (no bucket, no entry, or a delete marker)."""
+    bucket = subjects.layout_bucket
+    api = f"$JS.API.DIRECT.GET.{_KV_STREAM}{bucket}.$KV.{bucket}.{subjects.layout_key}"
+    try:
+        msg = await nc.request(api, b"", timeout=timeout)
+    except nats.errors.NoRespondersError:
+        return None
+    headers = msg.headers or {}
+    if headers.get("Status") is not None or headers.get("KV-Operation") in ("DEL", "PURGE") or not msg.data:
+        return None  # 404: no entry yet (or 408/other: treated as none, looked at again on the next poll)
+    return Layout.decode(msg.data)
+
+
+class Router:
+    """The client's copy of the layout, and the shard names of each change set under it."""
+
+    def __init__(self, nc: NatsClient, subjects: Subjects, *, streams: int | None = None) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._flag = streams
+        self.layout = Layout(streams=streams or 1)
+        self._poller: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Read the layout once (a flag that disagrees raises LayoutMismatch), then follow it. Idempotent."""
+        if self._poller is not None:
+            return
+        async with self._lock:
+            if self._poller is not None:
+                return
+            try:
+                found = await fetch_layout(self._nc, self._subjects)
+            except (TimeoutError, nats.errors.Error) as err:
+                # NATS is slow or the caller may not read the layout: route by the flag, and keep looking.
+                log.warning(
+                    "cannot read the shard layout (%s); routing by %d streams for now",
+                    err,
+                    self.layout.streams,
+                )
+                found = None
+            if found is not None:
+                found.check_flags(self._flag, None, "this client")
+                self.layout = found
+            self._poller = asyncio.create_task(self._follow(), name="rebaser layout follower")
+
+    async def close(self) -> None:
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+
+    def subjects_for(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> Subjects:
+        return self._subjects.for_shard(self.layout.shard_of(workspace_id, change_set_id))
+
+    def reroute(self, subject: str, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
+        """A request subject stored under an earlier layout (the spool), routed by the current one."""
+        parsed = self._subjects.parse_any_requests(subject)
+        names = self.subjects_for(parsed.workspace_id, parsed.change_set_id)
+        new_headers = dict(headers)
+        for name in list(new_headers):
+            if name.lower() == "nats-expected-stream":
+                new_headers[name] = names.requests_stream
+        return names.requests(parsed.workspace_id, parsed.change_set_id), new_headers
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(DEFAULT_POLL)
+            if not self._nc.is_connected:
+                continue
+            try:
+                found = await fetch_layout(self._nc, self._subjects)
+            except (TimeoutError, nats.errors.Error, LayoutMismatch) as err:
+                log.debug("reading the shard layout failed: %s", err)
+                continue
+            if found is not None and found != self.layout:
+                log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
+                self.layout = found

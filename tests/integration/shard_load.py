@@ -1,0 +1,40 @@
+"""Helpers of the shard tests: a load of many change sets with an order check per change set."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.testing import wait_for
+from rebaser_server.state import ChangeSetStore
+from tests.apps import applied
+
+
+class Load:
+    """Change sets of one workspace, each sent requests in order; ``check`` waits until every one is applied in
+    exactly the order it was sent (nothing lost, nothing twice, nothing out of order)."""
+
+    def __init__(self, change_sets: int) -> None:
+        self.workspace = WorkspacePk.new()
+        self.change_sets = [ChangeSetId.new() for _ in range(change_sets)]
+        self.sent: dict[ChangeSetId, list[str]] = {cs: [] for cs in self.change_sets}
+
+    async def send(self, client: RebaserClient, per_change_set: int, pause: float = 0.0) -> None:
+        async def produce(cs: ChangeSetId) -> None:
+            for i in range(per_change_set):
+                rid = await client.enqueue_updates(self.workspace, cs, [SetLiteral(path="/n", value=i)])
+                self.sent[cs].append(str(rid))
+                if pause:
+                    await asyncio.sleep(pause)
+
+        await asyncio.gather(*(produce(cs) for cs in self.change_sets))
+
+    async def check(self, store: ChangeSetStore, timeout: float = 60.0) -> None:
+        for cs in self.change_sets:
+
+            async def complete(cs: ChangeSetId = cs) -> bool:
+                return len(await applied(store, self.workspace, cs)) >= len(self.sent[cs])
+
+            await wait_for(complete, timeout=timeout, message=f"all requests of {cs} applied")
+            assert await applied(store, self.workspace, cs) == self.sent[cs], f"order of {cs}"
