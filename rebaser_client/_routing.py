@@ -102,13 +102,15 @@ class Router:
     async def _follow(self) -> None:
         while True:
             await asyncio.sleep(DEFAULT_POLL)
-            if not self._nc.is_connected:
-                continue
-            try:
-                found = await fetch_layout(self._nc, self._subjects)
-            except (TimeoutError, nats.errors.Error, LayoutMismatch) as err:
-                log.debug("reading the shard layout failed: %s", err)
-                continue
-            if found is not None and found != self.layout:
-                log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
-                self.layout = found
+            if self._nc.is_connected:
+                await self._follow_once()
+
+    async def _follow_once(self) -> None:
+        try:
+            found = await fetch_layout(self._nc, self._subjects)
+        except (TimeoutError, nats.errors.Error, LayoutMismatch) as err:
+            log.debug("reading the shard layout failed: %s", err)
+            return
+        if found is not None and found != self.layout:
+            log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
+            self.layout = found

@@ -102,7 +102,8 @@ def _connect(nats_url: str, prefix: str | None) -> SyncRebaserClient:
         extra={"max_reconnect_attempts": 1, "reconnect_time_wait": 0.1, "error_cb": remember},
     )
     try:
-        return SyncRebaserClient(options, prefix=prefix)
+        streams = click.get_current_context().meta.get("rebaser.streams")
+        return SyncRebaserClient(options, prefix=prefix, streams=streams)
     except RebaserUnavailable as err:
         if not errors:
             raise
@@ -118,6 +119,10 @@ def _decorate(f: Any, decorators: list[Any]) -> Any:
     return f
 
 
+def _remember_streams(ctx: click.Context, _param: click.Parameter, value: int | None) -> None:
+    ctx.meta["rebaser.streams"] = value
+
+
 def _target_options(f: Any) -> Any:
     """Where to connect and which change set."""
     return _decorate(
@@ -128,6 +133,15 @@ def _target_options(f: Any) -> Any:
             ),
             click.option(
                 "--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment."
+            ),
+            click.option(
+                "--streams",
+                envvar="REBASER_STREAMS",
+                type=click.IntRange(1, 64),
+                default=None,
+                expose_value=False,
+                callback=_remember_streams,
+                help="Shards the deployment has (checked against the cluster's layout; default: follow it).",
             ),
             click.option("--workspace", "workspace", required=True, help="Workspace ULID."),
             click.option("--change-set", "change_set", required=True, help="Change set ULID."),
@@ -271,3 +285,35 @@ def fork(nats_url: str, prefix: str | None, workspace: str, change_set: str, fro
     except RebaserError as err:
         raise _fail(err) from None
     click.echo(response.snapshot_address or "")
+
+
+@main.group("streams")
+def streams_group() -> None:
+    """Admin: the shard layout (how many request and task streams), each shard's leader, backlog and consumers."""
+
+
+@streams_group.command("show")
+@click.option("--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True)
+@click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def streams_show(nats_url: str, prefix: str | None, as_json: bool) -> None:
+    """Show the layout and, per shard, its leader, backlog, tasks and consumers."""
+    from rebaser_client.streams_cli import show
+
+    show(nats_url, prefix, as_json)
+
+
+@streams_group.command("set")
+@click.argument("streams", type=click.IntRange(1, 64))
+@click.option("--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True)
+@click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
+@click.option("--daemons", type=click.IntRange(1), default=None, help="Pinned mode: the daemons (R <= N).")
+@click.option(
+    "--timeout", default=600.0, show_default=True, help="Seconds to wait for the old shards to drain."
+)
+def streams_set(nats_url: str, prefix: str | None, streams: int, daemons: int | None, timeout: float) -> None:
+    """Change the number of shards online: new requests go to the new shards at once; what is queued in a
+    change set's old shard is applied first; then the layout settles and removed shards are deleted."""
+    from rebaser_client.streams_cli import set_streams
+
+    set_streams(nats_url, prefix, streams, daemons, timeout)

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.embedded import NatsServer
 from rebaser_core.embedded.net import ADDR_IN_USE
-from rebaser_core.errors import EmbeddedServerError, StoreInUse
+from rebaser_core.errors import EmbeddedServerError, LayoutMismatch, StoreInUse
 from rebaser_core.settings import Settings
 from rebaser_server.app import RebaserApp, load_app
 from rebaser_server.config import DEFAULT_APP, DEFAULT_EMBEDDED_HOST, DEFAULT_EMBEDDED_PORT, ServerConfig
@@ -344,6 +344,40 @@ def _tunable(name: str, type_: type[Any], help_text: str) -> Callable[[_F], _F]:
     show_envvar=True,
     help="Application as module:attr.",
 )
+@click.option(
+    "--streams",
+    type=click.IntRange(1, 64),
+    default=None,
+    envvar="REBASER_STREAMS",
+    show_envvar=True,
+    help="Shards of requests and tasks. The cluster's layout is authoritative: this creates it (first daemon; "
+    "default 1) or must agree with it. Change it with `rebaser streams set N`.",
+)
+@click.option(
+    "--assignment",
+    type=click.Choice(["shared", "pinned"]),
+    default=None,
+    envvar="REBASER_ASSIGNMENT",
+    show_envvar=True,
+    help="shared: every daemon pulls every shard; pinned: daemon i of --daemons R serves shards i, i+R, ... "
+    "(default: the layout's, else shared).",
+)
+@click.option(
+    "--daemons",
+    type=click.IntRange(1),
+    default=None,
+    envvar="REBASER_DAEMONS",
+    show_envvar=True,
+    help="Pinned mode: how many daemons share the shards (at most --streams).",
+)
+@click.option(
+    "--replica-index",
+    type=click.IntRange(0),
+    default=None,
+    envvar="REBASER_REPLICA_INDEX",
+    show_envvar=True,
+    help="Pinned mode: this daemon's index 0..R-1 (default: the hostname's ordinal, rebaser-2 is 2).",
+)
 @_tunable("concurrency", int, "Change sets this daemon owns at once.")
 @_tunable("quiescent_period", float, "Seconds of quiet before a change set is released.")
 @_tunable("ack_wait", float, "Seconds after which a silent owner loses its task (a dead daemon's stall).")
@@ -427,6 +461,10 @@ def main(
     tls_key: str | None,
     prefix: str | None,
     app_spec: str,
+    streams: int | None,
+    assignment: str | None,
+    daemons: int | None,
+    replica_index: int | None,
     concurrency: int,
     quiescent_period: float,
     ack_wait: float,
@@ -456,6 +494,10 @@ def main(
     settings = _settings(
         ctx.meta.get(_FILE_SETTINGS, {}),
         prefix=prefix,
+        streams=streams,
+        assignment=assignment,
+        daemons=daemons,
+        replica_index=replica_index,
         concurrency=concurrency,
         quiescent_period=quiescent_period,
         ack_wait=ack_wait,
@@ -489,6 +531,10 @@ def main(
     )
     try:
         code = asyncio.run(serve(config, demo=demo))
+    except (
+        LayoutMismatch
+    ) as err:  # a flag that disagrees with the cluster's shard layout: one line, no traceback
+        raise click.ClickException(f"LayoutMismatch: {err}") from None
     finally:
         if tracing is not None:
             tracing.shutdown()  # exports the spans still batched

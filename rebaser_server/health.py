@@ -19,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
 from rebaser_core.connect import connection_state, redact_url
+from rebaser_core.shard_info import shard_facts
 from rebaser_server.runtime import Runtime
 
 __all__ = ["ConnectionWatch", "JetStreamFacts", "StatusReporter"]
@@ -110,22 +111,6 @@ class JetStreamFacts:
     fetched_mono: float = field(default=0.0, repr=False)
 
 
-def shard_facts(shard: int, requests: Any, consumer: Any) -> dict[str, Any]:
-    """One shard's line of ``/status`` and ``rebaser streams show``, from its stream and consumer info."""
-    cluster = getattr(requests, "cluster", None) if requests is not None else None
-    return {
-        "shard": shard,
-        "requests_waiting": None if requests is None else int(requests.state.messages),
-        "requests_bytes": None if requests is None else int(requests.state.bytes),
-        "consumers": None if requests is None else int(requests.state.consumer_count),
-        "tasks_waiting": None if consumer is None else int(consumer.num_pending or 0),
-        "tasks_unacked": None if consumer is None else int(consumer.num_ack_pending or 0),
-        # Pull requests waiting on the tasks consumer: 0 means no daemon is pulling this shard right now.
-        "pulling": None if consumer is None else int(consumer.num_waiting or 0),
-        "leader": None if cluster is None else cluster.leader,
-    }
-
-
 class StatusReporter:
     """Cached JetStream facts plus the readiness rules (``Settings.ready_max_backlog``/``ready_max_disconnected``)."""
 
@@ -180,6 +165,7 @@ class StatusReporter:
                 names.shard,
                 ok(names.requests_stream),
                 ok(f"consumer {names.tasks_stream}/{names.tasks_consumer}"),
+                ok(names.tasks_stream),
             )
             for names in shards
         ]

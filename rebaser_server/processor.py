@@ -146,6 +146,7 @@ class ChangeSetProcessor:
                     rt.owner,
                     rt.app.initial_state(self.change_set),
                     TaskDelivery.of(self._task_msg),
+                    shard=self._names.shard,
                 )
             except StaleDelivery as err:
                 return TaskResult(Outcome.STALE, reason=str(err))

@@ -83,6 +83,9 @@ class ChangeSetRecord:
     # (stream sequence, takeovers) of the first queued request after unclean takeovers: a request that kills or
     # freezes every daemon that applies it is dead-lettered after ``max_attempts`` of them.
     suspect: tuple[int, int] | None = None
+    # The shard whose streams ``applied_seq``, ``task_seq`` and ``suspect`` count in (sequences are per stream).
+    # Taken from another shard after a layout change, they start over (see ChangeSetStore.acquire).
+    shard: int = 0
 
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
@@ -97,6 +100,7 @@ class ChangeSetRecord:
             "task": [self.task_seq, self.task_delivery],
             "handed_back": self.handed_back,
             "suspect": list(self.suspect) if self.suspect else None,
+            "shard": self.shard,
         }
         return (
             bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
@@ -123,6 +127,7 @@ class ChangeSetRecord:
             task_delivery=int(raw.get("task", (0, 0))[1]),
             handed_back=bool(raw.get("handed_back", False)),
             suspect=(int(suspect[0]), int(suspect[1])) if (suspect := raw.get("suspect")) else None,
+            shard=int(raw.get("shard", 0)),
         )
 
     def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
@@ -267,7 +272,13 @@ class ChangeSetStore:
         return True
 
     async def acquire(
-        self, change_set: ChangeSet, owner: str, initial_state: AppState, delivery: TaskDelivery
+        self,
+        change_set: ChangeSet,
+        owner: str,
+        initial_state: AppState,
+        delivery: TaskDelivery,
+        *,
+        shard: int = 0,
     ) -> Acquired:
         """Become the owner for ``delivery``: bump the epoch with compare-and-set, fencing every previous owner.
 
@@ -285,6 +296,7 @@ class ChangeSetStore:
                     state=initial_state,
                     task_seq=delivery.seq,
                     task_delivery=delivery.count,
+                    shard=shard,
                 )
                 try:
                     revision = await self.kv.create(key, record.encode())
@@ -293,6 +305,13 @@ class ChangeSetStore:
                 return Acquired(ChangeSetHandle(self.kv, key, record, revision), unclean=False)
             assert entry.value is not None and entry.revision is not None
             current = ChangeSetRecord.decode(entry.value)
+            if current.shard != shard:
+                # The change set moved shard (a layout change): the sequences it kept count in the old shard's
+                # streams. Safe to start over: its new shard is only served once its old one has drained
+                # (rebaser_server.migration), and replies are still remembered by request id (``recent``).
+                current = replace(
+                    current, applied_seq=0, task_seq=0, task_delivery=0, suspect=None, shard=shard
+                )
             same_task = current.task_seq == delivery.seq
             # (Only the same task message is compared: sequences restart if a memory-storage stream is lost. A
             # delivery wrongly judged stale heals itself: untouched, it is redelivered with a higher count.)

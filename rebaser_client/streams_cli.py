@@ -1,0 +1,102 @@
+"""``rebaser streams show|set``: the admin side of sharding (rebaser_client._streams does the work)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client._streams import change_streams, show_layout
+from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
+from rebaser_core.errors import RebaserError
+from rebaser_core.subjects import Subjects
+
+__all__ = ["set_streams", "show"]
+
+T = TypeVar("T")
+_CONNECT_TIMEOUT = 2.0
+
+
+def _run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        options = ConnectOptions(
+            servers=(nats_url,),
+            connect_timeout=_CONNECT_TIMEOUT,
+            extra={"max_reconnect_attempts": 1, "reconnect_time_wait": 0.1},
+        )
+        try:
+            nc = await connect(options)
+        except Exception as err:
+            raise click.ClickException(f"cannot connect to NATS at {redact_url(nats_url)}: {err}") from None
+        try:
+            return await work(nc)
+        finally:
+            await close_connection(nc)
+
+    try:
+        return asyncio.run(main())
+    except (RebaserError, TimeoutError) as err:
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+
+
+def _table(data: dict[str, Any]) -> str:
+    state = (
+        f", draining the previous {data['previous']}"
+        if data["previous"] not in (None, data["streams"])
+        else ""
+    )
+    lines = [f"layout: {data['streams']} streams, {data['mode']} (epoch {data['epoch']}){state}"]
+    head = (
+        "shard",
+        "leader",
+        "servers",
+        "requests",
+        "tasks waiting",
+        "tasks unacked",
+        "pulling",
+        "consumers",
+    )
+    rows: list[tuple[str, ...]] = [head]
+    for s in data["shards"]:
+        rows.append(
+            tuple(
+                "-" if v is None else str(v)
+                for v in (
+                    s["shard"],
+                    s["leader"],
+                    ",".join(s["servers"]) or None,
+                    s["requests_waiting"],
+                    s["tasks_waiting"],
+                    s["tasks_unacked"],
+                    s["pulling"],
+                    s["consumers"],
+                )
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for s in data["shards"]:
+        if s["tasks_waiting"] and not s["pulling"]:
+            lines.append(f"shard {s['shard']}: tasks wait and no daemon is pulling (see docs/operations.md)")
+        if s.get("error"):
+            lines.append(f"shard {s['shard']}: {s['error']}")
+    return "\n".join(lines)
+
+
+def show(nats_url: str, prefix: str | None, as_json: bool) -> None:
+    data = _run(nats_url, lambda nc: show_layout(nc, Subjects(prefix)))
+    click.echo(json.dumps(data, indent=2) if as_json else _table(data))
+
+
+def set_streams(nats_url: str, prefix: str | None, streams: int, daemons: int | None, timeout: float) -> None:
+    layout = _run(
+        nats_url,
+        lambda nc: change_streams(
+            nc, Subjects(prefix), streams, daemons=daemons, timeout=timeout, progress=click.echo
+        ),
+    )
+    click.echo(f"layout: {layout.streams} streams, {layout.mode}")

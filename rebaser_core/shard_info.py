@@ -1,0 +1,131 @@
+"""What each shard looks like in JetStream (leader, backlog, consumers), and spreading shard leaders over servers.
+
+Shared by the daemon's ``/status`` (rebaser_server.health) and ``rebaser streams show``.
+
+One stream is served by its leader: all of its writes and the tasks consumer's deliveries go through one server. N
+shards only add throughput if their leaders sit on different servers, and JetStream elects leaders without
+regard to other streams, so :func:`spread_leaders` asks each shard's streams (and its tasks consumer) to step
+down in favour of server ``k mod S`` (sorted by name): deterministic, so running it again changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+
+from rebaser_core.subjects import Subjects
+
+__all__ = ["shard_facts", "shard_report", "spread_leaders"]
+
+log = logging.getLogger(__name__)
+
+_STEPDOWN_TIMEOUT = 5.0
+
+
+def shard_facts(shard: int, requests: Any, consumer: Any, tasks: Any = None) -> dict[str, Any]:
+    """One shard's line, from its requests stream info, tasks consumer info and (optionally) tasks stream info."""
+    cluster = getattr(requests, "cluster", None) if requests is not None else None
+    replicas = [cluster.leader] if cluster is not None and cluster.leader else []
+    if cluster is not None:
+        replicas += [p.name for p in cluster.replicas or [] if p.name]
+    tasks_cluster = getattr(tasks, "cluster", None) if tasks is not None else None
+    return {
+        "shard": shard,
+        "requests_waiting": None if requests is None else int(requests.state.messages),
+        "requests_bytes": None if requests is None else int(requests.state.bytes),
+        "consumers": None if requests is None else int(requests.state.consumer_count),
+        "tasks_waiting": None if consumer is None else int(consumer.num_pending or 0),
+        "tasks_unacked": None if consumer is None else int(consumer.num_ack_pending or 0),
+        # Pull requests waiting on the tasks consumer: 0 means no daemon is pulling this shard right now.
+        "pulling": None if consumer is None else int(consumer.num_waiting or 0),
+        "leader": None if cluster is None else cluster.leader,
+        "tasks_leader": None if tasks_cluster is None else tasks_cluster.leader,
+        "servers": sorted(replicas),
+    }
+
+
+async def shard_report(js: JetStreamContext, subjects: Subjects, shards: range) -> list[dict[str, Any]]:
+    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``)."""
+
+    async def one(shard: int) -> dict[str, Any]:
+        names = subjects.for_shard(shard)
+        calls = await asyncio.gather(
+            js.stream_info(names.requests_stream),
+            js.consumer_info(names.tasks_stream, names.tasks_consumer),
+            js.stream_info(names.tasks_stream),
+            return_exceptions=True,
+        )
+        ok = [None if isinstance(c, BaseException) else c for c in calls]
+        facts = shard_facts(shard, ok[0], ok[1], ok[2])
+        errors = [f"{type(c).__name__}: {c}" for c in calls if isinstance(c, BaseException)]
+        facts["error"] = "; ".join(errors) or None
+        return facts
+
+    return list(await asyncio.gather(*(one(k) for k in shards)))
+
+
+async def _step_down(nc: NatsClient, api: str, preferred: str) -> str | None:
+    """Ask a stream or consumer leader to hand over to ``preferred``; the error if refused."""
+    body = json.dumps({"placement": {"preferred": preferred}}).encode()
+    try:
+        reply = await nc.request(api, body, timeout=_STEPDOWN_TIMEOUT)
+    except (TimeoutError, nats.errors.Error) as err:
+        return f"{type(err).__name__}: {err}"
+    data = json.loads(reply.data or b"{}")
+    return None if data.get("success") else str(data.get("error", data))
+
+
+async def spread_leaders(
+    nc: NatsClient, js: JetStreamContext, subjects: Subjects, shards: range
+) -> list[str]:
+    """Move shard ``k``'s leaders (requests, tasks, tasks consumer) to server ``k mod S``; what was done, as lines.
+
+    A single server (no cluster) or a stream of one replica has nothing to move."""
+    done: list[str] = []
+    report = await shard_report(js, subjects, shards)
+    servers = sorted({name for facts in report for name in facts["servers"]})
+    if len(servers) < 2:
+        return done
+    for facts in report:
+        shard = facts["shard"]
+        preferred = servers[shard % len(servers)]
+        if preferred not in facts["servers"]:
+            continue  # this shard has no replica there (R1 streams, or placement tags)
+        names = subjects.for_shard(shard)
+        targets = (
+            (
+                names.requests_stream,
+                facts["leader"],
+                f"$JS.API.STREAM.LEADER.STEPDOWN.{names.requests_stream}",
+            ),
+            (
+                names.tasks_stream,
+                facts["tasks_leader"],
+                f"$JS.API.STREAM.LEADER.STEPDOWN.{names.tasks_stream}",
+            ),
+        )
+        for what, leader, api in targets:
+            if leader == preferred:
+                continue
+            error = await _step_down(nc, api, preferred)
+            done.append(f"{what}: leader {leader} -> {preferred}" + (f" refused: {error}" if error else ""))
+        # The tasks consumer delivers the tasks: its leader should sit with its stream's.
+        consumer_api = f"$JS.API.CONSUMER.LEADER.STEPDOWN.{names.tasks_stream}.{names.tasks_consumer}"
+        try:
+            info = await js.consumer_info(names.tasks_stream, names.tasks_consumer)
+            leader = info.cluster.leader if info.cluster is not None else None
+        except Exception:
+            leader = preferred  # unknown: leave it
+        if leader != preferred:
+            error = await _step_down(nc, consumer_api, preferred)
+            done.append(
+                f"{names.tasks_stream}/{names.tasks_consumer}: leader {leader} -> {preferred}"
+                + (f" refused: {error}" if error else "")
+            )
+    return done
