@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject, LayoutMismatch
-from rebaser_core.layout import Layout
+from rebaser_core.layout import AssignmentMode, Layout
 from rebaser_core.layout_store import DEFAULT_POLL, open_layout, read_layout, write_layout
 from rebaser_core.shard_info import shard_report, spread_leaders
 from rebaser_core.streams import split
@@ -119,6 +119,7 @@ async def change_streams(
     streams: int,
     *,
     daemons: int | None = None,
+    mode: AssignmentMode | None = None,
     timeout: float = 600.0,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> Layout:
@@ -133,6 +134,15 @@ async def change_streams(
             f"the change to {layout.streams} streams is still draining the previous {layout.previous}; finish "
             f"it first ('rebaser streams set {layout.streams}' resumes waiting)"
         )
+    if mode is not None and mode != layout.mode:
+        # The assignment mode moves no data: daemons re-assign their pullers when they read the new layout.
+        if mode == "pinned" and (daemons is None or daemons > streams):
+            raise LayoutMismatch(
+                "pinned needs --daemons R with R <= N (and every daemon its --daemons and index)"
+            )
+        layout = dataclasses.replace(layout, mode=mode, epoch=layout.epoch + 1)
+        revision = await write_layout(await _kv(js, subjects), subjects, layout, revision=revision)
+        progress(f"assignment mode: {mode}")
     if layout.mode == "pinned":
         if daemons is None:
             raise LayoutMismatch("the layout is pinned: say how many daemons run with --daemons R (R <= N)")

@@ -311,9 +311,14 @@ def streams_show(nats_url: str, prefix: str | None, as_json: bool) -> None:
 @click.option(
     "--timeout", default=600.0, show_default=True, help="Seconds to wait for the old shards to drain."
 )
-def streams_set(nats_url: str, prefix: str | None, streams: int, daemons: int | None, timeout: float) -> None:
+@click.option(
+    "--assignment", type=click.Choice(["shared", "pinned"]), default=None, help="Change the mode too."
+)
+def streams_set(
+    nats_url: str, prefix: str | None, streams: int, daemons: int | None, timeout: float, assignment: Any
+) -> None:
     """Change the number of shards online: new requests go to the new shards at once; what is queued in a
     change set's old shard is applied first; then the layout settles and removed shards are deleted."""
     from rebaser_client.streams_cli import set_streams
 
-    set_streams(nats_url, prefix, streams, daemons, timeout)
+    set_streams(nats_url, prefix, streams, daemons, timeout, assignment)

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client._streams import change_streams, show_layout
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import RebaserError
+from rebaser_core.layout import AssignmentMode
 from rebaser_core.subjects import Subjects
 
 __all__ = ["set_streams", "show"]
@@ -92,11 +93,18 @@ def show(nats_url: str, prefix: str | None, as_json: bool) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else _table(data))
 
 
-def set_streams(nats_url: str, prefix: str | None, streams: int, daemons: int | None, timeout: float) -> None:
+def set_streams(
+    nats_url: str,
+    prefix: str | None,
+    streams: int,
+    daemons: int | None,
+    timeout: float,
+    mode: AssignmentMode | None = None,
+) -> None:
     layout = _run(
         nats_url,
         lambda nc: change_streams(
-            nc, Subjects(prefix), streams, daemons=daemons, timeout=timeout, progress=click.echo
+            nc, Subjects(prefix), streams, daemons=daemons, mode=mode, timeout=timeout, progress=click.echo
         ),
     )
     click.echo(f"layout: {layout.streams} streams, {layout.mode}")

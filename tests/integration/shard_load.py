@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
+
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
@@ -36,5 +38,12 @@ class Load:
             async def complete(cs: ChangeSetId = cs) -> bool:
                 return len(await applied(store, self.workspace, cs)) >= len(self.sent[cs])
 
-            await wait_for(complete, timeout=timeout, message=f"all requests of {cs} applied")
+            # A record read may time out while its bucket's leader is being elected (a node killed): look again.
+            await wait_for(
+                complete,
+                timeout=timeout,
+                interval=0.05,
+                message=f"all requests of {cs} applied",
+                retry_on=(TimeoutError, nats.errors.Error),
+            )
             assert await applied(store, self.workspace, cs) == self.sent[cs], f"order of {cs}"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client import RebaserClient
+from rebaser_client import RebaserClient, SpoolConfig
 from rebaser_client._streams import change_streams, show_layout
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.shard_info import spread_leaders
@@ -78,8 +79,10 @@ async def test_cluster_smoke_three_r3_shards(nats_cluster: NatsCluster, subject_
 @pytest.mark.slow
 @pytest.mark.parametrize(("streams", "mode"), [(3, "pinned"), (6, "shared"), (6, "pinned")])
 async def test_cluster_node_killed_mid_run_loses_nothing(
-    nats_cluster: NatsCluster, subject_prefix: str, streams: int, mode: str
+    nats_cluster: NatsCluster, subject_prefix: str, streams: int, mode: str, tmp_path: Path
 ) -> None:
+    """While a shard's leader is being elected its stream answers nothing; the client spools what it cannot publish
+    (durable, replayed in order), so every request a caller was told is stored is applied, in order."""
     app = RecordingApp()
     conns = await _connect(nats_cluster, 4)
     killed: int | None = None
@@ -97,7 +100,12 @@ async def test_cluster_node_killed_mid_run_loses_nothing(
             daemons[0] as d0,
             daemons[1],
             daemons[2],
-            RebaserClient(conns[3], prefix=subject_prefix, publish_timeout=20) as client,
+            RebaserClient(
+                conns[3],
+                prefix=subject_prefix,
+                publish_timeout=20,
+                spool=SpoolConfig(tmp_path / "spool.db", flush_timeout=60),
+            ) as client,
         ):
             await _leaders_spread(conns[3], subject_prefix, streams)
             load = Load(12)
@@ -117,7 +125,9 @@ async def test_cluster_node_killed_mid_run_loses_nothing(
 
 
 @pytest.mark.slow
-async def test_cluster_scale_up_and_down_under_load(nats_cluster: NatsCluster, subject_prefix: str) -> None:
+async def test_cluster_scale_up_and_down_under_load(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
+) -> None:
     app = RecordingApp()
     conns = await _connect(nats_cluster, 4)
     try:
@@ -125,7 +135,12 @@ async def test_cluster_scale_up_and_down_under_load(nats_cluster: NatsCluster, s
         async with (
             running_daemon(conns[0], settings, app, start_timeout=60) as d0,
             running_daemon(conns[1], settings, app, start_timeout=60),
-            RebaserClient(conns[2], prefix=subject_prefix, publish_timeout=20) as client,
+            RebaserClient(
+                conns[2],
+                prefix=subject_prefix,
+                publish_timeout=20,
+                spool=SpoolConfig(tmp_path / "spool.db", flush_timeout=60),
+            ) as client,
         ):
             for target in (6, 2):
                 load = Load(12)
