@@ -65,7 +65,8 @@ class Router:
             if self._poller is not None:
                 return
             try:
-                found = await fetch_layout(self._nc, self._subjects)
+                # Disconnected: do not wait for the read (enqueues fail fast meanwhile); the follower reads it later.
+                found = await fetch_layout(self._nc, self._subjects) if self._nc.is_connected else None
             except (TimeoutError, nats.errors.Error) as err:
                 # NATS is slow or the caller may not read the layout: route by the flag, and keep looking.
                 log.warning(

@@ -141,6 +141,10 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
         "rebaser_reconnect_handbacks",
         "Owned change sets handed back after a reconnect.",
     ),
+    "tasks_deferred": (
+        "rebaser_tasks_deferred",
+        "New-shard tasks handed back while their change set's old shard still held work (a layout change).",
+    ),
 }
 _REQUEST_OUTCOMES = {
     "requests_ok": "ok",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -133,3 +137,34 @@ async def test_pinned_shard_without_its_daemon_waits_and_is_shown(nats_url: str,
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_daemon_cli_refuses_a_disagreeing_streams_flag_in_one_line(
+    nc: NatsClient, nats_url: str, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix, streams=3), RecordingApp()):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "rebaser_server",
+            "--nats-url",
+            nats_url,
+            "--prefix",
+            subject_prefix,
+            "--http-port",
+            "-1",
+            env={**os.environ, "REBASER_STREAMS": "2"},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(60):
+                _out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 1
+    last = err.decode().strip().splitlines()[-1]
+    assert last.startswith("Error: LayoutMismatch: this daemon was started with --streams 2"), err.decode()
+    assert "Traceback" not in err.decode()
