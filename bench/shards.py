@@ -2,8 +2,14 @@
 
 Run from the repository root::
 
-    python bench/shards.py                  # streams 1 and 3, both phases (about two minutes)
+    python bench/shards.py                  # streams 1 and 3, both phases (about a minute)
     python bench/shards.py --streams 1 3 6 --requests 3000 --json out.json
+    GOMAXPROCS=1 python bench/shards.py --repeat 3   # each nats-server on one core; medians of 3 interleaved runs
+
+``GOMAXPROCS=1`` (inherited by the nats-servers) models a cluster whose servers each have a core of their own,
+which is what sharding is for; without it, on a small machine every server may use every core and one stream's
+leader is not the bottleneck. The busiest server's CPU per request is the figure sharding lowers: it bounds what
+one server can serve, and with one stream that server does the leader's work for every request.
 
 A fresh 3-node cluster (loopback, temporary stores) is started here and stopped at the end. Per number of streams N,
 with its own subject prefix and the shards' leaders spread over the three servers (``spread_leaders``):
@@ -26,6 +32,7 @@ import json
 import os
 import random
 import secrets
+import statistics
 import sys
 import tempfile
 import time
@@ -118,8 +125,10 @@ async def run(
                     raise RuntimeError(f"warm-up failed: {warm.errors[:3]}")
             pids = {"nats": server_pids, "daemons": [p.pid for p in daemons], "client": [os.getpid()]}
             before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
+            per_server = [cpu_seconds(pid) for pid in server_pids]
             measured = await drive(send, plan, args.clients)
             after = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
+            per_server = [cpu_seconds(pid) - b for pid, b in zip(server_pids, per_server, strict=True)]
             done = len(measured.latencies)
             lat = sorted(x * 1000 for x in measured.latencies)
             out[phase] = {
@@ -129,6 +138,10 @@ async def run(
                 "p50_ms": round(percentile(lat, 0.5), 2),
                 "p99_ms": round(percentile(lat, 0.99), 2),
                 "cpu_s_per_1k": {k: round((after[k] - before[k]) / max(done, 1) * 1000, 3) for k in before},
+                # The busiest nats-server's CPU per 1,000 requests: what bounds throughput when each server has
+                # cores of its own (one stream puts its leader's work on one server).
+                "busiest_server_cpu_s_per_1k": round(max(per_server) / max(done, 1) * 1000, 3),
+                "server_cpu_share": [round(c / max(sum(per_server), 1e-9), 2) for c in per_server],
             }
     finally:
         for proc in daemons:
@@ -148,6 +161,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=96)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over --streams, interleaved (1 3 1 3 ...); the summary shows medians (a shared machine is noisy)",
+    )
     return p.parse_args(argv)
 
 
@@ -158,7 +177,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             with Processes(Path(tmp)) as procs:
                 results = []
-                for streams in args.streams:
+                for streams in [n for _ in range(args.repeat) for n in args.streams]:
                     started = time.monotonic()
                     result = await run(args, cluster, procs, streams)
                     result["seconds"] = round(time.monotonic() - started, 1)
@@ -169,19 +188,36 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
             await asyncio.to_thread(cluster.stop)
 
 
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result per N: the median of each figure the summary shows."""
+    out: dict[str, Any] = {"streams": runs[0]["streams"]}
+    for phase in ("enqueue", "end_to_end"):
+        out[phase] = {
+            key: statistics.median(r[phase][key] for r in runs)
+            for key in ("rps", "busiest_server_cpu_s_per_1k")
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results = asyncio.run(main_async(args))
+    runs = asyncio.run(main_async(args))
+    results = [_median([r for r in runs if r["streams"] == n]) for n in args.streams]
     base = results[0]
-    print(f"\n{'streams':>7} {'enqueue req/s':>14} {'ratio':>6} {'end-to-end req/s':>17} {'ratio':>6}")
+    print(f"\nmedians of {args.repeat} run(s) each")
+    print(
+        f"\n{'streams':>7} {'enqueue req/s':>14} {'ratio':>6} {'end-to-end req/s':>17} {'ratio':>6}"
+        f" {'busiest server CPU ms/req (enqueue, e2e)':>42}"
+    )
     for r in results:
         e, x = r["enqueue"]["rps"], r["end_to_end"]["rps"]
+        be, bx = r["enqueue"]["busiest_server_cpu_s_per_1k"], r["end_to_end"]["busiest_server_cpu_s_per_1k"]
         print(
             f"{r['streams']:>7} {e:>14} {e / base['enqueue']['rps']:>6.2f} {x:>17} "
-            f"{x / base['end_to_end']['rps']:>6.2f}"
+            f"{x / base['end_to_end']['rps']:>6.2f} {be:>20} {bx:>21}"
         )
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({"runs": runs, "medians": results}, indent=2))
     return 0
 
 

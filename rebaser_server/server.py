@@ -209,7 +209,11 @@ class Daemon:
             facts, stale = await self.health.facts()
         except Exception:
             return False
-        return not stale and bool(facts.tasks_waiting)
+        if stale:
+            return False
+        # Only shards this daemon pulls: in pinned mode another daemon's waiting tasks are not ours to make room for.
+        served = set(self.shards.shards)
+        return any(s["tasks_waiting"] for s in facts.shards if s["shard"] in served)
 
     async def _on_reconnect(self) -> None:
         """After a reconnect: streams back, owned change sets handed back, orphans swept.
