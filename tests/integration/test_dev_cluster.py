@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
+from click.testing import CliRunner
 
 from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client.cli import main
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
@@ -80,6 +83,19 @@ async def test_dev_cluster_serves_survives_a_killed_daemon_and_stops_cleanly(tmp
         assert status["client_url"] in text and "export REBASER_NATS_URL=" in text
         assert all(str(d["pid"]) in text and d["http_url"] in text for d in status["daemons"])
 
+        # A second dev cluster on the same directory is refused in one line, and leaves the first one's status alone.
+        second = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-c", "from rebaser_client.cli import main; main()"),
+            *("dev-cluster", "--daemons", "1", "--data-dir", str(data)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+        )
+        refusal = (await asyncio.wait_for(second.communicate(), 60))[0].decode()
+        assert second.returncode == 1 and f"data directory {data} is in use" in refusal, refusal
+        assert "Traceback" not in refusal and read_status(data) == status
+
         options = ConnectOptions(servers=(status["client_url"],), name="test-dev-cluster")
         async with await RebaserClient.connect(options) as client:
             wk, cs = WorkspacePk.new(), ChangeSetId.new()
@@ -126,3 +142,17 @@ async def test_dev_cluster_serves_survives_a_killed_daemon_and_stops_cleanly(tmp
         for pid in filter(alive, seen):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--app", "no_such_module:App"], "cannot load --app no_such_module:App: ModuleNotFoundError"),
+        (["--daemons", "0"], "Invalid value for '--daemons'"),
+        (["--nats-port", "65535"], "Invalid value for '--nats-port'"),
+    ],
+)
+def test_mistakes_are_one_line_errors_before_anything_starts(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["dev-cluster", *args])
+    assert result.exit_code in (1, 2) and message in result.output, result.output
+    assert "Traceback" not in result.output
