@@ -332,7 +332,8 @@ async def _demo_load(urls: list[str]) -> None:
     from rebaser_server.devload import run_load  # only when asked for
 
     try:
-        await run_load(urls, click.echo)
+        # The daemons' prefix: they inherit REBASER_PREFIX from this environment too.
+        await run_load(urls, click.echo, prefix=os.environ.get("REBASER_PREFIX") or None)
     except RebaserError as err:  # the cluster goes on without its demo
         click.echo(f"demo load stopped: {type(err).__name__}: {err}", err=True)
 

@@ -80,13 +80,15 @@ async def run_load(
     urls: Sequence[str],
     echo: Callable[[str], None],
     *,
+    prefix: str | None = None,
     change_sets: int = 6,
     pace: float = 0.2,
     report_every: float = 5.0,
 ) -> None:
-    """Send the load until cancelled, printing a line with ``echo`` every ``report_every`` seconds."""
+    """Send the load until cancelled, printing a line with ``echo`` every ``report_every`` seconds. ``prefix``: the
+    deployment's subject prefix (the daemons')."""
     options = ConnectOptions(servers=tuple(urls), name="rebaser-dev-load")
-    async with await RebaserClient.connect(options) as client:
+    async with await RebaserClient.connect(options, prefix=prefix) as client:
         current = _Interval()
         workspace = WorkspacePk.new()
         workers = [

@@ -116,7 +116,8 @@ class CommitGroup:
                 setattr(rt.stats, counter, getattr(rt.stats, counter) + 1)
             rt.stats.last_request_at = time.time()
             if self._dvu:
-                rt.observe.dvu_due(self._change_set)  # the DVU run joins this request's trace
+                # The DVU run joins the trace of the group's last request (tracing on).
+                rt.observe.dvu_due(self._change_set, self._traces[-1] if self._traces else None)
                 self._notify_dvu()
         finally:
             self.abandon()

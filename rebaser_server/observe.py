@@ -177,9 +177,10 @@ class Observer:
             yield
 
     # -- dependent values update ------------------------------------------------------------------
-    def dvu_due(self, change_set: ChangeSet) -> None:
-        """A commit made a DVU due: its run joins the trace of the request being handled now (the last one)."""
-        current = trace.get_current_span().get_span_context()
+    def dvu_due(self, change_set: ChangeSet, cause: trace.SpanContext | None = None) -> None:
+        """A commit made a DVU due: its run joins the trace of ``cause`` (the group's last request), else of the
+        request being handled now."""
+        current = cause or trace.get_current_span().get_span_context()
         if current.is_valid:
             self._dvu_due[change_set] = current
             while len(self._dvu_due) > _RECENT_REQUESTS:  # change sets lost before their DVU ran

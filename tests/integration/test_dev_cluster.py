@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -15,12 +16,16 @@ from typing import Any
 import aiohttp
 import pytest
 from click.testing import CliRunner
+from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_client.cli import main
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
+from rebaser_server.apps.snapshots import SnapshotApp
+from rebaser_server.devload import run_load
+from rebaser_server.testing import fast_settings, running_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,3 +161,23 @@ def test_mistakes_are_one_line_errors_before_anything_starts(args: list[str], me
     result = CliRunner().invoke(main, ["dev-cluster", *args])
     assert result.exit_code in (1, 2) and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+async def test_the_demo_load_reports_replies(nc: NatsClient, nats_url: str, subject_prefix: str) -> None:
+    lines: list[str] = []
+    async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
+        load = asyncio.create_task(
+            run_load([nats_url], lines.append, prefix=subject_prefix, report_every=0.2)
+        )
+        try:
+            await wait_for(
+                lambda: any(
+                    re.match(r"load: [1-9]\d* replies .* 0 errors, 0 timeouts, latency", s) for s in lines
+                ),
+                timeout=20,
+                message=f"no replies reported: {lines}",
+            )
+        finally:
+            load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
