@@ -25,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -72,7 +72,7 @@ def _exit_reason(code: int) -> str:
 
 
 class DevCluster:
-    """The processes of one dev cluster. :meth:`start` and :meth:`stop` must run on the main thread: the children's
+    """The processes of one dev cluster. Start and stop them on the main thread (its event loop's): the children's
     parent-death signal follows the thread that started them."""
 
     def __init__(
@@ -84,7 +84,7 @@ class DevCluster:
         nats_port: int,
         http_port: int,
         stop_timeout: float,
-        echo: Any = click.echo,
+        echo: Callable[[str], None] = click.echo,
     ) -> None:
         self._temporary = data_dir is None
         self.dir = Path(tempfile.mkdtemp(prefix="rebaser-dev-")) if data_dir is None else data_dir.absolute()
@@ -249,7 +249,7 @@ class DevCluster:
         for task in self._supervisors:
             task.cancel()  # no restarts from here on
         await asyncio.gather(*self._supervisors, return_exceptions=True)
-        if any(s.proc is not None for s in self.slots) or self.nats.nodes[0].pid is not None:
+        if self._nats_started:
             self._echo("stopping: daemons first (they hand their change sets back), then NATS")
         procs = [s.proc for s in self.slots if s.proc is not None and s.proc.returncode is None]
         for proc in procs:

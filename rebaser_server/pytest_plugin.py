@@ -1,7 +1,8 @@
 """pytest plugin for applications built on rebaser: a real NATS server and a running daemon with *your* app.
 
-Installed with the package (entry point ``pytest11``, name ``rebaser``): nothing to configure. It needs pytest only;
-fixtures are synchronous, so they work with or without pytest-asyncio (or anyio) in the test run.
+Installed with the package (entry point ``pytest11``, name ``rebaser``): nothing to configure (``-p no:rebaser``
+turns it off). It needs pytest only; fixtures are synchronous, so they work with or without pytest-asyncio (or
+anyio) in the test run.
 
 Fixtures (all named ``rebaser_*``, so they never collide with a project's own):
 
