@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib.metadata import entry_points
 
 import pytest
 
@@ -148,3 +149,8 @@ def test_the_plugin_imports_no_dev_extra_and_no_nats() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_plugin_is_registered_for_pytest() -> None:
+    found = [ep.value for ep in entry_points(group="pytest11") if ep.name == "rebaser"]
+    assert found == ["rebaser_server.pytest_plugin"], "reinstall the package: pip install -e '.[dev]'"
