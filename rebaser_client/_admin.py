@@ -27,7 +27,14 @@ from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
 from rebaser_core.connect import ConnectOptions, redact_url
-from rebaser_core.errors import DecodeError, InvalidSubject, ProtocolError, RebaserUnavailable
+from rebaser_core.errors import (
+    DecodeError,
+    InvalidSubject,
+    ProtocolError,
+    RebaserError,
+    RebaserRefused,
+    RebaserUnavailable,
+)
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.subjects import Subjects
 
@@ -59,6 +66,17 @@ Progress = Callable[[int, int], None]  # (done, total): long reads report how fa
 
 def _no_progress(done: int, total: int) -> None:
     return None
+
+
+def _js_error(err: BaseException, subjects: Subjects) -> RebaserError:
+    """The one line for a JetStream call that failed."""
+    if isinstance(err, nats.errors.NoRespondersError | NotFoundError):
+        # Direct gets of a stream that does not exist have no responders.
+        return RebaserRefused(
+            f"no rebaser deployment with prefix {subjects.prefix or '(none)'} here: its streams do not exist "
+            "(is --prefix / REBASER_PREFIX right? has a daemon started?)"
+        )
+    return RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}")
 
 
 async def admin_connect(nats_url: str) -> NatsClient:
@@ -277,7 +295,7 @@ async def status_report(
             consumer, upto = None, None
         records = await r.records()
     except (TimeoutError, nats.errors.Error) as err:
-        raise RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}") from None
+        raise _js_error(err, subjects) from None
     lines: dict[tuple[str, str], dict[str, int]] = {}
     for counts, parse, key in (
         (queued, subjects.parse_requests, "queued"),
@@ -412,7 +430,7 @@ async def change_set_report(
             found.append(_queued(seq, msg, record))
             progress(len(found), min(limit, total))
     except (TimeoutError, nats.errors.Error) as err:
-        raise RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}") from None
+        raise _js_error(err, subjects) from None
     dead_count = dead.get(subjects.dead_letter(workspace_id, change_set_id), 0)
     if record is None and not total and task == "none" and not dead_count:
         return None
@@ -521,10 +539,8 @@ async def dead_letters(
             seq = int(msg.seq or seq + 1)
             found.append(_dead_letter(msg, subjects))
             progress(len(found), min(limit, total))
-    except NotFoundError:
-        return 0, []
-    except (TimeoutError, nats.errors.Error) as err:
-        raise RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}") from None
+    except (TimeoutError, nats.errors.Error, NotFoundError) as err:
+        raise _js_error(err, subjects) from None
     return total, found
 
 
@@ -536,5 +552,5 @@ async def dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> DeadLette
     except NotFoundError:
         return None
     except (TimeoutError, nats.errors.Error) as err:
-        raise RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}") from None
+        raise _js_error(err, subjects) from None
     return _dead_letter(msg, subjects)
