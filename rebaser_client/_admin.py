@@ -1,4 +1,5 @@
-"""What JetStream holds for one deployment, read for operators (``rebaser status``, ``change-set show``, ``dlq``).
+"""What JetStream holds for one deployment, read for operators: ``rebaser status`` and ``change-set show`` (dead
+letters are read by ``_admin_dlq``).
 
 Read-only, and every call has a deadline (the JetStream context's timeout). Results are plain dataclasses; turning
 them into tables or JSON is ``_admin_format``'s job. Lists are bounded (``limit``): a deployment may hold millions
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +27,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
-from rebaser_core.connect import ConnectOptions, redact_url
+from rebaser_core.connect import ConnectOptions, connect, redact_url
 from rebaser_core.errors import (
     DecodeError,
     InvalidSubject,
@@ -42,7 +43,7 @@ __all__ = [
     "ADMIN_TIMEOUT",
     "ChangeSetLine",
     "ChangeSetReport",
-    "DeadLetter",
+    "Progress",
     "QueuedRequest",
     "RecentReply",
     "RecordView",
@@ -50,8 +51,9 @@ __all__ = [
     "StreamSummary",
     "admin_connect",
     "change_set_report",
-    "dead_letter",
-    "dead_letters",
+    "js_error",
+    "no_progress",
+    "parse_ids",
     "status_report",
 ]
 
@@ -64,11 +66,11 @@ _RECORD_LIMITS = CborLimits(max_depth=128)
 Progress = Callable[[int, int], None]  # (done, total): long reads report how far they are
 
 
-def _no_progress(done: int, total: int) -> None:
+def no_progress(done: int, total: int) -> None:
     return None
 
 
-def _js_error(err: BaseException, subjects: Subjects) -> RebaserError:
+def js_error(err: BaseException, subjects: Subjects) -> RebaserError:
     """The one line for a JetStream call that failed."""
     if isinstance(err, nats.errors.NoRespondersError | NotFoundError):
         # Direct gets of a stream that does not exist have no responders.
@@ -81,8 +83,6 @@ def _js_error(err: BaseException, subjects: Subjects) -> RebaserError:
 
 async def admin_connect(nats_url: str) -> NatsClient:
     """A connection for one admin command: fails in about a second with one line if NATS is unreachable."""
-    from rebaser_core.connect import connect
-
     errors: list[Exception] = []
 
     async def remember(err: Exception) -> None:
@@ -265,7 +265,7 @@ class _Reader:
         return "owned" if upto is not None and (msg.seq or 0) <= upto else "waiting"
 
 
-def _parse(subjects: Subjects, subject: str, parse: Callable[[str], Any]) -> tuple[str, str] | None:
+def parse_ids(subject: str, parse: Callable[[str], Any]) -> tuple[str, str] | None:
     try:
         parsed = parse(subject)
     except InvalidSubject:
@@ -274,7 +274,7 @@ def _parse(subjects: Subjects, subject: str, parse: Callable[[str], Any]) -> tup
 
 
 async def status_report(
-    nc: NatsClient, subjects: Subjects, *, limit: int = 50, progress: Progress = _no_progress
+    nc: NatsClient, subjects: Subjects, *, limit: int = 50, progress: Progress = no_progress
 ) -> StatusReport:
     """Streams, the tasks consumer, and the ``limit`` busiest change sets (most requests queued first)."""
     r = _Reader(nc, subjects)
@@ -295,7 +295,7 @@ async def status_report(
             consumer, upto = None, None
         records = await r.records()
     except (TimeoutError, nats.errors.Error) as err:
-        raise _js_error(err, subjects) from None
+        raise js_error(err, subjects) from None
     lines: dict[tuple[str, str], dict[str, int]] = {}
     for counts, parse, key in (
         (queued, subjects.parse_requests, "queued"),
@@ -303,7 +303,7 @@ async def status_report(
         (dead, _dead_letter_parser(subjects), "dead"),
     ):
         for subject, count in counts.items():
-            ids = _parse(subjects, subject, parse)
+            ids = parse_ids(subject, parse)
             if ids is not None:
                 lines.setdefault(ids, {})[key] = count
     busiest = sorted(lines.items(), key=lambda kv: (-kv[1].get("queued", 0), -kv[1].get("dead", 0), kv[0]))
@@ -403,7 +403,7 @@ async def change_set_report(
     change_set_id: ChangeSetId,
     *,
     limit: int = 50,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> ChangeSetReport | None:
     """Everything about one change set; None if JetStream knows nothing of it (no record, nothing queued, no
     task, no dead letter)."""
@@ -430,127 +430,10 @@ async def change_set_report(
             found.append(_queued(seq, msg, record))
             progress(len(found), min(limit, total))
     except (TimeoutError, nats.errors.Error) as err:
-        raise _js_error(err, subjects) from None
+        raise js_error(err, subjects) from None
     dead_count = dead.get(subjects.dead_letter(workspace_id, change_set_id), 0)
     if record is None and not total and task == "none" and not dead_count:
         return None
     return ChangeSetReport(
         str(workspace_id), str(change_set_id), record, task, total, tuple(found), dead_count
     )
-
-
-# -- dead letters --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DeadLetter:
-    seq: int
-    time: datetime | None
-    subject: str  # the request's original subject
-    original_seq: int | None
-    reason: str
-    request_id: str | None
-    workspace_id: str | None
-    change_set_id: str | None
-    size: int
-    truncated: int | None  # the original body length, when the copy was cut
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    data: bytes = field(default=b"", repr=False)
-
-    def body(self) -> Any:
-        """The request as JSON-able data if it can be decoded, else None."""
-        try:
-            return ENQUEUE_UPDATES_REQUEST.decode(self.request_headers(), self.data).model_dump(mode="json")
-        except ProtocolError:
-            return None
-
-    def request_headers(self) -> dict[str, str]:
-        """The request's own headers as kept in the copy (the dead letter's marks left out)."""
-        marks = {
-            name.lower()
-            for name in (
-                h.DEAD_LETTER_REASON,
-                h.DEAD_LETTER_SUBJECT,
-                h.DEAD_LETTER_SEQUENCE,
-                h.DEAD_LETTER_TRUNCATED,
-                h.DEAD_LETTER_HEADERS_DROPPED,
-            )
-        }
-        return {
-            k: v
-            for k, v in self.headers.items()
-            if k.lower() not in marks and not k.lower().startswith("nats-")
-        }
-
-
-def _dead_letter(msg: Any, subjects: Subjects) -> DeadLetter:
-    headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
-    data = msg.data or b""
-    subject = h.get_header(headers, h.DEAD_LETTER_SUBJECT) or ""
-    ids = _parse(subjects, subject, subjects.parse_requests)
-    original = h.get_header(headers, h.DEAD_LETTER_SEQUENCE)
-    truncated = h.get_header(headers, h.DEAD_LETTER_TRUNCATED)
-    letter = DeadLetter(
-        seq=int(msg.seq or 0),
-        time=msg.time,
-        subject=subject,
-        original_seq=int(original) if original and original.isdigit() else None,
-        reason=h.get_header(headers, h.DEAD_LETTER_REASON) or "",
-        request_id=None,
-        workspace_id=ids[0] if ids else None,
-        change_set_id=ids[1] if ids else None,
-        size=len(data),
-        truncated=int(truncated) if truncated and truncated.isdigit() else None,
-        headers=headers,
-        data=data,
-    )
-    body = letter.body()
-    # The request's own Nats-Msg-Id is not kept in the copy (the dead letter's is its original sequence): the id is
-    # known only if the body can be decoded.
-    rid = body.get("id") if isinstance(body, dict) else None
-    return replace(letter, request_id=rid)
-
-
-async def dead_letters(
-    nc: NatsClient,
-    subjects: Subjects,
-    *,
-    workspace_id: WorkspacePk | None = None,
-    change_set_id: ChangeSetId | None = None,
-    limit: int = 50,
-    progress: Progress = _no_progress,
-) -> tuple[int, list[DeadLetter]]:
-    """(how many there are, the oldest ``limit`` of them), of one change set if both ids are given."""
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
-    stream = subjects.dead_letter_stream
-    filter_ = (
-        subjects.dead_letter(workspace_id, change_set_id)
-        if workspace_id is not None and change_set_id is not None
-        else subjects.dead_letters_all
-    )
-    found: list[DeadLetter] = []
-    try:
-        info = await js.stream_info(stream, subjects_filter=filter_)
-        total = sum((info.state.subjects or {}).values())
-        seq = 0
-        while len(found) < min(limit, total):
-            try:
-                msg = await js.get_msg(stream, seq=seq + 1, subject=filter_, next=True, direct=True)
-            except NotFoundError:
-                break
-            seq = int(msg.seq or seq + 1)
-            found.append(_dead_letter(msg, subjects))
-            progress(len(found), min(limit, total))
-    except (TimeoutError, nats.errors.Error, NotFoundError) as err:
-        raise _js_error(err, subjects) from None
-    return total, found
-
-
-async def dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> DeadLetter | None:
-    """The dead letter at ``seq``, or None if there is none."""
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
-    try:
-        msg = await js.get_msg(subjects.dead_letter_stream, seq=seq, direct=True)
-    except NotFoundError:
-        return None
-    except (TimeoutError, nats.errors.Error) as err:
-        raise _js_error(err, subjects) from None
-    return _dead_letter(msg, subjects)

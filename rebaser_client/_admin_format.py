@@ -10,7 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rebaser_client._admin import ChangeSetReport, DeadLetter, RecordView, StatusReport
+from rebaser_client._admin import ChangeSetReport, RecordView, StatusReport
+from rebaser_client._admin_dlq import DeadLetter
 
 __all__ = [
     "change_set_json",

@@ -29,7 +29,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 from ulid import ULID
 
-from rebaser_client._admin import ADMIN_TIMEOUT, DeadLetter, dead_letter
+from rebaser_client._admin import ADMIN_TIMEOUT
+from rebaser_client._admin_dlq import DeadLetter, dead_letter
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported

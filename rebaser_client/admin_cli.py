@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rebaser_client import _admin_format as fmt
-from rebaser_client._admin import admin_connect, change_set_report, dead_letter, dead_letters, status_report
+from rebaser_client._admin import admin_connect, change_set_report, status_report
+from rebaser_client._admin_dlq import dead_letter, dead_letters
 from rebaser_client._admin_ops import drop_dead_letters, purge_change_set, replay_dead_letter
 from rebaser_client._client import RebaserClient
 from rebaser_core.connect import close_connection
