@@ -55,6 +55,7 @@ __all__ = [
     "no_progress",
     "parse_ids",
     "status_report",
+    "task_state",
 ]
 
 # Every JetStream call of an admin command answers within this long, or the command says NATS did not answer.
@@ -265,6 +266,17 @@ class _Reader:
         return "owned" if upto is not None and (msg.seq or 0) <= upto else "waiting"
 
 
+async def task_state(
+    nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> str:
+    """``owned`` (its task is delivered to a daemon), ``waiting`` (for an owner) or ``none``."""
+    r = _Reader(nc, subjects)
+    try:
+        return await r.task_state(workspace_id, change_set_id, await r.delivered_upto())
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+
+
 def parse_ids(subject: str, parse: Callable[[str], Any]) -> tuple[str, str] | None:
     try:
         parsed = parse(subject)
@@ -296,6 +308,8 @@ async def status_report(
         records = await r.records()
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
+    if all(s.messages is None for s in (requests, tasks, dlq)):
+        raise js_error(NotFoundError(), subjects)
     lines: dict[tuple[str, str], dict[str, int]] = {}
     for counts, parse, key in (
         (queued, subjects.parse_requests, "queued"),

@@ -136,7 +136,7 @@ def status_view(report: StatusReport) -> RenderableType:
             "-" if line.dvu_pending is None else ("yes" if line.dvu_pending else "no"),
             str(line.dead_letters),
         )
-    parts.append(change_sets)
+    parts.append(change_sets if report.change_sets else Text("change sets with work or dead letters: none"))
     return Group(*parts)
 
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 from ulid import ULID
 
-from rebaser_client._admin import ADMIN_TIMEOUT
+from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
 from rebaser_client._admin_dlq import DeadLetter, dead_letter
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType
@@ -50,6 +50,9 @@ __all__ = [
 
 REPLAY_OF = "X-Rebaser-Replay-Of"
 _JS_API = "$JS.API"
+# nats-server's answer to deleting a sequence that holds no message ("stream store EOF" past the end, "no message
+# found" inside the stream); nats-py raises it as a plain APIError.
+_NO_MESSAGE = 10057
 
 
 def _unavailable(err: BaseException) -> RebaserUnavailable:
@@ -74,8 +77,10 @@ async def _purge(nc: NatsClient, stream: str, request: dict[str, object]) -> int
 @dataclass(frozen=True)
 class PurgeResult:
     removed: int
-    upto_seq: int  # every request of the change set stored up to this sequence was removed
-    owned: bool  # a daemon held the change set's task at the time
+    upto_seq: (
+        int  # every request of the change set stored up to this sequence was removed (0: none was queued)
+    )
+    task: str  # the change set's task then: owned (by a daemon), waiting (for one) or none
 
 
 async def purge_change_set(
@@ -83,24 +88,17 @@ async def purge_change_set(
 ) -> PurgeResult:
     js = nc.jetstream(timeout=ADMIN_TIMEOUT)
     subject = subjects.requests(workspace_id, change_set_id)
+    task = await task_state(nc, subjects, workspace_id, change_set_id)
     try:
-        try:
-            # From the stream leader (not a direct get a lagging replica may answer): the purge covers what it saw.
-            last = await js.get_last_msg(subjects.requests_stream, subject)
-        except NotFoundError:
-            return PurgeResult(0, 0, False)
-        upto = int(last.seq or 0)
-        try:
-            await js.get_last_msg(
-                subjects.tasks_stream, subjects.task(workspace_id, change_set_id), direct=True
-            )
-            owned = True
-        except NotFoundError:
-            owned = False
+        # From the stream leader (not a direct get a lagging replica may answer): the purge covers what it saw.
+        last = await js.get_last_msg(subjects.requests_stream, subject)
+    except NotFoundError:
+        return PurgeResult(0, 0, task)
     except (TimeoutError, nats.errors.Error) as err:
-        raise _unavailable(err) from None
+        raise js_error(err, subjects) from None
+    upto = int(last.seq or 0)
     removed = await _purge(nc, subjects.requests_stream, {"filter": subject, "seq": upto + 1})
-    return PurgeResult(removed, upto, owned)
+    return PurgeResult(removed, upto, task)
 
 
 # -- dead letters --------------------------------------------------------------------------------------------------
@@ -175,8 +173,13 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
     js = nc.jetstream(timeout=ADMIN_TIMEOUT)
     try:
         await js.delete_msg(subjects.dead_letter_stream, seq)
-    except NotFoundError:
-        pass  # dropped meanwhile (by someone else, or by the stream's limits)
+    except (NotFoundError, APIError) as err:
+        # Dropped meanwhile (by someone else, or by the stream's limits): fine. Anything else is worth a line.
+        if isinstance(err, APIError) and err.err_code != _NO_MESSAGE:
+            raise RebaserRefused(
+                f"dead letter {seq} was replayed as {new_id} but could not be deleted: {err}; replaying it again "
+                "publishes the same id, which is not applied twice"
+            ) from None
     except (TimeoutError, nats.errors.Error) as err:
         raise RebaserUnavailable(
             f"dead letter {seq} was replayed as {new_id} but could not be deleted ({err or type(err).__name__}); "
@@ -207,7 +210,9 @@ async def drop_dead_letters(
         try:
             await js.delete_msg(stream, seq)
             dropped += 1
-        except NotFoundError:
+        except (NotFoundError, APIError) as err:
+            if isinstance(err, APIError) and err.err_code != _NO_MESSAGE:
+                raise RebaserRefused(f"deleting dead letter {seq} failed: {err}") from None
             raise RebaserRefused(f"no dead letter at sequence {seq} ({dropped} dropped before it)") from None
         except (TimeoutError, nats.errors.Error) as err:
             raise _unavailable(err) from None

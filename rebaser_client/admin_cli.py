@@ -183,15 +183,13 @@ def change_set_purge(
     _confirm(yes, f"Remove every queued request of change set {wk}/{cs}?")
     result = _run(nats_url, lambda nc: purge_change_set(nc, subjects, wk, cs))
     if as_json:
-        _print_json({"removed": result.removed, "upto_seq": result.upto_seq, "owned": result.owned})
+        _print_json({"removed": result.removed, "upto_seq": result.upto_seq, "task": result.task})
         return
     click.echo(
         f"removed {result.removed} queued requests of {wk}/{cs} (stored up to sequence {result.upto_seq})"
     )
-    if result.owned:
-        click.echo(
-            "note: the change set had a task; a daemon that owns it still applies the requests it had already read"
-        )
+    if result.task == "owned":
+        click.echo("note: a daemon owns the change set; it still applies the requests it had already read")
 
 
 # -- dlq --------------------------------------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ async def test_change_set_purge_removes_what_is_queued(
     purged = ok_json(
         await rebaser(nats_url, subject_prefix, "change-set", "purge", str(wk), str(cs), "--yes", "--json")
     )
-    assert purged["removed"] == 4 and purged["owned"]  # the task waits: a daemon would have taken it
+    assert (purged["removed"], purged["task"]) == (4, "waiting")  # no daemon yet: the task waits for one
     app = RecordingApp()
     async with running_daemon(nc, settings, app) as daemon:
         # The waiting task finds nothing queued and no record: dropped, nothing applied.
@@ -249,3 +249,24 @@ async def test_unknown_things_and_unreachable_nats_are_one_line(
     for args in (["status"], ["change-set", "show", wk, cs], ["dlq", "list"], ["wait", wk, cs]):
         error = one_line_error(await rebaser("nats://127.0.0.1:1", subject_prefix, *args))
         assert "cannot connect to NATS at nats://127.0.0.1:1" in error
+
+
+async def test_purge_while_a_daemon_owns_the_change_set(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix)
+    await ensure_streams(nc.jetstream(), settings)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    ids = [str(await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=n)])) for n in range(20)]
+    gate = CheckpointGate("applied")  # the owner pauses after its first commit, with the rest still queued
+    async with running_daemon(nc, settings, RecordingApp(), hooks=gate) as daemon:
+        await gate.wait_reached()
+        result = await rebaser(nats_url, subject_prefix, "change-set", "purge", str(wk), str(cs), "--yes")
+        assert result.exit_code == 0, result.output
+        assert result.output.startswith("removed ") and "a daemon owns the change set" in result.output
+        gate.release()
+        answer = await client.wait_settled(wk, cs, timeout=20)
+        assert answer.settled
+        # What the owner had already read was applied, in order; nothing after a purged request was.
+        done = await applied(daemon.rt.store, wk, cs)
+        assert done and done == ids[: len(done)]
