@@ -308,7 +308,10 @@ class RebaserClient:
                     f"change set {change_set_id} not settled within {timeout}s "
                     f"(requests queued: {response.queued}, DVU due: {response.dvu_pending})"
                 )
-            # Not settled yet: the daemon's wait was capped (MAX_SETTLED_WAIT) or it stopped; ask again at once.
+            if response.error is not None:
+                # The daemon stopped or was full: ask again (another daemon answers), not in a tight loop.
+                await asyncio.sleep(min(_RECORDED_REPLY_FIRST_PAUSE, max(0.0, deadline - loop.time())))
+            # Otherwise the daemon's wait was capped (MAX_SETTLED_WAIT) before ours: ask again at once.
 
     async def store_batch(
         self,

@@ -123,7 +123,13 @@ def _confirm(yes: bool, question: str) -> None:
 @click.command()
 @_connection_options
 @_json_option
-@click.option("--limit", default=50, show_default=True, help="Change sets listed (the busiest first).")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Change sets listed (the busiest first).",
+)
 def status(nats_url: str, prefix: str | None, as_json: bool, limit: int) -> None:
     """Streams, the tasks consumer, owners, backlogs and dead letters of the deployment."""
     subjects = _subjects(prefix)
@@ -146,7 +152,13 @@ def change_set() -> None:
 @click.argument("change_set_id", metavar="CHANGE_SET")
 @_connection_options
 @_json_option
-@click.option("--limit", default=50, show_default=True, help="Queued requests listed (the first in line).")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Queued requests listed (the first in line).",
+)
 def change_set_show(
     workspace: str, change_set_id: str, nats_url: str, prefix: str | None, as_json: bool, limit: int
 ) -> None:
@@ -220,7 +232,13 @@ def _filter_options(f: Any) -> Any:
 @_connection_options
 @_json_option
 @_filter_options
-@click.option("--limit", default=50, show_default=True, help="Dead letters listed (the oldest first).")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Dead letters listed (the oldest first).",
+)
 def dlq_list(
     nats_url: str,
     prefix: str | None,
@@ -267,7 +285,13 @@ def dlq_show(seq: int, nats_url: str, prefix: str | None, as_json: bool) -> None
 @_json_option
 @_filter_options
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter (or the change set's).")
-@click.option("--limit", default=1000, show_default=True, help="With --all: at most this many.")
+@click.option(
+    "--limit",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="With --all: at most this many.",
+)
 @click.option("--yes", is_flag=True, help="With --all: do not ask for confirmation.")
 def dlq_replay(
     seqs: tuple[int, ...],
@@ -292,8 +316,10 @@ def dlq_replay(
     async def work(nc: NatsClient) -> list[dict[str, Any]]:
         targets = list(seqs)
         if everything:
-            _, letters = await dead_letters(nc, subjects, workspace_id=wk, change_set_id=cs, limit=limit)
+            total, letters = await dead_letters(nc, subjects, workspace_id=wk, change_set_id=cs, limit=limit)
             targets = [d.seq for d in letters]
+            if total > len(targets):
+                click.echo(f"replaying the oldest {len(targets)} of {total} dead letters (--limit)", err=True)
         done: list[dict[str, Any]] = []
         with _progress("replaying", enabled=not as_json and len(targets) > 1) as progress:
             for seq in targets:
