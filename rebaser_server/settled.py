@@ -81,6 +81,11 @@ class SettledWaits:
         self._rt = rt
         self._waits: set[asyncio.Task[None]] = set()
 
+    @property
+    def held(self) -> int:
+        """Waits held now."""
+        return len(self._waits)
+
     def start(
         self, reply: str, change_set: ChangeSet, request: WaitSettledRequest, content_type: ContentType
     ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
@@ -62,3 +63,27 @@ async def test_not_settled_in_time_is_a_timeout(
             await client.wait_settled(wk, cs, timeout=0.5)
         app.dvu_gate.set()
         assert (await client.wait_settled(wk, cs, timeout=20)).settled
+
+
+async def test_a_wait_held_by_a_daemon_that_stops_is_asked_again(
+    nats_url: str, nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, shutdown_grace=1.0)
+    app = RecordingApp()
+    app.dvu_gate = asyncio.Event()  # the DVU cannot finish: the change set stays unsettled meanwhile
+    other = await nats.connect(nats_url)
+    try:
+        async with running_daemon(nc, settings, app) as first:
+            wk, cs = WorkspacePk.new(), ChangeSetId.new()
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
+            waiting = asyncio.create_task(client.wait_settled(wk, cs, timeout=60))
+            await wait_for(lambda: first.queries.settled.held == 1, message="the first daemon holds the wait")
+            async with running_daemon(other, settings, app) as second:
+                await first.shutdown()  # answers "ask again"; the client asks the second daemon
+                await wait_for(lambda: second.queries.settled.held == 1, message="the second daemon holds it")
+                assert not waiting.done()
+                app.dvu_gate.set()
+                answer = await asyncio.wait_for(waiting, 20)
+                assert answer.settled and not answer.dvu_pending
+    finally:
+        await other.close()
