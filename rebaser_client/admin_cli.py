@@ -197,8 +197,12 @@ def change_set_purge(
     if as_json:
         _print_json({"removed": result.removed, "upto_seq": result.upto_seq, "task": result.task})
         return
+    if not result.upto_seq:
+        click.echo(f"nothing queued for {wk}/{cs}: nothing removed")
+        return
+    # Processed requests still waiting for their purge are removed (and counted) too: they were done already.
     click.echo(
-        f"removed {result.removed} queued requests of {wk}/{cs} (stored up to sequence {result.upto_seq})"
+        f"removed {result.removed} requests of {wk}/{cs} (all stored up to sequence {result.upto_seq})"
     )
     if result.task == "owned":
         click.echo("note: a daemon owns the change set; it still applies the requests it had already read")

@@ -264,6 +264,8 @@ async def test_purge_while_a_daemon_owns_the_change_set(
         result = await rebaser(nats_url, subject_prefix, "change-set", "purge", str(wk), str(cs), "--yes")
         assert result.exit_code == 0, result.output
         assert result.output.startswith("removed ") and "a daemon owns the change set" in result.output
+        nothing = await rebaser(nats_url, subject_prefix, "change-set", "purge", str(wk), str(cs), "--yes")
+        assert nothing.output.startswith(f"nothing queued for {wk}/{cs}")
         gate.release()
         answer = await client.wait_settled(wk, cs, timeout=20)
         assert answer.settled
