@@ -7,16 +7,23 @@ import asyncio
 import json
 from typing import Any
 
+import nats.errors
 import pytest
 from click.testing import CliRunner, Result
 from nats.aio.client import Client as NatsClient
+from nats.js.manager import JetStreamManager
 
-from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
+from rebaser_client._admin_dlq import dead_letters
+from rebaser_client._admin_ops import replay_dead_letter
 from rebaser_client.cli import main as cli
+from rebaser_core import headers as h
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.errors import UnprocessableError
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.streams import ensure_streams
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import Applied, AppState, ChangeSet
 from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
@@ -272,3 +279,58 @@ async def test_purge_while_a_daemon_owns_the_change_set(
         # What the owner had already read was applied, in order; nothing after a purged request was.
         done = await applied(daemon.rt.store, wk, cs)
         assert done and done == ids[: len(done)]
+
+
+async def test_a_replay_cut_short_before_the_delete_is_not_applied_twice(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = Refusing()
+    subjects = Subjects(subject_prefix)
+    async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/maybe", value=1)], timeout=10)
+        _, (letter,) = await dead_letters(nc, subjects)
+        app.refuse = False
+
+        async def lost(self: Any, stream: str, seq: int) -> bool:
+            raise nats.errors.TimeoutError  # the replay is stored, then the tool dies or NATS goes away
+
+        with monkeypatch.context() as patched:
+            patched.setattr(JetStreamManager, "delete_msg", lost)
+            with pytest.raises(RebaserUnavailable, match="could not be deleted"):
+                await replay_dead_letter(nc, subjects, letter.seq)
+        again = await replay_dead_letter(nc, subjects, letter.seq)  # the operator runs it again
+        assert again.duplicate  # the same derived id: JetStream stored it once
+        await client.wait_settled(wk, cs, timeout=20)
+        assert await applied(daemon.rt.store, wk, cs) == [again.request_id]
+        assert (await dead_letters(nc, subjects))[0] == 0
+
+
+async def test_a_dead_letter_that_cannot_be_decoded_is_not_replayed(
+    nc: NatsClient, nats_url: str, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix)
+    async with running_daemon(nc, settings, RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        headers = {
+            h.CONTENT_TYPE: "application/json",
+            h.MESSAGE_TYPE: "EnqueueUpdatesRequest",
+            h.MESSAGE_VERSION: "3",
+            h.NATS_MSG_ID: str(RequestId.new()),
+        }
+        await nc.jetstream().publish(settings.subjects.requests(wk, cs), b"{not json", headers=headers)
+        await publish_task(nc, settings.subjects.task(wk, cs))
+        listed = await wait_for(
+            lambda: _listed(nats_url, subject_prefix), message="the garbled request dead-lettered"
+        )
+        (letter,) = listed["dead_letters"]
+        assert letter["request_id"] is None and "DecodeError" in letter["reason"]
+        refused = await rebaser(nats_url, subject_prefix, "dlq", "replay", str(letter["seq"]))
+        assert "cannot be replayed: DecodeError" in one_line_error(refused)
+        shown = ok_json(await rebaser(nats_url, subject_prefix, "dlq", "show", str(letter["seq"]), "--json"))
+        assert shown["request"] is None and shown["body_text"] == "{not json"  # still there, as it was
+
+
+async def _listed(nats_url: str, prefix: str) -> Any:
+    listed = ok_json(await rebaser(nats_url, prefix, "dlq", "list", "--json"))
+    return listed if listed["total"] else None
