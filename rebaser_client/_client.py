@@ -25,6 +25,7 @@ from rebaser_core.api import (
     GET_CHANGE_SET_RESPONSE,
     GET_REPLY_REQUEST,
     GET_REPLY_RESPONSE,
+    MAX_SETTLED_WAIT,
     WAIT_SETTLED_REQUEST,
     WAIT_SETTLED_RESPONSE,
     ContentType,
@@ -290,13 +291,14 @@ class RebaserClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            remaining = max(0.0, deadline - loop.time())
+            # A daemon holds one wait at most MAX_SETTLED_WAIT: longer waits are several queries.
+            hold = min(max(0.0, deadline - loop.time()), MAX_SETTLED_WAIT)
             request = WaitSettledRequest(
-                id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, timeout=remaining
+                id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, timeout=hold
             )
-            # The daemon answers by itself at ``remaining``; the margin is for the answer's way back.
+            # The daemon answers by itself after ``hold``; the margin is for the answer's way back.
             response = await self._query(
-                "settled", request, WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, remaining + _QUERY_TIMEOUT
+                "settled", request, WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, hold + _QUERY_TIMEOUT
             )
             assert isinstance(response, WaitSettledResponse)
             if response.error is None and response.settled:
