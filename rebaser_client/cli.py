@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from rebaser_client._sync import SyncRebaserClient
+from rebaser_client.admin_cli import ADMIN_COMMANDS
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
 from rebaser_core.connect import ConnectOptions, redact_url
 from rebaser_core.errors import RebaserError, RebaserUnavailable
@@ -161,6 +162,10 @@ def _options(f: Any) -> Any:
 @click.version_option(package_name="rebaser", prog_name="rebaser")
 def main() -> None:
     """rebaser client and admin commands."""
+
+
+for _command in ADMIN_COMMANDS:  # status, change-set, dlq, wait: rebaser_client/admin_cli.py
+    main.add_command(_command)
 
 
 @main.command("new-id")
