@@ -26,6 +26,9 @@ from rebaser_core.api import (
     GET_CHANGE_SET_RESPONSE,
     GET_REPLY_REQUEST,
     GET_REPLY_RESPONSE,
+    MAX_SETTLED_WAIT,
+    WAIT_SETTLED_REQUEST,
+    WAIT_SETTLED_RESPONSE,
     ContentType,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
@@ -41,6 +44,8 @@ from rebaser_core.api import (
     Update,
     UpdatesKind,
     VersionedMessage,
+    WaitSettledRequest,
+    WaitSettledResponse,
 )
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES, encode_batch
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
@@ -288,6 +293,42 @@ class RebaserClient:
             raise RebaserRefused(response.error)
         return response
 
+    async def wait_settled(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, *, timeout: float = 30.0
+    ) -> WaitSettledResponse:
+        """Return once the change set has no queued request and no dependent values update due, so a ``get`` shows
+        the values computed from everything enqueued before this call. A daemon holds the answer until then (no
+        polling here); ``RebaserTimeout`` if it is not settled within ``timeout``.
+
+        ``dvu_pending`` may still be true in the answer when no daemon owns the change set (a DVU that kept failing
+        waits for the next request): nothing will change until then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            # A daemon holds one wait at most MAX_SETTLED_WAIT: longer waits are several queries.
+            hold = min(max(0.0, deadline - loop.time()), MAX_SETTLED_WAIT)
+            request = WaitSettledRequest(
+                id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, timeout=hold
+            )
+            # The daemon answers by itself after ``hold``; the margin is for the answer's way back.
+            response = await self._query(
+                "settled", request, WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, hold + _QUERY_TIMEOUT
+            )
+            assert isinstance(response, WaitSettledResponse)
+            if response.error is None and response.settled:
+                return response
+            if response.error is not None and not response.error.endswith("ask again"):
+                raise RebaserRefused(response.error)
+            if loop.time() >= deadline:
+                raise RebaserTimeout(
+                    f"change set {change_set_id} not settled within {timeout}s "
+                    f"(requests queued: {response.queued}, DVU due: {response.dvu_pending})"
+                )
+            if response.error is not None:
+                # The daemon stopped or was full: ask again (another daemon answers), not in a tight loop.
+                await asyncio.sleep(min(_RECORDED_REPLY_FIRST_PAUSE, max(0.0, deadline - loop.time())))
+            # Otherwise the daemon's wait was capped (MAX_SETTLED_WAIT) before ours: ask again at once.
+
     async def store_batch(
         self,
         updates: Sequence[Update],
@@ -318,7 +359,9 @@ class RebaserClient:
         reply_codec: VersionedMessage[Any],
         timeout: float,
     ) -> MessageVersion:
-        assert isinstance(request, GetChangeSetRequest | ForkChangeSetRequest | GetReplyRequest)
+        assert isinstance(
+            request, GetChangeSetRequest | ForkChangeSetRequest | GetReplyRequest | WaitSettledRequest
+        )
         subject = self._subjects.api(operation, request.workspace_id, request.change_set_id)
         headers, body = codec.encode(request, self._content_type)
         ensure_connected(self._nc, f"{operation} query")

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 # Slots free up as acks come back (milliseconds each), so a caller refused for want of one may retry soon.
 _IN_FLIGHT_RETRY_AFTER = 0.5
+# A failed task publish is tried again after these pauses (doubling), for up to publish_timeout in all.
+_TASK_RETRY_FIRST = 0.05
+_TASK_RETRY_MAX = 0.5
 # While disconnected the replayer looks at the connection this often (nats-py offers nothing to await).
 _REPLAY_POLL = 0.1
 # Publishes whose caller was cancelled, kept referenced until they finish (a bare task may be garbage-collected).
@@ -237,16 +240,32 @@ class Publisher:
                 names = self._subjects.for_shard(self._subjects.shard_of_subject(subject))
                 parsed = names.parse_requests(subject)
                 task = names.task(parsed.workspace_id, parsed.change_set_id)
-            try:
-                await publish_task(self._nc, task, timeout=self._publish_timeout)
-            except RebaserError as err:
-                log.warning(
-                    "task publish for request %s failed (the orphan sweep finds it): %s", request_id, err
-                )
+            await self._publish_task(request_id, task)
             return duplicate
         finally:
             self._in_flight -= 1
             self._slots.release()
+
+    async def _publish_task(self, request_id: str, task: str) -> None:
+        """Publish the task of a stored request, retried for ``publish_timeout``: a stream leader election (no
+        responders, or no answer, for a second or two) must not leave the request to the orphan sweep, which
+        may come only after ``sweep_interval``. The task is idempotent (one per change set), so a retry after an
+        ambiguous failure is harmless."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._publish_timeout
+        pause = _TASK_RETRY_FIRST
+        while True:
+            try:
+                await publish_task(self._nc, task, timeout=max(deadline - loop.time(), 0.001))
+                return
+            except RebaserError as err:
+                if loop.time() + pause >= deadline or not self._nc.is_connected:
+                    log.warning(
+                        "task publish for request %s failed (the orphan sweep finds it): %s", request_id, err
+                    )
+                    return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _TASK_RETRY_MAX)
 
     # -- replaying the spool ------------------------------------------------------------------------------
     async def _replay(self, spool: Spool) -> None:

@@ -10,7 +10,12 @@ from typing import Any, Self, TypeVar
 
 from rebaser_client._client import RebaserClient, Updates
 from rebaser_client._publisher import ClientStatus
-from rebaser_core.api import EnqueueUpdatesResponse, ForkChangeSetResponse, GetChangeSetResponse
+from rebaser_core.api import (
+    EnqueueUpdatesResponse,
+    ForkChangeSetResponse,
+    GetChangeSetResponse,
+    WaitSettledResponse,
+)
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
@@ -112,3 +117,8 @@ class SyncRebaserClient:
         return self._run(
             self._client.fork_change_set(workspace_id, change_set_id, from_change_set_id, **kwargs)
         )
+
+    def wait_settled(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, **kwargs: Any
+    ) -> WaitSettledResponse:
+        return self._run(self._client.wait_settled(workspace_id, change_set_id, **kwargs))

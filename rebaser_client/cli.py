@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from rebaser_client._sync import SyncRebaserClient
+from rebaser_client.admin_cli import ADMIN_COMMANDS
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
 from rebaser_core.connect import ConnectOptions, redact_url
 from rebaser_core.errors import RebaserError, RebaserUnavailable
@@ -177,12 +178,25 @@ def main() -> None:
     """rebaser client and admin commands."""
 
 
+for _command in ADMIN_COMMANDS:  # status, change-set, dlq, wait: rebaser_client/admin_cli.py
+    main.add_command(_command)
+
+
 @main.command("new-id")
 @click.option("--count", "-n", default=1, show_default=True, help="How many ids to print, one a line.")
 def new_id(count: int) -> None:
     """Print a fresh ULID: an id for a workspace, a change set or a request (e.g. WK=$(rebaser new-id))."""
     for _ in range(count):
         click.echo(str(RequestId.new()))
+
+
+@main.command("dev-cluster", add_help_option=False, context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def dev_cluster(args: tuple[str, ...]) -> None:
+    """A local cluster without Docker: 3 NATS nodes, N daemons (see --help)."""
+    from rebaser_server.devcluster import command  # the server's side, loaded only for this command
+
+    command.main(list(args), prog_name="rebaser dev-cluster")
 
 
 def _fail(err: RebaserError) -> click.ClickException:

@@ -1,7 +1,8 @@
 """pytest plugin: real NATS servers for tests, plus a deadline-based polling helper.
 
-Registered as the ``rebaser`` pytest11 entry point; without installing the package, load it
-with ``pytest_plugins = ["rebaser_core.testing"]`` in a ``conftest.py`` or ``-p rebaser_core.testing``.
+This project's own test fixtures: load it with ``pytest_plugins = ["rebaser_core.testing"]`` in a ``conftest.py``
+or ``-p rebaser_core.testing``. (Applications' tests get ``rebaser_*`` fixtures from the plugin that is installed
+with the package, :mod:`rebaser_server.pytest_plugin`.)
 
 Fixtures:
 

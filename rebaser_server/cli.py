@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import io
 import logging
 import os
 import signal
@@ -208,7 +209,20 @@ def _install_signal_handlers(daemon: Daemon) -> _Signals:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    # A daemon that seems stuck explains itself without being stopped: `kill -USR1 PID` logs where every
+    # coroutine is waiting.
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     return state
+
+
+def dump_tasks() -> None:
+    """Log every asyncio task of the running loop with its stack (SIGUSR1)."""
+    out = io.StringIO()
+    tasks = asyncio.all_tasks()
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        print(f"---- {task.get_name()}", file=out)
+        task.print_stack(limit=20, file=out)
+    log.warning("SIGUSR1: %d asyncio tasks\n%s", len(tasks), out.getvalue())
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, path: Path | None) -> Path | None:

@@ -33,6 +33,10 @@ class SerialDvu:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        # Checked by the loop besides cancelling it: a cancellation that lands as a NATS answer arrives can be
+        # swallowed (asyncio.wait_for in Python 3.11, inside nats-py), and the loop must not run on for a change set
+        # its processor no longer holds.
+        self._stopped = False
         self.runs = 0
         self.failures = 0
 
@@ -57,6 +61,7 @@ class SerialDvu:
         """Cancel the loop (and a run in progress), waiting at most ``timeout`` for it to end. Pending work is the
         caller's to persist."""
         task, self._task = self._task, None
+        self._stopped = True
         if task is not None:
             task.cancel()
             # Bounded: an app step that ignores cancellation must not hold its change set's shutdown for ever.
@@ -70,8 +75,10 @@ class SerialDvu:
 
     async def _loop(self) -> None:
         failed_in_a_row = 0
-        while True:
+        while not self._stopped:
             await self._permit.wait()
+            if self._stopped:
+                return
             # Clear before running: a notify() during the run sets the permit again -> exactly one more run.
             self._permit.clear()
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rebaser_core.api import EnqueueUpdatesResponse
 from rebaser_server.app import ChangeSet
@@ -20,6 +21,9 @@ from rebaser_server.replies import send_reply
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
 from rebaser_server.trimmer import Trimmer
+
+if TYPE_CHECKING:
+    from opentelemetry import trace
 
 __all__ = ["CommitGroup"]
 
@@ -47,6 +51,8 @@ class CommitGroup:
         self._applied = 0
         self._requests = 0  # staged requests with a sequence (to be purged after the commit)
         self._outcomes: list[str] = []  # reply kinds of the applied requests, counted once committed
+        # Spans of the staged requests (only while tracing is on), for the commit span's parent and links.
+        self._traces: list[trace.SpanContext] = []
         self.open = False
 
     def __len__(self) -> int:
@@ -84,6 +90,9 @@ class CommitGroup:
         self._applied += applied
         if applied and response is not None:
             self._outcomes.append(response.status.kind)
+        traced = self._rt.observe.staged()
+        if traced is not None and (not self._traces or self._traces[-1] != traced):
+            self._traces.append(traced)
 
     async def flush(self) -> None:
         """Commit what is staged, then answer and purge the group. Raises FencedError if fenced; on any failure
@@ -93,7 +102,8 @@ class CommitGroup:
         try:
             rt = self._rt
             if self._staged is not None:
-                await self._handle.commit(self._staged)
+                with rt.observe.commit(self._change_set, self._traces):
+                    await self._handle.commit(self._staged)
                 rt.stats.request_commits += 1
             await rt.hooks.checkpoint("applied", self._change_set)
             for headers, response in self._replies:
@@ -106,7 +116,8 @@ class CommitGroup:
                 setattr(rt.stats, counter, getattr(rt.stats, counter) + 1)
             rt.stats.last_request_at = time.time()
             if self._dvu:
-                rt.observe.dvu_due(self._change_set)  # the DVU run joins this request's trace
+                # The DVU run joins the trace of the group's last request (tracing on).
+                rt.observe.dvu_due(self._change_set, self._traces[-1] if self._traces else None)
                 self._notify_dvu()
         finally:
             self.abandon()
@@ -124,5 +135,6 @@ class CommitGroup:
             0,
         )
         self._outcomes = []
+        self._traces = []
         self.open = False
         self._handle.lock.release()

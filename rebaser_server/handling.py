@@ -138,7 +138,8 @@ class RequestHandler:
         A retryable failure commits the group with the attempt counted, then raises ``Retry``."""
         rt, settings, record, rid = self._rt, self._rt.settings, group.base, str(request.id)
         try:
-            applied = await self._step(rt.app.apply(self._change_set, record.state, request))
+            with rt.observe.phase("rebaser.apply"):
+                applied = await self._step(rt.app.apply(self._change_set, record.state, request))
         except UnprocessableError as err:
             reason = f"{type(err).__name__}: {err}"  # the §9 form of every error reply
         except (FencedError, LeaseLost):

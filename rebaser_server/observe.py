@@ -7,11 +7,18 @@ The processor calls three hooks; everything else about observability reads the d
   the whole ownership, current in the task that owns it;
 - :meth:`Observer.request` around the handling of each request delivery (``ChangeSetProcessor._on_request``):
   the queue-wait and processing-time histograms, the request's ids on every log line, and a ``rebaser.request``
-  span continuing the caller's trace (from the request's ``traceparent`` header), linked to the take;
+  span continuing the caller's trace (from the request's ``traceparent`` header), linked to the take. It starts
+  when the request arrived in the stream, so its first child, ``rebaser.queue_wait``, shows the wait;
+- :meth:`Observer.phase` around the request's steps: ``rebaser.apply`` (``handling``);
+- :meth:`Observer.commit` around a commit group's write (``group``): a ``rebaser.commit`` span in the trace of the
+  group's last request, linked to the others (:meth:`Observer.staged` remembers them);
+- :meth:`Observer.reply` around each reply (``replies``): a ``rebaser.reply`` span under the request it answers,
+  whose trace context the reply carries back;
 - :meth:`Observer.dvu` around each DVU run (``ChangeSetProcessor._run_dvu``): a ``rebaser.dvu`` span in the trace
   of the request whose commit made the DVU due (:meth:`Observer.dvu_due`, called by the commit group).
 
-Replies carry the trace context of the request they answer (:meth:`Observer.reply_headers`).
+Tracing is off unless the application installed an SDK: then no span context is valid, and every hook returns after
+one context lookup.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -35,6 +43,8 @@ from rebaser_server.metrics import RequestMetrics, arrival_of
 
 __all__ = ["Observer"]
 
+# What the span hooks return when tracing is off: reusable, and the cheapest context manager there is.
+_NO_SPAN = contextlib.nullcontext()
 # Span contexts of recent requests, by request id, for their replies (a group's replies go out after its spans).
 _RECENT_REQUESTS = 4096
 
@@ -79,8 +89,12 @@ class Observer:
         attributes: dict[str, Any] = {**self._ids(change_set), "messaging.destination.name": msg.subject}
         if request_id:
             attributes["rebaser.request_id"] = request_id
+        started: int | None = None  # the request's arrival, when known (ns since the epoch)
         if arrived is not None:
-            attributes["rebaser.queue_wait_seconds"] = max(0.0, time.time() - arrived.timestamp())
+            now = time.time_ns()
+            wait = max(0.0, now / 1e9 - arrived.timestamp())  # a server clock ahead of ours counts as no wait
+            attributes["rebaser.queue_wait_seconds"] = wait
+            started = now - int(wait * 1e9)
         with (
             bind_request(
                 request_id=request_id,
@@ -95,8 +109,11 @@ class Observer:
                 kind=SpanKind.CONSUMER,
                 attributes=attributes,
                 links=[Link(take)] if take.is_valid else None,
+                start_time=started,
             ) as span,
         ):
+            if started is not None and span.is_recording():
+                self.tracer.start_span("rebaser.queue_wait", start_time=started).end()
             context = span.get_span_context()
             if request_id and context.is_valid:  # valid only when spans are recorded: nothing kept otherwise
                 self._requests[request_id] = context
@@ -104,17 +121,66 @@ class Observer:
                     self._requests.popitem(last=False)
             yield
 
-    def reply_headers(self, request_headers: MutableMapping[str, str], reply_headers: dict[str, str]) -> None:
-        """Put the trace context of the request being answered on its reply."""
+    def phase(self, name: str) -> AbstractContextManager[object]:
+        """A child span of the request being handled for one of its steps (nothing when tracing is off)."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(name, kind=SpanKind.INTERNAL)
+
+    @staticmethod
+    def staged() -> trace.SpanContext | None:
+        """The span of the request being handled, for the commit that will include it (None: tracing is off)."""
+        context = trace.get_current_span().get_span_context()
+        return context if context.is_valid else None
+
+    def commit(
+        self, change_set: ChangeSet, requests: Sequence[trace.SpanContext]
+    ) -> AbstractContextManager[object]:
+        """Around the commit of a group: in the trace of its last request, linked to the others'.
+
+        Its own parent, not the current span: a group may be committed by a timer, after its requests' spans ended.
+        """
+        if not requests:
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(
+            "rebaser.commit",
+            context=trace.set_span_in_context(trace.NonRecordingSpan(requests[-1])),
+            kind=SpanKind.INTERNAL,
+            attributes={**self._ids(change_set), "rebaser.group_size": len(requests)},
+            links=[Link(c) for c in requests[:-1]],
+        )
+
+    def reply(
+        self, request_headers: MutableMapping[str, str], reply_headers: dict[str, str]
+    ) -> AbstractContextManager[object]:
+        """Around the publish of a reply: a ``rebaser.reply`` span under the request it answers, whose trace
+        context goes on the reply."""
+        if not self._requests:  # tracing off: nothing remembered
+            return _NO_SPAN
         request_id = request_headers.get(h.NATS_MSG_ID)
         context = self._requests.pop(request_id, None) if request_id else None
-        if context is not None:
-            inject(reply_headers, trace.set_span_in_context(trace.NonRecordingSpan(context)))
+        if context is None:
+            return _NO_SPAN
+        return self._reply_span(request_id or "", context, reply_headers)
+
+    @contextlib.contextmanager
+    def _reply_span(
+        self, request_id: str, request: trace.SpanContext, reply_headers: dict[str, str]
+    ) -> Iterator[None]:
+        with self.tracer.start_as_current_span(
+            "rebaser.reply",
+            context=trace.set_span_in_context(trace.NonRecordingSpan(request)),
+            kind=SpanKind.PRODUCER,
+            attributes={"rebaser.request_id": request_id},
+        ):
+            inject(reply_headers)  # this span's context: the caller's trace, continued
+            yield
 
     # -- dependent values update ------------------------------------------------------------------
-    def dvu_due(self, change_set: ChangeSet) -> None:
-        """A commit made a DVU due: its run joins the trace of the request being handled now (the last one)."""
-        current = trace.get_current_span().get_span_context()
+    def dvu_due(self, change_set: ChangeSet, cause: trace.SpanContext | None = None) -> None:
+        """A commit made a DVU due: its run joins the trace of ``cause`` (the group's last request), else of the
+        request being handled now."""
+        current = cause or trace.get_current_span().get_span_context()
         if current.is_valid:
             self._dvu_due[change_set] = current
             while len(self._dvu_due) > _RECENT_REQUESTS:  # change sets lost before their DVU ran

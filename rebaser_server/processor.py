@@ -111,6 +111,11 @@ class ChangeSetProcessor:
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
         self._cancelled_why: type[Exception] | None = None
+        # The keepalive loop's own stop flag. Cancelling it is not enough: nats-py's request awaits
+        # asyncio.wait_for, which on Python 3.11 swallows a cancellation that lands as the answer arrives, and a
+        # keepalive that outlives its processor renews the lease forever: the task is never redelivered and the
+        # change set is stuck (found by the KV write fault battery).
+        self._keepalive_done = False
         self._trimmer = Trimmer(rt, change_set, self._names)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
@@ -172,6 +177,7 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
+            self._keepalive_done = True
             keepalive.cancel()
             await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
             await self._unsubscribe()
@@ -352,12 +358,16 @@ class ChangeSetProcessor:
         """Renew the lease with confirmed progress acks while the work is alive; stop everything once it runs out,
         and give the task up if a step wedges."""
         settings, lease = self._rt.settings, self.lease
-        while True:
+        while not self._keepalive_done:
             renewed = await lease.renew(timeout=min(settings.progress_period, lease.remaining()))
             if renewed:
                 self._rt.stats.lease_renewals += 1
+            if self._keepalive_done:
+                return
             # After a failed renewal, look again at the latest when the lease runs out.
             await asyncio.sleep(max(0.0, min(settings.progress_period, lease.remaining())))
+            if self._keepalive_done:
+                return
             # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
             # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
             if lease.remaining() <= 0:

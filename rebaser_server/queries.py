@@ -1,4 +1,5 @@
-"""Request/reply queries about change sets (``get``, ``fork``, ``reply``), answered by any daemon of a queue group.
+"""Request/reply queries about change sets (``get``, ``fork``, ``reply``, ``settled``), answered by any daemon of a
+queue group.
 
 They read committed records and never take a change set's task: a ``get`` shows the state as of the last commit,
 and a ``fork`` creates a record that does not exist yet (refused if it does), so neither races the owner.
@@ -21,17 +22,21 @@ from rebaser_core.api import (
     GET_CHANGE_SET_RESPONSE,
     GET_REPLY_REQUEST,
     GET_REPLY_RESPONSE,
+    WAIT_SETTLED_REQUEST,
+    WAIT_SETTLED_RESPONSE,
     ContentType,
     ForkChangeSetResponse,
     GetChangeSetResponse,
     GetReplyResponse,
     VersionedMessage,
+    WaitSettledResponse,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
 from rebaser_core.inbox import check_reply_inbox
 from rebaser_server.app import ChangeSet, SupportsQueries
 from rebaser_server.replies import request_id_of
 from rebaser_server.runtime import Runtime
+from rebaser_server.settled import SettledWaits
 
 __all__ = ["QueryService"]
 
@@ -44,6 +49,7 @@ class QueryService:
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
         self._sub: Subscription | None = None
+        self.settled = SettledWaits(rt)  # held ``settled`` queries (rebaser_server/settled.py)
 
     async def start(self) -> None:
         self._sub = await self._rt.nc.subscribe(
@@ -54,6 +60,7 @@ class QueryService:
         if self._sub is not None:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
+        await self.settled.stop()
 
     async def _on_query(self, msg: Msg) -> None:
         if not msg.reply:
@@ -82,6 +89,9 @@ class QueryService:
                     id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
                 )
             else:
+                if operation == "settled":  # answered later, from a task of its own
+                    self.settled.start(msg.reply, change_set, request, _content_type(msg.headers))
+                    return
                 handler = {"get": self._get, "fork": self._fork, "reply": self._reply}[operation]
                 response = await handler(change_set, request, ids)
         except InvalidSubject as err:
@@ -164,6 +174,7 @@ _QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any
     "get": (GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, GetChangeSetResponse),
     "fork": (FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, ForkChangeSetResponse),
     "reply": (GET_REPLY_REQUEST, GET_REPLY_RESPONSE, GetReplyResponse),
+    "settled": (WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, WaitSettledResponse),
 }
 
 

@@ -57,9 +57,11 @@ async def send_reply(rt: Runtime, request_headers: dict[str, str], response: Enq
             ContentType.JSON
         )  # the caller's own type is unusable; JSON is the most readable fallback
     headers, body = ENQUEUE_UPDATES_RESPONSE.encode(response, content_type)
-    rt.observe.reply_headers(request_headers, headers)  # the trace context of the request it answers
     try:
-        await rt.nc.publish(inbox, body, headers=headers)
+        with rt.observe.reply(
+            request_headers, headers
+        ):  # its span; the trace context of the request it answers
+            await rt.nc.publish(inbox, body, headers=headers)
     except Exception as err:
         log.warning("reply to %s failed: %s", inbox, err)
 

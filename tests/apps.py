@@ -30,6 +30,10 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet
 from rebaser_server.state import ChangeSetStore
+from tests.kv_faults import install_from_env
+
+# Subprocess daemons import this module as their app: the KV fault switch (tests/kv_faults.py) is installed here.
+install_from_env()
 
 
 def _controls(request: EnqueueUpdatesRequest) -> dict[str, Any]:

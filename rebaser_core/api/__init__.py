@@ -32,6 +32,13 @@ from rebaser_core.api.enqueue_updates_response import (
     ResponseStatus,
     SuccessStatus,
 )
+from rebaser_core.api.settled import (
+    MAX_SETTLED_WAIT,
+    WAIT_SETTLED_REQUEST,
+    WAIT_SETTLED_RESPONSE,
+    WaitSettledRequest,
+    WaitSettledResponse,
+)
 from rebaser_core.api.updates import (
     AttributePath,
     InlineUpdates,
@@ -53,6 +60,9 @@ __all__ = [
     "GET_CHANGE_SET_RESPONSE",
     "GET_REPLY_REQUEST",
     "GET_REPLY_RESPONSE",
+    "MAX_SETTLED_WAIT",
+    "WAIT_SETTLED_REQUEST",
+    "WAIT_SETTLED_RESPONSE",
     "AttributePath",
     "Conflict",
     "ConflictsStatus",
@@ -82,4 +92,6 @@ __all__ = [
     "Update",
     "UpdatesKind",
     "VersionedMessage",
+    "WaitSettledRequest",
+    "WaitSettledResponse",
 ]

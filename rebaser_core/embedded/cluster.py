@@ -79,8 +79,9 @@ async def _jetstream_ready(url: str, probe_replicas: int = 0) -> bool:
 class NatsCluster:
     """``size`` clustered JetStream nodes on loopback, routed to each other.
 
-    Nodes get distinct client ports, cluster ports, store directories (under ``base_dir``
-    when given, else temporary) and server names ``<cluster_name>-<i>``.
+    Nodes get distinct client ports (``client_ports``, 0 or none: any free one), cluster ports, store
+    directories (under ``base_dir`` when given, else temporary) and server names ``<cluster_name>-<i>``.
+    ``die_with_parent``: see :class:`NatsServer` (start the cluster from the main thread then).
     """
 
     def __init__(
@@ -92,9 +93,15 @@ class NatsCluster:
         host: str = "127.0.0.1",
         extra_args: Sequence[str] = (),
         binary: Path | None = None,
+        client_ports: Sequence[int] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
+        if client_ports is not None and len(client_ports) != size:
+            raise ValueError(f"client_ports names {len(client_ports)} ports for {size} nodes")
+        self._client_ports = list(client_ports) if client_ports is not None else [0] * size
+        self._die_with_parent = die_with_parent
         self._size = size
         self._base_dir = Path(base_dir) if base_dir is not None else None
         self._name = cluster_name or f"rebaser-{secrets.token_hex(3)}"
@@ -106,7 +113,7 @@ class NatsCluster:
 
     def _build_nodes(self) -> list[NatsServer]:
         # Routes must name the peers' cluster ports up front, so those are picked here;
-        # client ports are left to the servers (``-p -1``).
+        # client ports not given are left to the servers (``-p -1``).
         cluster_ports = free_ports(self._size, self._host)
         host = format_host(self._host)
         nodes = []
@@ -123,6 +130,8 @@ class NatsCluster:
                     server_name=name,
                     extra_args=self._extra_args,
                     binary=self._binary,
+                    port=self._client_ports[i],
+                    die_with_parent=self._die_with_parent,
                 )
             )
         return nodes

@@ -22,14 +22,22 @@ import pytest
 
 from rebaser_client import ChangeSetId, RebaserClient, SetLiteral, WorkspacePk
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
-from rebaser_core.embedded import NatsCluster
+from rebaser_core.embedded import NatsCluster, NatsServer
 from rebaser_core.errors import RebaserBusy, RebaserUnavailable
 from rebaser_core.ids import RequestId
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 from rebaser_server.state import ChangeSetStore
+from rebaser_server.testing import describe_state
 from tests.integration.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
 from tests.proxy import TcpProxy
+
+# Seconds of faults per scenario in the long (``slow``) runs: ``REBASER_CHAOS_SECONDS=300 make chaos`` for a
+# bigger battery. The per-test timeout follows it.
+LONG = float(os.environ.get("REBASER_CHAOS_SECONDS", "90"))
+LONG_TIMEOUT = int(LONG) + 600
+# No applies at all for this long after the load stops is a stuck deployment, not a slow one.
+STALLED = float(os.environ.get("REBASER_CHAOS_STALLED", "60"))
 
 ENV = {
     "REBASER_STORAGE": "file",
@@ -73,10 +81,11 @@ async def _run(
     daemons: int = 3,
     change_sets: int = 6,
     daemon_urls: Callable[[int], list[str]] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, int | float]:
     """Traffic on ``change_sets`` change sets while ``fault(daemons, respawn)`` strikes every ``fault_every``."""
     applies = tmp_path / "applies.jsonl"
-    env = {**ENV, "REBASER_REPLICAS": str(replicas), "REBASER_TEST_RECORD": str(applies)}
+    env = {**ENV, "REBASER_REPLICAS": str(replicas), "REBASER_TEST_RECORD": str(applies), **(extra_env or {})}
     loop = asyncio.get_running_loop()
     async with daemon_processes() as procs:
         spawned = iter(range(1_000))
@@ -139,7 +148,15 @@ async def _run(
             # Replacements still starting finish starting (their processes are stopped with the others at the end).
             await asyncio.gather(*starting)
             await asyncio.gather(*producers)
-            await _drained(store, wk, sent)
+            try:
+                await _drained(store, wk, sent)
+            except AssertionError:
+                # Stuck: each live daemon logs where its coroutines wait (SIGUSR1), and JetStream's view is printed.
+                for p in procs:
+                    if p.proc.returncode is None:
+                        p.proc.send_signal(signal.SIGUSR1)
+                print(await describe_state(conn, Settings(prefix=prefix, replicas=replicas)))
+                raise
             for cs in sent:  # a final request with a reply per change set: everything before it is applied
                 final = await client.enqueue_updates_with_reply(wk, cs, [], timeout=90)
                 assert final.ok
@@ -180,7 +197,9 @@ async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetI
             return
         if applied > best:
             best, last_progress = applied, loop.time()
-        assert loop.time() - last_progress < 60, f"no progress for 60 s at {applied} applied requests"
+        assert loop.time() - last_progress < STALLED, (
+            f"no progress for {STALLED:g} s at {applied} applied requests"
+        )
         await asyncio.sleep(0.5)  # polling interval of a loop whose deadline is "no progress for 60 s"
 
 
@@ -294,8 +313,8 @@ def _report(label: str, result: dict[str, int | float]) -> None:
 
 # scenario -> (fault, label, daemons, (smoke seconds, fault every), (long seconds, fault every))
 ONE_SERVER: dict[str, tuple[Fault, str, int, tuple[float, float], tuple[float, float]]] = {
-    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 3, (8, 2.5), (90, 1.5)),
-    "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3, (10, 1), (90, 2)),
+    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 3, (8, 2.5), (LONG, 1.5)),
+    "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3, (10, 1), (LONG, 2)),
 }
 
 
@@ -315,7 +334,7 @@ async def test_daemon_faults_smoke(nats_url: str, subject_prefix: str, tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(LONG_TIMEOUT)
 @pytest.mark.parametrize("scenario", ONE_SERVER)
 async def test_daemon_faults_long(nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str) -> None:
     fault, label, daemons, _, (duration, every) = ONE_SERVER[scenario]
@@ -367,9 +386,9 @@ async def test_partitions_smoke(nats_url: str, subject_prefix: str, tmp_path: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(LONG_TIMEOUT)
 async def test_partitions_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=90, every=2)
+    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=LONG, every=2)
 
 
 async def _cluster_chaos(
@@ -409,8 +428,127 @@ async def test_cluster_node_kills_smoke(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(LONG_TIMEOUT)
 async def test_cluster_node_kills_long(
     nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
 ) -> None:
-    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=90, every=8)
+    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=LONG, every=8)
+
+
+async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+    """Every KV write of every daemon fails for a while (tests/kv_faults.py): half never arrive, half land with
+    their answer lost. Commits, takeovers and hand-backs all meet it; nothing may be applied twice."""
+    switch = tmp_path / "kv-faults"
+
+    async def fail_kv_writes(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+        switch.touch()
+        try:
+            await asyncio.sleep(1.0)  # the length of the failure window is the fault
+        finally:
+            switch.unlink()
+
+    result = await _run(
+        [nats_url],
+        prefix,
+        tmp_path,
+        duration=duration,
+        fault=fail_kv_writes,
+        fault_every=every,
+        replicas=1,
+        extra_env={"REBASER_TEST_KV_FAULTS": str(switch)},
+    )
+    assert result["faults"] >= 1
+    _report("KV writes failing (half lost, half landed with the answer lost)", result)
+
+
+async def test_kv_write_faults_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _kv_fault_chaos(nats_url, subject_prefix, tmp_path, duration=10, every=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT)
+async def test_kv_write_faults_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    await _kv_fault_chaos(nats_url, subject_prefix, tmp_path, duration=LONG, every=3)
+
+
+async def _outage_chaos(
+    server: NatsServer, prefix: str, tmp_path: Path, duration: float, outage: float
+) -> None:
+    """The only NATS server goes down for ``outage`` seconds (file store kept), again and again, under load."""
+
+    async def take_nats_down(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+        await asyncio.to_thread(server.stop, keep_files=True)
+        try:
+            await asyncio.sleep(outage)  # the length of the outage is the fault
+        finally:
+            await asyncio.to_thread(server.start)
+
+    result = await _run(
+        [server.url],
+        prefix,
+        tmp_path,
+        duration=duration,
+        fault=take_nats_down,
+        fault_every=3,
+        replicas=1,
+        daemons=2,
+    )
+    assert result["faults"] >= 1
+    _report(f"NATS down for {outage:g} s at a time", result)
+
+
+async def test_nats_outages_smoke(own_server: NatsServer, subject_prefix: str, tmp_path: Path) -> None:
+    await _outage_chaos(own_server, subject_prefix, tmp_path, duration=14, outage=8)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT)
+async def test_nats_outages_long(own_server: NatsServer, subject_prefix: str, tmp_path: Path) -> None:
+    await _outage_chaos(own_server, subject_prefix, tmp_path, duration=LONG, outage=30)
+
+
+async def _stepdown_chaos(
+    cluster: NatsCluster, prefix: str, tmp_path: Path, duration: float, every: float
+) -> None:
+    """Leader elections on demand in a 3-node cluster: the requests, tasks and change-set KV streams' leaders and
+    the tasks consumer's leader step down, one at a time, in random order."""
+    subjects = Settings(prefix=prefix).subjects
+    stepdowns = [
+        f"$JS.API.STREAM.LEADER.STEPDOWN.{subjects.requests_stream}",
+        f"$JS.API.STREAM.LEADER.STEPDOWN.{subjects.tasks_stream}",
+        f"$JS.API.STREAM.LEADER.STEPDOWN.KV_{subjects.change_sets_bucket}",
+        f"$JS.API.CONSUMER.LEADER.STEPDOWN.{subjects.tasks_stream}.{subjects.tasks_consumer}",
+    ]
+    admin = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1)
+    answered = 0
+
+    async def step_down(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+        nonlocal answered
+        reply = await admin.request(random.choice(stepdowns), b"", timeout=5)
+        answered += b'"success":true' in reply.data
+
+    try:
+        result = await _run(
+            cluster.urls,
+            prefix,
+            tmp_path,
+            duration=duration,
+            fault=step_down,
+            fault_every=every,
+            replicas=3,
+            daemons=2,
+        )
+    finally:
+        await admin.close()
+    assert answered >= 1, "no step-down succeeded: the scenario tested nothing"
+    _report(f"leader step-downs ({answered} succeeded)", result)
+
+
+async def test_leader_stepdowns_smoke(nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path) -> None:
+    await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=10, every=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT)
+async def test_leader_stepdowns_long(nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path) -> None:
+    await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=LONG, every=2)

@@ -11,6 +11,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral, _publisher
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
+from rebaser_core.errors import RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
@@ -38,6 +39,33 @@ async def test_a_caller_cancelled_between_its_two_publishes_still_leaves_a_task(
         with pytest.raises(asyncio.CancelledError):
             await call
         go_on.set()
+
+        async def served() -> bool:
+            return len(await applied(daemon.rt.store, wk, cs)) == 1
+
+        await wait_for(served, timeout=10, message="request served without the orphan sweep")
+
+
+async def test_a_task_publish_refused_during_a_leader_election_is_retried(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the tasks stream elects a leader, its subjects have no responders for a second or so (seen in the
+    leader step-down battery). The request is stored by then; its task must still get in."""
+    real_publish_task = _publisher.publish_task
+    refusals = 3
+
+    async def electing(*args: Any, **kwargs: Any) -> bool:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise RebaserUnavailable("no JetStream stream answers (a leader election)")
+        return await real_publish_task(*args, **kwargs)
+
+    monkeypatch.setattr(_publisher, "publish_task", electing)
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])
+        assert refusals == 0
 
         async def served() -> bool:
             return len(await applied(daemon.rt.store, wk, cs)) == 1

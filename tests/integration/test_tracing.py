@@ -4,6 +4,7 @@ daemon's set-up from the OTEL_* variables."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
-from rebaser_server.testing import fast_settings, running_daemon
+from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
 from rebaser_server.tracing import TracingError, configure_tracing
 from tests.apps import RecordingApp
 
@@ -129,3 +130,90 @@ def test_tracing_is_off_unless_asked_for() -> None:
     if not installed:
         with pytest.raises(TracingError, match=r"rebaser\[otlp\]"):
             configure_tracing({"OTEL_TRACES_EXPORTER": "otlp"})
+
+
+async def test_a_request_has_spans_for_queue_wait_apply_commit_and_reply(
+    nc: NatsClient, subject_prefix: str, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
+        daemon.rt.observe.set_tracer_provider(provider)
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
+            # A first request makes the client's reply inbox.
+            assert (await client.enqueue_updates_with_reply(wk, ChangeSetId.new(), [], timeout=10)).ok
+            exporter.clear()
+            replies = await nc.subscribe(f"{client._inbox_prefix}.*")
+            try:
+                reply = await client.enqueue_updates_with_reply(
+                    wk, cs, [SetLiteral(path="/a", value=1)], timeout=10
+                )
+                msg = await replies.next_msg(timeout=5)
+            finally:
+                await replies.unsubscribe()
+        assert reply.ok
+        await wait_for(lambda: named(exporter, "rebaser.reply"), timeout=10, message="the reply span ended")
+
+    (request,) = [
+        s
+        for s in named(exporter, "rebaser.request")
+        if s.kind is trace.SpanKind.CONSUMER
+        and s.attributes
+        and s.attributes["rebaser.change_set_id"] == str(cs)
+    ]
+    assert request.context is not None and request.start_time is not None
+    children = {
+        s.name: s
+        for s in exporter.get_finished_spans()
+        if s.parent and s.parent.span_id == request.context.span_id
+    }
+    assert {"rebaser.queue_wait", "rebaser.apply", "rebaser.commit", "rebaser.reply"} <= set(children)
+    # The request span starts when the request arrived in the stream: its queue wait comes first.
+    wait = children["rebaser.queue_wait"]
+    assert wait.start_time == request.start_time
+    assert wait.end_time is not None and children["rebaser.apply"].start_time is not None
+    assert wait.end_time <= children["rebaser.apply"].start_time
+    commit = children["rebaser.commit"]
+    assert commit.attributes is not None and commit.attributes["rebaser.group_size"] == 1
+    assert commit.attributes["rebaser.change_set_id"] == str(cs)
+    # The reply carries the trace context of its own span, in the caller's trace.
+    reply_span = children["rebaser.reply"]
+    assert reply_span.context is not None and reply_span.kind is trace.SpanKind.PRODUCER
+    _version, trace_hex, span_hex, _flags = (msg.headers or {})["traceparent"].split("-")
+    assert (int(trace_hex, 16), int(span_hex, 16)) == (request.context.trace_id, reply_span.context.span_id)
+
+
+async def test_a_group_commit_span_covers_each_request_of_the_group_once(
+    nc: NatsClient, subject_prefix: str, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    # The daemon waits at "acquired" (owner, not yet consuming) until all the requests are queued: they are then
+    # delivered with more waiting behind them, which is what makes the daemon commit them as groups.
+    gate = CheckpointGate("acquired")
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), hooks=gate) as daemon:
+        daemon.rt.observe.set_tracer_provider(provider)
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
+            calls = [
+                asyncio.create_task(
+                    client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=0)], timeout=20)
+                )
+            ]
+            await gate.wait_reached()
+            for n in range(1, 6):
+                await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=n)])
+            gate.release()
+            assert (await calls[0]).ok
+            await wait_for(
+                lambda: len(named(exporter, "rebaser.request")) >= 7, timeout=20, message="all were handled"
+            )
+
+    requests = [s for s in named(exporter, "rebaser.request") if s.kind is trace.SpanKind.CONSUMER]
+    assert len(requests) == 6
+    covered: list[int] = []
+    for commit in named(exporter, "rebaser.commit"):
+        assert commit.parent is not None and commit.attributes is not None
+        group = [commit.parent.span_id, *(link.context.span_id for link in commit.links)]
+        assert commit.attributes["rebaser.group_size"] == len(group)
+        covered += group
+    assert sorted(covered) == sorted(s.context.span_id for s in requests if s.context)

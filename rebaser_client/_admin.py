@@ -1,0 +1,453 @@
+"""What JetStream holds for one deployment, read for operators: ``rebaser status`` and ``change-set show`` (dead
+letters are read by ``_admin_dlq``).
+
+Read-only, and every call has a deadline (the JetStream context's timeout). Results are plain dataclasses; turning
+them into tables or JSON is ``_admin_format``'s job. Lists are bounded (``limit``): a deployment may hold millions
+of queued requests, and an operator's command must answer in seconds.
+
+The change-set record is the daemons' own (``rebaser_server/state.py``); the client never imports the server, so
+:class:`RecordView` decodes the few fields an operator needs, tolerantly (a field it does not know is ignored, a
+missing one has its default). ``tests/unit/test_admin_format.py`` checks it reads what ``ChangeSetRecord`` writes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import cbor2
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+
+from rebaser_core import headers as h
+from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
+from rebaser_core.api.cbor_scan import CborLimits, scan_item
+from rebaser_core.connect import ConnectOptions, connect, redact_url
+from rebaser_core.errors import (
+    DecodeError,
+    InvalidSubject,
+    ProtocolError,
+    RebaserError,
+    RebaserRefused,
+    RebaserUnavailable,
+)
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.subjects import Subjects
+
+__all__ = [
+    "ADMIN_TIMEOUT",
+    "ChangeSetLine",
+    "ChangeSetReport",
+    "Progress",
+    "QueuedRequest",
+    "RecentReply",
+    "RecordView",
+    "StatusReport",
+    "StreamSummary",
+    "admin_connect",
+    "change_set_report",
+    "js_error",
+    "no_progress",
+    "parse_ids",
+    "status_report",
+    "task_state",
+]
+
+# Every JetStream call of an admin command answers within this long, or the command says NATS did not answer.
+ADMIN_TIMEOUT = 5.0
+# One quick connect attempt and one retry, as the other CLI commands do (docs/design.md §6).
+_CONNECT_TIMEOUT = 2.0
+_RECORD_LIMITS = CborLimits(max_depth=128)
+
+Progress = Callable[[int, int], None]  # (done, total): long reads report how far they are
+
+
+def no_progress(done: int, total: int) -> None:
+    return None
+
+
+def js_error(err: BaseException, subjects: Subjects) -> RebaserError:
+    """The one line for a JetStream call that failed."""
+    if isinstance(err, nats.errors.NoRespondersError | NotFoundError):
+        # Direct gets of a stream that does not exist have no responders.
+        return RebaserRefused(
+            f"no rebaser deployment with prefix {subjects.prefix or '(none)'} here: its streams do not exist "
+            "(is --prefix / REBASER_PREFIX right? has a daemon started?)"
+        )
+    return RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}")
+
+
+async def admin_connect(nats_url: str) -> NatsClient:
+    """A connection for one admin command: fails in about a second with one line if NATS is unreachable."""
+    errors: list[Exception] = []
+
+    async def remember(err: Exception) -> None:
+        errors.append(err)
+
+    options = ConnectOptions(
+        servers=(nats_url,),
+        connect_timeout=_CONNECT_TIMEOUT,
+        extra={"max_reconnect_attempts": 1, "reconnect_time_wait": 0.1, "error_cb": remember},
+    )
+    try:
+        return await connect(options)
+    except Exception as err:
+        why = errors[-1] if errors else err
+        raise RebaserUnavailable(
+            f"cannot connect to NATS at {redact_url(nats_url)}: {why} "
+            "(is the daemon running? --nats-url / REBASER_NATS_URL set the address)"
+        ) from None
+
+
+# -- the change-set record, as far as an operator reads it ---------------------------------------------------------
+@dataclass(frozen=True)
+class RecentReply:
+    request_id: str
+    kind: str  # success | conflicts | error
+    detail: str  # updates performed, conflicts listed, or the error message
+
+    @property
+    def at(self) -> datetime | None:
+        """When the request was made: a request id is a ULID, whose first 48 bits are its creation time."""
+        try:
+            return RequestId(self.request_id).ulid.datetime
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class RecordView:
+    epoch: int
+    owner: str
+    dvu_pending: bool
+    applied_seq: int
+    attempts: Mapping[str, int]
+    suspect: tuple[int, int] | None
+    handed_back: bool
+    recent: tuple[RecentReply, ...]  # oldest first
+
+    @classmethod
+    def decode(cls, data: bytes) -> RecordView:
+        try:
+            scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)
+            decoder = cbor2.CBORDecoder(io.BytesIO(data))
+            raw, entries = decoder.decode(), decoder.decode()
+            suspect = raw.get("suspect")
+            return cls(
+                epoch=int(raw.get("epoch", 0)),
+                owner=str(raw.get("owner", "")),
+                dvu_pending=bool(raw.get("dvu_pending", False)),
+                applied_seq=int(raw.get("applied_seq", 0)),
+                attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
+                suspect=(int(suspect[0]), int(suspect[1])) if suspect else None,
+                handed_back=bool(raw.get("handed_back", False)),
+                recent=tuple(_recent(str(rid), status) for rid, status in entries),
+            )
+        except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
+            raise DecodeError(f"change-set record is not valid: {err}") from None
+
+
+def _recent(request_id: str, status: Any) -> RecentReply:
+    kind = str(status.get("kind", "?")) if isinstance(status, dict) else "?"
+    if kind == "success":
+        detail = f"{status.get('updates_performed', 0)} updates"
+    elif kind == "conflicts":
+        detail = f"{len(status.get('conflicts') or [])} conflicts"
+    elif kind == "error":
+        detail = str(status.get("message", ""))
+    else:
+        detail = ""
+    return RecentReply(request_id, kind, detail)
+
+
+# -- streams -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamSummary:
+    name: str
+    messages: int | None  # None: the stream does not exist
+    bytes: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    consumers: int = 0
+
+
+@dataclass(frozen=True)
+class ChangeSetLine:
+    """One change set with something going on: requests queued, a task, or dead letters."""
+
+    workspace_id: str
+    change_set_id: str
+    queued: int  # requests in the stream (including processed ones not yet purged)
+    task: str  # "owned" (delivered to a daemon), "waiting" (for an owner) or "none"
+    dead_letters: int
+    owner: str | None = None  # from the record: the daemon that took it last
+    epoch: int | None = None
+    dvu_pending: bool | None = None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    prefix: str | None
+    streams: tuple[StreamSummary, ...]
+    tasks_consumer: Mapping[str, int] | None  # pending, ack_pending, redelivered, waiting; None: missing
+    records: int | None  # change-set records in the KV bucket
+    change_sets: tuple[ChangeSetLine, ...]  # the busiest, at most ``limit``
+    change_sets_total: int  # change sets with something going on, listed or not
+
+    @property
+    def owners(self) -> dict[str, int]:
+        """Daemon -> change sets it owns (among those listed)."""
+        counts: dict[str, int] = {}
+        for line in self.change_sets:
+            if line.task == "owned" and line.owner:
+                counts[line.owner] = counts.get(line.owner, 0) + 1
+        return counts
+
+
+class _Reader:
+    def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.js: JetStreamContext = nc.jetstream(timeout=ADMIN_TIMEOUT)
+
+    async def subject_counts(self, stream: str, filter_: str) -> tuple[StreamSummary, dict[str, int]]:
+        try:
+            info = await self.js.stream_info(stream, subjects_filter=filter_)
+        except NotFoundError:
+            return StreamSummary(stream, None), {}
+        state = info.state
+        summary = StreamSummary(
+            stream,
+            state.messages,
+            state.bytes,
+            state.first_seq,
+            state.last_seq,
+            state.consumer_count,
+        )
+        return summary, dict(state.subjects or {})
+
+    async def record(self, workspace_id: str, change_set_id: str) -> RecordView | None:
+        try:
+            kv = await self.js.key_value(self.subjects.change_sets_bucket)
+            entry = await kv.get(f"{workspace_id}.{change_set_id}")
+        except (BucketNotFoundError, KeyNotFoundError):
+            return None
+        return None if not entry.value else RecordView.decode(entry.value)
+
+    async def records(self) -> int | None:
+        try:
+            info = await self.js.stream_info(f"KV_{self.subjects.change_sets_bucket}")
+        except NotFoundError:
+            return None
+        return int(info.state.messages)
+
+    async def delivered_upto(self) -> int | None:
+        """The tasks consumer's last delivered stream sequence: a task at or below it is held by a daemon."""
+        try:
+            info = await self.js.consumer_info(self.subjects.tasks_stream, self.subjects.tasks_consumer)
+        except NotFoundError:
+            return None
+        return int(info.delivered.stream_seq or 0) if info.delivered else 0
+
+    async def task_state(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, upto: int | None
+    ) -> str:
+        try:
+            msg = await self.js.get_last_msg(
+                self.subjects.tasks_stream, self.subjects.task(workspace_id, change_set_id), direct=True
+            )
+        except NotFoundError:
+            return "none"
+        return "owned" if upto is not None and (msg.seq or 0) <= upto else "waiting"
+
+
+async def task_state(
+    nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> str:
+    """``owned`` (its task is delivered to a daemon), ``waiting`` (for an owner) or ``none``."""
+    r = _Reader(nc, subjects)
+    try:
+        return await r.task_state(workspace_id, change_set_id, await r.delivered_upto())
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+
+
+def parse_ids(subject: str, parse: Callable[[str], Any]) -> tuple[str, str] | None:
+    try:
+        parsed = parse(subject)
+    except InvalidSubject:
+        return None
+    return str(parsed.workspace_id), str(parsed.change_set_id)
+
+
+async def status_report(
+    nc: NatsClient, subjects: Subjects, *, limit: int = 50, progress: Progress = no_progress
+) -> StatusReport:
+    """Streams, the tasks consumer, and the ``limit`` busiest change sets (most requests queued first)."""
+    r = _Reader(nc, subjects)
+    try:
+        requests, queued = await r.subject_counts(subjects.requests_stream, subjects.requests_all)
+        tasks, task_subjects = await r.subject_counts(subjects.tasks_stream, subjects.tasks_all)
+        dlq, dead = await r.subject_counts(subjects.dead_letter_stream, subjects.dead_letters_all)
+        try:
+            c = await r.js.consumer_info(subjects.tasks_stream, subjects.tasks_consumer)
+            consumer: dict[str, int] | None = {
+                "pending": int(c.num_pending or 0),
+                "ack_pending": int(c.num_ack_pending or 0),
+                "redelivered": int(c.num_redelivered or 0),
+                "waiting_pulls": int(c.num_waiting or 0),
+            }
+            upto: int | None = int(c.delivered.stream_seq or 0) if c.delivered else 0
+        except NotFoundError:
+            consumer, upto = None, None
+        records = await r.records()
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    if all(s.messages is None for s in (requests, tasks, dlq)):
+        raise js_error(NotFoundError(), subjects)
+    lines: dict[tuple[str, str], dict[str, int]] = {}
+    for counts, parse, key in (
+        (queued, subjects.parse_requests, "queued"),
+        (task_subjects, subjects.parse_task, "task"),
+        (dead, _dead_letter_parser(subjects), "dead"),
+    ):
+        for subject, count in counts.items():
+            ids = parse_ids(subject, parse)
+            if ids is not None:
+                lines.setdefault(ids, {})[key] = count
+    busiest = sorted(lines.items(), key=lambda kv: (-kv[1].get("queued", 0), -kv[1].get("dead", 0), kv[0]))
+    chosen = busiest[:limit]
+    out: list[ChangeSetLine] = []
+    for done, ((wk, cs), counts) in enumerate(chosen, 1):
+        record = await r.record(wk, cs)
+        task = "none"
+        if counts.get("task"):
+            task = await r.task_state(WorkspacePk(wk), ChangeSetId(cs), upto)
+        out.append(
+            ChangeSetLine(
+                wk,
+                cs,
+                counts.get("queued", 0),
+                task,
+                counts.get("dead", 0),
+                owner=record.owner if record else None,
+                epoch=record.epoch if record else None,
+                dvu_pending=record.dvu_pending if record else None,
+            )
+        )
+        progress(done, len(chosen))
+    return StatusReport(subjects.prefix, (requests, tasks, dlq), consumer, records, tuple(out), len(lines))
+
+
+def _dead_letter_parser(subjects: Subjects) -> Callable[[str], Any]:
+    def parse(subject: str) -> Any:
+        # dlq.rebaser.requests.<wk>.<cs> parses like a request subject once the leading "dlq" token is dropped.
+        tokens = subject.split(".")
+        at = 1 if subjects.prefix else 0
+        if len(tokens) <= at or tokens[at] != "dlq":
+            raise InvalidSubject(subject)
+        return subjects.parse_requests(".".join(tokens[:at] + tokens[at + 1 :]))
+
+    return parse
+
+
+# -- one change set ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueuedRequest:
+    seq: int
+    request_id: str | None  # None: its id cannot be read (it will be dead-lettered)
+    time: datetime | None  # when it was stored
+    size: int
+    summary: str  # what it asks for (or why it cannot be read)
+    processed: bool  # at or below the record's watermark: done, waiting only to be purged
+    attempts: int = 0  # retryable failures so far
+
+    def age(self, now: datetime) -> float | None:
+        return None if self.time is None else max(0.0, (now - self.time).total_seconds())
+
+
+@dataclass(frozen=True)
+class ChangeSetReport:
+    workspace_id: str
+    change_set_id: str
+    record: RecordView | None
+    task: str  # owned | waiting | none
+    queued_total: int
+    queued: tuple[QueuedRequest, ...]  # the first ``limit``, in order
+    dead_letters: int
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+def _summary(request: EnqueueUpdatesRequest) -> str:
+    updates = request.updates
+    what = (
+        f"{len(updates.updates)} updates"
+        if isinstance(updates, InlineUpdates)
+        else f"stored batch {updates.address[:12]}"
+    )
+    if request.from_change_set_id is not None:
+        what += f" from {request.from_change_set_id}"
+    return what
+
+
+def _queued(seq: int, msg: Any, record: RecordView | None) -> QueuedRequest:
+    headers = msg.headers or {}
+    data = msg.data or b""
+    try:
+        request = ENQUEUE_UPDATES_REQUEST.decode(headers, data)
+        rid: str | None = str(request.id)
+        summary = _summary(request)
+    except ProtocolError as err:
+        rid = h.get_header(headers, h.NATS_MSG_ID)
+        summary = f"unreadable: {type(err).__name__}: {str(err)[:120]}"
+    attempts = record.attempts.get(rid or "", 0) if record else 0
+    processed = record is not None and seq <= record.applied_seq
+    return QueuedRequest(seq, rid, msg.time, len(data), summary, processed, attempts)
+
+
+async def change_set_report(
+    nc: NatsClient,
+    subjects: Subjects,
+    workspace_id: WorkspacePk,
+    change_set_id: ChangeSetId,
+    *,
+    limit: int = 50,
+    progress: Progress = no_progress,
+) -> ChangeSetReport | None:
+    """Everything about one change set; None if JetStream knows nothing of it (no record, nothing queued, no
+    task, no dead letter)."""
+    r = _Reader(nc, subjects)
+    subject = subjects.requests(workspace_id, change_set_id)
+    try:
+        record = await r.record(str(workspace_id), str(change_set_id))
+        _, queued = await r.subject_counts(subjects.requests_stream, subject)
+        _, dead = await r.subject_counts(
+            subjects.dead_letter_stream, subjects.dead_letter(workspace_id, change_set_id)
+        )
+        task = await r.task_state(workspace_id, change_set_id, await r.delivered_upto())
+        total = queued.get(subject, 0)
+        found: list[QueuedRequest] = []
+        seq = 0
+        while len(found) < min(limit, total):
+            try:
+                msg = await r.js.get_msg(
+                    subjects.requests_stream, seq=seq + 1, subject=subject, next=True, direct=True
+                )
+            except NotFoundError:
+                break
+            seq = int(msg.seq or seq + 1)
+            found.append(_queued(seq, msg, record))
+            progress(len(found), min(limit, total))
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    dead_count = dead.get(subjects.dead_letter(workspace_id, change_set_id), 0)
+    if record is None and not total and task == "none" and not dead_count:
+        return None
+    return ChangeSetReport(
+        str(workspace_id), str(change_set_id), record, task, total, tuple(found), dead_count
+    )

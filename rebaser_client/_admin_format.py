@@ -1,0 +1,294 @@
+"""The admin reports as JSON-able data (``--json``) and as rich tables (for people). Pure: no NATS, no I/O."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from rebaser_client._admin import ChangeSetReport, RecordView, StatusReport
+from rebaser_client._admin_dlq import DeadLetter
+
+__all__ = [
+    "change_set_json",
+    "change_set_view",
+    "dead_letter_json",
+    "dead_letter_view",
+    "dead_letters_json",
+    "dead_letters_view",
+    "human_age",
+    "status_json",
+    "status_view",
+]
+
+
+def human_age(seconds: float | None) -> str:
+    """``0.4s``, ``12s``, ``4m05s``, ``2h03m``, ``3d04h``; ``-`` if unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _age(value: datetime | None, now: datetime) -> float | None:
+    return None if value is None else round(max(0.0, (now - value).total_seconds()), 3)
+
+
+# -- status --------------------------------------------------------------------------------------------------------
+def status_json(report: StatusReport) -> dict[str, Any]:
+    return {
+        "prefix": report.prefix,
+        "streams": [
+            {
+                "name": s.name,
+                "exists": s.messages is not None,
+                "messages": s.messages,
+                "bytes": s.bytes,
+                "first_seq": s.first_seq,
+                "last_seq": s.last_seq,
+                "consumers": s.consumers,
+            }
+            for s in report.streams
+        ],
+        "tasks_consumer": dict(report.tasks_consumer) if report.tasks_consumer is not None else None,
+        "change_set_records": report.records,
+        "owners": report.owners,
+        "change_sets_total": report.change_sets_total,
+        "change_sets": [
+            {
+                "workspace_id": line.workspace_id,
+                "change_set_id": line.change_set_id,
+                "queued": line.queued,
+                "task": line.task,
+                "owner": line.owner,
+                "epoch": line.epoch,
+                "dvu_pending": line.dvu_pending,
+                "dead_letters": line.dead_letters,
+            }
+            for line in report.change_sets
+        ],
+    }
+
+
+def status_view(report: StatusReport) -> RenderableType:
+    streams = Table(title=f"streams (prefix {report.prefix or '-'})", title_justify="left")
+    for column in ("stream", "messages", "bytes", "sequences", "consumers"):
+        streams.add_column(column, justify="left" if column == "stream" else "right")
+    for s in report.streams:
+        if s.messages is None:
+            streams.add_row(s.name, Text("missing", style="red"), "", "", "")
+        else:
+            streams.add_row(
+                s.name, str(s.messages), str(s.bytes), f"{s.first_seq}..{s.last_seq}", str(s.consumers)
+            )
+    parts: list[RenderableType] = [streams]
+    c = report.tasks_consumer
+    parts.append(
+        Text(
+            "tasks consumer: missing"
+            if c is None
+            else f"tasks consumer: {c['pending']} change sets waiting for an owner, {c['ack_pending']} owned, "
+            f"{c['redelivered']} redelivered, {c['waiting_pulls']} daemon pulls waiting; "
+            f"{report.records if report.records is not None else '?'} change-set records"
+        )
+    )
+    if report.owners:
+        owners = Table(title="owners", title_justify="left")
+        owners.add_column("daemon")
+        owners.add_column("owned change sets", justify="right")
+        for owner, count in sorted(report.owners.items(), key=lambda kv: -kv[1]):
+            owners.add_row(owner, str(count))
+        parts.append(owners)
+    listed = len(report.change_sets)
+    change_sets = Table(
+        title=f"change sets with work or dead letters: {report.change_sets_total}"
+        + (f" (the {listed} busiest listed)" if listed < report.change_sets_total else ""),
+        title_justify="left",
+    )
+    for column in ("workspace", "change set", "queued", "task", "owner", "epoch", "DVU due", "dead letters"):
+        change_sets.add_column(
+            column, justify="right" if column in ("queued", "epoch", "dead letters") else "left"
+        )
+    for line in report.change_sets:
+        change_sets.add_row(
+            line.workspace_id,
+            line.change_set_id,
+            str(line.queued),
+            line.task,
+            line.owner or "-",
+            "-" if line.epoch is None else str(line.epoch),
+            "-" if line.dvu_pending is None else ("yes" if line.dvu_pending else "no"),
+            str(line.dead_letters),
+        )
+    parts.append(change_sets if report.change_sets else Text("change sets with work or dead letters: none"))
+    return Group(*parts)
+
+
+# -- one change set ------------------------------------------------------------------------------------------------
+def _record_json(record: RecordView | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {
+        "epoch": record.epoch,
+        "owner": record.owner,
+        "applied_seq": record.applied_seq,
+        "dvu_pending": record.dvu_pending,
+        "handed_back": record.handed_back,
+        "attempts": dict(record.attempts),
+        "suspect": list(record.suspect) if record.suspect else None,
+    }
+
+
+def change_set_json(report: ChangeSetReport) -> dict[str, Any]:
+    record = report.record
+    return {
+        "workspace_id": report.workspace_id,
+        "change_set_id": report.change_set_id,
+        "task": report.task,
+        "record": _record_json(record),
+        "queued_total": report.queued_total,
+        "queued": [
+            {
+                "seq": q.seq,
+                "request_id": q.request_id,
+                "stored_at": _time(q.time),
+                "age_seconds": _age(q.time, report.now),
+                "bytes": q.size,
+                "summary": q.summary,
+                "processed": q.processed,
+                "attempts": q.attempts,
+            }
+            for q in report.queued
+        ],
+        "last_replies": [
+            {"request_id": r.request_id, "requested_at": _time(r.at), "kind": r.kind, "detail": r.detail}
+            for r in reversed(record.recent if record else ())
+        ],
+        "dead_letters": report.dead_letters,
+    }
+
+
+def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> RenderableType:
+    record = report.record
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("change set", f"{report.workspace_id} / {report.change_set_id}")
+    owner = {"owned": "owned by a daemon", "waiting": "waiting for an owner", "none": "no task (idle)"}[
+        report.task
+    ]
+    head.add_row("task", owner)
+    if record is None:
+        head.add_row("record", "none (never processed)")
+    else:
+        head.add_row(
+            "owner", f"{record.owner} (epoch {record.epoch}{', handed back' if record.handed_back else ''})"
+        )
+        head.add_row("applied up to", f"stream sequence {record.applied_seq}")
+        head.add_row("DVU pending", "yes" if record.dvu_pending else "no")
+        if record.suspect:
+            head.add_row(
+                "suspect", f"seq {record.suspect[0]}: {record.suspect[1]} owners died or froze on it"
+            )
+    head.add_row("dead letters", str(report.dead_letters))
+    queued = Table(
+        title=f"queued requests: {report.queued_total}"
+        + (f" (the first {len(report.queued)})" if len(report.queued) < report.queued_total else ""),
+        title_justify="left",
+    )
+    for column in ("seq", "request id", "age", "bytes", "what", "state"):
+        queued.add_column(column, justify="right" if column in ("seq", "bytes", "age") else "left")
+    for q in report.queued:
+        state = "processed, awaiting purge" if q.processed else "queued"
+        if q.attempts:
+            state += f", {q.attempts} failed attempts"
+        queued.add_row(
+            str(q.seq), q.request_id or "?", human_age(q.age(report.now)), str(q.size), q.summary, state
+        )
+    parts: list[RenderableType] = [head, queued if report.queued else Text("queued requests: none")]
+    if record is not None and record.recent:
+        last = Table(title=f"last replies (newest first, {len(record.recent)} kept)", title_justify="left")
+        for column in ("request id", "age", "outcome", "detail"):
+            last.add_column(column)
+        for r in list(reversed(record.recent))[:replies]:
+            age = human_age(_age(r.at, report.now))
+            last.add_row(r.request_id, age, r.kind, r.detail[:100])
+        parts.append(last)
+    return Group(*parts)
+
+
+# -- dead letters --------------------------------------------------------------------------------------------------
+def dead_letter_json(letter: DeadLetter, *, full: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "seq": letter.seq,
+        "dead_lettered_at": _time(letter.time),
+        "subject": letter.subject,
+        "original_seq": letter.original_seq,
+        "workspace_id": letter.workspace_id,
+        "change_set_id": letter.change_set_id,
+        "request_id": letter.request_id,
+        "reason": letter.reason,
+        "bytes": letter.size,
+        "truncated_from": letter.truncated,
+    }
+    if full:
+        data["headers"] = dict(letter.request_headers())
+        body = letter.body()
+        data["request"] = body
+        if body is None:
+            data["body_text"] = letter.data.decode("utf-8", "backslashreplace")[:4096]
+    return data
+
+
+def dead_letters_json(total: int, letters: list[DeadLetter]) -> dict[str, Any]:
+    return {"total": total, "dead_letters": [dead_letter_json(d) for d in letters]}
+
+
+def dead_letters_view(total: int, letters: list[DeadLetter], now: datetime) -> RenderableType:
+    if not letters:
+        return Text(f"dead letters: {total}")
+    table = Table(
+        title=f"dead letters: {total}" + (f" (the oldest {len(letters)})" if len(letters) < total else ""),
+        title_justify="left",
+    )
+    for column in ("seq", "age", "change set", "request id", "reason"):
+        table.add_column(column, justify="right" if column in ("seq", "age") else "left")
+    for d in letters:
+        where = f"{d.workspace_id}/{d.change_set_id}" if d.change_set_id else d.subject
+        table.add_row(str(d.seq), human_age(_age(d.time, now)), where, d.request_id or "?", d.reason[:120])
+    return table
+
+
+def dead_letter_view(letter: DeadLetter) -> RenderableType:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in dead_letter_json(letter).items():
+        grid.add_row(key, "-" if value is None else str(value))
+    for name, value in letter.request_headers().items():
+        grid.add_row(f"header {name}", value)
+    body = letter.body()
+    text = (
+        json.dumps(body, indent=2)
+        if body is not None
+        else letter.data.decode("utf-8", "backslashreplace")[:4096]
+    )
+    return Group(
+        grid, Text("request:" if body is not None else "body (not decodable):", style="bold"), Text(text)
+    )

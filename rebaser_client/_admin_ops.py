@@ -1,0 +1,219 @@
+"""What operators change: purge a change set's queued requests, replay or drop dead letters.
+
+**Replay is a new attempt, under a new request id.** The dead-lettered request's own id cannot be reused: within
+the dedupe window JetStream would drop the copy as a duplicate of the original, and after it the daemon would
+answer it from the change set's record (a request refused while applied has its error reply recorded there)
+instead of applying it. So the replay is the same request with a fresh id, published as a new message: its stream
+sequence is above the record's watermark (``applied_seq``), so it is applied in its turn, after whatever is queued.
+The new id is *derived* from the dead letter (its time, its sequence and the original id): replaying the same dead
+letter twice (a replay that crashed after its publish, before the dead letter was deleted) publishes the same id,
+which JetStream drops as a duplicate within the window and the daemon answers from the record after it, so one
+dead letter is applied at most once. The replay carries no reply inbox (its first caller has long had its error
+reply) but ``X-Rebaser-Replay-Of: <original id>``; its outcome is read with the ``reply`` query by its new id. The
+dead letter is deleted only once JetStream has acked the publish.
+
+**Purge while a daemon owns the change set.** ``purge_change_set`` removes the requests stored up to the last one it
+saw (requests arriving meanwhile are kept). An owner's ordered consumer reads ahead: requests it has already been
+delivered are still applied and answered even though they are gone from the stream (the record's watermark keeps
+that safe). Callers of purged requests get no reply and time out (``RebaserTimeout``: "may still be applied").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.js.errors import APIError, NotFoundError
+from ulid import ULID
+
+from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
+from rebaser_client._admin_dlq import DeadLetter, dead_letter
+from rebaser_core import headers as h
+from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType
+from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import check_pub_ack, publish_task
+
+__all__ = [
+    "REPLAY_OF",
+    "PurgeResult",
+    "ReplayResult",
+    "drop_dead_letters",
+    "purge_change_set",
+    "replay_dead_letter",
+    "replay_id",
+]
+
+REPLAY_OF = "X-Rebaser-Replay-Of"
+_JS_API = "$JS.API"
+# nats-server's answer to deleting a sequence that holds no message ("stream store EOF" past the end, "no message
+# found" inside the stream); nats-py raises it as a plain APIError.
+_NO_MESSAGE = 10057
+
+
+def _unavailable(err: BaseException) -> RebaserUnavailable:
+    return RebaserUnavailable(f"JetStream did not answer: {err or type(err).__name__}")
+
+
+async def _purge(nc: NatsClient, stream: str, request: dict[str, object]) -> int:
+    """Purge ``stream`` as asked; the number of messages removed (nats-py's purge_stream only says "success")."""
+    try:
+        reply = await nc.request(
+            f"{_JS_API}.STREAM.PURGE.{stream}", json.dumps(request).encode(), timeout=ADMIN_TIMEOUT
+        )
+    except (TimeoutError, nats.errors.Error) as err:
+        raise _unavailable(err) from None
+    data = json.loads(reply.data)
+    if "error" in data:
+        raise RebaserRefused(f"purging {stream} failed: {data['error'].get('description', data['error'])}")
+    return int(data.get("purged", 0))
+
+
+# -- purge ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PurgeResult:
+    removed: int
+    upto_seq: (
+        int  # every request of the change set stored up to this sequence was removed (0: none was queued)
+    )
+    task: str  # the change set's task then: owned (by a daemon), waiting (for one) or none
+
+
+async def purge_change_set(
+    nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> PurgeResult:
+    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    subject = subjects.requests(workspace_id, change_set_id)
+    task = await task_state(nc, subjects, workspace_id, change_set_id)
+    try:
+        # From the stream leader (not a direct get a lagging replica may answer): the purge covers what it saw.
+        last = await js.get_last_msg(subjects.requests_stream, subject)
+    except NotFoundError:
+        return PurgeResult(0, 0, task)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    upto = int(last.seq or 0)
+    removed = await _purge(nc, subjects.requests_stream, {"filter": subject, "seq": upto + 1})
+    return PurgeResult(removed, upto, task)
+
+
+# -- dead letters --------------------------------------------------------------------------------------------------
+def replay_id(letter: DeadLetter, stream: str) -> RequestId:
+    """The id a replay of ``letter`` gets: a ULID with the dead letter's time and 80 bits of a hash of what
+    identifies it, so replaying the same dead letter again gives the same id (see the module docstring)."""
+    millis = int(letter.time.timestamp() * 1000) if letter.time is not None else 0
+    digest = hashlib.sha256(
+        f"{stream}:{letter.seq}:{letter.request_id}:{letter.original_seq}".encode()
+    ).digest()
+    return RequestId(ULID.from_bytes(millis.to_bytes(6, "big") + digest[:10]))
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    dead_letter_seq: int
+    original_id: str
+    request_id: str  # the replay's own id
+    subject: str
+    stream_seq: int
+    duplicate: bool  # JetStream already held this replay (replayed before, dead letter not deleted then)
+
+
+async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> ReplayResult:
+    """Publish the dead letter at ``seq`` again as a new request, give its change set a task, delete the dead
+    letter. :class:`RebaserRefused` (nothing done) if it cannot be replayed, and says why."""
+    letter = await dead_letter(nc, subjects, seq)
+    if letter is None:
+        raise RebaserRefused(f"no dead letter at sequence {seq}")
+    if letter.workspace_id is None or letter.change_set_id is None:
+        raise RebaserRefused(
+            f"dead letter {seq} cannot be replayed: {letter.subject!r} is not a request subject"
+        )
+    if letter.truncated is not None:
+        raise RebaserRefused(
+            f"dead letter {seq} cannot be replayed: only {letter.size} of its {letter.truncated} bytes were kept"
+        )
+    headers = letter.request_headers()
+    try:
+        request = ENQUEUE_UPDATES_REQUEST.decode(headers, letter.data)
+    except ProtocolError as err:
+        raise RebaserRefused(f"dead letter {seq} cannot be replayed: {type(err).__name__}: {err}") from None
+    wk, cs = WorkspacePk(letter.workspace_id), ChangeSetId(letter.change_set_id)
+    if (request.workspace_id, request.change_set_id) != (wk, cs):
+        raise RebaserRefused(
+            f"dead letter {seq} cannot be replayed: its body is for {request.workspace_id}/{request.change_set_id}, "
+            f"it was published on {letter.subject}"
+        )
+    new_id = replay_id(letter, subjects.dead_letter_stream)
+    try:
+        content_type = ContentType.parse(h.get_header(headers, h.CONTENT_TYPE) or ContentType.CBOR.value)
+    except Unsupported:
+        content_type = ContentType.CBOR
+    out_headers, body = ENQUEUE_UPDATES_REQUEST.encode(
+        request.model_copy(update={"id": new_id}), content_type
+    )
+    out_headers["Nats-Expected-Stream"] = subjects.requests_stream
+    out_headers[REPLAY_OF] = str(request.id)
+    subject = subjects.requests(wk, cs)
+    try:
+        ack = await nc.request(subject, body, headers=out_headers, timeout=ADMIN_TIMEOUT)
+    except nats.errors.NoRespondersError:
+        raise RebaserUnavailable(
+            f"no stream stores {subject}: has a daemon set this deployment up?"
+        ) from None
+    except (TimeoutError, nats.errors.Error) as err:
+        raise _unavailable(err) from None
+    stream_seq = check_pub_ack(ack.data, subject) or 0
+    duplicate = bool(json.loads(ack.data).get("duplicate", False))
+    # The task after the request, as every caller does; if it fails, the orphan sweep gives the request one.
+    await publish_task(nc, subjects.task(wk, cs), timeout=ADMIN_TIMEOUT)
+    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    try:
+        await js.delete_msg(subjects.dead_letter_stream, seq)
+    except (NotFoundError, APIError) as err:
+        # Dropped meanwhile (by someone else, or by the stream's limits): fine. Anything else is worth a line.
+        if isinstance(err, APIError) and err.err_code != _NO_MESSAGE:
+            raise RebaserRefused(
+                f"dead letter {seq} was replayed as {new_id} but could not be deleted: {err}; replaying it again "
+                "publishes the same id, which is not applied twice"
+            ) from None
+    except (TimeoutError, nats.errors.Error) as err:
+        raise RebaserUnavailable(
+            f"dead letter {seq} was replayed as {new_id} but could not be deleted ({err or type(err).__name__}); "
+            "replaying it again publishes the same id, which is not applied twice"
+        ) from None
+    return ReplayResult(seq, str(request.id), str(new_id), subject, stream_seq, duplicate)
+
+
+async def drop_dead_letters(
+    nc: NatsClient,
+    subjects: Subjects,
+    seqs: tuple[int, ...] = (),
+    *,
+    workspace_id: WorkspacePk | None = None,
+    change_set_id: ChangeSetId | None = None,
+    everything: bool = False,
+) -> int:
+    """Delete dead letters by sequence, or (``everything``) all of them, or all of one change set; how many."""
+    stream = subjects.dead_letter_stream
+    if everything:
+        request: dict[str, object] = {}
+        if workspace_id is not None and change_set_id is not None:
+            request["filter"] = subjects.dead_letter(workspace_id, change_set_id)
+        return await _purge(nc, stream, request)
+    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    dropped = 0
+    for seq in seqs:
+        try:
+            await js.delete_msg(stream, seq)
+            dropped += 1
+        except (NotFoundError, APIError) as err:
+            if isinstance(err, APIError) and err.err_code != _NO_MESSAGE:
+                raise RebaserRefused(f"deleting dead letter {seq} failed: {err}") from None
+            raise RebaserRefused(f"no dead letter at sequence {seq} ({dropped} dropped before it)") from None
+        except (TimeoutError, nats.errors.Error) as err:
+            raise _unavailable(err) from None
+    return dropped

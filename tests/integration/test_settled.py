@@ -1,0 +1,91 @@
+"""Waiting until a change set is settled: the daemon holds the answer until nothing is queued and no DVU is due."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client import RebaserClient, RebaserTimeout, SetLiteral
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.testing import wait_for
+from rebaser_server.app import ChangeSet
+from rebaser_server.testing import fast_settings, running_daemon
+from tests.apps import RecordingApp
+
+
+async def test_wait_returns_only_after_the_dvu_ran(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    app = RecordingApp()
+    app.dvu_gate = asyncio.Event()  # a slow DVU: it runs only once the test lets it
+    async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        for n in range(3):
+            await client.enqueue_updates(wk, cs, [SetLiteral(path="/dvu", value=n)])
+        waiting = asyncio.create_task(client.wait_settled(wk, cs, timeout=30))
+
+        async def applied_all() -> bool:
+            record = await daemon.rt.store.read(ChangeSet(wk, cs))
+            return record is not None and len(record.state["applied"]) == 3 and record.dvu_pending
+
+        await wait_for(applied_all, message="the three requests applied, DVU due")
+        # Everything is applied, but the DVU has not run: not settled, the wait is still held.
+        assert not waiting.done()
+        assert app.dvu_runs[str(ChangeSet(wk, cs))] == 0
+        app.dvu_gate.set()
+        answer = await asyncio.wait_for(waiting, 20)
+        assert answer.settled and not answer.queued and not answer.dvu_pending
+        assert app.dvu_runs[str(ChangeSet(wk, cs))] >= 1
+        record = await daemon.rt.store.read(ChangeSet(wk, cs))
+        assert record is not None and not record.dvu_pending and record.state["dvu_runs"] >= 1
+
+
+async def test_a_change_set_with_nothing_going_on_is_settled_at_once(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+        answer = await client.wait_settled(WorkspacePk.new(), ChangeSetId.new(), timeout=10)
+        assert answer.settled and not answer.owned and answer.applied_seq == 0
+        # A timeout longer than one daemon holds a wait (MAX_SETTLED_WAIT) is fine: the client asks again.
+        assert (await client.wait_settled(WorkspacePk.new(), ChangeSetId.new(), timeout=7200)).settled
+
+
+async def test_not_settled_in_time_is_a_timeout(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    app = RecordingApp()
+    app.dvu_gate = asyncio.Event()
+    async with running_daemon(nc, fast_settings(subject_prefix), app):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
+        with pytest.raises(RebaserTimeout, match="not settled"):
+            await client.wait_settled(wk, cs, timeout=0.5)
+        app.dvu_gate.set()
+        assert (await client.wait_settled(wk, cs, timeout=20)).settled
+
+
+async def test_a_wait_held_by_a_daemon_that_stops_is_asked_again(
+    nats_url: str, nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, shutdown_grace=1.0)
+    app = RecordingApp()
+    app.dvu_gate = asyncio.Event()  # the DVU cannot finish: the change set stays unsettled meanwhile
+    other = await nats.connect(nats_url)
+    try:
+        async with running_daemon(nc, settings, app) as first:
+            wk, cs = WorkspacePk.new(), ChangeSetId.new()
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
+            waiting = asyncio.create_task(client.wait_settled(wk, cs, timeout=60))
+            await wait_for(lambda: first.queries.settled.held == 1, message="the first daemon holds the wait")
+            async with running_daemon(other, settings, app) as second:
+                await first.shutdown()  # answers "ask again"; the client asks the second daemon
+                await wait_for(lambda: second.queries.settled.held == 1, message="the second daemon holds it")
+                assert not waiting.done()
+                app.dvu_gate.set()
+                answer = await asyncio.wait_for(waiting, 20)
+                assert answer.settled and not answer.dvu_pending
+    finally:
+        await other.close()

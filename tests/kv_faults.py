@@ -1,0 +1,41 @@
+"""KV writes that fail halfway, switched on and off from outside a subprocess daemon.
+
+A daemon started with ``REBASER_TEST_KV_FAULTS=<path>`` (and ``--app tests.apps:...``, which imports this module)
+makes every compare-and-set write to a KV bucket fail while the file at ``<path>`` exists, the way a stream leader
+election or a saturated server fails them: half of them never reach the server, the other half are *written* but
+their answer is lost, so the daemon cannot tell whether its write landed. That second kind is the dangerous one:
+an owner that believes a commit failed when it landed must not apply its requests again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from nats.js.kv import KeyValue
+
+_original_update = KeyValue.update
+_original_create = KeyValue.create
+
+
+def _failing(switch: Path, original: Any) -> Any:
+    async def write(self: KeyValue, *args: Any, **kwargs: Any) -> int:
+        if not switch.exists():  # noqa: ASYNC240 (one stat of a local file per KV write)
+            return int(await original(self, *args, **kwargs))
+        if random.random() < 0.5:
+            raise nats.errors.TimeoutError  # lost on the way: nothing written
+        await original(self, *args, **kwargs)
+        raise nats.errors.TimeoutError  # written, but the answer lost
+
+    return write
+
+
+def install_from_env() -> None:
+    path = os.environ.get("REBASER_TEST_KV_FAULTS")
+    if path:
+        switch = Path(path)
+        KeyValue.update = _failing(switch, _original_update)  # type: ignore[method-assign]
+        KeyValue.create = _failing(switch, _original_create)  # type: ignore[method-assign]
