@@ -24,6 +24,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
+from rebaser_client._routing import routed
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
@@ -421,6 +422,7 @@ async def change_set_report(
 ) -> ChangeSetReport | None:
     """Everything about one change set; None if JetStream knows nothing of it (no record, nothing queued, no
     task, no dead letter)."""
+    subjects = await routed(nc, subjects, workspace_id, change_set_id)  # the change set's shard
     r = _Reader(nc, subjects)
     subject = subjects.requests(workspace_id, change_set_id)
     try:

@@ -67,7 +67,7 @@ def _dead_letter(msg: Any, subjects: Subjects) -> DeadLetter:
     headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
     data = msg.data or b""
     subject = h.get_header(headers, h.DEAD_LETTER_SUBJECT) or ""
-    ids = parse_ids(subject, subjects.parse_requests)
+    ids = parse_ids(subject, subjects.parse_any_requests)  # a request subject of any shard
     original = h.get_header(headers, h.DEAD_LETTER_SEQUENCE)
     truncated = h.get_header(headers, h.DEAD_LETTER_TRUNCATED)
     letter = DeadLetter(

@@ -31,6 +31,7 @@ from ulid import ULID
 
 from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
 from rebaser_client._admin_dlq import DeadLetter, dead_letter
+from rebaser_client._routing import routed
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
@@ -86,6 +87,7 @@ class PurgeResult:
 async def purge_change_set(
     nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
 ) -> PurgeResult:
+    subjects = await routed(nc, subjects, workspace_id, change_set_id)  # the change set's shard
     js = nc.jetstream(timeout=ADMIN_TIMEOUT)
     subject = subjects.requests(workspace_id, change_set_id)
     task = await task_state(nc, subjects, workspace_id, change_set_id)
@@ -148,6 +150,7 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
             f"it was published on {letter.subject}"
         )
     new_id = replay_id(letter, subjects.dead_letter_stream)
+    names = await routed(nc, subjects, wk, cs)  # the change set's shard now
     try:
         content_type = ContentType.parse(h.get_header(headers, h.CONTENT_TYPE) or ContentType.CBOR.value)
     except Unsupported:
@@ -155,9 +158,9 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
     out_headers, body = ENQUEUE_UPDATES_REQUEST.encode(
         request.model_copy(update={"id": new_id}), content_type
     )
-    out_headers["Nats-Expected-Stream"] = subjects.requests_stream
+    out_headers["Nats-Expected-Stream"] = names.requests_stream
     out_headers[REPLAY_OF] = str(request.id)
-    subject = subjects.requests(wk, cs)
+    subject = names.requests(wk, cs)
     try:
         ack = await nc.request(subject, body, headers=out_headers, timeout=ADMIN_TIMEOUT)
     except nats.errors.NoRespondersError:
@@ -169,7 +172,7 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
     stream_seq = check_pub_ack(ack.data, subject) or 0
     duplicate = bool(json.loads(ack.data).get("duplicate", False))
     # The task after the request, as every caller does; if it fails, the orphan sweep gives the request one.
-    await publish_task(nc, subjects.task(wk, cs), timeout=ADMIN_TIMEOUT)
+    await publish_task(nc, names.task(wk, cs), timeout=ADMIN_TIMEOUT)
     js = nc.jetstream(timeout=ADMIN_TIMEOUT)
     try:
         await js.delete_msg(subjects.dead_letter_stream, seq)

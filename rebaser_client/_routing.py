@@ -24,7 +24,7 @@ from rebaser_core.layout import Layout
 from rebaser_core.layout_store import DEFAULT_POLL
 from rebaser_core.subjects import Subjects
 
-__all__ = ["Router", "fetch_layout"]
+__all__ = ["Router", "fetch_layout", "routed"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ async def fetch_layout(nc: NatsClient, subjects: Subjects, timeout: float = _REA
     if headers.get("Status") is not None or headers.get("KV-Operation") in ("DEL", "PURGE") or not msg.data:
         return None  # 404: no entry yet (or 408/other: treated as none, looked at again on the next poll)
     return Layout.decode(msg.data)
+
+
+async def routed(
+    nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> Subjects:
+    """The names of the shard a change set's requests go to now (one layout read; shard 0 without a layout)."""
+    layout = await fetch_layout(nc, subjects)
+    return subjects if layout is None else subjects.for_shard(layout.shard_of(workspace_id, change_set_id))
 
 
 class Router:

@@ -168,3 +168,27 @@ async def test_daemon_cli_refuses_a_disagreeing_streams_flag_in_one_line(
     last = err.decode().strip().splitlines()[-1]
     assert last.startswith("Error: LayoutMismatch: this daemon was started with --streams 2"), err.decode()
     assert "Traceback" not in err.decode()
+
+
+async def test_settled_query_and_admin_views_follow_the_shard(nats_url: str, subject_prefix: str) -> None:
+    """The settled query and ``rebaser change-set show`` look in the change set's shard, not only shard 0."""
+    from rebaser_client._admin import change_set_report
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+    from rebaser_core.subjects import Subjects
+
+    conns = await _connections(nats_url, 2)
+    try:
+        async with (
+            running_daemon(conns[0], fast_settings(subject_prefix, streams=3), RecordingApp()),
+            RebaserClient(conns[1], prefix=subject_prefix) as client,
+        ):
+            wk = WorkspacePk.new()
+            cs = next(c for c in iter(ChangeSetId.new, None) if shard_of(wk, c, 3) != 0)
+            await client.enqueue_updates(wk, cs, [])
+            answer = await client.wait_settled(wk, cs, timeout=20)
+            assert answer.settled and not answer.queued
+            report = await change_set_report(conns[1], Subjects(subject_prefix), wk, cs)
+            assert report is not None and report.record is not None and report.queued_total == 0
+    finally:
+        for conn in conns:
+            await conn.close()
