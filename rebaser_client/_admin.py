@@ -24,7 +24,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
-from rebaser_client._routing import routed
+from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
@@ -289,38 +289,54 @@ def parse_ids(subject: str, parse: Callable[[str], Any]) -> tuple[str, str] | No
 async def status_report(
     nc: NatsClient, subjects: Subjects, *, limit: int = 50, progress: Progress = no_progress
 ) -> StatusReport:
-    """Streams, the tasks consumer, and the ``limit`` busiest change sets (most requests queued first)."""
+    """Streams, the tasks consumers, and the ``limit`` busiest change sets (most requests queued first). With shards
+    (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures summed."""
     r = _Reader(nc, subjects)
+    summaries: list[StreamSummary] = []
+    consumer: dict[str, int] | None = None
+    upto: dict[int, int | None] = {}
+    lines: dict[tuple[str, str], dict[str, int]] = {}
     try:
-        requests, queued = await r.subject_counts(subjects.requests_stream, subjects.requests_all)
-        tasks, task_subjects = await r.subject_counts(subjects.tasks_stream, subjects.tasks_all)
+        layout = await fetch_layout(nc, subjects)
+        for shard in range(1) if layout is None else layout.shards:
+            names = subjects.for_shard(shard)
+            requests, queued = await r.subject_counts(names.requests_stream, names.requests_all)
+            tasks, task_subjects = await r.subject_counts(names.tasks_stream, names.tasks_all)
+            summaries += [requests, tasks]
+            try:
+                c = await r.js.consumer_info(names.tasks_stream, names.tasks_consumer)
+                figures = {
+                    "pending": int(c.num_pending or 0),
+                    "ack_pending": int(c.num_ack_pending or 0),
+                    "redelivered": int(c.num_redelivered or 0),
+                    "waiting_pulls": int(c.num_waiting or 0),
+                }
+                consumer = {k: v + (consumer or {}).get(k, 0) for k, v in figures.items()}
+                upto[shard] = int(c.delivered.stream_seq or 0) if c.delivered else 0
+            except NotFoundError:
+                upto[shard] = None
+            for counts, parse, key in (
+                (queued, names.parse_requests, "queued"),
+                (task_subjects, names.parse_task, "task"),
+            ):
+                for subject, count in counts.items():
+                    ids = parse_ids(subject, parse)
+                    if ids is not None:
+                        line = lines.setdefault(ids, {})
+                        line[key] = line.get(key, 0) + count
+                        if key == "task":
+                            line["shard"] = shard
         dlq, dead = await r.subject_counts(subjects.dead_letter_stream, subjects.dead_letters_all)
-        try:
-            c = await r.js.consumer_info(subjects.tasks_stream, subjects.tasks_consumer)
-            consumer: dict[str, int] | None = {
-                "pending": int(c.num_pending or 0),
-                "ack_pending": int(c.num_ack_pending or 0),
-                "redelivered": int(c.num_redelivered or 0),
-                "waiting_pulls": int(c.num_waiting or 0),
-            }
-            upto: int | None = int(c.delivered.stream_seq or 0) if c.delivered else 0
-        except NotFoundError:
-            consumer, upto = None, None
+        summaries.append(dlq)
         records = await r.records()
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
-    if all(s.messages is None for s in (requests, tasks, dlq)):
+    if all(s.messages is None for s in summaries):
         raise js_error(NotFoundError(), subjects)
-    lines: dict[tuple[str, str], dict[str, int]] = {}
-    for counts, parse, key in (
-        (queued, subjects.parse_requests, "queued"),
-        (task_subjects, subjects.parse_task, "task"),
-        (dead, _dead_letter_parser(subjects), "dead"),
-    ):
-        for subject, count in counts.items():
-            ids = parse_ids(subject, parse)
-            if ids is not None:
-                lines.setdefault(ids, {})[key] = count
+    for subject, count in dead.items():
+        ids = parse_ids(subject, _dead_letter_parser(subjects))
+        if ids is not None:
+            lines.setdefault(ids, {})["dead"] = count
     busiest = sorted(lines.items(), key=lambda kv: (-kv[1].get("queued", 0), -kv[1].get("dead", 0), kv[0]))
     chosen = busiest[:limit]
     out: list[ChangeSetLine] = []
@@ -328,7 +344,10 @@ async def status_report(
         record = await r.record(wk, cs)
         task = "none"
         if counts.get("task"):
-            task = await r.task_state(WorkspacePk(wk), ChangeSetId(cs), upto)
+            shard = counts.get("shard", 0)
+            task = await _Reader(nc, subjects.for_shard(shard)).task_state(
+                WorkspacePk(wk), ChangeSetId(cs), upto.get(shard)
+            )
         out.append(
             ChangeSetLine(
                 wk,
@@ -342,7 +361,7 @@ async def status_report(
             )
         )
         progress(done, len(chosen))
-    return StatusReport(subjects.prefix, (requests, tasks, dlq), consumer, records, tuple(out), len(lines))
+    return StatusReport(subjects.prefix, tuple(summaries), consumer, records, tuple(out), len(lines))
 
 
 def _dead_letter_parser(subjects: Subjects) -> Callable[[str], Any]:

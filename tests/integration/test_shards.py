@@ -172,7 +172,7 @@ async def test_daemon_cli_refuses_a_disagreeing_streams_flag_in_one_line(
 
 async def test_settled_query_and_admin_views_follow_the_shard(nats_url: str, subject_prefix: str) -> None:
     """The settled query and ``rebaser change-set show`` look in the change set's shard, not only shard 0."""
-    from rebaser_client._admin import change_set_report
+    from rebaser_client._admin import change_set_report, status_report
     from rebaser_core.ids import ChangeSetId, WorkspacePk
     from rebaser_core.subjects import Subjects
 
@@ -189,6 +189,9 @@ async def test_settled_query_and_admin_views_follow_the_shard(nats_url: str, sub
             assert answer.settled and not answer.queued
             report = await change_set_report(conns[1], Subjects(subject_prefix), wk, cs)
             assert report is not None and report.record is not None and report.queued_total == 0
+            status = await status_report(conns[1], Subjects(subject_prefix))
+            assert len(status.streams) == 2 * 3 + 1  # requests and tasks of 3 shards, dead letters
+            assert status.tasks_consumer is not None and status.tasks_consumer["waiting_pulls"] >= 3
     finally:
         for conn in conns:
             await conn.close()
