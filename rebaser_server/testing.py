@@ -164,9 +164,11 @@ async def describe_state(nc: NatsClient, settings: Settings, *, max_items: int =
     subjects = settings.subjects
     js = nc.jetstream(timeout=5)
     lines: list[str] = [f"JetStream state of prefix {settings.prefix!r} (connection {connection_state(nc)}):"]
+    # Every shard that may exist (rebaser_core.layout): the settings' streams, or shard 0 alone.
+    shards = [subjects.for_shard(k) for k in range(settings.streams or 1)]
     for stream, filter_ in (
-        (subjects.requests_stream, subjects.requests_all),
-        (subjects.tasks_stream, subjects.tasks_all),
+        *((s.requests_stream, s.requests_all) for s in shards),
+        *((s.tasks_stream, s.tasks_all) for s in shards),
         (subjects.dead_letter_stream, subjects.dead_letters_all),
     ):
         try:

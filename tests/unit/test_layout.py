@@ -106,3 +106,18 @@ def test_shard_names_and_parsing() -> None:
         Subjects("P").parse_requests(s.requests(WK, CS))  # shard 0 does not parse shard 4's subjects
     # Dead letters, records and queries are shared by all shards.
     assert s.dead_letter_stream == base.dead_letter_stream and s.api("get", WK, CS) == base.api("get", WK, CS)
+
+
+def test_a_spooled_request_is_rerouted_by_the_current_layout() -> None:
+    from rebaser_client._routing import Router
+
+    router = Router(None, Subjects("P"))  # type: ignore[arg-type]  # reroute needs no connection
+    router.layout = Layout(streams=6)
+    old = Subjects("P").requests(WK, CS)  # stored while the deployment had one stream
+    subject, headers = router.reroute(old, {"Nats-Expected-Stream": "P_REBASER_REQUESTS", "Nats-Msg-Id": "x"})
+    shard = shard_of(WK, CS, 6)
+    assert subject == Subjects("P").for_shard(shard).requests(WK, CS)
+    assert headers == {
+        "Nats-Expected-Stream": Subjects("P").for_shard(shard).requests_stream,
+        "Nats-Msg-Id": "x",
+    }
