@@ -195,3 +195,34 @@ async def test_settled_query_and_admin_views_follow_the_shard(nats_url: str, sub
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_switching_to_shared_serves_a_shard_whose_pinned_daemon_is_down(
+    nats_url: str, subject_prefix: str
+) -> None:
+    """The operator's remedy for a pinned shard without its daemon: ``rebaser streams set N --assignment shared``;
+    the running daemon follows the layout within a second and serves every shard."""
+    from rebaser_client._streams import change_streams
+    from rebaser_core.subjects import Subjects
+
+    base = dict(streams=2, assignment="pinned", daemons=2, quiescent_period=0.05)
+    conns = await _connections(nats_url, 3)
+    try:
+        async with (
+            running_daemon(
+                conns[0], fast_settings(subject_prefix, replica_index=0, **base), RecordingApp()
+            ) as d0,
+            RebaserClient(conns[1], prefix=subject_prefix) as client,
+        ):
+            assert d0.shards.shards == [0]
+            load = Load(8)
+            await load.send(client, 3)
+            layout = await change_streams(conns[2], Subjects(subject_prefix), 2, mode="shared")
+            assert layout.mode == "shared"
+            await wait_for(
+                lambda: d0.shards.shards == [0, 1], timeout=10, message="daemon 0 serves shard 1 too"
+            )
+            await load.check(d0.rt.store)
+    finally:
+        for conn in conns:
+            await conn.close()
