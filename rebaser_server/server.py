@@ -317,6 +317,10 @@ class Daemon:
                     result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
                 else:
                     result = await processor.run()
+            except (TimeoutError, nats.errors.Error) as err:
+                # NATS trouble (a leader election, an outage): expected in operation, one line, no traceback.
+                log.warning("%s: task failed on NATS (%r); it will be retried", processor.change_set, err)
+                result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
             except Exception as err:
                 log.exception("%s: task failed", processor.change_set)
                 result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
