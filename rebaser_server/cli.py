@@ -9,30 +9,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import io
 import logging
-import os
-import signal
-import tomllib
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from pydantic import ValidationError
 
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.embedded import NatsServer
 from rebaser_core.embedded.net import ADDR_IN_USE
 from rebaser_core.errors import EmbeddedServerError, LayoutMismatch, StoreInUse
-from rebaser_core.settings import Settings
 from rebaser_server.app import RebaserApp, load_app
 from rebaser_server.config import DEFAULT_APP, DEFAULT_EMBEDDED_HOST, DEFAULT_EMBEDDED_PORT, ServerConfig
+from rebaser_server.config_file import FILE_SETTINGS, load_config_file, settings_from, tunable
 from rebaser_server.http import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT, HealthServer
 from rebaser_server.logs import LOG_FORMATS, LogFormat, configure_logging
 from rebaser_server.server import Daemon
+from rebaser_server.signals import install_signal_handlers
 from rebaser_server.tracing import TracingError, configure_tracing
 
 log = logging.getLogger("rebaser_server")
@@ -56,7 +50,7 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
             daemon = Daemon(nc, config.settings, app)
             # Installed before anything can be probed: a SIGTERM sent as soon as the health endpoint answers must
             # stop the daemon cleanly, not kill it with the default handler.
-            signals = _install_signal_handlers(daemon)
+            signals = install_signal_handlers(daemon)
             try:
                 # Before the daemon takes any task: a daemon that cannot serve its probes must not start working.
                 http = await _start_http(daemon, config)
@@ -180,129 +174,6 @@ async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | No
     return http
 
 
-class _Signals:
-    def __init__(self) -> None:
-        self.started = False  # the daemon has started: a signal shuts it down
-        self.interrupted_start = False  # a signal came while it was starting: start-up was cancelled
-
-
-def _install_signal_handlers(daemon: Daemon) -> _Signals:
-    loop = asyncio.get_running_loop()
-    serving = asyncio.current_task()
-    state = _Signals()
-    signals_seen = 0
-    shutdowns: list[asyncio.Future[None]] = []  # keep a reference so the task is not garbage-collected
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1:
-            log.warning("second signal: exiting at once")
-            os._exit(1)
-        log.info("signal %s: shutting down (again to exit at once)", signal.Signals(signum).name)
-        if state.started or serving is None:
-            shutdowns.append(asyncio.ensure_future(daemon.shutdown()))
-        else:
-            # Starting may wait for JetStream for a long time (set-up is retried): interrupt it instead.
-            state.interrupted_start = True
-            serving.cancel()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    # A daemon that seems stuck explains itself without being stopped: `kill -USR1 PID` logs where every
-    # coroutine is waiting.
-    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
-    return state
-
-
-def dump_tasks() -> None:
-    """Log every asyncio task of the running loop with its stack (SIGUSR1)."""
-    out = io.StringIO()
-    tasks = asyncio.all_tasks()
-    for task in sorted(tasks, key=lambda t: t.get_name()):
-        print(f"---- {task.get_name()}", file=out)
-        task.print_stack(limit=20, file=out)
-    log.warning("SIGUSR1: %d asyncio tasks\n%s", len(tasks), out.getvalue())
-
-
-def _load_config_file(ctx: click.Context, _param: click.Parameter, path: Path | None) -> Path | None:
-    """``--config FILE``: a TOML file of option values (long names, ``-`` or ``_``) and ``Settings`` fields.
-
-    Its values are defaults: a flag on the command line or a ``REBASER_*`` variable still wins over them."""
-    if path is None:
-        return None
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as err:
-        raise click.BadParameter(
-            f"cannot read {path}: {err.strerror or err}", ctx=ctx, param=_param
-        ) from None
-    except tomllib.TOMLDecodeError as err:
-        raise click.BadParameter(f"{path} is not valid TOML: {err}", ctx=ctx, param=_param) from None
-    options = {p.name: p for p in ctx.command.params if p.name and p.name != "config"}
-    by_flag = {
-        opt.lstrip("-").replace("-", "_"): p.name
-        for p in ctx.command.params
-        if p.name
-        for opt in getattr(p, "opts", ())
-        if opt.startswith("--")
-    }
-    defaults: dict[str, Any] = {}
-    settings: dict[str, Any] = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name in by_flag and by_flag[name] in options:
-            defaults[by_flag[name]] = value
-        elif name in Settings.model_fields:
-            settings[name] = value
-        else:
-            raise click.BadParameter(f"unknown key {key!r} in {path}", ctx=ctx, param=_param)
-    ctx.default_map = {**(ctx.default_map or {}), **defaults}
-    ctx.meta[_FILE_SETTINGS] = settings
-    return path
-
-
-def _settings(file_settings: dict[str, Any], **flags: object) -> Settings:
-    """Settings from the config file, then ``REBASER_*`` variables, then flags; a bad value is one line."""
-    values = dict(file_settings)
-    values.update(
-        {
-            name: raw
-            for name in Settings.model_fields
-            if (raw := os.environ.get(f"REBASER_{name.upper()}")) is not None
-        }
-    )
-    values.update({k: v for k, v in flags.items() if v is not None})
-    try:
-        return Settings.model_validate(values)
-    except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            where = ".".join(map(str, e["loc"]))
-            message = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {message} (got {e['input']!r})" if e["loc"] else message)
-        raise click.ClickException("bad setting: " + "; ".join(problems)) from None
-
-
-_FILE_SETTINGS = "rebaser.file_settings"
-_F = TypeVar("_F", bound=Callable[..., Any])
-_TUNABLE = Settings.model_fields
-
-
-def _tunable(name: str, type_: type[Any], help_text: str) -> Callable[[_F], _F]:
-    """A flag for a ``Settings`` field: its default and its ``REBASER_*`` variable shown in ``--help``."""
-    return click.option(
-        f"--{name.replace('_', '-')}",
-        name,
-        type=type_,
-        default=_TUNABLE[name].default,
-        envvar=f"REBASER_{name.upper()}",
-        show_envvar=True,
-        help=help_text,
-    )
-
-
 @click.command(context_settings={"show_default": True, "max_content_width": 110})
 @click.version_option(package_name="rebaser", prog_name="rebaser-server")
 @click.option(
@@ -312,7 +183,7 @@ def _tunable(name: str, type_: type[Any], help_text: str) -> Callable[[_F], _F]:
     show_envvar=True,
     is_eager=True,
     expose_value=False,
-    callback=_load_config_file,
+    callback=load_config_file,
     help="TOML file of option values (e.g. http-port = 9464) and settings (e.g. ready_max_backlog = 100); "
     "flags and REBASER_* variables override it.",
 )
@@ -392,11 +263,11 @@ def _tunable(name: str, type_: type[Any], help_text: str) -> Callable[[_F], _F]:
     show_envvar=True,
     help="Pinned mode: this daemon's index 0..R-1 (default: the hostname's ordinal, rebaser-2 is 2).",
 )
-@_tunable("concurrency", int, "Change sets this daemon owns at once.")
-@_tunable("quiescent_period", float, "Seconds of quiet before a change set is released.")
-@_tunable("ack_wait", float, "Seconds after which a silent owner loses its task (a dead daemon's stall).")
-@_tunable("progress_period", float, "Seconds between lease renewals (at most 0.4 x ack-wait).")
-@_tunable("handler_deadline", float, "Seconds one apply or DVU step may run before it counts as wedged.")
+@tunable("concurrency", int, "Change sets this daemon owns at once.")
+@tunable("quiescent_period", float, "Seconds of quiet before a change set is released.")
+@tunable("ack_wait", float, "Seconds after which a silent owner loses its task (a dead daemon's stall).")
+@tunable("progress_period", float, "Seconds between lease renewals (at most 0.4 x ack-wait).")
+@tunable("handler_deadline", float, "Seconds one apply or DVU step may run before it counts as wedged.")
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -505,8 +376,8 @@ def main(
         tracing = configure_tracing()
     except TracingError as err:
         raise click.ClickException(str(err)) from None
-    settings = _settings(
-        ctx.meta.get(_FILE_SETTINGS, {}),
+    settings = settings_from(
+        ctx.meta.get(FILE_SETTINGS, {}),
         prefix=prefix,
         streams=streams,
         assignment=assignment,
