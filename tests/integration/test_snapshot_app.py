@@ -13,8 +13,9 @@ from rebaser_client import ChangeSetId, RebaserClient, Remove, SetFunction, SetL
 from rebaser_core.api import GetChangeSetResponse, Update
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
+from rebaser_server.apps.snapshots.dvu import dependent_values_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
-from rebaser_server.apps.snapshots.model import Snapshot, dependent_values_update, rebase
+from rebaser_server.apps.snapshots.model import Snapshot, rebase
 from rebaser_server.testing import fast_settings, running_daemon
 
 

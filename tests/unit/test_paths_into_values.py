@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
+from rebaser_server.apps.snapshots.dvu import dependent_values_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
-from rebaser_server.apps.snapshots.model import Snapshot, dependent_values_update, rebase
+from rebaser_server.apps.snapshots.model import Snapshot, rebase
 
 
 def applied(snapshot: Snapshot, updates: list[Update]) -> Snapshot:

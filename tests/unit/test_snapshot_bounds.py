@@ -12,9 +12,10 @@ from rebaser_core.api import SetFunction, SetLiteral, Update
 from rebaser_core.batches import decode_batch, encode_batch
 from rebaser_core.errors import BatchTooLarge, DecodeError, UnprocessableError
 from rebaser_core.settings import Settings
+from rebaser_server.apps.snapshots.dvu import dependent_values_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.limits import Limits, OverLimit, check_growth, check_updates
-from rebaser_server.apps.snapshots.model import Attribute, Snapshot, dependent_values_update, rebase
+from rebaser_server.apps.snapshots.model import Attribute, Snapshot, rebase
 from rebaser_server.apps.snapshots.model import _canonical as canonical
 from rebaser_server.apps.snapshots.store import SnapshotStore
 

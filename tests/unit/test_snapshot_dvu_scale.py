@@ -7,8 +7,9 @@ import time
 import pytest
 
 from rebaser_core.api import SetFunction, SetLiteral, Update
+from rebaser_server.apps.snapshots.dvu import MAX_ERROR_CHARS, dependent_values_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
-from rebaser_server.apps.snapshots.model import MAX_ERROR_CHARS, Snapshot, dependent_values_update, rebase
+from rebaser_server.apps.snapshots.model import Snapshot, rebase
 
 CHAIN = 50_000
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
+from rebaser_server.apps.snapshots.dvu import dependent_values_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.model import (
     Attribute,
@@ -21,7 +22,6 @@ from rebaser_server.apps.snapshots.model import (
     Snapshot,
     apply_changes,
     changes_since,
-    dependent_values_update,
     rebase,
 )
 

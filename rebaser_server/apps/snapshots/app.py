@@ -35,6 +35,7 @@ from rebaser_core.errors import UnprocessableError
 from rebaser_core.ids import ChangeSetId
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView
+from rebaser_server.apps.snapshots.dvu import dependent_values_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.limits import Limits, check_growth, check_updates
 from rebaser_server.apps.snapshots.model import (
@@ -45,7 +46,6 @@ from rebaser_server.apps.snapshots.model import (
     Snapshot,
     apply_changes,
     changes_since,
-    dependent_values_update,
     rebase,
 )
 from rebaser_server.apps.snapshots.store import OFF_LOOP_BYTES, SnapshotStore
