@@ -248,9 +248,9 @@ class Publisher:
 
     async def _publish_task(self, request_id: str, task: str) -> None:
         """Publish the task of a stored request, retried for ``publish_timeout``: a stream leader election (no
-        responders, or no answer, for a second or two) must not leave the request to the orphan sweep, which
-        may come only after ``sweep_interval``. The task is idempotent (one per change set), so a retry after an
-        ambiguous failure is harmless."""
+        responders, or no answer, for a second or two) or a reconnect to another node must not leave the request
+        to the orphan sweep, which may come only after ``sweep_interval``. The task is idempotent (one per change
+        set), so a retry after an ambiguous failure is harmless."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._publish_timeout
         pause = _TASK_RETRY_FIRST
@@ -259,7 +259,7 @@ class Publisher:
                 await publish_task(self._nc, task, timeout=max(deadline - loop.time(), 0.001))
                 return
             except RebaserError as err:
-                if loop.time() + pause >= deadline or not self._nc.is_connected:
+                if loop.time() + pause >= deadline or self._nc.is_closed:
                     log.warning(
                         "task publish for request %s failed (the orphan sweep finds it): %s", request_id, err
                     )

@@ -1,10 +1,11 @@
-"""KV writes that fail halfway, switched on and off from outside a subprocess daemon.
+"""KV writes and purges that fail halfway, switched on and off from outside a subprocess daemon.
 
 A daemon started with ``REBASER_TEST_KV_FAULTS=<path>`` (and ``--app tests.apps:...``, which imports this module)
-makes every compare-and-set write to a KV bucket fail while the file at ``<path>`` exists, the way a stream leader
-election or a saturated server fails them: half of them never reach the server, the other half are *written* but
-their answer is lost, so the daemon cannot tell whether its write landed. That second kind is the dangerous one:
-an owner that believes a commit failed when it landed must not apply its requests again.
+makes every compare-and-set write to a KV bucket, and every purge of processed requests, fail while the file at
+``<path>`` exists, the way a stream leader election or a saturated server fails them: half of them never reach the
+server, the other half are *done* but their answer is lost, so the daemon cannot tell whether its write landed. That
+second kind is the dangerous one: an owner that believes a commit failed when it landed must not apply its requests
+again, and requests left unpurged must not be applied again when the change set is read from the start.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from typing import Any
 import nats.errors
 from nats.js.kv import KeyValue
 
+from rebaser_server.trimmer import Trimmer
+
 _original_update = KeyValue.update
 _original_create = KeyValue.create
+_original_purge = Trimmer._purge_below
 
 
 def _failing(switch: Path, original: Any) -> Any:
-    async def write(self: KeyValue, *args: Any, **kwargs: Any) -> int:
+    async def write(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not switch.exists():  # noqa: ASYNC240 (one stat of a local file per KV write)
-            return int(await original(self, *args, **kwargs))
+            return await original(self, *args, **kwargs)
         if random.random() < 0.5:
             raise nats.errors.TimeoutError  # lost on the way: nothing written
         await original(self, *args, **kwargs)
@@ -39,3 +43,4 @@ def install_from_env() -> None:
         switch = Path(path)
         KeyValue.update = _failing(switch, _original_update)  # type: ignore[method-assign]
         KeyValue.create = _failing(switch, _original_create)  # type: ignore[method-assign]
+        Trimmer._purge_below = _failing(switch, _original_purge)  # type: ignore[method-assign]

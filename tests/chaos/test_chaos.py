@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -168,6 +169,8 @@ async def _run(
             events = read_record(applies)
             overlaps = apply_overlaps(events, PAUSES)
             assert overlaps == [], f"two daemons applied to one change set at once: {overlaps[:5]}"
+            orphans = await _orphans_after_quiescence(conn, store, Settings(prefix=prefix), wk, list(sent))
+            assert orphans == [], f"requests left without a task after quiescence: {orphans}"
             return {
                 "requests": sum(len(ids) for ids in sent.values()),
                 "faults": faults,
@@ -175,10 +178,46 @@ async def _run(
                 "applied_twice": 0,
                 "out_of_order": 0,
                 "overlaps": 0,
+                "orphans": 0,
+                "swept": _swept(procs),
                 "longest_stall_s": round(longest_stall(events, until=load_ended), 2),
             }
         finally:
             await conn.close()
+
+
+async def _orphans_after_quiescence(
+    conn: nats.NATS,
+    store: ChangeSetStore,
+    settings: Settings,
+    wk: WorkspacePk,
+    change_sets: list[ChangeSetId],
+) -> list[str]:
+    """Once every change set is released (the tasks stream is empty), the change sets that still hold a request
+    above their watermark: stored, and left without a task."""
+    js = conn.jetstream(timeout=10)
+    subjects = settings.subjects
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while (await js.stream_info(subjects.tasks_stream)).state.messages:
+        assert loop.time() < deadline, "change sets still owned 60 s after the last request"
+        await asyncio.sleep(0.2)  # polling interval of a wait with a deadline
+    orphans = []
+    for cs in change_sets:
+        try:
+            last = (await js.get_last_msg(subjects.requests_stream, subjects.requests(wk, cs))).seq or 0
+        except nats.js.errors.NotFoundError:
+            last = 0
+        record = await store.read(ChangeSet(wk, cs))
+        if record is None or last > record.applied_seq:
+            orphans.append(f"{cs}: last request seq {last}, applied through {record and record.applied_seq}")
+    return orphans
+
+
+def _swept(procs: list[DaemonProcess]) -> int:
+    """Change sets whose queued requests only the orphan sweep gave a task, from every daemon's log."""
+    found = re.compile(rb"orphan sweep: published tasks for (\d+) change sets")
+    return sum(int(n) for p in procs for n in found.findall(p.log.read_bytes()))
 
 
 async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetId, list[str]]) -> None:
