@@ -80,6 +80,12 @@ class BaselineClient:
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
 
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
     async def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
         if future is not None and not future.done():
