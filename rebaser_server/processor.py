@@ -91,6 +91,7 @@ class ChangeSetProcessor:
         self._suspect_mode = False
         self._sub: Any = None
         self._consumer: str | None = None
+        self._consumer_config = self._config()
         self._caught_up = False
         # Set while no request is waiting: a due DVU runs in a lull, so a burst of requests shares few DVU runs.
         self._lull = asyncio.Event()
@@ -122,6 +123,10 @@ class ChangeSetProcessor:
             # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
             return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
         keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive {self.change_set}")
+        # The change set's consumer is created while its record is read and bumped (one round trip fewer before
+        # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
+        # num_pending also tells a task with nothing to do (no record, nothing queued).
+        consumer = asyncio.ensure_future(self._create_consumer())
         try:
             try:
                 acquired = await rt.store.acquire(
@@ -129,6 +134,7 @@ class ChangeSetProcessor:
                     rt.owner,
                     rt.app.initial_state(self.change_set),
                     TaskDelivery.of(self._task_msg),
+                    has_work=lambda: self._has_queued(consumer),
                 )
             except StaleDelivery as err:
                 return TaskResult(Outcome.STALE, reason=str(err))
@@ -146,7 +152,7 @@ class ChangeSetProcessor:
             self._dvu.start()
             if self._handle.record.dvu_pending:
                 self._dvu.notify()  # the previous owner died with a DVU due
-            await self._subscribe()
+            await self._bind(await consumer)
             if self._caught_up:
                 # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
                 # release is: a request published meanwhile is found by the check after the ack.
@@ -156,12 +162,24 @@ class ChangeSetProcessor:
         finally:
             keepalive.cancel()
             await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
+            if not consumer.done():
+                # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
+                await asyncio.wait({consumer})
+            if not consumer.cancelled():
+                consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
             await self._unsubscribe()
 
     # -- consuming ----------------------------------------------------------------------------------
-    async def _subscribe(self) -> None:
-        js = self._rt.js
-        config = js_api.ConsumerConfig(
+    async def _create_consumer(self) -> js_api.ConsumerInfo:
+        info = await self._rt.js.add_consumer(self._rt.subjects.requests_stream, self._consumer_config)
+        self._consumer = info.name
+        return info
+
+    async def _has_queued(self, consumer: asyncio.Future[js_api.ConsumerInfo]) -> bool:
+        return ((await consumer).num_pending or 0) > 0
+
+    def _config(self) -> js_api.ConsumerConfig:
+        return js_api.ConsumerConfig(
             filter_subject=self._subject,
             deliver_policy=js_api.DeliverPolicy.ALL,
             deliver_subject=self._rt.nc.new_inbox(),
@@ -173,9 +191,10 @@ class ChangeSetProcessor:
             num_replicas=1,
             inactive_threshold=30.0,
         )
+
+    async def _bind(self, info: js_api.ConsumerInfo) -> None:
         # add_consumer + subscribe_bind (not js.subscribe) keeps the consumer's name and num_pending.
-        info = await js.add_consumer(self._rt.subjects.requests_stream, config)
-        self._consumer = info.name
+        js, config = self._rt.js, self._consumer_config
         self._caught_up = (info.num_pending or 0) == 0
         log.debug("%s: consuming, %d requests queued", self.change_set, info.num_pending or 0)
         if not self._caught_up:
@@ -186,13 +205,13 @@ class ChangeSetProcessor:
 
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
-        if sub is None:
-            return
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         # Unsubscribing leaves the server-side consumer until the server reaps it; delete it so the consumer
         # count tracks active change sets. After a reset the ordered consumer has a new name.
         name = getattr(sub, "_consumer", None) or self._consumer
+        self._consumer = None
         if name:
             # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
             _in_background(self._rt.js.delete_consumer(self._rt.subjects.requests_stream, name))

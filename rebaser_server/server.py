@@ -16,13 +16,11 @@ import logging
 import os
 import random
 import socket
-import time
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.js.errors import FetchTimeoutError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import RequestId
@@ -32,11 +30,11 @@ from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.handback import hand_back
 from rebaser_server.health import ConnectionWatch, StatusReporter
 from rebaser_server.hooks import Hooks
-from rebaser_server.junk import is_empty_task
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
+from rebaser_server.puller import TaskPuller
 from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
-from rebaser_server.state import ChangeSetStore, TaskDelivery
+from rebaser_server.state import ChangeSetStore, NothingToDo, TaskDelivery
 from rebaser_server.sweeper import Sweeper
 
 __all__ = ["Daemon"]
@@ -46,10 +44,9 @@ log = logging.getLogger(__name__)
 # A pending pull request is answered within this long even when idle, so shutdown never waits longer to stop
 # pulling (and never leaves a pull request open that could hand us a task after we stopped).
 _FETCH_TIMEOUT = 1.0
-# One task per pull: nats-py's fetch(batch > 1) holds the pull open until the whole batch arrives or the timeout
-# passes (docs/design.md §6), which stalled newly active change sets for up to _FETCH_TIMEOUT (measured: p99 1.1 s).
-# A pull per task *activation* (not per request) is cheap.
-_FETCH_BATCH = 1
+# Tasks asked for per pull request (at most the free slots). Each is handed out as it arrives (puller.py), so a
+# large batch stalls nobody; it only saves round trips when many change sets become active at once.
+_FETCH_BATCH = 256
 # Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
 _SETUP_RETRY_FIRST = 0.2
 _SETUP_RETRY_MAX = 5.0
@@ -88,7 +85,7 @@ class Daemon:
         self._slot_freed = asyncio.Event()
         self._stopping = False
         self._puller: asyncio.Task[None] | None = None
-        self._pull_sub: Any = None
+        self._pull_sub: TaskPuller | None = None
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(self.rt, self.watch)
@@ -113,7 +110,9 @@ class Daemon:
             return  # shut down while starting (a signal): start nothing
         await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
-        self._pull_sub = await rt.js.pull_subscribe_bind(rt.subjects.tasks_consumer, rt.subjects.tasks_stream)
+        self._pull_sub = TaskPuller(
+            rt.nc, rt.subjects.tasks_stream, rt.subjects.tasks_consumer, expires=_FETCH_TIMEOUT
+        )
         if self._stopping:
             return  # shut down meanwhile: take no task
         self._puller = asyncio.create_task(self._pull(self._pull_sub), name="rebaser task puller")
@@ -152,7 +151,7 @@ class Daemon:
                 await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                 pause = min(pause * 2, _SETUP_RETRY_MAX)
 
-    async def _pull(self, sub: Any) -> None:
+    async def _pull(self, sub: TaskPuller) -> None:
         settings = self.rt.settings
         while not self._stopping:
             free = settings.concurrency - len(self._active)
@@ -171,27 +170,23 @@ class Daemon:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
-            # A delivery may answer this pull, or an earlier one that expired (up to _FETCH_TIMEOUT before): the
-            # server cannot have delivered it before then, which bounds its lease from below (see lease.py).
-            pulled_at = time.monotonic() - _FETCH_TIMEOUT
             try:
-                msgs: list[Msg] = await sub.fetch(batch=min(free, _FETCH_BATCH), timeout=_FETCH_TIMEOUT)
-            except (TimeoutError, FetchTimeoutError):
-                continue
+                # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
+                # it before then, which bounds its lease from below (see lease.py).
+                async for msg, pulled_at in sub.pull(min(free, _FETCH_BATCH)):
+                    if self._stopping or len(self._active) >= settings.concurrency:
+                        # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
+                        # hand it straight back.
+                        with contextlib.suppress(Exception):
+                            await hand_back(self.rt.nc, msg)
+                    else:
+                        await self._take(msg, pulled_at)
             except Exception as err:
                 if self._stopping:
                     break
                 log.warning("fetching tasks failed (%s); retrying", err)
                 await asyncio.sleep(_FETCH_TIMEOUT)
                 continue
-            for i, msg in enumerate(msgs):
-                if self._stopping or i >= free:
-                    # Fetched during shutdown, or beyond our free slots (nats-py's fetch also returns deliveries
-                    # of an earlier, expired pull that arrived late): hand it straight back.
-                    with contextlib.suppress(Exception):
-                        await hand_back(self.rt.nc, msg)
-                else:
-                    await self._take(msg, pulled_at)
 
     async def _others_waiting(self) -> bool:
         """Do change sets wait for an owner (tasks the shared consumer has not delivered yet)? From the health
@@ -285,11 +280,11 @@ class Daemon:
         stats = self.rt.stats
         try:
             try:
-                if await is_empty_task(self.rt, processor.change_set):
-                    stats.tasks_dropped += 1
-                    await processor.lease.term()
-                    return
                 result = await processor.run()
+            except NothingToDo:
+                stats.tasks_dropped += 1
+                await processor.lease.term()
+                return
             except Exception as err:
                 log.exception("%s: task failed", processor.change_set)
                 result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
@@ -328,9 +323,11 @@ class Daemon:
             # asyncio.wait, not wait_for: nothing here may swallow a cancellation (Python 3.11's wait_for can).
             await _stop_task(self._puller, grace=_FETCH_TIMEOUT * 3, after_cancel=_FETCH_TIMEOUT)
         if self._pull_sub is not None:
-            # Status messages of expired pulls can sit unread in its queue, and would stall the connection's drain.
             with contextlib.suppress(Exception):
-                await self._pull_sub.unsubscribe()
+                await self._pull_sub.stop()
+            for msg in self._pull_sub.leftovers():  # delivered, never taken: hand back at once
+                with contextlib.suppress(Exception):
+                    await hand_back(self.rt.nc, msg)
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
                 await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import cbor2
@@ -39,6 +39,7 @@ __all__ = [
     "ChangeSetHandle",
     "ChangeSetRecord",
     "ChangeSetStore",
+    "NothingToDo",
     "StaleDelivery",
     "TaskDelivery",
 ]
@@ -186,6 +187,10 @@ class StaleDelivery(Exception):
     """A task delivery older than the one that owns the change set: act on it in no way (no ack, no nak)."""
 
 
+class NothingToDo(Exception):
+    """A task for a change set with no record and no queued request: drop it without creating a record."""
+
+
 class ChangeSetHandle:
     """An owner's view of one change set's record. Commits are serialized by ``lock``."""
 
@@ -267,18 +272,31 @@ class ChangeSetStore:
         return True
 
     async def acquire(
-        self, change_set: ChangeSet, owner: str, initial_state: AppState, delivery: TaskDelivery
+        self,
+        change_set: ChangeSet,
+        owner: str,
+        initial_state: AppState,
+        delivery: TaskDelivery,
+        has_work: Callable[[], Awaitable[bool]] | None = None,
     ) -> Acquired:
         """Become the owner for ``delivery``: bump the epoch with compare-and-set, fencing every previous owner.
 
         Raises :class:`StaleDelivery` if the record names a delivery of the same task message that is at least as
-        new: this one was redelivered elsewhere while it waited in a paused daemon's buffer.
+        new: this one was redelivered elsewhere while it waited in a paused daemon's buffer. A change set without a
+        record is created only if ``has_work()`` says a request is queued; else :class:`NothingToDo`: a record
+        is an ownership epoch that nothing ever removes, so a task with nothing to do (anyone able to publish tasks
+        could send them) must not leave one. A real task always finds work or a record: a client publishes its
+        task only after its request is stored, and the sweep and the release publish tasks only for queued ones.
         """
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 entry = await self.kv.get(key)
             except KeyNotFoundError:
+                if has_work is not None and not await has_work():
+                    raise NothingToDo(
+                        f"change set {key}: a task with no record and no queued request"
+                    ) from None
                 record = ChangeSetRecord(
                     epoch=1,
                     owner=owner,
