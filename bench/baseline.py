@@ -101,7 +101,9 @@ class BaselineClient:
             async with asyncio.timeout(timeout):
                 subject = f"{self._n['requests']}.{change_set}"
                 body = json.dumps({"path": "/n", "value": value}).encode()
-                ack = await self._nc.request(subject, body, headers={"Reply-To": f"{self._inbox}.{rid}"})
+                ack = await self._nc.request(
+                    subject, body, timeout=timeout, headers={"Reply-To": f"{self._inbox}.{rid}"}
+                )
                 if "error" in json.loads(ack.data):
                     raise RuntimeError(f"request publish refused: {ack.data!r}")
                 await publish_task(self._nc, f"{self._n['tasks']}.{change_set}")

@@ -4,7 +4,7 @@ Run from the repository root (either form works)::
 
     python bench/bench.py                        # everything, writes the console table (a few minutes)
     python bench/bench.py --doc docs/BENCHMARKS.md   # what `make bench` runs: also the ratios page
-    python bench/bench.py --quick                # smoke: fewer requests, a 1,000-change-set burst
+    python bench/bench.py --quick                # smoke: 3 requests per change set, a 1,000-change-set burst
     python -m bench.bench --repeat 3 --json out.json --daemons 1 --change-sets 100
 
 One embedded nats-server is started here (loopback only, file storage in a temporary directory, stopped at the
@@ -12,10 +12,10 @@ end) and three kinds of scenario run on it, implementations interleaved:
 
 - **throughput** (implementation x daemons x change sets): start the daemons (``python -m rebaser_server``,
   settings via ``REBASER_*`` env) or the baseline workers (``python -m bench.baseline``) with a fresh subject
-  prefix; warm up (32 requests on 8 other change sets); then ``--clients`` coroutines send ``--requests`` requests
-  to change sets drawn from a seeded plan (the same for every implementation), one at a time each, awaiting each
-  reply. A request is *cold* if it is the first of its change set in the plan (it waits for the change set's
-  activation), else *warm*.
+  prefix; warm up (32 requests on 8 other change sets); then ``--clients`` coroutines send 10 requests per change
+  set (``--per-change-set``, or ``--requests`` in all) to change sets drawn from a seeded plan (the same for every
+  implementation), one at a time each, awaiting each reply. A request is *cold* if it is the first of its change
+  set in the plan (it waits for the change set's activation), else *warm*.
 - **burst**: ``--burst`` fresh change sets, one request each, all sent at once; the drain time is until the last
   reply; then the time until the requests stream has no consumer left (every change set let go).
 - **DVU burst**: ``--dvu-requests`` requests at once on one change set of the built-in app whose attributes
@@ -329,7 +329,8 @@ class Bench:
             change_sets = [ChangeSetId.new() for _ in range(scenario.change_sets)]
             warmup_sets = [ChangeSetId.new() for _ in range(8)]
             rng = random.Random(self.args.seed + scenario.change_sets)
-            plan = [rng.randrange(scenario.change_sets) for _ in range(self.args.requests)]
+            requests = self.args.requests or self.args.per_change_set * scenario.change_sets
+            plan = [rng.randrange(scenario.change_sets) for _ in range(requests)]
             await dep.start(nc)
 
             async def send(i: int, c: int) -> bool:
@@ -435,7 +436,7 @@ class Bench:
                 answer = await client.enqueue_updates_with_reply(wk, cs, updates, timeout=self.args.timeout)
                 return isinstance(answer.status, SuccessStatus)
 
-            measured = await drive(send, list(range(count)), self.args.clients)
+            measured = await drive(send, list(range(count)), count)  # a burst: all at once
             after = await self._settled_dvu_runs(nc, dep.prefix, client, wk, cs)
             state = await client.get_change_set(wk, cs)
         finally:
@@ -472,9 +473,20 @@ class Bench:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="rebaser end-to-end benchmark (see the module docstring)")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 300 requests per scenario, a 1,000-change-set burst"
+        "--quick", action="store_true", help="smoke run: 3 requests per change set, a 1,000-change-set burst"
     )
-    parser.add_argument("--requests", type=int, default=None, help="requests per scenario (default 3000)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per scenario (default: --per-change-set x change sets)",
+    )
+    parser.add_argument(
+        "--per-change-set",
+        type=int,
+        default=None,
+        help="requests per change set, on average (default 10; quick 3)",
+    )
     parser.add_argument("--clients", type=int, default=64, help="concurrent client coroutines")
     parser.add_argument("--daemons", default="1,2", help="comma-separated daemon/worker counts")
     parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
@@ -514,8 +526,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
     parser.add_argument("--doc", type=Path, default=None, help="also write the ratios page here (Markdown)")
     args = parser.parse_args(argv)
-    if args.requests is None:
-        args.requests = 300 if args.quick else 3000
+    if args.per_change_set is None:
+        args.per_change_set = 3 if args.quick else 10
     if args.burst is None:
         args.burst = 1000 if args.quick else 10_000
     if args.dvu_requests is None:
@@ -570,7 +582,8 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
             report.bursts.append(burst)
             print(
                 f"    drained in {burst.drain_s:.1f}s, p99 {burst.p99_ms / 1000:.1f}s, {burst.errors} errors, "
-                f"consumers gone after {burst.consumers_zero_s}s",
+                f"consumers gone after {burst.consumers_zero_s}s"
+                + (f" (e.g. {burst.first_errors[0]})" if burst.first_errors else ""),
                 flush=True,
             )
     if args.dvu_requests > 0 and "snapshots" in impls:
@@ -589,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
     print(
-        f"rebaser benchmark: {args.requests} requests/scenario, {args.clients} clients, "
+        f"rebaser benchmark: {args.requests or f'{args.per_change_set} x change sets'} requests/scenario, "
+        f"{args.clients} clients, "
         f"quiescent period {args.quiescent}s, daemon concurrency {args.concurrency}, file storage"
         + (f", daemon env {' '.join(args.daemon_env)}" if args.daemon_env else "")
     )

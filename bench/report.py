@@ -287,7 +287,7 @@ def generated(report: Report) -> str:
             "",
             f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `{command}` (`make bench`), "
             f"{report.wall_seconds:.0f} s. Machine: {machine()}. "
-            f"Load: {args.requests:,} requests per scenario from {args.clients} clients, each awaiting its reply; "
+            f"Load: {_load(args)} from {args.clients} clients, each awaiting its reply; "
             f"quiescent period {args.quiescent:g} s; other processes used "
             f"{min(foreign, default=0):.0%}-{max(foreign, default=0):.0%} of the machine meanwhile.",
             "",
@@ -304,6 +304,12 @@ def generated(report: Report) -> str:
             END,
         ]
     )
+
+
+def _load(args: argparse.Namespace) -> str:
+    if args.requests:
+        return f"{args.requests:,} requests per scenario"
+    return f"{args.per_change_set} requests per change set"
 
 
 def write_doc(report: Report, path: Path) -> None:

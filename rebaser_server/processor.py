@@ -2,8 +2,8 @@
 
 Life of a task (the daemon holds the change set's task delivery for all of it, under a :class:`Lease`):
 
-1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; start the
-   keep-alive (confirmed progress acks that renew the lease, and the watchdog) and the DVU loop.
+1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; join the
+   daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the DVU loop.
 2. **Consume**: an ordered push consumer on the change set's request subject; its callback handles one request
    at a time (nats-py awaits a subscription's callback before delivering the next message). Nothing is applied
    unless the lease is held.
@@ -122,7 +122,8 @@ class ChangeSetProcessor:
             # Delivered before this process was paused (it sat in the pull buffer): the server may have given the
             # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
             return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
-        keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive {self.change_set}")
+        # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
+        await rt.keeper.add(self)
         # The change set's consumer is created while its record is read and bumped (one round trip fewer before
         # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
         # num_pending also tells a task with nothing to do (no record, nothing queued).
@@ -160,7 +161,7 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
-            keepalive.cancel()
+            rt.keeper.remove(self)
             await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
             if not consumer.done():
                 # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
@@ -349,34 +350,29 @@ class ChangeSetProcessor:
         for task in list(self._steps):
             task.cancel()
 
-    async def _keepalive(self) -> None:
-        """Renew the lease with confirmed progress acks while the work is alive; stop everything once it runs out,
-        and give the task up if a step wedges."""
+    def watch(self, now: float) -> bool:
+        """The watchdog, called by the daemon's lease keeper at least every progress_period (and when the lease is
+        due to run out): stop everything once the lease runs out, give the task up if a step wedges. False once no
+        more renewals are wanted."""
         settings, lease = self._rt.settings, self.lease
-        while True:
-            renewed = await lease.renew(timeout=min(settings.progress_period, lease.remaining()))
-            if renewed:
-                self._rt.stats.lease_renewals += 1
-            # After a failed renewal, look again at the latest when the lease runs out.
-            await asyncio.sleep(max(0.0, min(settings.progress_period, lease.remaining())))
-            # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
-            # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
-            if lease.remaining() <= 0:
-                log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
-                self._rt.stats.leases_lost += 1
-                self._finish(Outcome.LEASE_LOST, reason="lease ran out")
-                self._cancel_steps(LeaseLost)
-                return
-            now = time.monotonic()
-            if any(now - started > settings.handler_deadline for started in self._steps.values()):
-                log.error(
-                    "%s: a step overran handler_deadline (%.1fs); giving the task up",
-                    self.change_set,
-                    settings.handler_deadline,
-                )
-                self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
-                self._cancel_steps(Wedged)
-                return
+        # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
+        # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
+        if lease.remaining() <= 0:
+            log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
+            self._rt.stats.leases_lost += 1
+            self._finish(Outcome.LEASE_LOST, reason="lease ran out")
+            self._cancel_steps(LeaseLost)
+            return False
+        if any(now - started > settings.handler_deadline for started in self._steps.values()):
+            log.error(
+                "%s: a step overran handler_deadline (%.1fs); giving the task up",
+                self.change_set,
+                settings.handler_deadline,
+            )
+            self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
+            self._cancel_steps(Wedged)
+            return False
+        return True
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:

@@ -13,6 +13,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import Hooks
+from rebaser_server.keeper import LeaseKeeper
 from rebaser_server.observe import Observer
 from rebaser_server.state import ChangeSetStore
 
@@ -80,6 +81,14 @@ class Runtime:
     pressure: bool = False
     # Per-request metrics (the daemon's own Prometheus registry), log context and tracing: rebaser_server.observe.
     observe: Observer = field(default_factory=Observer)
+    # Renews every owned change set's lease and runs their watchdog (one loop per daemon).
+    keeper: LeaseKeeper = field(init=False)
+
+    def __post_init__(self) -> None:
+        def renewed() -> None:
+            self.stats.lease_renewals += 1
+
+        self.keeper = LeaseKeeper(self.nc, period=self.settings.progress_period, on_renewed=renewed)
 
     @property
     def subjects(self) -> Subjects:

@@ -110,6 +110,7 @@ class Daemon:
             return  # shut down while starting (a signal): start nothing
         await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
+        await rt.keeper.start()
         self._pull_sub = TaskPuller(
             rt.nc, rt.subjects.tasks_stream, rt.subjects.tasks_consumer, expires=_FETCH_TIMEOUT
         )
@@ -232,6 +233,8 @@ class Daemon:
         for name, task in (("task puller", self._puller), ("NATS watch", self._watch_task)):
             if not self._stopping and task is not None and task.done():
                 return f"the {name} has stopped"
+        if not self._stopping and self._puller is not None and not self.rt.keeper.running:
+            return "the lease keeper has stopped"
         return None
 
     async def status(self) -> dict[str, Any]:
@@ -337,6 +340,7 @@ class Daemon:
             await asyncio.wait(set(self._active), timeout=settings.shutdown_grace + 5.0)
         if self._active:
             log.error("%d change sets did not finish handing back in time", len(self._active))
+        await self.rt.keeper.stop()
         for what, stop in (("queries", self.queries.stop), ("app", self.rt.app.stop)):
             try:
                 async with asyncio.timeout(settings.nats_timeout):

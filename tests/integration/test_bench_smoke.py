@@ -32,7 +32,7 @@ def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
         "# Benchmarks\n\nkept above\n\n<!-- bench:begin (old) -->\n<!-- bench:end -->\n\nkept below\n"
     )
     doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
-    args = ["--requests", "40", "--change-sets", "8", "--daemons", "1,2", "--burst", "20"]
+    args = ["--per-change-set", "4", "--change-sets", "10", "--daemons", "1,2", "--burst", "20"]
     args += ["--dvu-requests", "20", "--quiescent", "0.5", "--clients", "8", "--doc", str(doc)]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench.py"), *args],
@@ -48,7 +48,7 @@ def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
         assert f"| {row}" in page, f"missing row {row!r} in:\n{page}"
     assert "not measured" not in page
     assert "WRONG" not in page  # the DVU burst's final state is the serial one
-    assert "python bench/bench.py --requests 40" in page  # the command that produced it
+    assert "python bench/bench.py --per-change-set 4" in page  # the command that produced it
 
 
 def _begin_marker() -> str:
