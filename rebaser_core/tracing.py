@@ -13,7 +13,7 @@ from collections.abc import Mapping, MutableMapping
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 
-__all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject"]
+__all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject", "recording"]
 
 # The headers the default (W3C trace context) propagator reads and writes.
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -22,6 +22,14 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 def get_tracer(name: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
     """A tracer of ``provider``, or of the global provider (no-op until an application installs one)."""
     return trace.get_tracer(name, tracer_provider=provider)
+
+
+def recording(provider: trace.TracerProvider | None = None) -> bool:
+    """Whether spans of ``provider`` (or of the global provider) go anywhere. Without an SDK every span is a no-op
+    that returns the current span, so code that only starts spans may skip them when this is False (saving the
+    context switches); what ``inject`` propagates stays the same."""
+    current = provider if provider is not None else trace.get_tracer_provider()
+    return not isinstance(current, trace.NoOpTracerProvider | trace.ProxyTracerProvider)
 
 
 def inject(headers: MutableMapping[str, str], context: Context | None = None) -> None:

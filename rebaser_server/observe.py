@@ -35,6 +35,7 @@ from rebaser_server.metrics import RequestMetrics, arrival_of
 
 __all__ = ["Observer"]
 
+TRACEPARENT = "traceparent"
 # Span contexts of recent requests, by request id, for their replies (a group's replies go out after its spans).
 _RECENT_REQUESTS = 4096
 
@@ -84,7 +85,8 @@ class Observer:
         headers = msg.headers or {}
         request_id = headers.get(h.NATS_MSG_ID)
         arrived = arrival_of(msg)
-        if not self._tracing():
+        if not self._tracing() and TRACEPARENT not in headers:
+            # Nothing to record and no caller's trace to pass on to the reply: logs and metrics only.
             with (
                 bind_request(
                     request_id=request_id,

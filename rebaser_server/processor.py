@@ -104,6 +104,8 @@ class ChangeSetProcessor:
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None
+        self._dvu_took = 0.0  # how long the last DVU run took, and when it ended (monotonic)
+        self._dvu_ended = 0.0
         self._dvu = SerialDvu(
             self._run_dvu,
             name=f"dvu {change_set}",
@@ -292,11 +294,19 @@ class ChangeSetProcessor:
     async def _run_dvu(self) -> None:
         handle = self._handle
         assert handle is not None
+        max_delay = self._rt.settings.dvu_max_delay
+        # A costly DVU must not run in every short lull of a steady stream of requests: after a run that took d
+        # seconds, requests get at least d (at most dvu_max_delay) before the next one starts, so DVU runs take at
+        # most about half the change set's time while requests keep coming, and a burst shares few runs.
+        spacing = min(self._dvu_took, max_delay) - (time.monotonic() - self._dvu_ended)
+        if spacing > 0:
+            await asyncio.sleep(spacing)
         # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives just as the
         # awaited thing completes, and a swallowed cancel would keep SerialDvu.stop() waiting for ever.
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._rt.settings.dvu_max_delay):
+            async with asyncio.timeout(max_delay):
                 await self._lull.wait()
+        started = time.monotonic()
         try:
             # The DVU run's trace span (rebaser_server.observe).
             async with handle.lock, self._rt.observe.dvu(self.change_set):
@@ -306,6 +316,8 @@ class ChangeSetProcessor:
                 state = await self._step(self._rt.app.dependent_values_update(self.change_set, record.state))
                 await handle.commit(replace(handle.record, state=state, dvu_pending=False))
             self._rt.stats.dvu_runs += 1
+            self._dvu_ended = time.monotonic()
+            self._dvu_took = self._dvu_ended - started
         except FencedError as err:
             self._finish(Outcome.FENCED, reason=str(err))
         except LeaseLost:

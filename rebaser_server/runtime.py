@@ -9,6 +9,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
@@ -83,8 +84,12 @@ class Runtime:
     observe: Observer = field(default_factory=Observer)
     # Renews every owned change set's lease and runs their watchdog (one loop per daemon).
     keeper: LeaseKeeper = field(init=False)
+    # Request-reply for the per-request hot paths (commits, purges): rebaser_core.requester.
+    requester: Requester = field(init=False)
 
     def __post_init__(self) -> None:
+        self.requester = self.store.requester or Requester(self.nc)
+
         def renewed() -> None:
             self.stats.lease_renewals += 1
 

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import RequestId
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_server.app import ChangeSet, RebaserApp
@@ -77,7 +78,8 @@ class Daemon:
     ) -> None:
         js = nc.jetstream(timeout=settings.nats_timeout)
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
-        self.rt = Runtime(nc, js, settings, app, ChangeSetStore(js, settings), owner, hooks or Hooks())
+        store = ChangeSetStore(js, settings, Requester(nc))
+        self.rt = Runtime(nc, js, settings, app, store, owner, hooks or Hooks())
         self.sweeper = Sweeper(self.rt)
         self.queries = QueryService(self.rt)
         self._sweep = sweep
