@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -30,8 +29,9 @@ from rebaser_core.errors import (
     RebaserRefused,
     RebaserUnavailable,
 )
+from rebaser_core.requester import Requester
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack, ensure_connected, publish_task
+from rebaser_core.tasks import ensure_connected, parse_pub_ack, publish_task
 
 __all__ = ["ClientStatus", "Publisher", "Sent"]
 
@@ -96,6 +96,7 @@ class Publisher:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._nc = nc
+        self._requester = Requester(nc)  # publish acks, twice per request: lighter than nc.request
         self._subjects = subjects
         self._publish_timeout = publish_timeout
         self._max_in_flight = max_in_flight
@@ -119,6 +120,11 @@ class Publisher:
 
     async def close(self) -> None:
         """Give the spool ``flush_timeout`` to drain (while connected), then stop; the rest stays on disk."""
+        await self._close_spool()
+        with contextlib.suppress(nats.errors.Error):
+            await self._requester.close()  # its reply subscription (the connection may be the caller's)
+
+    async def _close_spool(self) -> None:
         spool, replayer = self._spool, self._replayer
         if spool is None or replayer is None:
             return
@@ -213,7 +219,7 @@ class Publisher:
         try:
             ensure_connected(self._nc, what)  # it may have dropped while we waited for a slot
             try:
-                ack = await self._nc.request(
+                ack = await self._requester.request(
                     subject, body, headers=headers, timeout=max(deadline - loop.time(), 0.001)
                 )
             except nats.errors.NoRespondersError:
@@ -225,15 +231,15 @@ class Publisher:
             except (TimeoutError, nats.errors.Error) as err:
                 # A timeout, or the connection dropped mid-request (ConnectionClosedError, OutboundBufferLimitError).
                 raise RebaserUnavailable(f"{what} failed: {err or type(err).__name__}") from None
-            check_pub_ack(ack.data, subject)
-            duplicate = bool(json.loads(ack.data).get("duplicate", False))
+            reply = parse_pub_ack(ack.data, subject)
+            duplicate = bool(reply.get("duplicate", False))
             self._last_publish_at = time.time()
             # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
             if task is None:  # a replayed request: only its subject was spooled
                 parsed = self._subjects.parse_requests(subject)
                 task = self._subjects.task(parsed.workspace_id, parsed.change_set_id)
             try:
-                await publish_task(self._nc, task, timeout=self._publish_timeout)
+                await publish_task(self._nc, task, timeout=self._publish_timeout, requester=self._requester)
             except RebaserError as err:
                 log.warning(
                     "task publish for request %s failed (the orphan sweep finds it): %s", request_id, err
