@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from rebaser_core import headers as h
-from rebaser_core.tracing import extract, get_tracer, inject
+from rebaser_core.tracing import extract, get_tracer, inject, recording
 from rebaser_server.app import ChangeSet
 from rebaser_server.logs import bind_request
 from rebaser_server.metrics import RequestMetrics, arrival_of
@@ -55,8 +55,7 @@ class Observer:
     def _tracing(self) -> bool:
         """Whether spans go anywhere. Without a provider every span is a no-op, but building one (attributes,
         the caller's context, a context switch) was a few percent of a daemon's CPU per request: skipped then."""
-        provider = self._provider if self._provider is not None else trace.get_tracer_provider()
-        return not isinstance(provider, trace.NoOpTracerProvider | trace.ProxyTracerProvider)
+        return recording(self._provider)
 
     @staticmethod
     def _ids(change_set: ChangeSet) -> dict[str, str]:
