@@ -223,8 +223,8 @@ def summary_rows(report: Report) -> list[list[str]]:
         if d is None:
             rows.append([f"DVU burst, {cost} DVU cost: runs", "", "not measured", "-"])
             continue
-        target = "≤ about 110, state as serial" if cost == "10x" else "a few (5 before), state as serial"
-        ok = d.state_ok and not d.errors and (d.dvu_runs <= 120 if cost == "10x" else d.dvu_runs <= 20)
+        target = "≤ about 110, state as serial"
+        ok = d.state_ok and not d.errors and d.dvu_runs <= 110
         rows.append(
             [
                 f"DVU burst ({d.requests:,} requests on one change set), {cost} DVU cost",

@@ -52,6 +52,8 @@ T = TypeVar("T")
 # stream must stay within the window).
 _GROUP_MAX = 32
 _GROUP_MAX_WAIT = 0.005
+# A due DVU runs once no request has come for this long (or dvu_max_delay after it became due).
+_DVU_QUIET = 0.01
 # Under pressure (the daemon is full and other change sets wait for an owner), a change set idle this long lets go.
 _PRESSURE_QUIET = 1.0
 
@@ -301,11 +303,19 @@ class ChangeSetProcessor:
         spacing = min(self._dvu_took, max_delay) - (time.monotonic() - self._dvu_ended)
         if spacing > 0:
             await asyncio.sleep(spacing)
-        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives just as the
-        # awaited thing completes, and a swallowed cancel would keep SerialDvu.stop() waiting for ever.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max_delay):
-                await self._lull.wait()
+        # Then a lull that lasts _DVU_QUIET (a burst's requests arrive closer together than that), at most
+        # dvu_max_delay after the run became due. asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+        # cancellation that arrives just as the awaited thing completes, and a swallowed cancel would keep
+        # SerialDvu.stop() waiting for ever.
+        deadline = time.monotonic() + max_delay
+        while (remaining := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._lull.wait()
+            quiet_for = time.monotonic() - self._last_activity
+            if self._lull.is_set() and quiet_for >= _DVU_QUIET:
+                break
+            await asyncio.sleep(min(max(_DVU_QUIET - quiet_for, 0.001), max(remaining, 0.0)))
         started = time.monotonic()
         try:
             # The DVU run's trace span (rebaser_server.observe).
