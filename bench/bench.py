@@ -35,15 +35,12 @@ import asyncio
 import contextlib
 import os
 import random
-import secrets
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -54,9 +51,10 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:
     sys.path[0] = str(REPO)
 
-from bench.baseline import BaselineClient, names, setup_streams  # noqa: E402
-from bench.procs import Processes, cpu_seconds, machine_busy_seconds  # noqa: E402
+from bench.deployment import APPS, Deployment  # noqa: E402
+from bench.procs import Processes  # noqa: E402
 from bench.report import Report, write_outputs  # noqa: E402
+from bench.workload import BurstResult, CpuMeter, DvuResult, Result, drive, first_of_each, ms  # noqa: E402
 from rebaser_client import RebaserClient  # noqa: E402
 from rebaser_core.api import SetFunction, SetLiteral, SuccessStatus, Update  # noqa: E402
 from rebaser_core.embedded import NatsServer  # noqa: E402
@@ -64,115 +62,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk  # noqa: E402
 from rebaser_core.subjects import Subjects  # noqa: E402
 from rebaser_server.state import ChangeSetRecord  # noqa: E402
 
-# "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
-# "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
-APPS = {
-    "rebaser": "rebaser_server.apps.counter:CounterApp",
-    "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
-}
 DVU_APPS = {"natural": "rebaser_server.apps.snapshots:SnapshotApp", "10x": "bench.apps:CostlyDvuApp"}
-Send = Callable[[int, int], Awaitable[bool]]
-
-
-# -- workload -------------------------------------------------------------------------------------------------
-@dataclass
-class Result:
-    impl: str
-    daemons: int
-    change_sets: int
-    requests: int
-    errors: int
-    seconds: float
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
-    cold_p50_ms: float
-    cold_p99_ms: float
-    warm_p99_ms: float
-    activations: int
-    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
-    foreign_load: float = 0.0  # share of the machine's CPUs used by processes outside the benchmark
-    ratio: float | None = None
-    first_errors: list[str] = field(default_factory=list)
-
-
-@dataclass
-class BurstResult:
-    impl: str
-    change_sets: int
-    errors: int
-    drain_s: float
-    p50_ms: float
-    p99_ms: float
-    consumers_zero_s: float | None  # after the drain, until the requests stream had no consumer (None: never)
-    foreign_load: float = 0.0
-    first_errors: list[str] = field(default_factory=list)
-
-
-@dataclass
-class DvuResult:
-    cost: str  # "natural" or "10x"
-    requests: int
-    errors: int
-    seconds: float
-    dvu_runs: int
-    state_ok: bool
-    detail: str = ""
-
-
-@dataclass
-class Drive:
-    latencies: dict[int, float]  # plan index -> seconds, for every request answered successfully
-    errors: list[str]
-    seconds: float
-
-
-async def drive(send: Send, plan: list[int], clients: int) -> Drive:
-    """``clients`` coroutines share the plan; each sends one request at a time and waits for its reply."""
-    latencies: dict[int, float] = {}
-    errors: list[str] = []
-    todo: Iterator[int] = iter(range(len(plan)))
-
-    async def client() -> None:
-        for i in todo:
-            start = time.perf_counter()
-            try:
-                ok = await send(i, plan[i])
-                error = "" if ok else "unsuccessful reply"
-            except Exception as err:
-                error = f"{type(err).__name__}: {err}"
-            if error:
-                errors.append(error)
-            else:
-                latencies[i] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(min(clients, len(plan)))))
-    return Drive(latencies, errors, time.perf_counter() - start)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
-
-
-def ms(values: list[float], q: float) -> float:
-    return round(percentile(sorted(v * 1000 for v in values), q), 2)
-
-
-def first_of_each(plan: list[int]) -> set[int]:
-    """Indexes of the plan's cold requests: the first request of each change set."""
-    seen: set[int] = set()
-    cold: set[int] = set()
-    for i, c in enumerate(plan):
-        if c not in seen:
-            seen.add(c)
-            cold.add(i)
-    return cold
 
 
 # -- scenarios ------------------------------------------------------------------------------------------------
@@ -181,126 +71,6 @@ class Scenario:
     impl: str  # "baseline", or an APPS key
     daemons: int
     change_sets: int
-
-
-class Deployment:
-    """One implementation's daemons or workers on a fresh prefix, and a function sending one request."""
-
-    def __init__(self, bench: Bench, impl: str, daemons: int, app: str | None = None) -> None:
-        self.bench, self.impl, self.daemons = bench, impl, daemons
-        self.app = app or APPS.get(impl, "")
-        self.prefix = f"b{bench.next_index()}{impl[0]}{secrets.token_hex(3)}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.client: RebaserClient | None = None
-        self.base: BaselineClient | None = None
-
-    async def start(self, nc: Client, env: dict[str, str] | None = None) -> None:
-        bench = self.bench
-        if self.impl == "baseline":
-            await setup_streams(nc.jetstream(), self.prefix)
-            args = [
-                sys.executable,
-                "-m",
-                "bench.baseline",
-                "--url",
-                bench.server.url,
-                "--prefix",
-                self.prefix,
-            ]
-            args += ["--quiet", str(bench.args.quiescent)]
-            marker = "baseline worker ready"
-            self.base = BaselineClient(nc, self.prefix)
-            await self.base.start()
-        else:
-            args = [sys.executable, "-m", "rebaser_server", "--nats-url", bench.server.url]
-            # No health endpoint: several daemons share this host, and a taken health port is an error.
-            args += [
-                "--prefix",
-                self.prefix,
-                "--app",
-                self.app,
-                "--log-level",
-                "WARNING",
-                "--http-port",
-                "-1",
-            ]
-            marker = "rebaser daemon serving"
-            self.client = RebaserClient(nc, prefix=self.prefix, max_in_flight=bench.args.max_in_flight)
-        full_env = {**bench.env, **(env or {})}
-        self.procs = [bench.procs.spawn(f"{self.prefix}-{i}", args, full_env) for i in range(self.daemons)]
-        for proc in self.procs:
-            await bench.procs.wait_ready(proc, marker)
-
-    async def send(self, cs: ChangeSetId, i: int) -> bool:
-        timeout = self.bench.args.timeout
-        if self.base is not None:
-            reply = await self.base.call(str(cs), i, timeout)
-            return bool(reply["ok"]) and reply["value"] == i
-        assert self.client is not None
-        updates = [SetLiteral(path="/n", value=i)]
-        answer = await self.client.enqueue_updates_with_reply(
-            self.bench.workspace, cs, updates, timeout=timeout
-        )
-        return isinstance(answer.status, SuccessStatus)
-
-    def pids(self) -> dict[str, list[int]]:
-        return {
-            "nats-server": [self.bench.server.pid or 0],
-            "daemons": [p.pid for p in self.procs],
-            "client": [os.getpid()],
-        }
-
-    @property
-    def streams(self) -> tuple[str, str, str]:
-        """(requests stream, tasks stream, tasks consumer)."""
-        if self.impl == "baseline":
-            n = names(self.prefix)
-            return n["requests_stream"], n["tasks_stream"], "tasks"
-        s = Subjects(self.prefix)
-        return s.requests_stream, s.tasks_stream, s.tasks_consumer
-
-    async def activations(self, nc: Client) -> int:
-        _, stream, consumer = self.streams
-        try:
-            info = await nc.jetstream().consumer_info(stream, consumer)
-        except Exception:
-            return -1
-        return int(info.delivered.consumer_seq or 0) if info.delivered else -1
-
-    async def consumers(self, nc: Client) -> int:
-        info = await nc.jetstream().stream_info(self.streams[0])
-        return int(info.state.consumer_count)
-
-    async def stop(self, nc: Client) -> None:
-        for proc in self.procs:
-            await self.bench.procs.stop(proc)
-        if self.base is not None:
-            await self.base.stop()
-        js = nc.jetstream()
-        with contextlib.suppress(Exception):
-            for info in await js.streams_info():
-                name = info.config.name or ""
-                if name.startswith((f"{self.prefix}_", f"KV_{self.prefix}_", f"OBJ_{self.prefix}_")):
-                    await js.delete_stream(name)
-
-
-class CpuMeter:
-    """CPU seconds of each process group, and of the whole machine, between start and stop."""
-
-    def __init__(self, pids: dict[str, list[int]]) -> None:
-        self.pids = pids
-        self.before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
-        self.busy_before = machine_busy_seconds()
-        self.used: dict[str, float] = {}
-        self.foreign = 0.0
-
-    def stop(self, seconds: float) -> None:
-        after = {k: sum(map(cpu_seconds, v)) for k, v in self.pids.items()}
-        self.used = {k: after[k] - self.before[k] for k in after}
-        busy = machine_busy_seconds() - self.busy_before
-        self.foreign = round(
-            max(0.0, busy - sum(self.used.values())) / (max(seconds, 1e-9) * (os.cpu_count() or 1)), 3
-        )
 
 
 class Bench:

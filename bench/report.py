@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rebaser_core.embedded import find_nats_server
 
 if TYPE_CHECKING:
-    from bench.bench import BurstResult, DvuResult, Result
+    from bench.workload import BurstResult, DvuResult, Result
 
 __all__ = ["Report", "summary_rows", "write_outputs"]
 
