@@ -1,7 +1,8 @@
 """The yardstick: the same task lifecycle written as a minimal raw nats-py loop (no versioning, no KV, no storage).
 
 Client: publish the request (await the JetStream ack), then the empty task (err_code 10077 = already has one).
-Worker (``python -m bench.baseline --url U --prefix P --quiet S``): pull tasks from one shared durable consumer;
+Worker (``python -m bench.baseline --url U --prefix P --quiet S``): pull tasks from one shared durable consumer (in
+batches, each task taken as it arrives);
 per task, an ordered push consumer on the change set's request subject; per request reply on the ``Reply-To``
 header and delete it by sequence (raw ``no_erase`` delete); after ``quiet`` seconds without a request, stop
 consuming, ack the task, then check "anything still queued?" and republish the task if so.
@@ -80,6 +81,12 @@ class BaselineClient:
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
 
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
     async def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
         if future is not None and not future.done():
@@ -94,7 +101,9 @@ class BaselineClient:
             async with asyncio.timeout(timeout):
                 subject = f"{self._n['requests']}.{change_set}"
                 body = json.dumps({"path": "/n", "value": value}).encode()
-                ack = await self._nc.request(subject, body, headers={"Reply-To": f"{self._inbox}.{rid}"})
+                ack = await self._nc.request(
+                    subject, body, timeout=timeout, headers={"Reply-To": f"{self._inbox}.{rid}"}
+                )
                 if "error" in json.loads(ack.data):
                     raise RuntimeError(f"request publish refused: {ack.data!r}")
                 await publish_task(self._nc, f"{self._n['tasks']}.{change_set}")
@@ -110,16 +119,36 @@ class Worker:
         self.owned: set[asyncio.Task[None]] = set()
 
     async def pull(self) -> None:
-        psub = await self.js.pull_subscribe_bind("tasks", self.n["tasks_stream"])
+        """Pull requests for up to 256 tasks, each task owned the moment it arrives (nats-py's ``fetch(n)`` would
+        wait for all n); the next pull goes out when this one is complete or has expired."""
+        inbox, done, remaining = self.nc.new_inbox(), asyncio.Event(), 0
+
+        async def on_task(msg: Msg) -> None:
+            nonlocal remaining
+            if not msg.data and msg.headers and "Status" in msg.headers:
+                done.set()  # expired (408)
+                return
+            remaining -= 1
+            if remaining <= 0:
+                done.set()
+            if self.stopping:
+                await msg.nak()
+                return
+            task = asyncio.create_task(self.own(msg))
+            self.owned.add(task)
+            task.add_done_callback(self.owned.discard)
+
+        sub = await self.nc.subscribe(inbox, cb=on_task)
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.n['tasks_stream']}.tasks"
         while not self.stopping:
-            try:
-                msgs = await psub.fetch(1, timeout=1.0)
-            except TimeoutError:
-                continue
-            for msg in msgs:
-                task = asyncio.create_task(self.own(msg))
-                self.owned.add(task)
-                task.add_done_callback(self.owned.discard)
+            done.clear()
+            remaining = 256
+            request = json.dumps({"batch": remaining, "expires": 1_000_000_000}).encode()
+            await self.nc.publish(subject, request, reply=inbox)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await done.wait()
+        await sub.unsubscribe()
 
     async def delete(self, seq: int) -> None:
         payload = json.dumps({"seq": seq, "no_erase": True}).encode()

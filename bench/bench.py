@@ -1,27 +1,31 @@
-"""End-to-end benchmark: rebaser daemons vs. a minimal raw nats-py baseline, requests with replies.
+"""End-to-end benchmark: rebaser daemons vs. a hand-written raw nats-py loop, requests with replies.
 
 Run from the repository root (either form works)::
 
-    python bench/bench.py                    # full: 3000 requests per scenario, 8 scenarios (about a minute)
-    python bench/bench.py --quick            # smoke: 300 requests per scenario (about 25 s)
+    python bench/bench.py                        # everything, writes the console table (a few minutes)
+    python bench/bench.py --doc docs/BENCHMARKS.md   # what `make bench` runs: also the ratios page
+    python bench/bench.py --quick                # smoke: 3 requests per change set, a 1,000-change-set burst
     python -m bench.bench --repeat 3 --json out.json --daemons 1 --change-sets 100
 
-Per scenario (implementation x daemons x change sets), on one embedded nats-server started here (loopback only,
-file storage in a temporary directory, stopped at the end):
+One embedded nats-server is started here (loopback only, file storage in a temporary directory, stopped at the
+end) and three kinds of scenario run on it, implementations interleaved:
 
-- start the daemons (``python -m rebaser_server``, settings via ``REBASER_*`` env) or the baseline workers
-  (``python -m bench.baseline``) as subprocesses with a fresh subject prefix, and wait until each is serving;
-- warm up (32 requests on 8 change sets outside the measured set, not counted);
-- ``--clients`` coroutines in this process send ``--requests`` requests with replies between them, each to a change
-  set drawn from a seeded plan (the same for both implementations), one request at a time per coroutine, and
-  record call-to-reply latency;
-- stop the subprocesses by PID (SIGTERM, SIGKILL after 30 s) and delete the scenario's streams.
+- **throughput** (implementation x daemons x change sets): start the daemons (``python -m rebaser_server``,
+  settings via ``REBASER_*`` env) or the baseline workers (``python -m bench.baseline``) with a fresh subject
+  prefix; warm up (32 requests on 8 other change sets); then ``--clients`` coroutines send 10 requests per change
+  set (``--per-change-set``, or ``--requests`` in all) to change sets drawn from a seeded plan (the same for every
+  implementation), one at a time each, awaiting each reply. A request is *cold* if it is the first of its change
+  set in the plan (it waits for the change set's activation), else *warm*.
+- **burst**: ``--burst`` fresh change sets, one request each, all sent at once; the drain time is until the last
+  reply; then the time until the requests stream has no consumer left (every change set let go).
+- **DVU burst**: ``--dvu-requests`` requests at once on one change set of the built-in app whose attributes
+  depend on each other, with the natural DVU and with one 10x the cost of a request (``bench/apps.py``): how many
+  DVU runs served the burst, and whether the final state is the one serial application gives.
 
-Columns: req/s = replies / wall time of the measured phase; p50/p99 = call-to-reply latency; vs base = rebaser req/s
-over baseline req/s in the same scenario; act = task deliveries (change-set activations) by the tasks consumer;
-cpu us/req = CPU time (user + system, from /proc) during the measured phase per request, of nats-server, of all
-daemons/workers, and of the client (this process); foreign = share of the machine's CPU used by *other* processes
-meanwhile (on a shared 2-core machine a high value means the run is noisy: use ``--repeat``).
+Columns: req/s = replies / wall time; p50/p99 = call-to-reply latency; vs base = req/s over the baseline's in the
+same scenario; act = task deliveries (activations); cpu us/req = CPU time (user + system, from /proc) of
+nats-server, of all daemons/workers and of this process, per request; foreign = share of the machine's CPU used by
+*other* processes meanwhile (a high value means a noisy run: use ``--repeat``).
 """
 
 from __future__ import annotations
@@ -29,22 +33,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import platform
 import random
-import secrets
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
 
 import nats
 from nats.aio.client import Client
@@ -54,181 +51,24 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:
     sys.path[0] = str(REPO)
 
-from bench.baseline import BaselineClient, setup_streams  # noqa: E402
+from bench.deployment import APPS, Deployment  # noqa: E402
+from bench.procs import Processes  # noqa: E402
+from bench.report import Report, write_outputs  # noqa: E402
+from bench.workload import BurstResult, CpuMeter, DvuResult, Result, drive, first_of_each, ms  # noqa: E402
 from rebaser_client import RebaserClient  # noqa: E402
-from rebaser_core.api import SetLiteral, SuccessStatus  # noqa: E402
+from rebaser_core.api import SetFunction, SetLiteral, SuccessStatus, Update  # noqa: E402
 from rebaser_core.embedded import NatsServer  # noqa: E402
 from rebaser_core.ids import ChangeSetId, WorkspacePk  # noqa: E402
+from rebaser_core.subjects import Subjects  # noqa: E402
+from rebaser_server.state import ChangeSetRecord  # noqa: E402
 
-# "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
-# "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
-APPS = {
-    "rebaser": "rebaser_server.apps.counter:CounterApp",
-    "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
-}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-Send = Callable[[int, int], Awaitable[bool]]
-
-
-# -- processes ------------------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the benchmark dies (Linux), so nothing outlives a killed run."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a live process (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all processes on this machine spent busy so far (from /proc/stat; 0 if unavailable)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
-class Processes:
-    """Every subprocess the benchmark starts; all are stopped by PID on exit, also on Ctrl-C or error."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
-
-    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = self.log_dir / f"{name}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                args,
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches only us; we stop the children in order
-                preexec_fn=_die_with_parent,
-            )
-        self.procs[proc.pid] = (proc, log)
-        return proc
-
-    def log_of(self, proc: subprocess.Popen[bytes]) -> str:
-        return self.procs[proc.pid][1].read_text(errors="replace")
-
-    async def wait_ready(self, proc: subprocess.Popen[bytes], marker: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while marker not in self.log_of(proc):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(self.log_of(proc).splitlines()[-20:])
-                raise RuntimeError(f"process {proc.pid} {proc.args!r} did not become ready:\n{tail}")
-            await asyncio.sleep(0.05)
-
-    async def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            for _ in range(int(timeout / 0.05)):
-                if proc.poll() is not None:
-                    break
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
-                print(f"  pid {proc.pid} ignored SIGTERM for {timeout}s: killing it", file=sys.stderr)
-                proc.kill()
-        proc.wait()
-        self.procs.pop(proc.pid, None)
-
-    def stop_all(self) -> None:
-        for proc, _ in list(self.procs.values()):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for pid, (proc, _) in list(self.procs.items()):
-            try:
-                proc.wait(timeout=15.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            self.procs.pop(pid, None)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop_all()
-
-
-# -- workload -------------------------------------------------------------------------------------------------
-@dataclass
-class Result:
-    impl: str
-    daemons: int
-    change_sets: int
-    requests: int
-    errors: int
-    seconds: float
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
-    activations: int
-    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
-    foreign_load: float = 0.0  # share of the machine's CPUs used by processes outside the benchmark
-    ratio: float | None = None
-    first_errors: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Drive:
-    latencies: list[float]
-    errors: list[str]
-    seconds: float
-
-
-async def drive(send: Send, plan: list[int], clients: int) -> Drive:
-    """``clients`` coroutines share the plan; each sends one request at a time and waits for its reply."""
-    latencies: list[float] = []
-    errors: list[str] = []
-    todo: Iterator[int] = iter(range(len(plan)))
-
-    async def client() -> None:
-        for i in todo:
-            start = time.perf_counter()
-            try:
-                ok = await send(i, plan[i])
-                error = "" if ok else "unsuccessful reply"
-            except Exception as err:
-                error = f"{type(err).__name__}: {err}"
-            if error:
-                errors.append(error)
-            else:
-                latencies.append(time.perf_counter() - start)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return Drive(latencies, errors, time.perf_counter() - start)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
+DVU_APPS = {"natural": "rebaser_server.apps.snapshots:SnapshotApp", "10x": "bench.apps:CostlyDvuApp"}
 
 
 # -- scenarios ------------------------------------------------------------------------------------------------
 @dataclass
 class Scenario:
-    impl: str  # "baseline" or "rebaser"
+    impl: str  # "baseline", or an APPS key
     daemons: int
     change_sets: int
 
@@ -246,65 +86,44 @@ class Bench:
             key, _, value = item.partition("=")
             self.env[key] = value
         self.workspace = WorkspacePk.new()
+        self._index = 0
 
-    async def run(self, scenario: Scenario, index: int) -> Result:
-        prefix = f"b{index}{scenario.impl[0]}{secrets.token_hex(3)}"
+    def next_index(self) -> int:
+        self._index += 1
+        return self._index
+
+    async def throughput(self, scenario: Scenario) -> Result:
         nc = await nats.connect(self.server.url, max_reconnect_attempts=-1)
-        started: list[subprocess.Popen[bytes]] = []
+        dep = Deployment(self, scenario.impl, scenario.daemons)
         try:
             change_sets = [ChangeSetId.new() for _ in range(scenario.change_sets)]
             warmup_sets = [ChangeSetId.new() for _ in range(8)]
             rng = random.Random(self.args.seed + scenario.change_sets)
-            plan = [rng.randrange(scenario.change_sets) for _ in range(self.args.requests)]
-            if scenario.impl != "baseline":
-                started = self._spawn_daemons(prefix, scenario.daemons, APPS[scenario.impl])
-                for proc in started:
-                    await self.procs.wait_ready(proc, "rebaser daemon serving")
-                client = RebaserClient(nc, prefix=prefix)
-                wk, timeout = self.workspace, self.args.timeout
-
-                async def send_to(cs: ChangeSetId, i: int) -> bool:
-                    updates = [SetLiteral(path="/n", value=i)]
-                    reply = await client.enqueue_updates_with_reply(wk, cs, updates, timeout=timeout)
-                    return isinstance(reply.status, SuccessStatus)
-
-            else:
-                await setup_streams(nc.jetstream(), prefix)
-                started = self._spawn_workers(prefix, scenario.daemons)
-                for proc in started:
-                    await self.procs.wait_ready(proc, "baseline worker ready")
-                base = BaselineClient(nc, prefix)
-                await base.start()
-
-                async def send_to(cs: ChangeSetId, i: int) -> bool:
-                    reply = await base.call(str(cs), i, self.args.timeout)
-                    return bool(reply["ok"]) and reply["value"] == i
+            requests = self.args.requests or self.args.per_change_set * scenario.change_sets
+            plan = [rng.randrange(scenario.change_sets) for _ in range(requests)]
+            await dep.start(nc)
 
             async def send(i: int, c: int) -> bool:
-                return await send_to(change_sets[c], i)
+                return await dep.send(change_sets[c], i)
 
             async def warm(i: int, c: int) -> bool:
-                return await send_to(warmup_sets[c % len(warmup_sets)], i)
+                return await dep.send(warmup_sets[c % len(warmup_sets)], i)
 
             warm_up = await drive(warm, list(range(4 * len(warmup_sets))), len(warmup_sets))
             if warm_up.errors:
                 raise RuntimeError(f"warm-up failed: {warm_up.errors[:3]}")
-            pids = {"nats-server": [self.server.pid or 0], "daemons": [p.pid for p in started]}
-            pids["client"] = [os.getpid()]
-            before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
-            busy_before = machine_busy_seconds()
+            meter = CpuMeter(dep.pids())
             measured = await drive(send, plan, self.args.clients)
-            after = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
-            busy = machine_busy_seconds() - busy_before
-            activations = await self._activations(nc, prefix, scenario.impl)
+            meter.stop(measured.seconds)
+            activations = await dep.activations(nc)
         finally:
-            for proc in started:
-                await self.procs.stop(proc)
-            await self._delete_streams(nc, prefix)
+            await dep.stop(nc)
             await nc.close()
         done = len(measured.latencies)
-        ours = sum(after.values()) - sum(before.values())
-        lat_ms = sorted(x * 1000 for x in measured.latencies)
+        cold = first_of_each(plan)
+        lats = list(measured.latencies.values())
+        cold_lats = [v for i, v in measured.latencies.items() if i in cold]
+        warm_lats = [v for i, v in measured.latencies.items() if i not in cold]
         return Result(
             impl=scenario.impl,
             daemons=scenario.daemons,
@@ -313,96 +132,131 @@ class Bench:
             errors=len(measured.errors),
             seconds=round(measured.seconds, 3),
             rps=round(done / measured.seconds, 1),
-            p50_ms=round(percentile(lat_ms, 0.50), 2),
-            p99_ms=round(percentile(lat_ms, 0.99), 2),
-            max_ms=round(lat_ms[-1], 2) if lat_ms else float("nan"),
+            p50_ms=ms(lats, 0.50),
+            p99_ms=ms(lats, 0.99),
+            max_ms=round(max(lats) * 1000, 2) if lats else float("nan"),
+            cold_p50_ms=ms(cold_lats, 0.50),
+            cold_p99_ms=ms(cold_lats, 0.99),
+            warm_p99_ms=ms(warm_lats, 0.99),
             activations=activations,
-            cpu_us_per_request={k: round((after[k] - before[k]) / max(done, 1) * 1e6) for k in before},
-            foreign_load=round(max(0.0, busy - ours) / (measured.seconds * (os.cpu_count() or 1)), 3),
+            cpu_us_per_request={k: round(v / max(done, 1) * 1e6) for k, v in meter.used.items()},
+            foreign_load=meter.foreign,
             first_errors=sorted(set(measured.errors))[:5],
         )
 
-    def _spawn_daemons(self, prefix: str, count: int, app: str) -> list[subprocess.Popen[bytes]]:
-        args = [sys.executable, "-m", "rebaser_server", "--nats-url", self.server.url, "--prefix", prefix]
-        # No health endpoint: several daemons share this host, and a taken health port is an error.
-        args += ["--app", app, "--log-level", "WARNING", "--http-port", "-1"]
-        return [self.procs.spawn(f"{prefix}-daemon{i}", args, self.env) for i in range(count)]
-
-    def _spawn_workers(self, prefix: str, count: int) -> list[subprocess.Popen[bytes]]:
-        args = [sys.executable, "-m", "bench.baseline", "--url", self.server.url, "--prefix", prefix]
-        args += ["--quiet", str(self.args.quiescent)]
-        return [self.procs.spawn(f"{prefix}-worker{i}", args, self.env) for i in range(count)]
-
-    @staticmethod
-    async def _activations(nc: Client, prefix: str, impl: str) -> int:
-        stream, consumer = (
-            (f"{prefix}_REBASER_TASKS", "rebaser-tasks")
-            if impl != "baseline"
-            else (f"{prefix}_TASKS", "tasks")
-        )
+    async def burst(self, impl: str) -> BurstResult:
+        """``--burst`` change sets, one request each, all at once; then until every consumer is gone."""
+        count = self.args.burst
+        nc = await nats.connect(self.server.url, max_reconnect_attempts=-1)
+        dep = Deployment(self, impl, 1)
         try:
-            info = await nc.jetstream().consumer_info(stream, consumer)
-        except Exception:
-            return -1
-        return int(info.delivered.consumer_seq or 0) if info.delivered else -1
+            await dep.start(nc)
+            change_sets = [ChangeSetId.new() for _ in range(count)]
 
-    @staticmethod
-    async def _delete_streams(nc: Client, prefix: str) -> None:
-        js = nc.jetstream()
-        with contextlib.suppress(Exception):
-            for info in await js.streams_info():
-                name = info.config.name or ""
-                if name.startswith((f"{prefix}_", f"KV_{prefix}_")):
-                    await js.delete_stream(name)
+            async def send(i: int, c: int) -> bool:
+                return await dep.send(change_sets[c], i)
+
+            meter = CpuMeter(dep.pids())
+            measured = await drive(send, list(range(count)), count)
+            meter.stop(measured.seconds)
+            drained = time.perf_counter()
+            zero: float | None = None
+            deadline = drained + 2 * self.args.quiescent + 60
+            while time.perf_counter() < deadline:
+                if await dep.consumers(nc) == 0:
+                    zero = round(time.perf_counter() - drained, 1)
+                    break
+                await asyncio.sleep(0.25)
+        finally:
+            await dep.stop(nc)
+            await nc.close()
+        lats = list(measured.latencies.values())
+        return BurstResult(
+            impl=impl,
+            change_sets=count,
+            errors=len(measured.errors),
+            drain_s=round(measured.seconds, 2),
+            p50_ms=ms(lats, 0.50),
+            p99_ms=ms(lats, 0.99),
+            consumers_zero_s=zero,
+            foreign_load=meter.foreign,
+            first_errors=sorted(set(measured.errors))[:5],
+        )
+
+    async def dvu_burst(self, cost: str) -> DvuResult:
+        """``--dvu-requests`` requests at once on one change set whose attributes depend on ``/x``."""
+        count = self.args.dvu_requests
+        nc = await nats.connect(self.server.url, max_reconnect_attempts=-1)
+        dep = Deployment(self, "snapshots", 1, app=DVU_APPS[cost])
+        wk, cs = self.workspace, ChangeSetId.new()
+        try:
+            await dep.start(nc)
+            client = dep.client
+            assert client is not None
+            functions: list[Update] = [
+                SetLiteral(path="/x", value=-1),
+                SetFunction(path="/y", function="identity", args=["/x"]),
+                SetFunction(path="/z", function="sum", args=["/x", "/y"]),
+            ]
+            await client.enqueue_updates_with_reply(wk, cs, functions, timeout=self.args.timeout)
+            before = await self._settled_dvu_runs(nc, dep.prefix, client, wk, cs)
+
+            async def send(i: int, _c: int) -> bool:
+                updates = [SetLiteral(path="/x", value=i)]
+                answer = await client.enqueue_updates_with_reply(wk, cs, updates, timeout=self.args.timeout)
+                return isinstance(answer.status, SuccessStatus)
+
+            measured = await drive(send, list(range(count)), count)  # a burst: all at once
+            after = await self._settled_dvu_runs(nc, dep.prefix, client, wk, cs)
+            state = await client.get_change_set(wk, cs)
+        finally:
+            await dep.stop(nc)
+            await nc.close()
+        x, y, z = (state.values.get(p) for p in ("/x", "/y", "/z"))
+        # Serial application ends with /x = the last request applied, /y = /x and /z = 2x, no error values.
+        ok = isinstance(x, int) and 0 <= x < count and y == x and z == 2 * x and not state.errors
+        return DvuResult(
+            cost=cost,
+            requests=count,
+            errors=len(measured.errors),
+            seconds=round(measured.seconds, 2),
+            dvu_runs=after - before,
+            state_ok=ok and not measured.errors,
+            detail=f"x={x} y={y} z={z} errors={dict(state.errors)}",
+        )
+
+    async def _settled_dvu_runs(
+        self, nc: Client, prefix: str, client: RebaserClient, wk: WorkspacePk, cs: ChangeSetId
+    ) -> int:
+        """Wait (bounded) until no DVU is due, then read the change set's DVU run count from its record."""
+        deadline = time.monotonic() + self.args.timeout
+        while (await client.get_change_set(wk, cs)).dvu_pending and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)  # polling the daemon: nothing here to await
+        subjects = Subjects(prefix)
+        kv = await nc.jetstream().key_value(subjects.change_sets_bucket)
+        entry = await kv.get(Subjects.change_set_key(wk, cs))
+        assert entry.value is not None
+        return int(ChangeSetRecord.decode(entry.value).state.get("dvu_runs", 0))
 
 
-# -- output ---------------------------------------------------------------------------------------------------
-COLUMNS = [
-    ("impl", 8),
-    ("daemons", 7),
-    ("change sets", 11),
-    ("requests", 8),
-    ("errors", 6),
-    ("req/s", 8),
-    ("p50 ms", 8),
-    ("p99 ms", 8),
-    ("vs base", 7),
-    ("act", 5),
-    ("cpu us/req: srv", 15),
-    ("daemons", 7),
-    ("client", 6),
-    ("foreign", 7),
-]
-
-
-def table(results: list[Result]) -> str:
-    lines = ["  ".join(name.rjust(width) for name, width in COLUMNS)]
-    for r in results:
-        cpu = r.cpu_us_per_request
-        row = [
-            r.impl,
-            r.daemons,
-            r.change_sets,
-            r.requests,
-            r.errors,
-            f"{r.rps:.0f}",
-            f"{r.p50_ms:.1f}",
-            f"{r.p99_ms:.1f}",
-            "" if r.ratio is None else f"{r.ratio:.2f}",
-            r.activations,
-            cpu.get("nats-server", ""),
-            cpu.get("daemons", ""),
-            cpu.get("client", ""),
-            f"{r.foreign_load:.0%}",
-        ]
-        lines.append("  ".join(str(v).rjust(w) for v, (_, w) in zip(row, COLUMNS, strict=True)))
-    return "\n".join(lines)
-
-
+# -- command line ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="rebaser end-to-end benchmark (see the module docstring)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 300 requests per scenario")
-    parser.add_argument("--requests", type=int, default=None, help="requests per scenario (default 3000)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 3 requests per change set, a 1,000-change-set burst"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per scenario (default: --per-change-set x change sets)",
+    )
+    parser.add_argument(
+        "--per-change-set",
+        type=int,
+        default=None,
+        help="requests per change set, on average (default 10; quick 3)",
+    )
     parser.add_argument("--clients", type=int, default=64, help="concurrent client coroutines")
     parser.add_argument("--daemons", default="1,2", help="comma-separated daemon/worker counts")
     parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
@@ -412,6 +266,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated: baseline (hand-written nats-py), rebaser (framework + CounterApp), "
         "snapshots (framework + the default SnapshotApp)",
     )
+    parser.add_argument(
+        "--burst", type=int, default=None, help="change sets in the burst (default 10000; 0: no burst)"
+    )
+    parser.add_argument(
+        "--dvu-requests", type=int, default=None, help="requests in the DVU burst (default 1000; 0: none)"
+    )
     parser.add_argument("--quiescent", type=float, default=5.0, help="quiescent period, seconds")
     parser.add_argument(
         "--concurrency",
@@ -420,6 +280,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="REBASER_CONCURRENCY per daemon (above the change-set count so the cap never binds; "
         "the production default is 500)",
     )
+    parser.add_argument("--max-in-flight", type=int, default=1024, help="the rebaser client's max_in_flight")
     parser.add_argument(
         "--daemon-env",
         action="append",
@@ -427,22 +288,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra environment for daemons/workers, e.g. REBASER_IDEMPOTENCY_WINDOW=16 (repeatable)",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="per-request reply timeout")
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-request reply timeout")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per scenario; the median-throughput run is reported"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
+    parser.add_argument("--doc", type=Path, default=None, help="also write the ratios page here (Markdown)")
     args = parser.parse_args(argv)
-    if args.requests is None:
-        args.requests = 300 if args.quick else 3000
+    if args.per_change_set is None:
+        args.per_change_set = 3 if args.quick else 10
+    if args.burst is None:
+        args.burst = 1000 if args.quick else 10_000
+    if args.dvu_requests is None:
+        args.dvu_requests = 300 if args.quick else 1000
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     return args
 
 
-async def main_async(
-    args: argparse.Namespace, server: NatsServer, procs: Processes
-) -> tuple[list[Result], list[Result]]:
-    """Run every scenario ``--repeat`` times (implementations interleaved); return (reported, all runs)."""
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+async def main_async(args: argparse.Namespace, server: NatsServer, procs: Processes) -> Report:
+    """Run every scenario (implementations interleaved, ``--repeat`` times); return what to report."""
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
@@ -451,24 +320,20 @@ async def main_async(
     unknown = set(impls) - {"baseline", *APPS}
     if unknown:
         raise SystemExit(f"unknown --impl {', '.join(sorted(unknown))}")
-    reported: list[Result] = []
-    every: list[Result] = []
-    index = 0
+    report = Report(args)
     for daemons in (int(x) for x in args.daemons.split(",")):
         for change_sets in (int(x) for x in args.change_sets.split(",")):
             runs: dict[str, list[Result]] = {impl: [] for impl in impls}
             for attempt in range(args.repeat):
                 for impl in impls:
-                    index += 1
                     run = f" (run {attempt + 1}/{args.repeat})" if args.repeat > 1 else ""
-                    print(
-                        f"[{time.strftime('%H:%M:%S')}] {impl}: {daemons} daemon(s), {change_sets} change sets{run}"
-                    )
-                    result = await bench.run(Scenario(impl, daemons, change_sets), index)
+                    log(f"{impl}: {daemons} daemon(s), {change_sets} change sets{run}")
+                    result = await bench.throughput(Scenario(impl, daemons, change_sets))
                     runs[impl].append(result)
-                    every.append(result)
+                    report.every.append(result)
                     print(
                         f"    {result.rps:.0f} req/s, p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
+                        f"cold p50 {result.cold_p50_ms:.1f} ms, cold p99 {result.cold_p99_ms:.1f} ms, "
                         f"{result.errors} errors, foreign load {result.foreign_load:.0%}"
                         + (f" (e.g. {result.first_errors[0]})" if result.first_errors else ""),
                         flush=True,
@@ -479,43 +344,59 @@ async def main_async(
             for impl, result in medians.items():
                 if impl != "baseline" and base is not None and base.rps > 0:
                     result.ratio = round(result.rps / base.rps, 3)
-                reported.append(result)
-    return reported, every
+                report.results.append(result)
+    if args.burst > 0:
+        for impl in [i for i in ("baseline", "rebaser") if i in impls]:
+            log(f"burst: {impl}, {args.burst} change sets x 1 request")
+            burst = await bench.burst(impl)
+            report.bursts.append(burst)
+            print(
+                f"    drained in {burst.drain_s:.1f}s, p99 {burst.p99_ms / 1000:.1f}s, {burst.errors} errors, "
+                f"consumers gone after {burst.consumers_zero_s}s"
+                + (f" (e.g. {burst.first_errors[0]})" if burst.first_errors else ""),
+                flush=True,
+            )
+    if args.dvu_requests > 0 and "snapshots" in impls:
+        for cost in DVU_APPS:
+            log(f"DVU burst: {args.dvu_requests} requests on one change set, {cost} DVU cost")
+            dvu = await bench.dvu_burst(cost)
+            report.dvus.append(dvu)
+            print(
+                f"    {dvu.dvu_runs} DVU runs, state {'as serial' if dvu.state_ok else 'WRONG'} ({dvu.detail})",
+                flush=True,
+            )
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
     print(
-        f"rebaser benchmark: {args.requests} requests/scenario, {args.clients} clients, "
+        f"rebaser benchmark: {args.requests or f'{args.per_change_set} x change sets'} requests/scenario, "
+        f"{args.clients} clients, "
         f"quiescent period {args.quiescent}s, daemon concurrency {args.concurrency}, file storage"
         + (f", daemon env {' '.join(args.daemon_env)}" if args.daemon_env else "")
     )
     with (
-        tempfile.TemporaryDirectory(prefix="rebaser-bench-") as tmp,
+        tempfile_dir() as tmp,
         NatsServer(host="127.0.0.1") as server,
-        Processes(Path(tmp)) as procs,
+        Processes(tmp) as procs,
     ):
         print(f"nats-server pid {server.pid} at {server.url}; logs in {tmp}")
         try:
-            results, every = asyncio.run(main_async(args, server, procs))
+            report = asyncio.run(main_async(args, server, procs))
         except (KeyboardInterrupt, asyncio.CancelledError):
             print("interrupted: stopping every subprocess", file=sys.stderr)
             return 130
-    elapsed = time.monotonic() - began
-    print()
-    print(table(results))
-    print(f"\ntotal wall time {elapsed:.0f}s")
-    if args.json is not None:
-        payload: dict[str, Any] = {
-            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "wall_seconds": round(elapsed, 1),
-            "results": [asdict(r) for r in results],
-            "all_runs": [asdict(r) for r in every],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    report.wall_seconds = time.monotonic() - began
+    write_outputs(report)
     return 0
+
+
+@contextlib.contextmanager
+def tempfile_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="rebaser-bench-") as tmp:
+        yield Path(tmp)
 
 
 if __name__ == "__main__":

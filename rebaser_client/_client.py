@@ -58,7 +58,7 @@ from rebaser_core.errors import (
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected
-from rebaser_core.tracing import get_tracer, inject
+from rebaser_core.tracing import get_tracer, inject, recording
 
 __all__ = ["RebaserClient", "Updates"]
 
@@ -117,6 +117,7 @@ class RebaserClient:
         self._nc = nc
         # Spans only if the application installed an OpenTelemetry SDK (or passes a provider): see rebaser_core.tracing.
         self._tracer = get_tracer("rebaser_client", tracer_provider)
+        self._tracer_provider = tracer_provider
         self._subjects = Subjects(prefix)
         self._router = Router(nc, self._subjects, streams=streams)
         self._content_type = content_type
@@ -396,6 +397,8 @@ class RebaserClient:
         )
 
     async def _call(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
+        if not recording(self._tracer_provider):
+            return await self._call_traced(request, timeout)
         with self._tracer.start_as_current_span(
             "rebaser.request", kind=SpanKind.CLIENT, attributes=_span_attributes(request)
         ):
@@ -466,6 +469,9 @@ class RebaserClient:
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
         headers[_NATS_EXPECTED_STREAM] = names.requests_stream
         task = names.task(request.workspace_id, request.change_set_id)
+        if not recording(self._tracer_provider):
+            inject(headers)  # a trace context the application carries, without spans of our own
+            return await self._publisher.send(str(request.id), subject, headers, body, task)
         with self._tracer.start_as_current_span(
             "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
         ):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,8 +30,9 @@ from rebaser_core.errors import (
     RebaserRefused,
     RebaserUnavailable,
 )
+from rebaser_core.requester import Requester
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack, ensure_connected, publish_task
+from rebaser_core.tasks import ensure_connected, parse_pub_ack, publish_task
 
 __all__ = ["ClientStatus", "Publisher", "Sent"]
 
@@ -101,6 +101,7 @@ class Publisher:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._nc = nc
+        self._requester = Requester(nc)  # publish acks, twice per request: lighter than nc.request
         self._subjects = subjects
         # A spooled request is replayed to its change set's shard under the layout of the time of the replay.
         self._reroute = reroute
@@ -126,6 +127,11 @@ class Publisher:
 
     async def close(self) -> None:
         """Give the spool ``flush_timeout`` to drain (while connected), then stop; the rest stays on disk."""
+        await self._close_spool()
+        with contextlib.suppress(nats.errors.Error):
+            await self._requester.close()  # its reply subscription (the connection may be the caller's)
+
+    async def _close_spool(self) -> None:
         spool, replayer = self._spool, self._replayer
         if spool is None or replayer is None:
             return
@@ -220,7 +226,7 @@ class Publisher:
         try:
             ensure_connected(self._nc, what)  # it may have dropped while we waited for a slot
             try:
-                ack = await self._nc.request(
+                ack = await self._requester.request(
                     subject, body, headers=headers, timeout=max(deadline - loop.time(), 0.001)
                 )
             except nats.errors.NoRespondersError:
@@ -232,8 +238,8 @@ class Publisher:
             except (TimeoutError, nats.errors.Error) as err:
                 # A timeout, or the connection dropped mid-request (ConnectionClosedError, OutboundBufferLimitError).
                 raise RebaserUnavailable(f"{what} failed: {err or type(err).__name__}") from None
-            check_pub_ack(ack.data, subject)
-            duplicate = bool(json.loads(ack.data).get("duplicate", False))
+            reply = parse_pub_ack(ack.data, subject)
+            duplicate = bool(reply.get("duplicate", False))
             self._last_publish_at = time.time()
             # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
             if task is None:  # a replayed request: only its subject was spooled
@@ -256,7 +262,9 @@ class Publisher:
         pause = _TASK_RETRY_FIRST
         while True:
             try:
-                await publish_task(self._nc, task, timeout=max(deadline - loop.time(), 0.001))
+                await publish_task(
+                    self._nc, task, timeout=max(deadline - loop.time(), 0.001), requester=self._requester
+                )
                 return
             except RebaserError as err:
                 if loop.time() + pause >= deadline or self._nc.is_closed:

@@ -8,7 +8,10 @@ and prints as the canonical 26-character Crockford base32 ULID. That text alphab
 
 from __future__ import annotations
 
+import base64
+import os
 import re
+import time
 from typing import Any, Self
 
 from pydantic import GetCoreSchemaHandler
@@ -46,7 +49,9 @@ class UlidId:
 
     @classmethod
     def new(cls) -> Self:
-        return cls(ULID())
+        made = cls.__new__(cls)
+        object.__setattr__(made, "_text", _new_text())
+        return made
 
     @classmethod
     def parse(cls, value: str) -> Self:
@@ -98,6 +103,28 @@ class UlidId:
 
 # Crockford base32 without I, L, O, U; the first character is at most 7 so the value fits in 128 bits.
 _ULID_TEXT = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+
+
+# A fresh ULID's text, made here rather than by python-ulid's ULID(): a client makes one per request, and that
+# generator (objects, a monotonic policy, a pure-Python encoder) was about 5% of a client's CPU. Same layout: 48 bits
+# of Unix milliseconds, 80 random bits; within one millisecond the random part counts up (monotonic, like
+# python-ulid's). Encoded by the C base32 codec: 20 bytes give 32 characters, the first 6 of which are the
+# 30 leading zero bits; the rest is translated from RFC 4648's alphabet to Crockford's.
+_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", b"0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+_RANDOM_MAX = (1 << 80) - 1
+_last = [0, 0]  # [milliseconds, random part] of the last id made in this process
+
+
+def _new_text() -> str:
+    ms = time.time_ns() // 1_000_000
+    last_ms, last_random = _last
+    if ms <= last_ms and last_random < _RANDOM_MAX:
+        ms, randomness = last_ms, last_random + 1
+    else:
+        ms, randomness = max(ms, last_ms + (ms <= last_ms)), int.from_bytes(os.urandom(10), "big")
+    _last[0], _last[1] = ms, randomness
+    raw = ((ms << 80) | randomness).to_bytes(20, "big")
+    return base64.b32encode(raw)[6:].translate(_CROCKFORD).decode()
 
 
 def _canonical_text(kind: str, value: str) -> str:

@@ -11,11 +11,13 @@ requests stream's limits that is :class:`~rebaser_core.errors.RebaserBusy` namin
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core.errors import BusyLimit, RebaserBusy, RebaserRefused, RebaserUnavailable
+from rebaser_core.requester import Requester
 
 __all__ = [
     "CHANGE_SET_FULL_RETRY_AFTER",
@@ -24,6 +26,7 @@ __all__ = [
     "busy_error",
     "check_pub_ack",
     "ensure_connected",
+    "parse_pub_ack",
     "publish_task",
 ]
 
@@ -79,16 +82,25 @@ def busy_error(subject: str, description: str, code: int) -> RebaserBusy:
 def check_pub_ack(data: bytes, subject: str, *, allow: tuple[int, ...] = ()) -> int | None:
     """The stream sequence of a JetStream publish ack; None for a refusal whose err_code is in ``allow``;
     a typed error for any other refusal."""
+    reply = parse_pub_ack(data, subject, allow=allow)
+    return None if "error" in reply else int(reply.get("seq", 0))
+
+
+def parse_pub_ack(data: bytes, subject: str, *, allow: tuple[int, ...] = ()) -> dict[str, Any]:
+    """A JetStream publish ack as a dict (a refusal whose err_code is in ``allow`` included); a typed error for any
+    other refusal."""
     try:
         reply = json.loads(data)
     except ValueError:
         raise RebaserUnavailable(f"publish to {subject}: unreadable JetStream reply {data[:80]!r}") from None
+    if not isinstance(reply, dict):
+        raise RebaserUnavailable(f"publish to {subject}: unreadable JetStream reply {data[:80]!r}")
     error = reply.get("error")
     if error is None:
-        return int(reply.get("seq", 0))
+        return reply
     code = int(error.get("err_code", 0))
     if code in allow:
-        return None
+        return reply
     description = str(error.get("description", ""))
     if code in STREAM_FULL:
         raise busy_error(subject, description, code)
@@ -106,11 +118,16 @@ def ensure_connected(nc: NatsClient, what: str) -> None:
         raise RebaserUnavailable(f"{what}: NATS connection is {state}")
 
 
-async def publish_task(nc: NatsClient, subject: str, *, timeout: float = 5.0) -> bool:
+async def publish_task(
+    nc: NatsClient, subject: str, *, timeout: float = 5.0, requester: Requester | None = None
+) -> bool:
     """Publish an empty task; True if created, False if the change set already had one."""
     ensure_connected(nc, f"publish to {subject}")
     try:
-        msg = await nc.request(subject, b"", timeout=timeout)
+        if requester is not None:
+            msg = await requester.request(subject, b"", timeout=timeout)
+        else:
+            msg = await nc.request(subject, b"", timeout=timeout)
     except nats.errors.NoRespondersError:
         raise RebaserUnavailable(f"no JetStream stream answers on {subject}") from None
     except (TimeoutError, nats.errors.Error) as err:

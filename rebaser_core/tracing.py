@@ -8,13 +8,16 @@ sends no trace headers is served all the same: its request starts a trace of its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, MutableMapping
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 
-__all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject"]
+__all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject", "recording"]
 
+# OpenTelemetry can name a tracer provider class in the environment; then it is made on first use.
+_PROVIDER_FROM_ENV = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
 # The headers the default (W3C trace context) propagator reads and writes.
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -22,6 +25,21 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 def get_tracer(name: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
     """A tracer of ``provider``, or of the global provider (no-op until an application installs one)."""
     return trace.get_tracer(name, tracer_provider=provider)
+
+
+def recording(provider: trace.TracerProvider | None = None) -> bool:
+    """Whether spans of ``provider`` (or of the global provider) go anywhere. Without an SDK every span is a no-op
+    that returns the current span, so code that only starts spans may skip them when this is False (saving the
+    context switches); what ``inject`` propagates stays the same."""
+    if provider is None:
+        # trace.get_tracer_provider() reads the environment on every call until a provider is set (a few percent
+        # of a client's CPU when asked per request); the global it sets is read directly while that is cheaper.
+        provider = getattr(trace, "_TRACER_PROVIDER", None)
+        if provider is None:
+            if not _PROVIDER_FROM_ENV:
+                return False
+            provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.NoOpTracerProvider | trace.ProxyTracerProvider)
 
 
 def inject(headers: MutableMapping[str, str], context: Context | None = None) -> None:

@@ -18,12 +18,10 @@ import logging
 
 from nats.js.errors import NotFoundError
 
-from rebaser_core.subjects import Subjects
-from rebaser_server.app import ChangeSet
 from rebaser_server.replies import dead_letter_stored
 from rebaser_server.runtime import Runtime
 
-__all__ = ["JunkRemover", "is_empty_task"]
+__all__ = ["JunkRemover"]
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +71,3 @@ class JunkRemover:
                 "removed %d messages on %d malformed subjects from %s", removed, len(subjects), stream
             )
         return removed
-
-
-async def is_empty_task(rt: Runtime, change_set: ChangeSet, subjects: Subjects | None = None) -> bool:
-    """True for a task that can have nothing to do: no request queued and no record (never processed).
-
-    Taking it would create a record (the ownership epoch) that nothing ever removes, so anyone able to publish
-    tasks could fill the bucket. A real task always finds work or a record: a client publishes its task only after
-    its request is stored, and the sweep and the release publish tasks only for queued requests.
-    """
-    return not await rt.queued(change_set, subjects=subjects) and await rt.store.read(change_set) is None

@@ -7,9 +7,10 @@ proof of ownership; time is. Two facts bound it from below, both measured on thi
 
 - **Delivery.** The task was delivered in answer to a pull request sent no earlier than ``since``, so the server
   cannot redeliver it before ``since + ack_wait``.
-- **Renewal.** A progress ack (``+WPI``) sent as a request is answered by the server once it was applied. One sent
-  at ``t`` and answered proves the server's timer restarted no earlier than ``t``: nobody else gets the task before
-  ``t + ack_wait``. (nats-py's ``in_progress()`` is fire-and-forget, which proves nothing.)
+- **Renewal.** A progress ack (``+WPI``) sent with a reply subject is answered by the server once it was applied.
+  One sent at ``t`` and answered while the lease still held proves the server's timer restarted no earlier than
+  ``t``: nobody else gets the task before ``t + ack_wait``. (nats-py's ``in_progress()`` is fire-and-forget, which
+  proves nothing.) The daemon's :class:`~rebaser_server.keeper.LeaseKeeper` sends them.
 
 The lease is *held* while that bound, less a ``margin``, lies in the future. The margin covers what happens after
 the check: an ack or nak in flight, a step that must be cancelled. A daemon applies nothing, and never acks or naks
@@ -47,14 +48,16 @@ class Lease:
     def held(self) -> bool:
         return self.remaining() > 0 and bool(self._nc.is_connected)
 
-    async def renew(self, timeout: float) -> bool:
-        """Send a confirmed progress ack; True (and the lease extended) if the server answered within ``timeout``."""
-        if not self._nc.is_connected or timeout <= 0:
-            return False
-        sent = time.monotonic()
-        try:
-            await self._nc.request(self._msg.reply, b"+WPI", timeout=timeout)
-        except (TimeoutError, nats.errors.Error):
+    @property
+    def reply_subject(self) -> str:
+        """Where progress acks, acks and nacks of this delivery go."""
+        return str(self._msg.reply)
+
+    def confirmed(self, sent: float) -> bool:
+        """The server answered a progress ack sent at ``sent`` (monotonic): extend the lease from then, if it is
+        still held now. A confirmation that arrives after the lease ran out proves nothing (the server may have
+        redelivered the task before it applied the progress ack). The sending is ``keeper.py``'s."""
+        if self.remaining() <= 0:
             return False
         self._expires = max(self._expires, sent + self._ack_wait)
         self.renewals += 1

@@ -2,8 +2,8 @@
 
 Life of a task (the daemon holds the change set's task delivery for all of it, under a :class:`Lease`):
 
-1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; start the
-   keep-alive (confirmed progress acks that renew the lease, and the watchdog) and the DVU loop.
+1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; join the
+   daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the DVU loop.
 2. **Consume**: an ordered push consumer on the change set's request subject; its callback handles one request
    at a time (nats-py awaits a subscription's callback before delivering the next message). Nothing is applied
    unless the lease is held.
@@ -54,6 +54,8 @@ T = TypeVar("T")
 # stream must stay within the window).
 _GROUP_MAX = 32
 _GROUP_MAX_WAIT = 0.005
+# A due DVU runs once no request has come for this long (or dvu_max_delay after it became due).
+_DVU_QUIET = 0.01
 # Under pressure (the daemon is full and other change sets wait for an owner), a change set idle this long lets go.
 _PRESSURE_QUIET = 1.0
 
@@ -103,6 +105,7 @@ class ChangeSetProcessor:
         self._suspect_mode = False
         self._sub: Any = None
         self._consumer: str | None = None
+        self._consumer_config = self._config()
         self._caught_up = False
         # Set while no request is waiting: a due DVU runs in a lull, so a burst of requests shares few DVU runs.
         self._lull = asyncio.Event()
@@ -111,15 +114,12 @@ class ChangeSetProcessor:
         # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
         self._steps: dict[asyncio.Task[Any], float] = {}
         self._cancelled_why: type[Exception] | None = None
-        # The keepalive loop's own stop flag. Cancelling it is not enough: nats-py's request awaits
-        # asyncio.wait_for, which on Python 3.11 swallows a cancellation that lands as the answer arrives, and a
-        # keepalive that outlives its processor renews the lease forever: the task is never redelivered and the
-        # change set is stuck (found by the KV write fault battery).
-        self._keepalive_done = False
         self._trimmer = Trimmer(rt, change_set, self._names)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None
+        self._dvu_took = 0.0  # how long the last DVU run took, and when it ended (monotonic)
+        self._dvu_ended = 0.0
         self._dvu = SerialDvu(
             self._run_dvu,
             name=f"dvu {change_set}",
@@ -143,7 +143,12 @@ class ChangeSetProcessor:
             # Delivered before this process was paused (it sat in the pull buffer): the server may have given the
             # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
             return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
-        keepalive = asyncio.create_task(self._keepalive(), name=f"keepalive {self.change_set}")
+        # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
+        await rt.keeper.add(self)
+        # The change set's consumer is created while its record is read and bumped (one round trip fewer before
+        # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
+        # num_pending also tells a task with nothing to do (no record, nothing queued).
+        consumer = asyncio.ensure_future(self._create_consumer())
         try:
             try:
                 acquired = await rt.store.acquire(
@@ -152,6 +157,7 @@ class ChangeSetProcessor:
                     rt.app.initial_state(self.change_set),
                     TaskDelivery.of(self._task_msg),
                     shard=self._names.shard,
+                    has_work=lambda: self._has_queued(consumer),
                 )
             except StaleDelivery as err:
                 return TaskResult(Outcome.STALE, reason=str(err))
@@ -169,7 +175,7 @@ class ChangeSetProcessor:
             self._dvu.start()
             if self._handle.record.dvu_pending:
                 self._dvu.notify()  # the previous owner died with a DVU due
-            await self._subscribe()
+            await self._bind(await consumer)
             if self._caught_up:
                 # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
                 # release is: a request published meanwhile is found by the check after the ack.
@@ -177,15 +183,26 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
-            self._keepalive_done = True
-            keepalive.cancel()
+            rt.keeper.remove(self)
             await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
+            if not consumer.done():
+                # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
+                await asyncio.wait({consumer})
+            if not consumer.cancelled():
+                consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
             await self._unsubscribe()
 
     # -- consuming ----------------------------------------------------------------------------------
-    async def _subscribe(self) -> None:
-        js = self._rt.js
-        config = js_api.ConsumerConfig(
+    async def _create_consumer(self) -> js_api.ConsumerInfo:
+        info = await self._rt.js.add_consumer(self._names.requests_stream, self._consumer_config)
+        self._consumer = info.name
+        return info
+
+    async def _has_queued(self, consumer: asyncio.Future[js_api.ConsumerInfo]) -> bool:
+        return ((await consumer).num_pending or 0) > 0
+
+    def _config(self) -> js_api.ConsumerConfig:
+        return js_api.ConsumerConfig(
             filter_subject=self._subject,
             deliver_policy=js_api.DeliverPolicy.ALL,
             deliver_subject=self._rt.nc.new_inbox(),
@@ -197,9 +214,10 @@ class ChangeSetProcessor:
             num_replicas=1,
             inactive_threshold=30.0,
         )
+
+    async def _bind(self, info: js_api.ConsumerInfo) -> None:
         # add_consumer + subscribe_bind (not js.subscribe) keeps the consumer's name and num_pending.
-        info = await js.add_consumer(self._names.requests_stream, config)
-        self._consumer = info.name
+        js, config = self._rt.js, self._consumer_config
         self._caught_up = (info.num_pending or 0) == 0
         log.debug("%s: consuming, %d requests queued", self.change_set, info.num_pending or 0)
         if not self._caught_up:
@@ -210,13 +228,13 @@ class ChangeSetProcessor:
 
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
-        if sub is None:
-            return
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         # Unsubscribing leaves the server-side consumer until the server reaps it; delete it so the consumer
         # count tracks active change sets. After a reset the ordered consumer has a new name.
         name = getattr(sub, "_consumer", None) or self._consumer
+        self._consumer = None
         if name:
             # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
             _in_background(self._rt.js.delete_consumer(self._names.requests_stream, name))
@@ -296,11 +314,27 @@ class ChangeSetProcessor:
     async def _run_dvu(self) -> None:
         handle = self._handle
         assert handle is not None
-        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that arrives just as the
-        # awaited thing completes, and a swallowed cancel would keep SerialDvu.stop() waiting for ever.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._rt.settings.dvu_max_delay):
-                await self._lull.wait()
+        max_delay = self._rt.settings.dvu_max_delay
+        # A costly DVU must not run in every short lull of a steady stream of requests: after a run that took d
+        # seconds, requests get at least d (at most dvu_max_delay) before the next one starts, so DVU runs take at
+        # most about half the change set's time while requests keep coming, and a burst shares few runs.
+        spacing = min(self._dvu_took, max_delay) - (time.monotonic() - self._dvu_ended)
+        if spacing > 0:
+            await asyncio.sleep(spacing)
+        # Then a lull that lasts _DVU_QUIET (a burst's requests arrive closer together than that), at most
+        # dvu_max_delay after the run became due. asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+        # cancellation that arrives just as the awaited thing completes, and a swallowed cancel would keep
+        # SerialDvu.stop() waiting for ever.
+        deadline = time.monotonic() + max_delay
+        while (remaining := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._lull.wait()
+            quiet_for = time.monotonic() - self._last_activity
+            if self._lull.is_set() and quiet_for >= _DVU_QUIET:
+                break
+            await asyncio.sleep(min(max(_DVU_QUIET - quiet_for, 0.001), max(remaining, 0.0)))
+        started = time.monotonic()
         try:
             # The DVU run's trace span (rebaser_server.observe).
             async with handle.lock, self._rt.observe.dvu(self.change_set):
@@ -310,6 +344,8 @@ class ChangeSetProcessor:
                 state = await self._step(self._rt.app.dependent_values_update(self.change_set, record.state))
                 await handle.commit(replace(handle.record, state=state, dvu_pending=False))
             self._rt.stats.dvu_runs += 1
+            self._dvu_ended = time.monotonic()
+            self._dvu_took = self._dvu_ended - started
         except FencedError as err:
             self._finish(Outcome.FENCED, reason=str(err))
         except LeaseLost:
@@ -354,38 +390,29 @@ class ChangeSetProcessor:
         for task in list(self._steps):
             task.cancel()
 
-    async def _keepalive(self) -> None:
-        """Renew the lease with confirmed progress acks while the work is alive; stop everything once it runs out,
-        and give the task up if a step wedges."""
+    def watch(self, now: float) -> bool:
+        """The watchdog, called by the daemon's lease keeper at least every progress_period (and when the lease is
+        due to run out): stop everything once the lease runs out, give the task up if a step wedges. False once no
+        more renewals are wanted."""
         settings, lease = self._rt.settings, self.lease
-        while not self._keepalive_done:
-            renewed = await lease.renew(timeout=min(settings.progress_period, lease.remaining()))
-            if renewed:
-                self._rt.stats.lease_renewals += 1
-            if self._keepalive_done:
-                return
-            # After a failed renewal, look again at the latest when the lease runs out.
-            await asyncio.sleep(max(0.0, min(settings.progress_period, lease.remaining())))
-            if self._keepalive_done:
-                return
-            # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
-            # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
-            if lease.remaining() <= 0:
-                log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
-                self._rt.stats.leases_lost += 1
-                self._finish(Outcome.LEASE_LOST, reason="lease ran out")
-                self._cancel_steps(LeaseLost)
-                return
-            now = time.monotonic()
-            if any(now - started > settings.handler_deadline for started in self._steps.values()):
-                log.error(
-                    "%s: a step overran handler_deadline (%.1fs); giving the task up",
-                    self.change_set,
-                    settings.handler_deadline,
-                )
-                self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
-                self._cancel_steps(Wedged)
-                return
+        # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
+        # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
+        if lease.remaining() <= 0:
+            log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
+            self._rt.stats.leases_lost += 1
+            self._finish(Outcome.LEASE_LOST, reason="lease ran out")
+            self._cancel_steps(LeaseLost)
+            return False
+        if any(now - started > settings.handler_deadline for started in self._steps.values()):
+            log.error(
+                "%s: a step overran handler_deadline (%.1fs); giving the task up",
+                self.change_set,
+                settings.handler_deadline,
+            )
+            self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
+            self._cancel_steps(Wedged)
+            return False
+        return True
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:

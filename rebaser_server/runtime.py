@@ -10,10 +10,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import Hooks
+from rebaser_server.keeper import LeaseKeeper
 from rebaser_server.observe import Observer
 from rebaser_server.state import ChangeSetStore
 
@@ -85,6 +87,18 @@ class Runtime:
     observe: Observer = field(default_factory=Observer)
     # The cluster's shard layout as last read (rebaser_server.shards follows it).
     layout: Layout = field(default_factory=Layout)
+    # Renews every owned change set's lease and runs their watchdog (one loop per daemon).
+    keeper: LeaseKeeper = field(init=False)
+    # Request-reply for the per-request hot paths (commits, purges): rebaser_core.requester.
+    requester: Requester = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.requester = self.store.requester or Requester(self.nc)
+
+        def renewed() -> None:
+            self.stats.lease_renewals += 1
+
+        self.keeper = LeaseKeeper(self.nc, period=self.settings.progress_period, on_renewed=renewed)
 
     @property
     def subjects(self) -> Subjects:

@@ -16,16 +16,15 @@ import logging
 import os
 import random
 import socket
-import time
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.js.errors import FetchTimeoutError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import RequestId
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
@@ -33,13 +32,13 @@ from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.handback import hand_back
 from rebaser_server.health import ConnectionWatch, StatusReporter
 from rebaser_server.hooks import Hooks
-from rebaser_server.junk import is_empty_task
 from rebaser_server.migration import old_shard_busy
 from rebaser_server.processor import ChangeSetProcessor, Outcome, TaskResult
+from rebaser_server.puller import TaskPuller
 from rebaser_server.queries import QueryService
 from rebaser_server.runtime import Runtime, Stats
 from rebaser_server.shards import ShardPullers
-from rebaser_server.state import ChangeSetStore, TaskDelivery
+from rebaser_server.state import ChangeSetStore, NothingToDo, TaskDelivery
 from rebaser_server.sweeper import Sweeper
 
 __all__ = ["Daemon"]
@@ -49,10 +48,9 @@ log = logging.getLogger(__name__)
 # A pending pull request is answered within this long even when idle, so shutdown never waits longer to stop
 # pulling (and never leaves a pull request open that could hand us a task after we stopped).
 _FETCH_TIMEOUT = 1.0
-# One task per pull: nats-py's fetch(batch > 1) holds the pull open until the whole batch arrives or the timeout
-# passes (docs/design.md §6), which stalled newly active change sets for up to _FETCH_TIMEOUT (measured: p99 1.1 s).
-# A pull per task *activation* (not per request) is cheap.
-_FETCH_BATCH = 1
+# Tasks asked for per pull request (at most the free slots). Each is handed out as it arrives (puller.py), so a
+# large batch stalls nobody; it only saves round trips when many change sets become active at once.
+_FETCH_BATCH = 256
 # Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
 _SETUP_RETRY_FIRST = 0.2
 _SETUP_RETRY_MAX = 5.0
@@ -85,7 +83,8 @@ class Daemon:
     ) -> None:
         js = nc.jetstream(timeout=settings.nats_timeout)
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
-        self.rt = Runtime(nc, js, settings, app, ChangeSetStore(js, settings), owner, hooks or Hooks())
+        store = ChangeSetStore(js, settings, Requester(nc))
+        self.rt = Runtime(nc, js, settings, app, store, owner, hooks or Hooks())
         self.sweeper = Sweeper(self.rt)
         self.queries = QueryService(self.rt)
         self._sweep = sweep
@@ -93,7 +92,7 @@ class Daemon:
         self._slot_freed = asyncio.Event()
         self._stopping = False
         # One pull loop (_pull) per served shard: rebaser_server.shards.
-        self.shards = ShardPullers(self.rt, self._pull)
+        self.shards = ShardPullers(self.rt, self._pull, expires=_FETCH_TIMEOUT)
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(self.rt, self.watch)
@@ -118,6 +117,7 @@ class Daemon:
             return  # shut down while starting (a signal): start nothing
         await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
+        await rt.keeper.start()
         if self._stopping:
             return  # shut down meanwhile: take no task
         await self.shards.start()
@@ -159,7 +159,7 @@ class Daemon:
                 await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                 pause = min(pause * 2, _SETUP_RETRY_MAX)
 
-    async def _pull(self, sub: Any, subjects: Subjects) -> None:
+    async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
         settings = self.rt.settings
         while not self._stopping:
@@ -179,28 +179,23 @@ class Daemon:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
-            # A delivery may answer this pull, or an earlier one that expired (up to _FETCH_TIMEOUT before): the
-            # server cannot have delivered it before then, which bounds its lease from below (see lease.py).
-            pulled_at = time.monotonic() - _FETCH_TIMEOUT
             try:
-                msgs: list[Msg] = await sub.fetch(batch=min(free, _FETCH_BATCH), timeout=_FETCH_TIMEOUT)
-            except (TimeoutError, FetchTimeoutError):
-                continue
+                # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
+                # it before then, which bounds its lease from below (see lease.py).
+                async for msg, pulled_at in sub.pull(min(free, _FETCH_BATCH)):
+                    if self._stopping or len(self._active) >= settings.concurrency:
+                        # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
+                        # hand it straight back.
+                        with contextlib.suppress(Exception):
+                            await hand_back(self.rt.nc, msg)
+                    else:
+                        await self._take(msg, pulled_at, subjects)
             except Exception as err:
                 if self._stopping:
                     break
                 log.warning("fetching tasks failed (%s); retrying", err)
                 await asyncio.sleep(_FETCH_TIMEOUT)
                 continue
-            for i, msg in enumerate(msgs):
-                if self._stopping or i >= free or len(self._active) >= settings.concurrency:
-                    # Fetched during shutdown, or beyond our free slots (nats-py's fetch also returns deliveries
-                    # of an earlier, expired pull that arrived late; or another shard's puller took the last
-                    # slot meanwhile): hand it straight back.
-                    with contextlib.suppress(Exception):
-                        await hand_back(self.rt.nc, msg)
-                else:
-                    await self._take(msg, pulled_at, subjects)
 
     async def _others_waiting(self) -> bool:
         """Do change sets wait for an owner (tasks the shared consumer has not delivered yet)? From the health
@@ -251,6 +246,8 @@ class Daemon:
             return "a task puller has stopped"
         if not self._stopping and self._watch_task is not None and self._watch_task.done():
             return "the NATS watch has stopped"
+        if not self._stopping and self.shards.shards and not self.rt.keeper.running:
+            return "the lease keeper has stopped"
         return None
 
     async def status(self) -> dict[str, Any]:
@@ -306,10 +303,6 @@ class Daemon:
         stats = self.rt.stats
         try:
             try:
-                if await is_empty_task(self.rt, processor.change_set, processor.subjects):
-                    stats.tasks_dropped += 1
-                    await processor.lease.term()
-                    return
                 # Order across a layout change: what is queued in the change set's old shard goes first.
                 busy = await old_shard_busy(self.rt, processor.change_set, processor.subjects)
                 if busy is not None:
@@ -317,6 +310,11 @@ class Daemon:
                     result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
                 else:
                     result = await processor.run()
+            except NothingToDo:
+                # An empty task (no request queued, no record): taking it would create a record nothing removes.
+                stats.tasks_dropped += 1
+                await processor.lease.term()
+                return
             except (TimeoutError, nats.errors.Error) as err:
                 # NATS trouble (a leader election, an outage): expected in operation, one line, no traceback.
                 log.warning("%s: task failed on NATS (%r); it will be retried", processor.change_set, err)
@@ -355,7 +353,7 @@ class Daemon:
         self._stopping = True
         self._slot_freed.set()
         settings = self.rt.settings
-        # Each puller may finish its fetch; then it is cancelled and its subscription dropped.
+        # Each puller may finish its fetch; then it is stopped, and what it fetched but never took is handed back.
         await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
@@ -366,6 +364,7 @@ class Daemon:
             await asyncio.wait(set(self._active), timeout=settings.shutdown_grace + 5.0)
         if self._active:
             log.error("%d change sets did not finish handing back in time", len(self._active))
+        await self.rt.keeper.stop()
         for what, stop in (("queries", self.queries.stop), ("app", self.rt.app.stop)):
             try:
                 async with asyncio.timeout(settings.nats_timeout):

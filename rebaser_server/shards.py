@@ -25,13 +25,15 @@ from rebaser_core.layout_store import LayoutFollower, init_layout
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
+from rebaser_server.handback import hand_back
+from rebaser_server.puller import TaskPuller
 from rebaser_server.runtime import Runtime
 
 __all__ = ["ShardPullers", "replica_index", "served_shards"]
 
 log = logging.getLogger(__name__)
 
-PullLoop = Callable[[Any, Subjects], Coroutine[Any, Any, None]]
+PullLoop = Callable[[TaskPuller, Subjects], Coroutine[Any, Any, None]]
 
 
 def replica_index(settings: Settings, hostname: str | None = None) -> int:
@@ -63,16 +65,17 @@ def served_shards(layout: Layout, settings: Settings, hostname: str | None = Non
 @dataclass
 class _Puller:
     shard: int
-    sub: Any
+    sub: TaskPuller
     task: asyncio.Task[None]
 
 
 class ShardPullers:
     """One pull loop (the daemon's ``_pull``) per served shard; started, changed and stopped with the layout."""
 
-    def __init__(self, rt: Runtime, pull: PullLoop, *, hostname: str | None = None) -> None:
+    def __init__(self, rt: Runtime, pull: PullLoop, *, expires: float, hostname: str | None = None) -> None:
         self._rt = rt
         self._pull = pull
+        self._expires = expires  # of each pull request (rebaser_server.puller)
         self._hostname = hostname
         self._pullers: dict[int, _Puller] = {}
         self._follower: LayoutFollower | None = None
@@ -126,7 +129,9 @@ class ShardPullers:
                 await self._stop_one(self._pullers.pop(shard))
             for shard in sorted(wanted - set(self._pullers)):
                 subjects = self._rt.subjects.for_shard(shard)
-                sub = await self._rt.js.pull_subscribe_bind(subjects.tasks_consumer, subjects.tasks_stream)
+                sub = TaskPuller(
+                    self._rt.nc, subjects.tasks_stream, subjects.tasks_consumer, expires=self._expires
+                )
                 task = asyncio.create_task(self._pull(sub, subjects), name=f"rebaser task puller {shard}")
                 self._pullers[shard] = _Puller(shard, sub, task)
             log.info("serving shards %s of %d (%s)", sorted(wanted), layout.streams, layout.mode)
@@ -137,9 +142,11 @@ class ShardPullers:
         if not puller.task.done():
             puller.task.cancel()
             await asyncio.wait({puller.task}, timeout=2.0)
-        # Status messages of expired pulls can sit unread in its queue, and would stall the connection's drain.
         with contextlib.suppress(Exception):
-            await puller.sub.unsubscribe()
+            await puller.sub.stop()
+        for msg in puller.sub.leftovers():  # delivered, never taken: hand back at once
+            with contextlib.suppress(Exception):
+                await hand_back(self._rt.nc, msg)
 
     def stopped_unexpectedly(self) -> bool:
         return any(p.task.done() for p in self._pullers.values())

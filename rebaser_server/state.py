@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Mapping
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import cbor2
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter
 
@@ -30,6 +31,7 @@ from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, Resp
 from rebaser_core.api.cbor_scan import CborLimits, scan_item
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
@@ -39,11 +41,15 @@ __all__ = [
     "ChangeSetHandle",
     "ChangeSetRecord",
     "ChangeSetStore",
+    "NothingToDo",
     "StaleDelivery",
     "TaskDelivery",
 ]
 
 _STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
+# The header a compare-and-set write carries, and the error JetStream answers when the key moved on.
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_WRONG_LAST_SEQUENCE = 10071
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
@@ -191,14 +197,28 @@ class StaleDelivery(Exception):
     """A task delivery older than the one that owns the change set: act on it in no way (no ack, no nak)."""
 
 
+class NothingToDo(Exception):
+    """A task for a change set with no record and no queued request: drop it without creating a record."""
+
+
 class ChangeSetHandle:
     """An owner's view of one change set's record. Commits are serialized by ``lock``."""
 
-    def __init__(self, kv: KeyValue, key: str, record: ChangeSetRecord, revision: int) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        key: str,
+        record: ChangeSetRecord,
+        revision: int,
+        requester: Requester | None = None,
+        timeout: float = 5.0,
+    ) -> None:
         self._kv = kv
         self.key = key
         self.record = record
         self.revision = revision
+        self._requester = requester
+        self._timeout = timeout
         # Request applies and DVU runs both read-modify-write the record; the lock orders them inside one owner,
         # so a failed compare-and-set can only mean another owner wrote: the fence.
         self.lock = asyncio.Lock()
@@ -206,12 +226,31 @@ class ChangeSetHandle:
     async def commit(self, record: ChangeSetRecord) -> None:
         """Write ``record`` if nobody else wrote since our last write; else raise FencedError."""
         try:
-            self.revision = await self._kv.update(self.key, record.encode(), last=self.revision)
+            if self._requester is None:
+                self.revision = await self._kv.update(self.key, record.encode(), last=self.revision)
+            else:
+                self.revision = await self._update(record.encode())
         except KeyWrongLastSequenceError:
             raise FencedError(
                 f"change set {self.key} was taken over (epoch {record.epoch} is stale)"
             ) from None
         self.record = record
+
+    async def _update(self, value: bytes) -> int:
+        """``KeyValue.update`` (a publish to the key's subject expecting its last revision) over the light
+        requester: this runs once per group commit."""
+        prefix = getattr(self._kv, "_pre", None) or f"$KV.{self._kv._name}."
+        assert self._requester is not None
+        reply = await self._requester.request(
+            f"{prefix}{self.key}", value, timeout=self._timeout, headers={_EXPECTED_LAST: str(self.revision)}
+        )
+        ack = json.loads(reply.data)
+        error = ack.get("error")
+        if error is not None:
+            if error.get("err_code") == _WRONG_LAST_SEQUENCE:
+                raise KeyWrongLastSequenceError(description=error.get("description", ""))
+            raise APIError.from_error(error)
+        return int(ack["seq"])
 
     async def still_owner(self) -> bool:
         """True if the stored record is still the one this owner last wrote."""
@@ -231,10 +270,11 @@ class Acquired:
 class ChangeSetStore:
     """The KV bucket of change-set records."""
 
-    def __init__(self, js: JetStreamContext, settings: Settings) -> None:
+    def __init__(self, js: JetStreamContext, settings: Settings, requester: Requester | None = None) -> None:
         self._js = js
         self._settings = settings
         self._kv: KeyValue | None = None
+        self._requester = requester  # commits go through it when given (the daemon's)
 
     async def open(self) -> None:
         name = self._settings.subjects.change_sets_bucket
@@ -247,6 +287,10 @@ class ChangeSetStore:
             self._kv = await self._js.create_key_value(
                 KeyValueConfig(bucket=name, history=1, storage=storage, replicas=self._settings.replicas)
             )
+
+    @property
+    def requester(self) -> Requester | None:
+        return self._requester
 
     @property
     def kv(self) -> KeyValue:
@@ -279,17 +323,26 @@ class ChangeSetStore:
         delivery: TaskDelivery,
         *,
         shard: int = 0,
+        has_work: Callable[[], Awaitable[bool]] | None = None,
     ) -> Acquired:
         """Become the owner for ``delivery``: bump the epoch with compare-and-set, fencing every previous owner.
 
         Raises :class:`StaleDelivery` if the record names a delivery of the same task message that is at least as
-        new: this one was redelivered elsewhere while it waited in a paused daemon's buffer.
+        new: this one was redelivered elsewhere while it waited in a paused daemon's buffer. A change set without a
+        record is created only if ``has_work()`` says a request is queued; else :class:`NothingToDo`: a record
+        is an ownership epoch that nothing ever removes, so a task with nothing to do (anyone able to publish tasks
+        could send them) must not leave one. A real task always finds work or a record: a client publishes its
+        task only after its request is stored, and the sweep and the release publish tasks only for queued ones.
         """
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
             try:
                 entry = await self.kv.get(key)
             except KeyNotFoundError:
+                if has_work is not None and not await has_work():
+                    raise NothingToDo(
+                        f"change set {key}: a task with no record and no queued request"
+                    ) from None
                 record = ChangeSetRecord(
                     epoch=1,
                     owner=owner,
@@ -302,7 +355,7 @@ class ChangeSetStore:
                     revision = await self.kv.create(key, record.encode())
                 except KeyWrongLastSequenceError:
                     continue
-                return Acquired(ChangeSetHandle(self.kv, key, record, revision), unclean=False)
+                return Acquired(self._handle(key, record, revision), unclean=False)
             assert entry.value is not None and entry.revision is not None
             current = ChangeSetRecord.decode(entry.value)
             if current.shard != shard:
@@ -334,8 +387,11 @@ class ChangeSetStore:
                 continue
             # The same task message again, not handed back on purpose: its owner died or froze holding it.
             unclean = same_task and not current.handed_back
-            return Acquired(ChangeSetHandle(self.kv, key, record, revision), unclean=unclean)
+            return Acquired(self._handle(key, record, revision), unclean=unclean)
         raise FencedError(f"could not take change set {key} over: it kept changing")
+
+    def _handle(self, key: str, record: ChangeSetRecord, revision: int) -> ChangeSetHandle:
+        return ChangeSetHandle(self.kv, key, record, revision, self._requester, self._settings.nats_timeout)
 
     @staticmethod
     def _key(change_set: ChangeSet) -> str:

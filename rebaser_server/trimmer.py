@@ -84,7 +84,7 @@ class Trimmer:
         await rt.hooks.checkpoint("purging", self._change_set)
         subject = f"{_JS_API}.STREAM.PURGE.{self._names.requests_stream}"
         payload = json.dumps({"filter": self._subject, "seq": seq}).encode()
-        reply = await rt.nc.request(subject, payload, timeout=rt.settings.nats_timeout)
+        reply = await rt.requester.request(subject, payload, timeout=rt.settings.nats_timeout)
         data = json.loads(reply.data)
         if "error" in data:
             raise RuntimeError(str(data["error"]))

@@ -1,0 +1,130 @@
+"""One implementation under test on a fresh subject prefix: the daemons (or hand-written workers) as subprocesses,
+and how to send one request to them and read what JetStream holds for them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from nats.aio.client import Client
+
+from bench.baseline import BaselineClient, names, setup_streams
+from rebaser_client import RebaserClient
+from rebaser_core.api import SetLiteral, SuccessStatus
+from rebaser_core.ids import ChangeSetId
+from rebaser_core.subjects import Subjects
+
+if TYPE_CHECKING:
+    from bench.bench import Bench
+
+# "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
+# "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
+APPS = {
+    "rebaser": "rebaser_server.apps.counter:CounterApp",
+    "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
+}
+
+
+class Deployment:
+    """One implementation's daemons or workers on a fresh prefix, and a function sending one request."""
+
+    def __init__(self, bench: Bench, impl: str, daemons: int, app: str | None = None) -> None:
+        self.bench, self.impl, self.daemons = bench, impl, daemons
+        self.app = app or APPS.get(impl, "")
+        self.prefix = f"b{bench.next_index()}{impl[0]}{secrets.token_hex(3)}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.client: RebaserClient | None = None
+        self.base: BaselineClient | None = None
+
+    async def start(self, nc: Client, env: dict[str, str] | None = None) -> None:
+        bench = self.bench
+        if self.impl == "baseline":
+            await setup_streams(nc.jetstream(), self.prefix)
+            args = [
+                sys.executable,
+                "-m",
+                "bench.baseline",
+                "--url",
+                bench.server.url,
+                "--prefix",
+                self.prefix,
+            ]
+            args += ["--quiet", str(bench.args.quiescent)]
+            marker = "baseline worker ready"
+            self.base = BaselineClient(nc, self.prefix)
+            await self.base.start()
+        else:
+            args = [sys.executable, "-m", "rebaser_server", "--nats-url", bench.server.url]
+            # No health endpoint: several daemons share this host, and a taken health port is an error.
+            args += [
+                "--prefix",
+                self.prefix,
+                "--app",
+                self.app,
+                "--log-level",
+                "WARNING",
+                "--http-port",
+                "-1",
+            ]
+            marker = "rebaser daemon serving"
+            self.client = RebaserClient(nc, prefix=self.prefix, max_in_flight=bench.args.max_in_flight)
+        full_env = {**bench.env, **(env or {})}
+        self.procs = [bench.procs.spawn(f"{self.prefix}-{i}", args, full_env) for i in range(self.daemons)]
+        for proc in self.procs:
+            await bench.procs.wait_ready(proc, marker)
+
+    async def send(self, cs: ChangeSetId, i: int) -> bool:
+        timeout = self.bench.args.timeout
+        if self.base is not None:
+            reply = await self.base.call(str(cs), i, timeout)
+            return bool(reply["ok"]) and reply["value"] == i
+        assert self.client is not None
+        updates = [SetLiteral(path="/n", value=i)]
+        answer = await self.client.enqueue_updates_with_reply(
+            self.bench.workspace, cs, updates, timeout=timeout
+        )
+        return isinstance(answer.status, SuccessStatus)
+
+    def pids(self) -> dict[str, list[int]]:
+        return {
+            "nats-server": [self.bench.server.pid or 0],
+            "daemons": [p.pid for p in self.procs],
+            "client": [os.getpid()],
+        }
+
+    @property
+    def streams(self) -> tuple[str, str, str]:
+        """(requests stream, tasks stream, tasks consumer)."""
+        if self.impl == "baseline":
+            n = names(self.prefix)
+            return n["requests_stream"], n["tasks_stream"], "tasks"
+        s = Subjects(self.prefix)
+        return s.requests_stream, s.tasks_stream, s.tasks_consumer
+
+    async def activations(self, nc: Client) -> int:
+        _, stream, consumer = self.streams
+        try:
+            info = await nc.jetstream().consumer_info(stream, consumer)
+        except Exception:
+            return -1
+        return int(info.delivered.consumer_seq or 0) if info.delivered else -1
+
+    async def consumers(self, nc: Client) -> int:
+        info = await nc.jetstream().stream_info(self.streams[0])
+        return int(info.state.consumer_count)
+
+    async def stop(self, nc: Client) -> None:
+        for proc in self.procs:
+            await self.bench.procs.stop(proc)
+        if self.base is not None:
+            await self.base.stop()
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):
+            for info in await js.streams_info():
+                name = info.config.name or ""
+                if name.startswith((f"{self.prefix}_", f"KV_{self.prefix}_", f"OBJ_{self.prefix}_")):
+                    await js.delete_stream(name)

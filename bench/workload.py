@@ -1,0 +1,134 @@
+"""The benchmark's load and its results: coroutine clients sending requests and awaiting replies, latency
+percentiles, CPU accounting per process group."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from bench.procs import cpu_seconds, machine_busy_seconds
+
+Send = Callable[[int, int], Awaitable[bool]]
+
+
+@dataclass
+class Result:
+    impl: str
+    daemons: int
+    change_sets: int
+    requests: int
+    errors: int
+    seconds: float
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    cold_p50_ms: float
+    cold_p99_ms: float
+    warm_p99_ms: float
+    activations: int
+    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
+    foreign_load: float = 0.0  # share of the machine's CPUs used by processes outside the benchmark
+    ratio: float | None = None
+    first_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BurstResult:
+    impl: str
+    change_sets: int
+    errors: int
+    drain_s: float
+    p50_ms: float
+    p99_ms: float
+    consumers_zero_s: float | None  # after the drain, until the requests stream had no consumer (None: never)
+    foreign_load: float = 0.0
+    first_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DvuResult:
+    cost: str  # "natural" or "10x"
+    requests: int
+    errors: int
+    seconds: float
+    dvu_runs: int
+    state_ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Drive:
+    latencies: dict[int, float]  # plan index -> seconds, for every request answered successfully
+    errors: list[str]
+    seconds: float
+
+
+async def drive(send: Send, plan: list[int], clients: int) -> Drive:
+    """``clients`` coroutines share the plan; each sends one request at a time and waits for its reply."""
+    latencies: dict[int, float] = {}
+    errors: list[str] = []
+    todo: Iterator[int] = iter(range(len(plan)))
+
+    async def client() -> None:
+        for i in todo:
+            start = time.perf_counter()
+            try:
+                ok = await send(i, plan[i])
+                error = "" if ok else "unsuccessful reply"
+            except Exception as err:
+                error = f"{type(err).__name__}: {err}"
+            if error:
+                errors.append(error)
+            else:
+                latencies[i] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(min(clients, len(plan)))))
+    return Drive(latencies, errors, time.perf_counter() - start)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
+
+
+def ms(values: list[float], q: float) -> float:
+    return round(percentile(sorted(v * 1000 for v in values), q), 2)
+
+
+def first_of_each(plan: list[int]) -> set[int]:
+    """Indexes of the plan's cold requests: the first request of each change set."""
+    seen: set[int] = set()
+    cold: set[int] = set()
+    for i, c in enumerate(plan):
+        if c not in seen:
+            seen.add(c)
+            cold.add(i)
+    return cold
+
+
+class CpuMeter:
+    """CPU seconds of each process group, and of the whole machine, between start and stop."""
+
+    def __init__(self, pids: dict[str, list[int]]) -> None:
+        self.pids = pids
+        self.before = {k: sum(map(cpu_seconds, v)) for k, v in pids.items()}
+        self.busy_before = machine_busy_seconds()
+        self.used: dict[str, float] = {}
+        self.foreign = 0.0
+
+    def stop(self, seconds: float) -> None:
+        after = {k: sum(map(cpu_seconds, v)) for k, v in self.pids.items()}
+        self.used = {k: after[k] - self.before[k] for k in after}
+        busy = machine_busy_seconds() - self.busy_before
+        self.foreign = round(
+            max(0.0, busy - sum(self.used.values())) / (max(seconds, 1e-9) * (os.cpu_count() or 1)), 3
+        )

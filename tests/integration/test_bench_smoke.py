@@ -1,0 +1,60 @@
+"""``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page.
+
+Tiny loads (a few dozen requests), so it finishes in seconds; no figure is asserted (timing belongs in the
+benchmark itself, on a machine of its own), only that every row of the page is there and nothing failed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ROWS = (
+    "no-op app throughput ÷ hand-written",
+    "built-in app throughput ÷ hand-written",
+    "no-op app cold p99 ÷ hand-written cold p99",
+    "no-op app cold p99 ÷ its own warm p99",
+    "burst (20 change sets x 1): drain time ÷ hand-written",
+    "daemon CPU per request ÷ hand-written",
+    "client CPU per request ÷ hand-written",
+    "2 daemons ÷ 1 daemon (throughput)",
+    "DVU burst (20 requests on one change set), natural DVU cost",
+    "DVU burst (20 requests on one change set), 10x DVU cost",
+)
+
+
+def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(
+        "# Benchmarks\n\nkept above\n\n<!-- bench:begin (old) -->\n<!-- bench:end -->\n\nkept below\n"
+    )
+    doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
+    args = ["--per-change-set", "4", "--change-sets", "10", "--daemons", "1,2", "--burst", "20"]
+    args += ["--dvu-requests", "20", "--quiescent", "0.5", "--clients", "8", "--doc", str(doc)]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    page = doc.read_text()
+    assert "kept above" in page and "kept below" in page  # hand-written notes survive a rewrite
+    for row in ROWS:
+        assert f"| {row}" in page, f"missing row {row!r} in:\n{page}"
+    assert "not measured" not in page
+    assert "WRONG" not in page  # the DVU burst's final state is the serial one
+    assert "python bench/bench.py --per-change-set 4" in page  # the command that produced it
+
+
+def _begin_marker() -> str:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.report import BEGIN
+    finally:
+        sys.path.remove(str(ROOT))
+    return BEGIN
