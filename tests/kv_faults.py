@@ -18,11 +18,13 @@ from typing import Any
 import nats.errors
 from nats.js.kv import KeyValue
 
+from rebaser_server.state import ChangeSetHandle
 from rebaser_server.trimmer import Trimmer
 
 _original_update = KeyValue.update
 _original_create = KeyValue.create
 _original_purge = Trimmer._purge_below
+_original_commit = ChangeSetHandle._update  # a group commit's compare-and-set (over the daemon's requester)
 
 
 def _failing(switch: Path, original: Any) -> Any:
@@ -44,3 +46,4 @@ def install_from_env() -> None:
         KeyValue.update = _failing(switch, _original_update)  # type: ignore[method-assign]
         KeyValue.create = _failing(switch, _original_create)  # type: ignore[method-assign]
         Trimmer._purge_below = _failing(switch, _original_purge)  # type: ignore[method-assign]
+        ChangeSetHandle._update = _failing(switch, _original_commit)  # type: ignore[method-assign]
