@@ -302,6 +302,8 @@ class RebaserClient:
 
         ``dvu_pending`` may still be true in the answer when no daemon owns the change set (a DVU that kept failing
         waits for the next request): nothing will change until then."""
+        if not timeout >= 0:  # NaN too: it never reaches a deadline, and the loop below would ask forever
+            raise RebaserRefused(f"wait_settled: timeout must be a number of seconds >= 0, got {timeout}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
