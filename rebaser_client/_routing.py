@@ -7,6 +7,11 @@ one subject in a caller's publish permissions (docs/nats-accounts.conf), not the
 No layout entry means no daemon has set the deployment up yet (or it predates shards): the client routes by the
 ``streams`` it was given (default 1) until one appears. A ``streams`` that disagrees with the cluster's layout at
 start is a LayoutMismatch, never silent mis-routing.
+
+Until the layout has been read once (a client started while disconnected, or whose first read failed), the client
+does not know where a change set's requests go: it publishes none (they are spooled, or the caller is told
+``RebaserUnavailable``) rather than guess shard 0, where a request would be applied out of order with the same
+caller's later ones in the change set's real shard.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import logging
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.errors import LayoutMismatch
+from rebaser_core.errors import LayoutMismatch, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.layout_store import DEFAULT_POLL
@@ -61,7 +66,9 @@ class Router:
         self._nc = nc
         self._subjects = subjects
         self._flag = streams
-        self.layout = Layout(streams=streams or 1)
+        self._layout = Layout(streams=streams or 1)
+        # Read from the cluster at least once (an answer saying there is no layout counts): routing is sure.
+        self.known = False
         self._poller: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -72,21 +79,43 @@ class Router:
         async with self._lock:
             if self._poller is not None:
                 return
+            read_failed = False
             try:
-                # Disconnected: do not wait for the read (enqueues fail fast meanwhile); the follower reads it later.
+                # Disconnected: do not wait for the read (enqueues fail fast or spool meanwhile); the follower reads it.
                 found = await fetch_layout(self._nc, self._subjects) if self._nc.is_connected else None
             except (TimeoutError, nats.errors.Error) as err:
-                # NATS is slow or the caller may not read the layout: route by the flag, and keep looking.
-                log.warning(
-                    "cannot read the shard layout (%s); routing by %d streams for now",
-                    err,
-                    self.layout.streams,
-                )
-                found = None
+                # NATS is slow: nothing is routed until a read succeeds (the follower keeps looking).
+                log.warning("cannot read the shard layout (%s); requests wait until it is read", err)
+                found, read_failed = None, True
             if found is not None:
                 found.check_flags(self._flag, None, "this client")
                 self.layout = found
+            elif self._nc.is_connected and not read_failed:
+                self.known = True  # the cluster has no layout: route by the flag
             self._poller = asyncio.create_task(self._follow(), name="rebaser layout follower")
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @layout.setter
+    def layout(self, layout: Layout) -> None:
+        self._layout = layout
+        self.known = True
+
+    async def confirm(self) -> None:
+        """If the layout was never read and NATS is connected, read it now (errors leave it unknown)."""
+        if not self.known and self._nc.is_connected:
+            await self._follow_once()
+
+    unknown_reason = (
+        "the cluster's shard layout has not been read yet (NATS unreachable?): not routing by a guess"
+    )
+
+    def check_known(self) -> None:
+        """RebaserUnavailable while the layout was never read: no request may be routed by a guess."""
+        if not self.known:
+            raise RebaserUnavailable(self.unknown_reason)
 
     async def close(self) -> None:
         poller, self._poller = self._poller, None
@@ -100,6 +129,7 @@ class Router:
 
     def reroute(self, subject: str, headers: dict[str, str]) -> tuple[str, dict[str, str]]:
         """A request subject stored under an earlier layout (the spool), routed by the current one."""
+        self.check_known()
         parsed = self._subjects.parse_any_requests(subject)
         names = self.subjects_for(parsed.workspace_id, parsed.change_set_id)
         new_headers = dict(headers)
@@ -120,6 +150,16 @@ class Router:
         except (TimeoutError, nats.errors.Error, LayoutMismatch) as err:
             log.debug("reading the shard layout failed: %s", err)
             return
-        if found is not None and found != self.layout:
-            log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
+        if found is None:
+            self.known = True  # no layout entry: route by the flag, as at start
+            return
+        if not self.known:
+            try:  # the check start() could not make
+                found.check_flags(self._flag, None, "this client")
+            except LayoutMismatch as err:
+                log.error("%s", err)
+                return  # stays unknown: nothing is routed by a disagreeing flag
+        if found != self.layout or not self.known:
+            if found != self.layout:
+                log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
             self.layout = found
