@@ -120,3 +120,35 @@ async def test_old_shard_drains_before_new_shard(nats_url: str, subject_prefix: 
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_daemon_a_layout_change_behind_does_not_take_a_new_shard_task_for_the_drain(
+    nats_url: str, subject_prefix: str
+) -> None:
+    """4 -> 2: a change set moves from shard 3 into shard 1, which exists already. A daemon that has not read the new
+    layout yet (it polls once a second) saw a task from shard 1 as its old shard's drain and went first, applying
+    the new request before the one still queued in shard 3."""
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+    from rebaser_server.app import ChangeSet
+    from rebaser_server.migration import old_shard_busy
+
+    conns = [await nats.connect(nats_url) for _ in range(3)]
+    try:
+        async with running_daemon(
+            conns[0], fast_settings(subject_prefix, streams=4), RecordingApp()
+        ) as daemon:
+            pass  # the layout (4 streams); the daemon's copy of it stays at 4 from now on
+        wk = WorkspacePk.new()
+        cs = next(c for c in iter(ChangeSetId.new, None) if shard_of(wk, c, 4) == 3)
+        async with RebaserClient(conns[1], prefix=subject_prefix) as client:
+            await client.enqueue_updates(wk, cs, [])  # queued in shard 3, nobody serving
+        with pytest.raises(TimeoutError, match="still have work"):
+            await change_streams(conns[2], Subjects(subject_prefix), 2, timeout=0.5)
+        assert daemon.rt.layout.streams == 4 and not daemon.rt.layout.migrating  # a layout change behind
+        new_shard = Subjects(subject_prefix).for_shard(shard_of(wk, cs, 2))
+        assert new_shard.shard == 1
+        busy = await old_shard_busy(daemon.rt, ChangeSet(wk, cs), new_shard)
+        assert busy == "requests still queued in its old shard 3"
+    finally:
+        for conn in conns:
+            await conn.close()
