@@ -70,6 +70,9 @@ class Router:
         # Read from the cluster at least once (an answer saying there is no layout counts): routing is sure.
         self.known = False
         self._poller: asyncio.Task[None] | None = None
+        # The poller's own stop flag: asyncio.wait_for (in nats-py's request) can swallow its cancellation on Python
+        # 3.11, and close() awaits the poller: without the flag, close would then wait for ever.
+        self._closed = False
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -92,6 +95,7 @@ class Router:
                 self.layout = found
             elif self._nc.is_connected and not read_failed:
                 self.known = True  # the cluster has no layout: route by the flag
+            self._closed = False
             self._poller = asyncio.create_task(self._follow(), name="rebaser layout follower")
 
     @property
@@ -118,6 +122,7 @@ class Router:
             raise RebaserUnavailable(self.unknown_reason)
 
     async def close(self) -> None:
+        self._closed = True
         poller, self._poller = self._poller, None
         if poller is not None:
             poller.cancel()
@@ -139,9 +144,9 @@ class Router:
         return names.requests(parsed.workspace_id, parsed.change_set_id), new_headers
 
     async def _follow(self) -> None:
-        while True:
+        while not self._closed:
             await asyncio.sleep(DEFAULT_POLL)
-            if self._nc.is_connected:
+            if self._nc.is_connected and not self._closed:
                 await self._follow_once()
 
     async def _follow_once(self) -> None:

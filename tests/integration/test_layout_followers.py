@@ -1,0 +1,69 @@
+"""The layout followers (the daemon's and the client's) end when stopped, even when a cancellation is swallowed.
+
+nats-py's ``request`` awaits ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that arrives as the
+answer does (see test_keepalive.py). A follower loop stopped only by its cancellation then kept running: the
+daemon's could re-assign a stopped daemon's shard pullers, and the client's made ``close()`` wait for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client._routing import Router
+from rebaser_core.layout import Layout
+from rebaser_core.layout_store import LayoutFollower
+from rebaser_core.subjects import Subjects
+from rebaser_core.testing import wait_for
+
+
+async def _swallow_cancellation(entered: asyncio.Event) -> None:
+    """A read that swallows the first cancellation landing in it (later ones end the test's leftovers)."""
+    if entered.is_set():
+        await asyncio.sleep(0.5)
+        return
+    entered.set()
+    # What asyncio.wait_for does on Python 3.11 when the answer and the cancellation meet:
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0.5)
+
+
+async def test_the_daemons_layout_follower_stops(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = asyncio.Event()
+
+    async def refresh(self: LayoutFollower) -> Layout:
+        await _swallow_cancellation(entered)
+        return self.current
+
+    monkeypatch.setattr(LayoutFollower, "refresh", refresh)
+    follower = LayoutFollower(nc.jetstream(), Subjects(subject_prefix), Layout(), poll=0.01)
+    follower.start()
+    task = follower._task
+    assert task is not None
+    await asyncio.wait_for(entered.wait(), 5)  # the cancellation lands in a read
+    await follower.stop()
+    await wait_for(task.done, timeout=5, message="the follower loop ended")
+
+
+async def test_the_clients_layout_follower_stops(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = asyncio.Event()
+
+    async def follow_once(self: Router) -> None:
+        await _swallow_cancellation(entered)
+
+    monkeypatch.setattr(Router, "_follow_once", follow_once)
+    router = Router(nc, Subjects(subject_prefix))
+    await router.start()
+    await asyncio.wait_for(entered.wait(), 5)  # the cancellation lands in a read
+    closing = asyncio.create_task(router.close())
+    done, _ = await asyncio.wait({closing}, timeout=5)
+    if not done:
+        closing.cancel()  # cancels the poller again, in its sleep this time: the test's leftovers end
+    assert done, "close() waits for a poller that outlived its cancellation"
