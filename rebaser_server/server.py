@@ -357,6 +357,7 @@ class Daemon:
         settings = self.rt.settings
         # Each puller may finish its fetch; then it is cancelled and its subscription dropped.
         await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
+        self.sweeper.stop()
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
                 await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)

@@ -1,4 +1,5 @@
-"""The layout followers (the daemon's and the client's) end when stopped, even when a cancellation is swallowed.
+"""The layout followers (the daemon's and the client's) and the orphan sweep end when stopped, even when a
+cancellation is swallowed.
 
 nats-py's ``request`` awaits ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that arrives as the
 answer does (see test_keepalive.py). A follower loop stopped only by its cancellation then kept running: the
@@ -67,3 +68,33 @@ async def test_the_clients_layout_follower_stops(
     if not done:
         closing.cancel()  # cancels the poller again, in its sleep this time: the test's leftovers end
     assert done, "close() waits for a poller that outlived its cancellation"
+
+
+async def test_the_orphan_sweep_stops_with_its_daemon(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebaser_server.sweeper import Sweeper
+    from rebaser_server.testing import fast_settings, running_daemon
+    from tests.apps import RecordingApp
+
+    entered = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def sweep_once(self: Sweeper) -> int:
+        entered.set()
+        try:
+            await asyncio.sleep(5)  # a sweep is in hand nearly all the time
+        except asyncio.CancelledError:
+            if swallowed:
+                raise  # only the first cancellation is swallowed: later ones end the test's leftovers
+            swallowed.append(True)
+        return 0
+
+    monkeypatch.setattr(Sweeper, "sweep_once", sweep_once)
+    async with running_daemon(
+        nc, fast_settings(subject_prefix, sweep_interval=0.05), RecordingApp()
+    ) as daemon:
+        task = daemon._sweeper_task
+        assert task is not None
+        await asyncio.wait_for(entered.wait(), 5)
+    await wait_for(task.done, timeout=5, message="the sweep loop ended with its daemon")
