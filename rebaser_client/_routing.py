@@ -55,7 +55,10 @@ async def routed(
     nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
 ) -> Subjects:
     """The names of the shard a change set's requests go to now (one layout read; shard 0 without a layout)."""
-    layout = await fetch_layout(nc, subjects)
+    try:
+        layout = await fetch_layout(nc, subjects)
+    except (TimeoutError, nats.errors.Error) as err:  # one line for an operator, not a traceback
+        raise RebaserUnavailable(f"reading the shard layout failed: {err or type(err).__name__}") from None
     return subjects if layout is None else subjects.for_shard(layout.shard_of(workspace_id, change_set_id))
 
 

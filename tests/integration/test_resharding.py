@@ -152,3 +152,39 @@ async def test_a_daemon_a_layout_change_behind_does_not_take_a_new_shard_task_fo
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_purge_while_the_layout_changes_removes_the_old_shards_requests_too(
+    nats_url: str, subject_prefix: str
+) -> None:
+    """``rebaser change-set purge`` looked only in the change set's new shard: what was queued in its old one stayed,
+    and was applied (first) once a daemon served it."""
+    from rebaser_client._admin_ops import purge_change_set
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+    conns = [await nats.connect(nats_url) for _ in range(3)]
+    try:
+        async with running_daemon(conns[0], fast_settings(subject_prefix, streams=4), RecordingApp()):
+            pass  # the layout (4 streams) and the streams; nobody serves them from now on
+        wk = WorkspacePk.new()
+        cs = next(c for c in iter(ChangeSetId.new, None) if shard_of(wk, c, 4) == 3)
+        async with RebaserClient(conns[1], prefix=subject_prefix) as client:
+            await client.enqueue_updates(wk, cs, [])
+            await client.enqueue_updates(wk, cs, [])  # both queued in shard 3
+            with pytest.raises(TimeoutError, match="still have work"):
+                await change_streams(conns[2], Subjects(subject_prefix), 2, timeout=0.5)
+            await client._router._follow_once()
+            await client.enqueue_updates(wk, cs, [])  # queued in its new shard, 1
+        result = await purge_change_set(conns[2], Subjects(subject_prefix), wk, cs)
+        assert result.removed == 3 and result.task == "waiting"
+        for shard in (3, 1):
+            names = Subjects(subject_prefix).for_shard(shard)
+            info = (
+                await conns[2]
+                .jetstream()
+                .stream_info(names.requests_stream, subjects_filter=names.requests(wk, cs))
+            )
+            assert not info.state.subjects, f"shard {shard} still holds requests of the change set"
+    finally:
+        for conn in conns:
+            await conn.close()

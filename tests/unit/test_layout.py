@@ -142,3 +142,18 @@ async def test_a_router_that_never_read_the_layout_routes_nothing() -> None:
         ).requests(WK, CS)
     finally:
         await router.close()
+
+
+async def test_an_admin_layout_read_that_times_out_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nats.errors
+
+    from rebaser_client import _routing
+    from rebaser_core.errors import RebaserUnavailable
+
+    async def no_answer(*_args: object, **_kwargs: object) -> None:
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(_routing, "fetch_layout", no_answer)
+    # A RebaserError is what the admin CLI prints as one line; a bare TimeoutError was a traceback.
+    with pytest.raises(RebaserUnavailable, match="reading the shard layout failed"):
+        await _routing.routed(None, Subjects("P"), WK, CS)  # type: ignore[arg-type]
