@@ -8,10 +8,11 @@ No layout entry means no daemon has set the deployment up yet (or it predates sh
 ``streams`` it was given (default 1) until one appears. A ``streams`` that disagrees with the cluster's layout at
 start is a LayoutMismatch, never silent mis-routing.
 
-Until the layout has been read once (a client started while disconnected, or whose first read failed), the client
-does not know where a change set's requests go: it publishes none (they are spooled, or the caller is told
-``RebaserUnavailable``) rather than guess shard 0, where a request would be applied out of order with the same
-caller's later ones in the change set's real shard.
+Until the layout has been read (a client started while disconnected, or whose first read failed), or when the last
+read is older than ``MAX_LAYOUT_AGE`` (reads failing, or back from a disconnection), the client does not know where a
+change set's requests go: it publishes none (they are spooled, or the caller is told ``RebaserUnavailable``) rather
+than guess (shard 0, or an old layout's shard no daemon serves once a change settled), where a request would be
+applied out of order with the same caller's later ones in the change set's real shard, or not at all.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -34,6 +36,10 @@ __all__ = ["Router", "fetch_layout", "routed"]
 log = logging.getLogger(__name__)
 
 _READ_TIMEOUT = 2.0
+# A layout read longer ago than this is not routed by: a client whose reads failed, or that was disconnected, may
+# have missed a layout change, and one that settles (``rebaser streams set`` waits 3 polls) makes its old shards
+# no longer served. The follower reads every DEFAULT_POLL, so a connected client is never this far behind.
+MAX_LAYOUT_AGE = 2.5 * DEFAULT_POLL
 _KV_STREAM = "KV_"
 
 
@@ -46,8 +52,14 @@ async def fetch_layout(nc: NatsClient, subjects: Subjects, timeout: float = _REA
     except nats.errors.NoRespondersError:
         return None
     headers = msg.headers or {}
-    if headers.get("Status") is not None or headers.get("KV-Operation") in ("DEL", "PURGE") or not msg.data:
-        return None  # 404: no entry yet (or 408/other: treated as none, looked at again on the next poll)
+    status = headers.get("Status")
+    if status is not None and status != "404":
+        # Not an answer about the entry (a timeout or an error status): the layout was not read.
+        raise nats.errors.Error(
+            f"the layout read was answered with status {status} {headers.get('Description', '')}"
+        )
+    if status is not None or headers.get("KV-Operation") in ("DEL", "PURGE") or not msg.data:
+        return None  # 404: no entry yet (or a delete marker)
     return Layout.decode(msg.data)
 
 
@@ -70,8 +82,8 @@ class Router:
         self._subjects = subjects
         self._flag = streams
         self._layout = Layout(streams=streams or 1)
-        # Read from the cluster at least once (an answer saying there is no layout counts): routing is sure.
-        self.known = False
+        # When the layout was last read from the cluster (an answer saying there is none counts); None: never.
+        self._read_at: float | None = None
         self._poller: asyncio.Task[None] | None = None
         # The poller's own stop flag: asyncio.wait_for (in nats-py's request) can swallow its cancellation on Python
         # 3.11, and close() awaits the poller: without the flag, close would then wait for ever.
@@ -97,7 +109,7 @@ class Router:
                 found.check_flags(self._flag, None, "this client")
                 self.layout = found
             elif self._nc.is_connected and not read_failed:
-                self.known = True  # the cluster has no layout: route by the flag
+                self._read_at = time.monotonic()  # the cluster has no layout: route by the flag
             self._closed = False
             self._poller = asyncio.create_task(self._follow(), name="rebaser layout follower")
 
@@ -108,15 +120,21 @@ class Router:
     @layout.setter
     def layout(self, layout: Layout) -> None:
         self._layout = layout
-        self.known = True
+        self._read_at = time.monotonic()
+
+    @property
+    def known(self) -> bool:
+        """Was the layout read, recently enough that a layout change it missed has not settled yet?"""
+        return self._read_at is not None and time.monotonic() - self._read_at <= MAX_LAYOUT_AGE
 
     async def confirm(self) -> None:
-        """If the layout was never read and NATS is connected, read it now (errors leave it unknown)."""
+        """If the layout is not known (never read, or not lately) and NATS is connected, read it now (errors leave
+        it unknown)."""
         if not self.known and self._nc.is_connected:
             await self._follow_once()
 
     unknown_reason = (
-        "the cluster's shard layout has not been read yet (NATS unreachable?): not routing by a guess"
+        "the cluster's shard layout has not been read lately (NATS unreachable?): not routing by a guess"
     )
 
     def check_known(self) -> None:
@@ -159,15 +177,14 @@ class Router:
             log.debug("reading the shard layout failed: %s", err)
             return
         if found is None:
-            self.known = True  # no layout entry: route by the flag, as at start
+            self._read_at = time.monotonic()  # no layout entry: route by the flag, as at start
             return
-        if not self.known:
+        if self._read_at is None:
             try:  # the check start() could not make
                 found.check_flags(self._flag, None, "this client")
             except LayoutMismatch as err:
                 log.error("%s", err)
                 return  # stays unknown: nothing is routed by a disagreeing flag
-        if found != self.layout or not self.known:
-            if found != self.layout:
-                log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
-            self.layout = found
+        if found != self.layout:
+            log.info("shard layout changed: %d -> %d streams", self.layout.streams, found.streams)
+        self.layout = found

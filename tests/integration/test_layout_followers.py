@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -98,3 +99,28 @@ async def test_the_orphan_sweep_stops_with_its_daemon(
         assert task is not None
         await asyncio.wait_for(entered.wait(), 5)
     await wait_for(task.done, timeout=5, message="the sweep loop ended with its daemon")
+
+
+async def test_a_layout_not_read_lately_is_read_again_before_routing(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose reads fail (or that was disconnected) for longer than a layout change takes to settle may
+    have missed it: its old layout's shard may no longer be served. It routes nothing by a layout that old."""
+    from rebaser_client._routing import MAX_LAYOUT_AGE
+    from rebaser_core.errors import RebaserUnavailable
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+    router = Router(nc, Subjects(subject_prefix))
+    await router.start()  # no deployment here: no layout, which is an answer
+    try:
+        assert router.known
+        monkeypatch.setattr(router, "_read_at", time.monotonic() - MAX_LAYOUT_AGE - 1)  # reads failed since
+        assert not router.known
+        request = Subjects(subject_prefix).requests(WorkspacePk.new(), ChangeSetId.new())
+        with pytest.raises(RebaserUnavailable, match="shard layout has not been read"):
+            router.reroute(request, {})
+        await router.confirm()  # what an enqueue does first: one read now
+        assert router.known
+        assert router.reroute(request, {})[0] == request
+    finally:
+        await router.close()
