@@ -31,11 +31,12 @@ from ulid import ULID
 
 from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
 from rebaser_client._admin_dlq import DeadLetter, dead_letter
-from rebaser_client._routing import routed
+from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.layout import Layout
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import check_pub_ack, publish_task
 
@@ -78,29 +79,44 @@ async def _purge(nc: NatsClient, stream: str, request: dict[str, object]) -> int
 @dataclass(frozen=True)
 class PurgeResult:
     removed: int
-    upto_seq: (
-        int  # every request of the change set stored up to this sequence was removed (0: none was queued)
-    )
+    # Every request of the change set stored up to this sequence was removed (0: none was queued); while the layout
+    # changes, the highest of its two shards'.
+    upto_seq: int
     task: str  # the change set's task then: owned (by a daemon), waiting (for one) or none
 
 
 async def purge_change_set(
     nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
 ) -> PurgeResult:
-    subjects = await routed(nc, subjects, workspace_id, change_set_id)  # the change set's shard
+    """Purge the change set's requests in its shard, and while the layout changes in its old shard too (whose
+    requests would otherwise still be applied, first)."""
+    layout = await _layout(nc, subjects)
+    current = subjects if layout is None else subjects.for_shard(layout.shard_of(workspace_id, change_set_id))
+    old = None if layout is None else layout.old_shard_of(workspace_id, change_set_id)
+    shards = [current] if old is None else [subjects.for_shard(old), current]
     js = nc.jetstream(timeout=ADMIN_TIMEOUT)
-    subject = subjects.requests(workspace_id, change_set_id)
-    task = await task_state(nc, subjects, workspace_id, change_set_id)
-    try:
-        # From the stream leader (not a direct get a lagging replica may answer): the purge covers what it saw.
-        last = await js.get_last_msg(subjects.requests_stream, subject)
-    except NotFoundError:
-        return PurgeResult(0, 0, task)
-    except (TimeoutError, nats.errors.Error) as err:
-        raise js_error(err, subjects) from None
-    upto = int(last.seq or 0)
-    removed = await _purge(nc, subjects.requests_stream, {"filter": subject, "seq": upto + 1})
+    task = await task_state(nc, current, workspace_id, change_set_id)
+    removed = upto = 0
+    for names in shards:
+        subject = names.requests(workspace_id, change_set_id)
+        try:
+            # From the stream leader (not a direct get a lagging replica may answer): the purge covers what it saw.
+            last = await js.get_last_msg(names.requests_stream, subject)
+        except NotFoundError:
+            continue
+        except (TimeoutError, nats.errors.Error) as err:
+            raise js_error(err, names) from None
+        upto = max(upto, int(last.seq or 0))
+        removed += await _purge(nc, names.requests_stream, {"filter": subject, "seq": int(last.seq or 0) + 1})
     return PurgeResult(removed, upto, task)
+
+
+async def _layout(nc: NatsClient, subjects: Subjects) -> Layout | None:
+    """The cluster's shard layout (one line if NATS does not answer)."""
+    try:
+        return await fetch_layout(nc, subjects)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise _unavailable(err) from None
 
 
 # -- dead letters --------------------------------------------------------------------------------------------------

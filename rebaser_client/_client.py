@@ -303,6 +303,8 @@ class RebaserClient:
 
         ``dvu_pending`` may still be true in the answer when no daemon owns the change set (a DVU that kept failing
         waits for the next request): nothing will change until then."""
+        if not timeout >= 0:  # NaN too: it never reaches a deadline, and the loop below would ask forever
+            raise RebaserRefused(f"wait_settled: timeout must be a number of seconds >= 0, got {timeout}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -464,6 +466,9 @@ class RebaserClient:
 
     async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> Sent:
         await self._router.start()
+        await self._router.confirm()  # never read (started disconnected, or the read failed): try once more
+        # Still unknown: routing would be a guess (shard 0), so the request is spooled, or refused without a spool.
+        hold = None if self._router.known else self._router.unknown_reason
         names = self._router.subjects_for(request.workspace_id, request.change_set_id)
         subject = names.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
@@ -476,7 +481,7 @@ class RebaserClient:
             "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
         ):
             inject(headers)  # the daemon's span for this request continues this one
-            return await self._publisher.send(str(request.id), subject, headers, body, task)
+            return await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
 
     async def _reply_inbox(self) -> str:
         # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.

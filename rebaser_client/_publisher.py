@@ -161,11 +161,25 @@ class Publisher:
 
     # -- sending ----------------------------------------------------------------------------------------
     async def send(
-        self, request_id: str, subject: str, headers: dict[str, str], body: bytes, task: str | None = None
+        self,
+        request_id: str,
+        subject: str,
+        headers: dict[str, str],
+        body: bytes,
+        task: str | None = None,
+        *,
+        hold: str | None = None,
     ) -> Sent:
-        """Publish a request (and its task), or spool it (durable locally, sent later)."""
+        """Publish a request (and its task), or spool it (durable locally, sent later). With ``hold`` (why), it is
+        not published now: spooled, or RebaserUnavailable(hold) without a spool."""
         await self.start()
         spool = self._spool
+        if hold is not None:
+            if spool is None:
+                raise RebaserUnavailable(hold)
+            await spool.add(request_id, subject, headers, body)
+            log.info("request %s spooled: %s", request_id, hold)
+            return Sent.SPOOLED
         if spool is not None and spool.holds(subject):
             # Earlier requests of this change set wait in the spool; publishing this one now would overtake them.
             await spool.add(request_id, subject, headers, body)

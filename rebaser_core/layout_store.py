@@ -129,12 +129,16 @@ class LayoutFollower:
         self._on_change = on_change
         self._kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
+        # The loop's own stop flag: a cancellation landing as a NATS answer arrives is swallowed by asyncio.wait_for
+        # on Python 3.11 (nats-py's request), and a follower left running would re-assign a stopped daemon's shards.
+        self._stopped = False
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="rebaser layout follower")
 
     async def stop(self) -> None:
+        self._stopped = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -154,13 +158,15 @@ class LayoutFollower:
                     self.current.streams,
                     f" (draining {self.current.previous})" if self.current.migrating else "",
                 )
-                if self._on_change is not None:
+                if self._on_change is not None and not self._stopped:
                     await self._on_change(old, self.current)
         return self.current
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopped:
             await asyncio.sleep(self._poll)
+            if self._stopped:
+                return
             try:
                 await self.refresh()
             except asyncio.CancelledError:

@@ -22,6 +22,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 
 __all__ = ["run_load"]
 
+_STOP_WAIT = 5.0
 REPLY_TIMEOUT = 30.0  # longer than a takeover after a daemon's death (ack_wait), so a kill shows as latency
 
 
@@ -49,10 +50,18 @@ class _Interval:
 
 
 async def _change_set_traffic(
-    client: RebaserClient, workspace: WorkspacePk, pace: float, tally: Callable[[], _Interval]
+    client: RebaserClient,
+    workspace: WorkspacePk,
+    pace: float,
+    tally: Callable[[], _Interval],
+    stopping: asyncio.Event,
 ) -> None:
     change_set = ChangeSetId.new()
-    for n in range(1, 2**62):
+    n = 0
+    # A stop flag besides the cancellation: a NATS answer (asyncio.wait_for, Python 3.11) can swallow it, and the
+    # load would then never stop.
+    while not stopping.is_set():
+        n += 1
         started = time.monotonic()
         updates: list[Update] = [
             SetLiteral(path="/load/counter", value=n),
@@ -91,8 +100,9 @@ async def run_load(
     async with await RebaserClient.connect(options, prefix=prefix) as client:
         current = _Interval()
         workspace = WorkspacePk.new()
+        stopping = asyncio.Event()
         workers = [
-            asyncio.create_task(_change_set_traffic(client, workspace, pace, lambda: current))
+            asyncio.create_task(_change_set_traffic(client, workspace, pace, lambda: current, stopping))
             for _ in range(change_sets)
         ]
         echo(f"load: {change_sets} change sets of workspace {workspace}, one request at a time each")
@@ -103,6 +113,9 @@ async def run_load(
                 done, current = current, _Interval()
                 echo(done.line(time.monotonic() - since))
         finally:
+            stopping.set()
             for worker in workers:
                 worker.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            # Bounded: a worker still in a request ends with it, or when the client closes below.
+            if workers:
+                await asyncio.wait(workers, timeout=_STOP_WAIT)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from nats.js.errors import NotFoundError
 
+from rebaser_core.layout import Layout
+from rebaser_core.layout_store import open_layout, read_layout
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
@@ -33,9 +35,17 @@ def draining(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> bool:
 
 async def old_shard_busy(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> str | None:
     """Why a task of the change set's new shard must wait for its old shard; None when it may go on."""
-    if draining(rt, change_set, subjects):
-        return None  # this task is the old shard's: it is the one that drains
-    old = rt.layout.old_shard_of(change_set.workspace_id, change_set.change_set_id)
+    wk, cs = change_set.workspace_id, change_set.change_set_id
+    layout = rt.layout
+    if layout.shard_of(wk, cs) != subjects.shard:
+        # By this daemon's copy of the layout the task is an old shard's. But the copy is up to a poll behind:
+        # under a change it has not seen yet (6 -> 2), a task from the change set's *new* shard (an existing
+        # shard) looks just like that, and treating it as the drain would apply the new requests before the old.
+        # Ask the cluster before letting it go first (rare: only tasks outside their change set's shard).
+        layout = await _current_layout(rt)
+        if layout.shard_of(wk, cs) != subjects.shard:
+            return None  # this task is the old shard's: it is the one that drains
+    old = layout.old_shard_of(wk, cs)
     if old is None:
         return None
     names = rt.subjects.for_shard(old)
@@ -55,3 +65,10 @@ async def old_shard_busy(rt: Runtime, change_set: ChangeSet, subjects: Subjects)
     except NotFoundError:
         return None
     return f"its old shard {old} still has a task (its owner is finishing)"
+
+
+async def _current_layout(rt: Runtime) -> Layout:
+    """The cluster's layout now (NATS errors propagate: the task is then retried, never taken on a guess)."""
+    kv = await open_layout(rt.js, rt.subjects)
+    found = None if kv is None else await read_layout(kv, rt.subjects)
+    return rt.layout if found is None else found[0]

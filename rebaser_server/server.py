@@ -355,6 +355,7 @@ class Daemon:
         settings = self.rt.settings
         # Each puller may finish its fetch; then it is stopped, and what it fetched but never took is handed back.
         await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
+        self.sweeper.stop()
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
                 await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)

@@ -45,6 +45,13 @@ class Sweeper:
         self.sweeps = 0
         self.orphans_found = 0
         self.junk = JunkRemover(rt)
+        # The loop's own stop flag: nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11,
+        # and a sweep loop stopped only by it would go on sweeping after its daemon stopped.
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End ``run`` after the sweep in hand (call before cancelling it)."""
+        self._stopped = True
 
     async def sweep_once(self) -> int:
         """Publish a task for every change set with queued requests and no task, in every shard (each shard's
@@ -93,8 +100,10 @@ class Sweeper:
 
     async def run(self) -> None:
         interval = self._rt.settings.sweep_interval
-        while True:
+        while not self._stopped:
             await asyncio.sleep(interval * random.uniform(0.75, 1.25))
+            if self._stopped:
+                return
             try:
                 await self.sweep_once()
             except Exception:

@@ -220,6 +220,14 @@ async def test_wait_command(
         assert text.exit_code == 0 and text.output.startswith("settled: ")
 
 
+async def test_wait_with_a_timeout_that_is_not_a_number_is_one_line(
+    nats_url: str, subject_prefix: str
+) -> None:
+    wk, cs = str(WorkspacePk.new()), str(ChangeSetId.new())
+    result = await rebaser(nats_url, subject_prefix, "wait", wk, cs, "--timeout", "nan")
+    assert "timeout must be a number of seconds >= 0, got nan" in one_line_error(result)
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

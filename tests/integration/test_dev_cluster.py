@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
 from rebaser_client.cli import main
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -181,3 +181,31 @@ async def test_the_demo_load_reports_replies(nc: NatsClient, nats_url: str, subj
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
+
+
+async def test_the_demo_load_stops_even_if_a_cancellation_is_swallowed(
+    nats_url: str, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11: a worker stopped only by its
+    # cancellation went on sending, and the load (and the dev cluster's Ctrl-C) never ended.
+    entered = asyncio.Event()
+
+    async def swallowing(*_args: object, **_kwargs: object) -> object:
+        if not entered.is_set():
+            entered.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1.0)
+        else:
+            await asyncio.sleep(1.0)
+        raise RebaserUnavailable("no daemon in this test")
+
+    monkeypatch.setattr(RebaserClient, "enqueue_updates_with_reply", swallowing)
+    load = asyncio.create_task(
+        run_load([nats_url], lambda _line: None, prefix=subject_prefix, change_sets=1, report_every=60)
+    )
+    await asyncio.wait_for(entered.wait(), 10)
+    load.cancel()
+    done, _ = await asyncio.wait({load}, timeout=15)
+    if not done:
+        load.cancel()  # lands in the worker's sleep this time: the test's leftovers end
+    assert done, "the load did not stop"

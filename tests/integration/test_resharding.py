@@ -120,3 +120,71 @@ async def test_old_shard_drains_before_new_shard(nats_url: str, subject_prefix: 
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_daemon_a_layout_change_behind_does_not_take_a_new_shard_task_for_the_drain(
+    nats_url: str, subject_prefix: str
+) -> None:
+    """4 -> 2: a change set moves from shard 3 into shard 1, which exists already. A daemon that has not read the new
+    layout yet (it polls once a second) saw a task from shard 1 as its old shard's drain and went first, applying
+    the new request before the one still queued in shard 3."""
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+    from rebaser_server.app import ChangeSet
+    from rebaser_server.migration import old_shard_busy
+
+    conns = [await nats.connect(nats_url) for _ in range(3)]
+    try:
+        async with running_daemon(
+            conns[0], fast_settings(subject_prefix, streams=4), RecordingApp()
+        ) as daemon:
+            pass  # the layout (4 streams); the daemon's copy of it stays at 4 from now on
+        wk = WorkspacePk.new()
+        cs = next(c for c in iter(ChangeSetId.new, None) if shard_of(wk, c, 4) == 3)
+        async with RebaserClient(conns[1], prefix=subject_prefix) as client:
+            await client.enqueue_updates(wk, cs, [])  # queued in shard 3, nobody serving
+        with pytest.raises(TimeoutError, match="still have work"):
+            await change_streams(conns[2], Subjects(subject_prefix), 2, timeout=0.5)
+        assert daemon.rt.layout.streams == 4 and not daemon.rt.layout.migrating  # a layout change behind
+        new_shard = Subjects(subject_prefix).for_shard(shard_of(wk, cs, 2))
+        assert new_shard.shard == 1
+        busy = await old_shard_busy(daemon.rt, ChangeSet(wk, cs), new_shard)
+        assert busy == "requests still queued in its old shard 3"
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def test_purge_while_the_layout_changes_removes_the_old_shards_requests_too(
+    nats_url: str, subject_prefix: str
+) -> None:
+    """``rebaser change-set purge`` looked only in the change set's new shard: what was queued in its old one stayed,
+    and was applied (first) once a daemon served it."""
+    from rebaser_client._admin_ops import purge_change_set
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+    conns = [await nats.connect(nats_url) for _ in range(3)]
+    try:
+        async with running_daemon(conns[0], fast_settings(subject_prefix, streams=4), RecordingApp()):
+            pass  # the layout (4 streams) and the streams; nobody serves them from now on
+        wk = WorkspacePk.new()
+        cs = next(c for c in iter(ChangeSetId.new, None) if shard_of(wk, c, 4) == 3)
+        async with RebaserClient(conns[1], prefix=subject_prefix) as client:
+            await client.enqueue_updates(wk, cs, [])
+            await client.enqueue_updates(wk, cs, [])  # both queued in shard 3
+            with pytest.raises(TimeoutError, match="still have work"):
+                await change_streams(conns[2], Subjects(subject_prefix), 2, timeout=0.5)
+            await client._router._follow_once()
+            await client.enqueue_updates(wk, cs, [])  # queued in its new shard, 1
+        result = await purge_change_set(conns[2], Subjects(subject_prefix), wk, cs)
+        assert result.removed == 3 and result.task == "waiting"
+        for shard in (3, 1):
+            names = Subjects(subject_prefix).for_shard(shard)
+            info = (
+                await conns[2]
+                .jetstream()
+                .stream_info(names.requests_stream, subjects_filter=names.requests(wk, cs))
+            )
+            assert not info.state.subjects, f"shard {shard} still holds requests of the change set"
+    finally:
+        for conn in conns:
+            await conn.close()

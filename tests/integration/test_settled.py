@@ -8,7 +8,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client import RebaserClient, RebaserTimeout, SetLiteral
+from rebaser_client import RebaserClient, RebaserRefused, RebaserTimeout, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
@@ -89,3 +89,20 @@ async def test_a_wait_held_by_a_daemon_that_stops_is_asked_again(
                 assert answer.settled and not answer.dvu_pending
     finally:
         await other.close()
+
+
+async def test_a_timeout_that_is_not_a_number_is_refused_not_asked_forever(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # NaN never reaches a deadline: the client asked again at once, forever, while the change set stayed unsettled.
+    app = RecordingApp()
+    app.dvu_gate = asyncio.Event()
+    async with running_daemon(nc, fast_settings(subject_prefix), app):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
+        for bad in (float("nan"), -1.0):
+            async with asyncio.timeout(10):
+                with pytest.raises(RebaserRefused, match="timeout must be a number of seconds >= 0"):
+                    await client.wait_settled(wk, cs, timeout=bad)
+        app.dvu_gate.set()
+        assert (await client.wait_settled(wk, cs, timeout=20)).settled

@@ -21,9 +21,11 @@ from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, Inl
 from rebaser_core.connect import ConnectOptions, connect
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.layout import shard_of
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
+from rebaser_server.app import ChangeSet
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp, applied
 
@@ -119,6 +121,42 @@ async def test_replay_of_a_request_that_did_land_is_dropped_by_the_stream(
             later = await replayer.enqueue_updates_with_reply(wk, cs, one(1), timeout=10)
         assert await applied(daemon.rt.store, wk, cs) == [str(request.id), str(later.id)]
         assert daemon.stats.requests_replayed == 0  # dropped by the stream, never even redelivered
+
+
+async def test_a_client_that_never_read_the_layout_spools_and_replays_to_the_change_sets_shard(
+    own_server: NatsServer, subject_prefix: str, tmp_path: Path
+) -> None:
+    # A client started while NATS is down has not read the layout: it used to route by one stream (shard 0), and
+    # replayed its spool there as soon as NATS came back, before its first read of the layout. The change set's
+    # later requests then went to its real shard: two shards, no order between them.
+    settings = fast_settings(subject_prefix, storage="file", streams=3)
+    opts = ConnectOptions(servers=(own_server.url,), name="client")
+    daemon_nc = await connect(ConnectOptions(servers=(own_server.url,), name="daemon"))
+    async with running_daemon(daemon_nc, settings, RecordingApp()):
+        pass  # sets the deployment up: the layout says 3 streams
+    await daemon_nc.close()
+    wk = WorkspacePk.new()
+    cs = next(c for c in iter(ChangeSetId.new, None) if shard_of(wk, c, 3) != 0)
+    client_nc = await connect(opts)
+    client = RebaserClient(client_nc, prefix=subject_prefix, spool=SpoolConfig(tmp_path / "spool.db"))
+    try:
+        await asyncio.to_thread(own_server.stop, keep_files=True)
+        await wait_for(lambda: not client_nc.is_connected, timeout=5, message="outage seen")
+        sent = [str(await client.enqueue_updates(wk, cs, one(i))) for i in range(3)]  # layout never read
+        assert client.status().spool_size == 3
+        await asyncio.to_thread(own_server.start)
+        daemon_nc = await connect(ConnectOptions(servers=(own_server.url,), name="daemon"))
+        async with running_daemon(daemon_nc, settings, RecordingApp()) as daemon:
+            await wait_for(lambda: client.status().spool_size == 0, timeout=15, message="spool replayed")
+            after = await client.enqueue_updates_with_reply(wk, cs, one(3), timeout=10)
+            assert after.ok
+            assert await applied(daemon.rt.store, wk, cs) == [*sent, str(after.id)]
+            record = await daemon.rt.store.read(ChangeSet(wk, cs))
+            assert record is not None and record.shard == shard_of(wk, cs, 3)  # nothing went to shard 0
+        await daemon_nc.close()
+    finally:
+        await client.close()
+        await client_nc.close()
 
 
 async def test_one_spool_file_one_client(nc: NatsClient, subject_prefix: str, tmp_path: Path) -> None:

@@ -121,3 +121,39 @@ def test_a_spooled_request_is_rerouted_by_the_current_layout() -> None:
         "Nats-Expected-Stream": Subjects("P").for_shard(shard).requests_stream,
         "Nats-Msg-Id": "x",
     }
+
+
+async def test_a_router_that_never_read_the_layout_routes_nothing() -> None:
+    from types import SimpleNamespace
+
+    from rebaser_client._routing import Router
+    from rebaser_core.errors import RebaserUnavailable
+
+    offline = SimpleNamespace(is_connected=False)  # started while NATS is down: the layout cannot be read
+    router = Router(offline, Subjects("P"))  # type: ignore[arg-type]
+    await router.start()
+    try:
+        assert not router.known
+        with pytest.raises(RebaserUnavailable, match="shard layout has not been read"):
+            router.reroute(Subjects("P").requests(WK, CS), {})  # a spooled request waits: no guess at shard 0
+        router.layout = Layout(streams=6)  # read at last
+        assert router.reroute(Subjects("P").requests(WK, CS), {})[0] == Subjects("P").for_shard(
+            shard_of(WK, CS, 6)
+        ).requests(WK, CS)
+    finally:
+        await router.close()
+
+
+async def test_an_admin_layout_read_that_times_out_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nats.errors
+
+    from rebaser_client import _routing
+    from rebaser_core.errors import RebaserUnavailable
+
+    async def no_answer(*_args: object, **_kwargs: object) -> None:
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(_routing, "fetch_layout", no_answer)
+    # A RebaserError is what the admin CLI prints as one line; a bare TimeoutError was a traceback.
+    with pytest.raises(RebaserUnavailable, match="reading the shard layout failed"):
+        await _routing.routed(None, Subjects("P"), WK, CS)  # type: ignore[arg-type]

@@ -1,0 +1,126 @@
+"""The layout followers (the daemon's and the client's) and the orphan sweep end when stopped, even when a
+cancellation is swallowed.
+
+nats-py's ``request`` awaits ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that arrives as the
+answer does (see test_keepalive.py). A follower loop stopped only by its cancellation then kept running: the
+daemon's could re-assign a stopped daemon's shard pullers, and the client's made ``close()`` wait for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client._routing import Router
+from rebaser_core.layout import Layout
+from rebaser_core.layout_store import LayoutFollower
+from rebaser_core.subjects import Subjects
+from rebaser_core.testing import wait_for
+
+
+async def _swallow_cancellation(entered: asyncio.Event) -> None:
+    """A read that swallows the first cancellation landing in it (later ones end the test's leftovers)."""
+    if entered.is_set():
+        await asyncio.sleep(0.5)
+        return
+    entered.set()
+    # What asyncio.wait_for does on Python 3.11 when the answer and the cancellation meet:
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0.5)
+
+
+async def test_the_daemons_layout_follower_stops(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = asyncio.Event()
+
+    async def refresh(self: LayoutFollower) -> Layout:
+        await _swallow_cancellation(entered)
+        return self.current
+
+    monkeypatch.setattr(LayoutFollower, "refresh", refresh)
+    follower = LayoutFollower(nc.jetstream(), Subjects(subject_prefix), Layout(), poll=0.01)
+    follower.start()
+    task = follower._task
+    assert task is not None
+    await asyncio.wait_for(entered.wait(), 5)  # the cancellation lands in a read
+    await follower.stop()
+    await wait_for(task.done, timeout=5, message="the follower loop ended")
+
+
+async def test_the_clients_layout_follower_stops(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = asyncio.Event()
+
+    async def follow_once(self: Router) -> None:
+        await _swallow_cancellation(entered)
+
+    monkeypatch.setattr(Router, "_follow_once", follow_once)
+    router = Router(nc, Subjects(subject_prefix))
+    await router.start()
+    await asyncio.wait_for(entered.wait(), 5)  # the cancellation lands in a read
+    closing = asyncio.create_task(router.close())
+    done, _ = await asyncio.wait({closing}, timeout=5)
+    if not done:
+        closing.cancel()  # cancels the poller again, in its sleep this time: the test's leftovers end
+    assert done, "close() waits for a poller that outlived its cancellation"
+
+
+async def test_the_orphan_sweep_stops_with_its_daemon(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebaser_server.sweeper import Sweeper
+    from rebaser_server.testing import fast_settings, running_daemon
+    from tests.apps import RecordingApp
+
+    entered = asyncio.Event()
+    swallowed: list[bool] = []
+
+    async def sweep_once(self: Sweeper) -> int:
+        entered.set()
+        try:
+            await asyncio.sleep(5)  # a sweep is in hand nearly all the time
+        except asyncio.CancelledError:
+            if swallowed:
+                raise  # only the first cancellation is swallowed: later ones end the test's leftovers
+            swallowed.append(True)
+        return 0
+
+    monkeypatch.setattr(Sweeper, "sweep_once", sweep_once)
+    async with running_daemon(
+        nc, fast_settings(subject_prefix, sweep_interval=0.05), RecordingApp()
+    ) as daemon:
+        task = daemon._sweeper_task
+        assert task is not None
+        await asyncio.wait_for(entered.wait(), 5)
+    await wait_for(task.done, timeout=5, message="the sweep loop ended with its daemon")
+
+
+async def test_a_layout_not_read_lately_is_read_again_before_routing(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose reads fail (or that was disconnected) for longer than a layout change takes to settle may
+    have missed it: its old layout's shard may no longer be served. It routes nothing by a layout that old."""
+    from rebaser_client._routing import MAX_LAYOUT_AGE
+    from rebaser_core.errors import RebaserUnavailable
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+    router = Router(nc, Subjects(subject_prefix))
+    await router.start()  # no deployment here: no layout, which is an answer
+    try:
+        assert router.known
+        monkeypatch.setattr(router, "_read_at", time.monotonic() - MAX_LAYOUT_AGE - 1)  # reads failed since
+        assert not router.known
+        request = Subjects(subject_prefix).requests(WorkspacePk.new(), ChangeSetId.new())
+        with pytest.raises(RebaserUnavailable, match="shard layout has not been read"):
+            router.reroute(request, {})
+        await router.confirm()  # what an enqueue does first: one read now
+        assert router.known
+        assert router.reroute(request, {})[0] == request
+    finally:
+        await router.close()
