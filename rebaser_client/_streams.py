@@ -17,6 +17,7 @@ daemons than the new N, and anything without a layout (no daemon ever started on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -163,7 +164,9 @@ async def change_streams(
     while True:
         left = await misplaced(js, subjects, layout)
         if left == 0 and time.monotonic() - opened >= _SETTLE_AFTER:
-            break
+            if await _retire_removed(js, subjects, streams, layout.shards, progress):
+                break
+            left = 1  # a stale client's request landed in a removed shard meanwhile: drain it too
         if time.monotonic() >= deadline:
             raise TimeoutError(
                 f"{left} change sets still have work in shards that are no longer theirs after {timeout:g}s; "
@@ -189,10 +192,61 @@ async def _kv(js: JetStreamContext, subjects: Subjects) -> Any:
     return kv
 
 
+def _retired_subject(stream: str) -> str:
+    """What a removed shard's stream listens on once retired: a subject nothing publishes to."""
+    return f"_REBASER_RETIRED.{stream}"
+
+
+async def _retire_removed(
+    js: JetStreamContext,
+    subjects: Subjects,
+    streams: int,
+    shards: range,
+    progress: Callable[[str], None],
+) -> bool:
+    """Retire the removed shards (``streams`` and above) before the layout settles; True if all are empty.
+
+    Checking that a shard is empty and then deleting it would lose a request that a client still routing by the old
+    layout got acknowledged in between. So each removed stream first stops listening on its subjects (a publish
+    there gets no answer, and the client routes again by the layout it re-reads); only then is it checked. If a
+    request landed before that, the subjects are given back and the drain goes on: the daemons serve every shard of
+    a migrating layout, so that request is applied (in order) rather than stranded."""
+    retired: list[tuple[Any, list[str]]] = []
+    for shard in shards:
+        if shard < streams:
+            continue
+        names = subjects.for_shard(shard)
+        for name in (names.requests_stream, names.tasks_stream):
+            try:
+                config = (await js.stream_info(name)).config
+            except NotFoundError:
+                continue
+            if config.subjects == [_retired_subject(name)]:
+                continue  # retired by an earlier run that was interrupted
+            original = list(config.subjects or [])
+            await js.update_stream(dataclasses.replace(config, subjects=[_retired_subject(name)]))
+            retired.append((config, original))
+    busy = []
+    for shard in shards:
+        if shard < streams:
+            continue
+        names = subjects.for_shard(shard)
+        for name in (names.requests_stream, names.tasks_stream):
+            with contextlib.suppress(NotFoundError):
+                if (await js.stream_info(name)).state.messages:
+                    busy.append(name)
+    if busy:
+        for config, original in retired:
+            await js.update_stream(dataclasses.replace(config, subjects=original))
+        progress(f"{', '.join(busy)} got work while retiring: draining it first")
+        return False
+    return True
+
+
 async def _delete_removed(
     js: JetStreamContext, subjects: Subjects, streams: int, progress: Callable[[str], None]
 ) -> None:
-    """Delete the streams of shards beyond ``streams`` that are empty (shards are numbered densely from 0)."""
+    """Delete the (retired, empty) streams of shards beyond ``streams`` (shards are numbered densely from 0)."""
     shard = streams
     while True:
         names = subjects.for_shard(shard)
@@ -201,6 +255,7 @@ async def _delete_removed(
         except NotFoundError:
             return
         if any(info.state.messages for info in infos):
+            # Cannot happen once retired (nothing publishes to them); kept rather than risk a request.
             progress(f"shard {shard} still holds messages; its streams are kept (see docs/operations.md)")
         else:
             for name in (names.requests_stream, names.tasks_stream):

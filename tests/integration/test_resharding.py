@@ -13,6 +13,7 @@ from rebaser_client import RebaserClient
 from rebaser_client._streams import change_streams, show_layout
 from rebaser_client.cli import main as cli
 from rebaser_core.errors import LayoutMismatch
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import shard_of
 from rebaser_core.subjects import Subjects
 from rebaser_server.testing import fast_settings, running_daemon
@@ -188,3 +189,32 @@ async def test_purge_while_the_layout_changes_removes_the_old_shards_requests_to
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_removed_shard_is_retired_before_it_is_checked_and_deleted(
+    nats_url: str, nc: NatsClient, subject_prefix: str
+) -> None:
+    """Checking a removed shard empty and then deleting it would lose a request a stale client got acknowledged
+    in between: its streams stop listening first. A request that landed before that is drained, not stranded."""
+    from rebaser_client._streams import _retire_removed  # the step under test
+
+    settings = fast_settings(subject_prefix, streams=2)
+    async with running_daemon(nc, settings, RecordingApp()):
+        js = nc.jetstream()
+        subjects = Subjects(subject_prefix)
+        removed = subjects.for_shard(1)
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        subject = removed.requests(wk, cs)
+        original = (await js.stream_info(removed.requests_stream)).config.subjects
+        # Not empty: a stale client's request is in the removed shard (a daemon would drain it; here it is held
+        # by not publishing its task). Retiring is undone, and the layout must not settle yet.
+        await js.publish(subject, b"stale", stream=removed.requests_stream)
+        lines: list[str] = []
+        assert not await _retire_removed(js, subjects, 1, range(2), lines.append)
+        assert (await js.stream_info(removed.requests_stream)).config.subjects == original
+        assert any("got work while retiring" in line for line in lines)
+        # Empty: retired, and a publish there is no longer acknowledged by anyone.
+        await js.purge_stream(removed.requests_stream)
+        assert await _retire_removed(js, subjects, 1, range(2), lines.append)
+        with pytest.raises(nats.errors.NoRespondersError):
+            await nc.request(subject, b"late", timeout=2)
