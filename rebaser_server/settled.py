@@ -6,13 +6,14 @@ processed requests still waiting for their purge count as done) and no DVU is du
 the change set (no task), so nothing would run it before the next request (a DVU that kept failing at release).
 
 The wait does not poll in a loop: it *watches* the change set's record, with an ordered consumer on the record's KV
-subject that delivers the record as stored now and then every later write (each processed request group and each
-DVU commits one), and looks again on each delivery, coalesced; plus once every ``_RECHECK`` seconds for what changes
-without a record write (an operator's purge, a task acked). The record is taken from the delivery itself, not read
-back: a consumer delivers a write only once it is stored, whereas a core NATS subscription to the KV subject sees a
-write *before* it is stored (a read right after may still return the previous record, measured: the wait then hung
-until the next re-check) and sees compare-and-set writes the stream refused too. Each wait is a task of its own (a
-query callback must not hold the subscription), bounded in number (``MAX_WAITS``): each holds one consumer.
+subject that delivers the record as stored now and then every later write (each processed request group and each DVU
+commits one), and looks again on each delivery, coalesced; plus after ``_RECHECK`` seconds, then less and less
+often, for what changes without a record write (an operator's purge, a task acked). The record is taken from the
+delivery itself, not read back: a consumer delivers a write only once it is stored, whereas a core NATS subscription
+to the KV subject sees a write *before* it is stored (a read right after may still return the previous record,
+measured: the wait then hung until the next re-check) and sees compare-and-set writes the stream refused too. Each
+wait is a task of its own (a query callback must not hold the subscription), bounded in number (``MAX_WAITS``): each
+holds one consumer.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ __all__ = ["SettledWaits", "settled_now"]
 
 log = logging.getLogger(__name__)
 
-# Look again at least this often even without a record write (what can change without one is rare).
+# Look again at least this often even without a record write (what can change without one is rare: a purge, a task
+# acked): after 1 s, then less and less often, so a thousand held waits cost little while nothing happens.
 _RECHECK = 1.0
+_RECHECK_MAX = 8.0
 # Waits one daemon holds at once (one consumer each); beyond it a wait is answered with an error at once (the caller
 # asks again, and may reach another daemon).
 MAX_WAITS = 1_000
@@ -170,6 +173,7 @@ class SettledWaits:
                 deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=_WATCH_INACTIVE,
             )
+            recheck = _RECHECK
             while True:
                 changed.clear()
                 # Until the watch has delivered (the record may not exist), read it; a write after the read is
@@ -179,9 +183,11 @@ class SettledWaits:
                 remaining = deadline - time.monotonic()
                 if response.settled or remaining <= 0:
                     break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(_RECHECK, remaining)):
+                try:
+                    async with asyncio.timeout(min(recheck, remaining)):
                         await changed.wait()
+                except TimeoutError:
+                    recheck = min(recheck * 2, _RECHECK_MAX)
         except asyncio.CancelledError:
             await self._answer(reply, _error(change_set, request, STOPPING), content_type)
             raise
