@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
@@ -96,14 +97,7 @@ class Observer:
         arrived = arrival_of(msg)
         if not self._tracing() and TRACEPARENT not in headers:
             # Nothing to record and no caller's trace to pass on to the reply: logs and metrics only.
-            with (
-                bind_request(
-                    request_id=request_id,
-                    workspace_id=str(change_set.workspace_id),
-                    change_set_id=str(change_set.change_set_id),
-                ),
-                self.metrics.request(arrived),
-            ):
+            with self._logged_and_measured(request_id, change_set, arrived):
                 yield
             return
         take = trace.get_current_span().get_span_context()
@@ -117,12 +111,7 @@ class Observer:
             attributes["rebaser.queue_wait_seconds"] = wait
             started = now - int(wait * 1e9)
         with (
-            bind_request(
-                request_id=request_id,
-                workspace_id=str(change_set.workspace_id),
-                change_set_id=str(change_set.change_set_id),
-            ),
-            self.metrics.request(arrived),
+            self._logged_and_measured(request_id, change_set, arrived),
             # The caller's trace (a foreign client that sends none starts one here), linked to the ownership.
             self.tracer.start_as_current_span(
                 "rebaser.request",
@@ -140,6 +129,21 @@ class Observer:
                 self._requests[request_id] = context
                 while len(self._requests) > _RECENT_REQUESTS:
                     self._requests.popitem(last=False)
+            yield
+
+    @contextlib.contextmanager
+    def _logged_and_measured(
+        self, request_id: str | None, change_set: ChangeSet, arrived: datetime.datetime | None
+    ) -> Iterator[None]:
+        """The request's ids on every log line, and its queue-wait and processing-time metrics."""
+        with (
+            bind_request(
+                request_id=request_id,
+                workspace_id=str(change_set.workspace_id),
+                change_set_id=str(change_set.change_set_id),
+            ),
+            self.metrics.request(arrived),
+        ):
             yield
 
     def phase(self, name: str) -> AbstractContextManager[object]:
