@@ -218,6 +218,11 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "rebaser_nats_connected", "1 while connected to NATS.", value=float(daemon.watch.connected)
         )
+        yield GaugeMetricFamily(
+            "rebaser_settled_waits",
+            "Settled queries this daemon holds now (each until its change set settles or it times out).",
+            value=daemon.queries.settled.held,
+        )
         last = stats.get("last_request_at")
         if last is not None:
             yield GaugeMetricFamily(

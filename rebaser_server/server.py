@@ -277,6 +277,7 @@ class Daemon:
                 "change_sets": [str(cs) for cs in owned[:_STATUS_MAX_OWNED]],
             },
             "jetstream": health.facts_dict(facts, stale),
+            "settled_waits": self.queries.settled.held,
             "last_request_at": rt.stats.last_request_at,
             "last_publish_at": rt.stats.last_publish_at,
             "stats": rt.stats.as_dict(),

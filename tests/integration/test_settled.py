@@ -12,6 +12,7 @@ from rebaser_client import RebaserClient, RebaserRefused, RebaserTimeout, SetLit
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
+from rebaser_server.metrics import render
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp
 
@@ -32,9 +33,13 @@ async def test_wait_returns_only_after_the_dvu_ran(
             return record is not None and len(record.state["applied"]) == 3 and record.dvu_pending
 
         await wait_for(applied_all, message="the three requests applied, DVU due")
-        # Everything is applied, but the DVU has not run: not settled, the wait is still held.
+        # Everything is applied, but the DVU has not run: not settled, the wait is still held (and shown).
         assert not waiting.done()
         assert app.dvu_runs[str(ChangeSet(wk, cs))] == 0
+        await wait_for(lambda: daemon.queries.settled.held == 1, message="the wait is held")
+        assert (await daemon.status())["settled_waits"] == 1
+        daemon.rt.observe.metrics.bind(daemon)  # as the HTTP server does
+        assert "rebaser_settled_waits 1.0" in render(daemon.rt.observe.metrics).decode()
         app.dvu_gate.set()
         answer = await asyncio.wait_for(waiting, 20)
         assert answer.settled and not answer.queued and not answer.dvu_pending
