@@ -16,11 +16,19 @@ Contract:
   concurrently with ``apply`` for the same change set.
 - Side effects outside the returned state must be idempotent (for example content-addressed writes): a stale
   owner's work is thrown away at the commit, and a request may be applied again after a crash before commit.
+- Optional: ``async def prepare_commit(self, change_set, state) -> None`` is called with a state that ``apply`` or
+  ``dependent_values_update`` returned, right *before* the record holding it is committed (once per group commit:
+  several requests' states are staged and only the last is committed). Writing there what the state refers to
+  (for example a snapshot object) costs one write per commit instead of one per request, and a record never
+  points to something missing: if it raises, nothing is committed and the requests are processed again.
+  ``def abandon_commit(self, change_set) -> None`` (optional too) is called when staged states are dropped
+  without a commit (a failed or fenced group), to forget what was kept for ``prepare_commit``.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,7 +38,16 @@ from rebaser_core.api import ConflictsStatus, EnqueueUpdatesRequest, SuccessStat
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
 
-__all__ = ["AppState", "Applied", "ChangeSet", "ChangeSetView", "RebaserApp", "SupportsQueries", "load_app"]
+__all__ = [
+    "AppState",
+    "Applied",
+    "ChangeSet",
+    "ChangeSetView",
+    "CommitHooks",
+    "RebaserApp",
+    "SupportsQueries",
+    "load_app",
+]
 
 AppState = Any
 """A JSON-compatible value (dicts, lists, strings, numbers, booleans, None)."""
@@ -70,6 +87,26 @@ class RebaserApp(Protocol):
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
         """Recompute dependent values; return the new state."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitHooks:
+    """An app's optional ``prepare_commit`` and ``abandon_commit`` (looked up once; missing ones do nothing)."""
+
+    prepare: Callable[[ChangeSet, AppState], Awaitable[None]] | None = None
+    abandon: Callable[[ChangeSet], None] | None = None
+
+    @classmethod
+    def of(cls, app: object) -> CommitHooks:
+        return cls(getattr(app, "prepare_commit", None), getattr(app, "abandon_commit", None))
+
+    async def before_commit(self, change_set: ChangeSet, state: AppState) -> None:
+        if self.prepare is not None:
+            await self.prepare(change_set, state)
+
+    def abandoned(self, change_set: ChangeSet) -> None:
+        if self.abandon is not None:
+            self.abandon(change_set)
 
 
 @dataclass(frozen=True, slots=True)

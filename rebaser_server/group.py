@@ -7,6 +7,10 @@ Nothing is answered and nothing is purged from the stream before its commit, so 
 acknowledged to anyone: the uncommitted requests are simply processed again by the next owner.
 
 While a group is open it holds the change set's commit lock, so a DVU run can never interleave with it.
+
+The app's ``prepare_commit`` (optional, see :mod:`rebaser_server.app`) runs with the state about to be committed
+before the compare-and-set, so what the record points to exists before the record does; ``abandon_commit`` runs
+when staged states are dropped uncommitted.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rebaser_core.api import EnqueueUpdatesResponse
-from rebaser_server.app import ChangeSet
+from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.replies import send_reply
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
@@ -44,6 +48,7 @@ class CommitGroup:
         self._handle = handle
         self._trimmer = trimmer
         self._notify_dvu = notify_dvu
+        self._hooks = CommitHooks.of(rt.app)
         self._staged: ChangeSetRecord | None = None
         self._replies: list[tuple[dict[str, str], EnqueueUpdatesResponse]] = []
         self._last_seq = 0
@@ -103,7 +108,9 @@ class CommitGroup:
             rt = self._rt
             if self._staged is not None:
                 with rt.observe.commit(self._change_set, self._traces):
+                    await self._hooks.before_commit(self._change_set, self._staged.state)
                     await self._handle.commit(self._staged)
+                self._staged = None  # committed: nothing for abandon() to tell the app about
                 rt.stats.request_commits += 1
             await rt.hooks.checkpoint("applied", self._change_set)
             for headers, response in self._replies:
@@ -126,6 +133,8 @@ class CommitGroup:
         """Drop the group without committing (fenced, or shutting down after a failure)."""
         if not self.open:
             return
+        if self._staged is not None:
+            self._hooks.abandoned(self._change_set)
         self._staged, self._replies, self._last_seq, self._dvu, self._applied, self._requests = (
             None,
             [],

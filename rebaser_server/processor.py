@@ -31,7 +31,7 @@ from nats.js import api as js_api
 
 from rebaser_core.errors import FencedError
 from rebaser_core.subjects import Subjects
-from rebaser_server.app import ChangeSet
+from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.dvu import SerialDvu
 from rebaser_server.group import CommitGroup
 from rebaser_server.handling import RequestHandler
@@ -341,8 +341,17 @@ class ChangeSetProcessor:
                 if not self.lease.held():
                     raise LeaseLost()
                 record = handle.record
-                state = await self._step(self._rt.app.dependent_values_update(self.change_set, record.state))
-                await handle.commit(replace(handle.record, state=state, dvu_pending=False))
+                hooks = CommitHooks.of(self._rt.app)
+                try:
+                    state = await self._step(
+                        self._rt.app.dependent_values_update(self.change_set, record.state)
+                    )
+                    # What the state points to is written before the record that points to it is committed.
+                    await hooks.before_commit(self.change_set, state)
+                    await handle.commit(replace(handle.record, state=state, dvu_pending=False))
+                except BaseException:
+                    hooks.abandoned(self.change_set)
+                    raise
             self._rt.stats.dvu_runs += 1
             self._dvu_ended = time.monotonic()
             self._dvu_took = self._dvu_ended - started

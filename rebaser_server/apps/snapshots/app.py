@@ -7,6 +7,12 @@ State (the ``state`` of the framework's change-set record, committed with compar
 ``base`` is where the change set was forked from; applying a change set onto another (``from_change_set_id``)
 carries over what it changed since that fork. Snapshots themselves live in an object store, written once.
 
+A new snapshot is not written when it is computed: requests are committed in groups, and only the snapshot of the
+state a commit holds is ever referenced, so ``apply`` keeps its snapshots *pending* in memory (the next request
+of the group reads them there) and ``prepare_commit`` writes the committed one just before the record is
+committed: one object write per group instead of one per request, and never a record pointing to a missing
+snapshot. The pending snapshots of a change set are dropped at each commit and when its group is abandoned.
+
 Requests over the limits in ``Settings`` are refused (``limits.OverLimit``). The pure work of a step (rebase,
 dependent values update, encoding the snapshot) runs in a worker thread when the snapshot or the batch is large,
 so one huge change set does not stall the event loop that serves health, progress acks and the other change sets;
@@ -106,6 +112,8 @@ class SnapshotApp:
         self._store: SnapshotStore | None = None
         self._records: ChangeSetStore | None = None
         self.limits = Limits()
+        # Per change set: the snapshots computed since its last commit (address -> snapshot and its encoding).
+        self._pending: dict[ChangeSet, dict[str, tuple[Snapshot, bytes]]] = {}
 
     def register_function(self, name: str, function: Function) -> None:
         self.functions[name] = function
@@ -139,15 +147,52 @@ class SnapshotApp:
             "dvu_runs": 0,
         }
 
-    def _large(self, address: str, items: int) -> bool:
-        size = self.store.size(address)
+    def _large(self, change_set: ChangeSet, address: str, items: int) -> bool:
+        size = self._size(change_set, address)
         return items > _OFF_LOOP_ITEMS or size is None or size > OFF_LOOP_BYTES
+
+    def _size(self, change_set: ChangeSet, address: str) -> int | None:
+        pending = self._pending.get(change_set, {}).get(address)
+        return self.store.size(address) if pending is None else len(pending[1])
+
+    async def _load(self, change_set: ChangeSet, address: str, *, step: bool = True) -> Snapshot:
+        """The snapshot at ``address``: pending (computed in this group, not written yet) or stored.
+
+        ``step``: an ``apply`` or DVU (never concurrent with another for the change set). One that starts from a
+        state that is not pending starts from a committed one, so what is pending belongs to a group that was
+        never committed: dropped, so the map never holds more than one group. A query reads committed states
+        while a group is open and must leave it alone."""
+        pending = self._pending.get(change_set)
+        if pending is not None:
+            if address in pending:
+                return pending[address][0]
+            if step:
+                del self._pending[change_set]
+        return await self.store.get(address)
+
+    def _keep(self, change_set: ChangeSet, snapshot: Snapshot, data: bytes) -> str:
+        """Keep a new snapshot pending until its state is committed (``prepare_commit``); return its address."""
+        address = Snapshot.address_of(data)
+        self._pending.setdefault(change_set, {})[address] = (snapshot, data)
+        return address
+
+    async def prepare_commit(self, change_set: ChangeSet, state: AppState) -> None:
+        """Write the snapshot ``state`` points to, if it is pending, before the record holding it is committed."""
+        pending = self._pending.pop(change_set, None)
+        kept = None if pending is None else pending.get(state["snapshot"])
+        if kept is not None:
+            # If this fails, nothing is committed and the group is processed again from the committed state.
+            await self.store.put(*kept)
+
+    def abandon_commit(self, change_set: ChangeSet) -> None:
+        """The staged states were dropped uncommitted: so are their snapshots."""
+        self._pending.pop(change_set, None)
 
     async def _run(self, large: bool, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(work, *args) if large else work(*args)
 
     async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
-        current = await self.store.get(state["snapshot"])
+        current = await self._load(change_set, state["snapshot"])
         if request.from_change_set_id is not None:
             base, source = await self._fork_point(change_set, request.from_change_set_id)
             large = (
@@ -157,13 +202,13 @@ class SnapshotApp:
         else:
             updates = await self._updates(request)
             self._check_functions(updates)
-            large = self._large(state["snapshot"], len(current.attributes) + len(updates))
+            large = self._large(change_set, state["snapshot"], len(current.attributes) + len(updates))
             rebased, data = await self._run(large, _rebased, current, updates, self.limits)
         if not rebased.ok:
             # Validating 20,000 conflicts before the status keeps the first 100 is work too.
             conflicts = await self._run(large, _conflicts_status, rebased)
             return Applied(conflicts, state)
-        address = await self.store.put(rebased.snapshot, data)
+        address = self._keep(change_set, rebased.snapshot, data)
         status = SuccessStatus(updates_performed=rebased.performed, snapshot_address=address)
         return Applied(status, {**state, "snapshot": address}, dvu=bool(rebased.snapshot.roots))
 
@@ -192,24 +237,24 @@ class SnapshotApp:
         return await self.store.get(base["snapshot"]), await self.store.get(record.state["snapshot"])
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
-        snapshot = await self.store.get(state["snapshot"])
+        snapshot = await self._load(change_set, state["snapshot"])
         if not snapshot.roots:
             return state
-        large = self._large(state["snapshot"], len(snapshot.attributes))
-        size = self.store.size(state["snapshot"])
+        large = self._large(change_set, state["snapshot"], len(snapshot.attributes))
+        size = self._size(change_set, state["snapshot"])
         updated, data = await self._run(large, _updated, snapshot, self.functions, self.limits, size)
-        address = await self.store.put(updated, data)
+        address = self._keep(change_set, updated, data)
         return {**state, "snapshot": address, "dvu_runs": state.get("dvu_runs", 0) + 1}
 
     async def describe(self, change_set: ChangeSet, state: AppState, path: str | None) -> ChangeSetView:
-        snapshot = await self.store.get(state["snapshot"])
+        snapshot = await self._load(change_set, state["snapshot"], step=False)
         base = state.get("base")
         forked_from = ChangeSetId(base["change_set_id"]) if base else None
         if path is not None:
             attribute = snapshot.attributes.get(path)
             return _view(state["snapshot"], {} if attribute is None else {path: attribute}, forked_from)
         # Every attribute's version is a hash: for a large snapshot, that is work for a thread too.
-        large = self._large(state["snapshot"], len(snapshot.attributes))
+        large = self._large(change_set, state["snapshot"], len(snapshot.attributes))
         return await self._run(large, _view, state["snapshot"], snapshot.attributes, forked_from)
 
 
