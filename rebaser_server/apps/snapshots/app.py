@@ -158,14 +158,18 @@ class SnapshotApp:
     async def _load(self, change_set: ChangeSet, address: str, *, step: bool = True) -> Snapshot:
         """The snapshot at ``address``: pending (computed in this group, not written yet) or stored.
 
-        ``step``: an ``apply`` or DVU (never concurrent with another for the change set). One that starts from a
-        state that is not pending starts from a committed one, so what is pending belongs to a group that was
-        never committed: dropped, so the map never holds more than one group. A query reads committed states
-        while a group is open and must leave it alone."""
+        ``step``: an ``apply`` or DVU (never concurrent with another for the change set), which starts from the
+        group's latest staged state: only that state can still be committed, so every other pending snapshot is
+        dropped (at most two are kept: this one and the step's result, however large the group). One that starts
+        from a state that is not pending starts from a committed one: whatever is pending belongs to a group that
+        was never committed. A query reads committed states while a group is open and must leave it alone."""
         pending = self._pending.get(change_set)
         if pending is not None:
-            if address in pending:
-                return pending[address][0]
+            kept = pending.get(address)
+            if kept is not None:
+                if step and len(pending) > 1:
+                    self._pending[change_set] = {address: kept}
+                return kept[0]
             if step:
                 del self._pending[change_set]
         return await self.store.get(address)
