@@ -110,7 +110,6 @@ class CommitGroup:
                 with rt.observe.commit(self._change_set, self._traces):
                     await self._hooks.before_commit(self._change_set, self._staged.state)
                     await self._handle.commit(self._staged)
-                self._staged = None  # committed: nothing for abandon() to tell the app about
                 rt.stats.request_commits += 1
             await rt.hooks.checkpoint("applied", self._change_set)
             for headers, response in self._replies:
@@ -133,8 +132,9 @@ class CommitGroup:
         """Drop the group without committing (fenced, or shutting down after a failure)."""
         if not self.open:
             return
-        if self._staged is not None:
-            self._hooks.abandoned(self._change_set)
+        # Also after a commit (prepare_commit then kept nothing) and when nothing was staged: a step's result may
+        # have been discarded (lease lost) with nothing staged, and the app must not keep it for ever.
+        self._hooks.abandoned(self._change_set)
         self._staged, self._replies, self._last_seq, self._dvu, self._applied, self._requests = (
             None,
             [],
