@@ -21,8 +21,8 @@ Contract:
   several requests' states are staged and only the last is committed). Writing there what the state refers to
   (for example a snapshot object) costs one write per commit instead of one per request, and a record never
   points to something missing: if it raises, nothing is committed and the requests are processed again.
-  ``def abandon_commit(self, change_set) -> None`` (optional too) is called when staged states are dropped
-  without a commit (a failed or fenced group), to forget what was kept for ``prepare_commit``.
+  ``def abandon_commit(self, change_set) -> None`` (optional too) is called whenever a group ends (committed,
+  failed or fenced) and when a DVU's state is not committed, to forget what was kept for ``prepare_commit``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ While a group is open it holds the change set's commit lock, so a DVU run can ne
 
 The app's ``prepare_commit`` (optional, see :mod:`rebaser_server.app`) runs with the state about to be committed
 before the compare-and-set, so what the record points to exists before the record does; ``abandon_commit`` runs
-when staged states are dropped uncommitted.
+when the group ends, committed or not.
 """
 
 from __future__ import annotations

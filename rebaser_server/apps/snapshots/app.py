@@ -11,7 +11,7 @@ A new snapshot is not written when it is computed: requests are committed in gro
 state a commit holds is ever referenced, so ``apply`` keeps its snapshots *pending* in memory (the next request
 of the group reads them there) and ``prepare_commit`` writes the committed one just before the record is
 committed: one object write per group instead of one per request, and never a record pointing to a missing
-snapshot. The pending snapshots of a change set are dropped at each commit and when its group is abandoned.
+snapshot. The pending snapshots of a change set are dropped at each commit and whenever its group ends.
 
 Requests over the limits in ``Settings`` are refused (``limits.OverLimit``). The pure work of a step (rebase,
 dependent values update, encoding the snapshot) runs in a worker thread when the snapshot or the batch is large,
@@ -189,7 +189,7 @@ class SnapshotApp:
             await self.store.put(*kept)
 
     def abandon_commit(self, change_set: ChangeSet) -> None:
-        """The staged states were dropped uncommitted: so are their snapshots."""
+        """The group ended (committed or not): no pending snapshot of it can be committed any more."""
         self._pending.pop(change_set, None)
 
     async def _run(self, large: bool, work: Callable[..., T], *args: Any) -> T:
