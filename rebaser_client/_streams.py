@@ -211,30 +211,28 @@ async def _retire_removed(
     there gets no answer, and the client routes again by the layout it re-reads); only then is it checked. If a
     request landed before that, the subjects are given back and the drain goes on: the daemons serve every shard of
     a migrating layout, so that request is applied (in order) rather than stranded."""
+    removed = [
+        name
+        for shard in shards
+        if shard >= streams
+        for name in (subjects.for_shard(shard).requests_stream, subjects.for_shard(shard).tasks_stream)
+    ]
     retired: list[tuple[Any, list[str]]] = []
-    for shard in shards:
-        if shard < streams:
+    for name in removed:
+        try:
+            config = (await js.stream_info(name)).config
+        except NotFoundError:
             continue
-        names = subjects.for_shard(shard)
-        for name in (names.requests_stream, names.tasks_stream):
-            try:
-                config = (await js.stream_info(name)).config
-            except NotFoundError:
-                continue
-            if config.subjects == [_retired_subject(name)]:
-                continue  # retired by an earlier run that was interrupted
-            original = list(config.subjects or [])
-            await js.update_stream(dataclasses.replace(config, subjects=[_retired_subject(name)]))
-            retired.append((config, original))
+        if config.subjects == [_retired_subject(name)]:
+            continue  # retired by an earlier run that was interrupted
+        original = list(config.subjects or [])
+        await js.update_stream(dataclasses.replace(config, subjects=[_retired_subject(name)]))
+        retired.append((config, original))
     busy = []
-    for shard in shards:
-        if shard < streams:
-            continue
-        names = subjects.for_shard(shard)
-        for name in (names.requests_stream, names.tasks_stream):
-            with contextlib.suppress(NotFoundError):
-                if (await js.stream_info(name)).state.messages:
-                    busy.append(name)
+    for name in removed:
+        with contextlib.suppress(NotFoundError):
+            if (await js.stream_info(name)).state.messages:
+                busy.append(name)
     if busy:
         for config, original in retired:
             await js.update_stream(dataclasses.replace(config, subjects=original))

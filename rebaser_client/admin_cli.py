@@ -33,6 +33,7 @@ from rebaser_core.subjects import Subjects
 __all__ = ["ADMIN_COMMANDS"]
 
 T = TypeVar("T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 _WIDE = 200  # tables written to a pipe or file are not wrapped at 80 columns (ids are 26 characters)
 
 
@@ -44,6 +45,13 @@ def _connection_options(f: Any) -> Any:
         "--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True
     )(f)
     return f
+
+
+def _limit_option(default: int, help_text: str) -> Callable[[_F], _F]:
+    """``--limit``: how many items a listing shows at most."""
+    return click.option(
+        "--limit", default=default, show_default=True, type=click.IntRange(min=0), help=help_text
+    )
 
 
 def _json_option(f: Any) -> Any:
@@ -123,13 +131,7 @@ def _confirm(yes: bool, question: str) -> None:
 @click.command()
 @_connection_options
 @_json_option
-@click.option(
-    "--limit",
-    default=50,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Change sets listed (the busiest first).",
-)
+@_limit_option(50, "Change sets listed (the busiest first).")
 def status(nats_url: str, prefix: str | None, as_json: bool, limit: int) -> None:
     """Streams, the tasks consumer, owners, backlogs and dead letters of the deployment."""
     subjects = _subjects(prefix)
@@ -152,13 +154,7 @@ def change_set() -> None:
 @click.argument("change_set_id", metavar="CHANGE_SET")
 @_connection_options
 @_json_option
-@click.option(
-    "--limit",
-    default=50,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Queued requests listed (the first in line).",
-)
+@_limit_option(50, "Queued requests listed (the first in line).")
 def change_set_show(
     workspace: str, change_set_id: str, nats_url: str, prefix: str | None, as_json: bool, limit: int
 ) -> None:
@@ -236,13 +232,7 @@ def _filter_options(f: Any) -> Any:
 @_connection_options
 @_json_option
 @_filter_options
-@click.option(
-    "--limit",
-    default=50,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Dead letters listed (the oldest first).",
-)
+@_limit_option(50, "Dead letters listed (the oldest first).")
 def dlq_list(
     nats_url: str,
     prefix: str | None,
@@ -289,13 +279,7 @@ def dlq_show(seq: int, nats_url: str, prefix: str | None, as_json: bool) -> None
 @_json_option
 @_filter_options
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter (or the change set's).")
-@click.option(
-    "--limit",
-    default=1000,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="With --all: at most this many.",
-)
+@_limit_option(1000, "With --all: at most this many.")
 @click.option("--yes", is_flag=True, help="With --all: do not ask for confirmation.")
 def dlq_replay(
     seqs: tuple[int, ...],

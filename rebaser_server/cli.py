@@ -18,11 +18,11 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.embedded import NatsServer
-from rebaser_core.embedded.net import ADDR_IN_USE
-from rebaser_core.errors import EmbeddedServerError, LayoutMismatch, StoreInUse
+from rebaser_core.errors import LayoutMismatch
 from rebaser_server.app import RebaserApp, load_app
 from rebaser_server.config import DEFAULT_APP, DEFAULT_EMBEDDED_HOST, DEFAULT_EMBEDDED_PORT, ServerConfig
 from rebaser_server.config_file import FILE_SETTINGS, load_config_file, settings_from, tunable
+from rebaser_server.embedded_start import start_embedded
 from rebaser_server.http import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT, HealthServer
 from rebaser_server.logs import LOG_FORMATS, LogFormat, configure_logging
 from rebaser_server.server import Daemon
@@ -138,21 +138,13 @@ def _start_embedded(config: ServerConfig) -> NatsServer:
     embedded = NatsServer(
         store_dir=store, port=port, host=config.embedded_host, expose=True, die_with_parent=True
     )
-    try:
-        embedded.start()
-    except StoreInUse as err:
-        holder = f" (pid {err.holder_pid})" if err.holder_pid else ""
-        raise click.ClickException(
-            f"data directory {config.data_dir} is in use by another rebaser-server{holder}; "
-            "stop it, or pass another --data-dir"
-        ) from None
-    except EmbeddedServerError as err:
-        if ADDR_IN_USE not in str(err):
-            raise
-        raise click.ClickException(
-            f"port {port} on {config.embedded_host} is taken (another nats-server or rebaser-server?); "
-            "run the embedded server on another with --port N (0: any free port), or use --nats-url"
-        ) from None
+    start_embedded(
+        embedded.start,
+        in_use=f"data directory {config.data_dir} is in use by another rebaser-server{{holder}}; "
+        "stop it, or pass another --data-dir",
+        port_taken=f"port {port} on {config.embedded_host} is taken (another nats-server or rebaser-server?); "
+        "run the embedded server on another with --port N (0: any free port), or use --nats-url",
+    )
     _announce(config, f"embedded nats-server listening on {embedded.url} (pid {embedded.pid}, store {store})")
     return embedded
 

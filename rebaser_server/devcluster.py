@@ -32,11 +32,11 @@ from pathlib import Path
 import click
 
 from rebaser_core.embedded import NatsCluster
-from rebaser_core.embedded.net import ADDR_IN_USE
 from rebaser_core.embedded.process import launch_command
-from rebaser_core.errors import EmbeddedServerError, RebaserError, StoreInUse
+from rebaser_core.errors import RebaserError
 from rebaser_server.app import load_app
 from rebaser_server.config import DEFAULT_APP
+from rebaser_server.embedded_start import start_embedded
 
 __all__ = ["DevCluster", "command"]
 
@@ -109,21 +109,13 @@ class DevCluster:
 
     # -- start ------------------------------------------------------------------------------------------------
     def start_nats(self) -> None:
-        try:
-            self.nats.start(timeout=60)
-            self._nats_started = True
-        except StoreInUse as err:
-            holder = f" (pid {err.holder_pid})" if err.holder_pid else ""
-            raise click.ClickException(
-                f"data directory {self.dir} is in use by another dev cluster{holder}; stop it, or pass another "
-                "--data-dir"
-            ) from None
-        except EmbeddedServerError as err:
-            if ADDR_IN_USE not in str(err):
-                raise
-            raise click.ClickException(
-                "a NATS port is taken; choose others with --nats-port N (0: any free ports)"
-            ) from None
+        start_embedded(
+            lambda: self.nats.start(timeout=60),
+            in_use=f"data directory {self.dir} is in use by another dev cluster{{holder}}; stop it, or pass another "
+            "--data-dir",
+            port_taken="a NATS port is taken; choose others with --nats-port N (0: any free ports)",
+        )
+        self._nats_started = True
 
     async def start_daemons(self) -> None:
         starting = [asyncio.create_task(self._start_daemon(slot)) for slot in self.slots]

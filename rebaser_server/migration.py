@@ -37,7 +37,7 @@ async def old_shard_busy(rt: Runtime, change_set: ChangeSet, subjects: Subjects)
     """Why a task of the change set's new shard must wait for its old shard; None when it may go on."""
     wk, cs = change_set.workspace_id, change_set.change_set_id
     layout = rt.layout
-    if layout.shard_of(wk, cs) != subjects.shard:
+    if draining(rt, change_set, subjects):
         # By this daemon's copy of the layout the task is an old shard's. But the copy is up to a poll behind:
         # under a change it has not seen yet (6 -> 2), a task from the change set's *new* shard (an existing
         # shard) looks just like that, and treating it as the drain would apply the new requests before the old.

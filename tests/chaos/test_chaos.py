@@ -27,6 +27,7 @@ from rebaser_core.embedded import NatsCluster, NatsServer
 from rebaser_core.errors import RebaserBusy, RebaserUnavailable
 from rebaser_core.ids import RequestId
 from rebaser_core.settings import Settings
+from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.state import ChangeSetStore
 from rebaser_server.testing import describe_state
@@ -63,7 +64,7 @@ async def _send_until_acknowledged(
         except (RebaserUnavailable, RebaserBusy):
             if loop.time() > deadline:
                 raise
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # a retry pause, bounded by the deadline above
 
 
 # A fault strikes the live daemons (and may respawn one, in the background); False if it declined to strike.
@@ -197,11 +198,11 @@ async def _orphans_after_quiescence(
     above their watermark: stored, and left without a task."""
     js = conn.jetstream(timeout=10)
     subjects = settings.subjects
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while (await js.stream_info(subjects.tasks_stream)).state.messages:
-        assert loop.time() < deadline, "change sets still owned 60 s after the last request"
-        await asyncio.sleep(0.2)  # polling interval of a wait with a deadline
+
+    async def released() -> bool:
+        return (await js.stream_info(subjects.tasks_stream)).state.messages == 0
+
+    await wait_for(released, timeout=60, message="every change set released after the last request")
     orphans = []
     for cs in change_sets:
         try:
@@ -350,33 +351,49 @@ def _report(label: str, result: dict[str, int | float]) -> None:
             f.write(json.dumps({"scenario": label, **result}) + "\n")
 
 
-# scenario -> (fault, label, daemons, (smoke seconds, fault every), (long seconds, fault every))
-ONE_SERVER: dict[str, tuple[Fault, str, int, tuple[float, float], tuple[float, float]]] = {
-    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 3, (8, 2.5), (LONG, 1.5)),
-    "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3, (10, 1), (LONG, 2)),
-}
+# The long run of a scenario: ``make chaos`` only, with a timeout that follows REBASER_CHAOS_SECONDS.
+LONG_MARKS = [pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)]
 
 
-@pytest.mark.parametrize("scenario", ONE_SERVER)
-async def test_daemon_faults_smoke(nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str) -> None:
-    fault, label, daemons, (duration, every), _ = ONE_SERVER[scenario]
-    await _one_server_chaos(
-        nats_url,
-        subject_prefix,
-        tmp_path,
-        fault,
-        label=label,
-        duration=duration,
-        every=every,
-        daemons=daemons,
+def lengths(names: str, smoke: tuple[float, float], long: tuple[float, float]) -> pytest.MarkDecorator:
+    """A scenario's two lengths: ``smoke`` runs in CI (``make test``), ``long`` is ``slow`` (``make chaos``)."""
+    return pytest.mark.parametrize(
+        names,
+        [
+            pytest.param(*smoke, id="smoke"),
+            pytest.param(*long, id="long", marks=LONG_MARKS),
+        ],
     )
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(LONG_TIMEOUT)
-@pytest.mark.parametrize("scenario", ONE_SERVER)
-async def test_daemon_faults_long(nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str) -> None:
-    fault, label, daemons, _, (duration, every) = ONE_SERVER[scenario]
+# scenario -> (fault, label, daemons)
+ONE_SERVER: dict[str, tuple[Fault, str, int]] = {
+    "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 3),
+    "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3),
+}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "duration", "every"),
+    [
+        pytest.param("sigkills", 8, 2.5, id="sigkills-smoke"),
+        pytest.param("sigstops", 10, 1, id="sigstops-smoke"),
+        *(
+            pytest.param(
+                scenario,
+                LONG,
+                every,
+                id=f"{scenario}-long",
+                marks=[pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)],
+            )
+            for scenario, every in (("sigkills", 1.5), ("sigstops", 2))
+        ),
+    ],
+)
+async def test_daemon_faults(
+    nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
+) -> None:
+    fault, label, daemons = ONE_SERVER[scenario]
     await _one_server_chaos(
         nats_url,
         subject_prefix,
@@ -420,14 +437,11 @@ async def _partition_chaos(nats_url: str, prefix: str, tmp_path: Path, duration:
     _report("partitions (cut or stalled line)", result)
 
 
-async def test_partitions_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=10, every=1)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(LONG_TIMEOUT)
-async def test_partitions_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=LONG, every=2)
+@lengths("duration, every", (10, 1), (LONG, 2))
+async def test_partitions(
+    nats_url: str, subject_prefix: str, tmp_path: Path, duration: float, every: float
+) -> None:
+    await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=duration, every=every)
 
 
 async def _cluster_chaos(
@@ -460,18 +474,11 @@ async def _cluster_chaos(
     _report("3-node cluster node kills", result)
 
 
-async def test_cluster_node_kills_smoke(
-    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
+@lengths("duration, every", (10, 4), (LONG, 8))
+async def test_cluster_node_kills(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
-    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=10, every=4)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(LONG_TIMEOUT)
-async def test_cluster_node_kills_long(
-    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
-) -> None:
-    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=LONG, every=8)
+    await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=duration, every=every)
 
 
 async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
@@ -500,14 +507,11 @@ async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: 
     _report("KV writes failing (half lost, half landed with the answer lost)", result)
 
 
-async def test_kv_write_faults_smoke(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _kv_fault_chaos(nats_url, subject_prefix, tmp_path, duration=10, every=2)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(LONG_TIMEOUT)
-async def test_kv_write_faults_long(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
-    await _kv_fault_chaos(nats_url, subject_prefix, tmp_path, duration=LONG, every=3)
+@lengths("duration, every", (10, 2), (LONG, 3))
+async def test_kv_write_faults(
+    nats_url: str, subject_prefix: str, tmp_path: Path, duration: float, every: float
+) -> None:
+    await _kv_fault_chaos(nats_url, subject_prefix, tmp_path, duration=duration, every=every)
 
 
 async def _outage_chaos(
@@ -536,14 +540,11 @@ async def _outage_chaos(
     _report(f"NATS down for {outage:g} s at a time", result)
 
 
-async def test_nats_outages_smoke(own_server: NatsServer, subject_prefix: str, tmp_path: Path) -> None:
-    await _outage_chaos(own_server, subject_prefix, tmp_path, duration=14, outage=8)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(LONG_TIMEOUT)
-async def test_nats_outages_long(own_server: NatsServer, subject_prefix: str, tmp_path: Path) -> None:
-    await _outage_chaos(own_server, subject_prefix, tmp_path, duration=LONG, outage=30)
+@lengths("duration, outage", (14, 8), (LONG, 30))
+async def test_nats_outages(
+    own_server: NatsServer, subject_prefix: str, tmp_path: Path, duration: float, outage: float
+) -> None:
+    await _outage_chaos(own_server, subject_prefix, tmp_path, duration=duration, outage=outage)
 
 
 async def _stepdown_chaos(
@@ -583,11 +584,8 @@ async def _stepdown_chaos(
     _report(f"leader step-downs ({answered} succeeded)", result)
 
 
-async def test_leader_stepdowns_smoke(nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path) -> None:
-    await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=10, every=1)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(LONG_TIMEOUT)
-async def test_leader_stepdowns_long(nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path) -> None:
-    await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=LONG, every=2)
+@lengths("duration, every", (10, 1), (LONG, 2))
+async def test_leader_stepdowns(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path, duration: float, every: float
+) -> None:
+    await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=duration, every=every)

@@ -22,6 +22,15 @@ class Load:
         self.change_sets = [ChangeSetId.new() for _ in range(change_sets)]
         self.sent: dict[ChangeSetId, list[str]] = {cs: [] for cs in self.change_sets}
 
+    @property
+    def count(self) -> int:
+        """Requests sent (acknowledged) so far."""
+        return sum(len(ids) for ids in self.sent.values())
+
+    async def started(self, at_least: int, timeout: float = 30.0) -> None:
+        """Wait until ``at_least`` requests are in: a fault meant to strike mid-load strikes after them."""
+        await wait_for(lambda: self.count >= at_least, timeout=timeout, message=f"{at_least} requests sent")
+
     async def send(self, client: RebaserClient, per_change_set: int, pause: float = 0.0) -> None:
         async def produce(cs: ChangeSetId) -> None:
             for i in range(per_change_set):

@@ -23,7 +23,8 @@ from rebaser_core.testing import wait_for
 
 
 async def _swallow_cancellation(entered: asyncio.Event) -> None:
-    """A read that swallows the first cancellation landing in it (later ones end the test's leftovers)."""
+    """A read that swallows the first cancellation landing in it (later ones end the test's leftovers). Its 0.5 s
+    are the point: a read in flight, which is where the cancellation must land."""
     if entered.is_set():
         await asyncio.sleep(0.5)
         return

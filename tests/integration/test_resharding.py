@@ -35,7 +35,7 @@ async def _reshard_under_load(nats_url: str, prefix: str, before: int, after: in
             # Requests keep coming while the layout changes: some change sets have requests in their old shard
             # when the new one starts receiving theirs.
             sending = asyncio.create_task(load.send(client, 25, pause=0.01))
-            await asyncio.sleep(0.2)
+            await load.started(32)
             lines: list[str] = []
             layout = await change_streams(
                 conns[3], Subjects(prefix), after, timeout=60, progress=lines.append

@@ -110,7 +110,7 @@ async def test_cluster_node_killed_mid_run_loses_nothing(
             await _leaders_spread(conns[3], subject_prefix, streams)
             load = Load(12)
             sending = asyncio.create_task(load.send(client, 20, pause=0.02))
-            await asyncio.sleep(1.0)
+            await load.started(48)
             killed = 1  # a node some daemons and some shard leaders are on
             nats_cluster.kill_node(killed)
             await sending
@@ -145,7 +145,7 @@ async def test_cluster_scale_up_and_down_under_load(
             for target in (6, 2):
                 load = Load(12)
                 sending = asyncio.create_task(load.send(client, 20, pause=0.02))
-                await asyncio.sleep(0.5)
+                await load.started(24)
                 layout = await change_streams(conns[3], Subjects(subject_prefix), target, timeout=120)
                 await sending
                 assert layout.streams == target and not layout.migrating

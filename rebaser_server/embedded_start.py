@@ -1,0 +1,26 @@
+"""Starting an embedded NATS (a server or the dev cluster) with the operator's two usual mistakes as one line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from rebaser_core.embedded.net import ADDR_IN_USE
+from rebaser_core.errors import EmbeddedServerError, StoreInUse
+
+__all__ = ["start_embedded"]
+
+
+def start_embedded(start: Callable[[], object], *, in_use: str, port_taken: str) -> None:
+    """Call ``start``; a data directory held by another process (``in_use``, with ``{holder}`` for its pid) or a
+    taken port (``port_taken``) becomes a :class:`click.ClickException`, anything else propagates."""
+    try:
+        start()
+    except StoreInUse as err:
+        holder = f" (pid {err.holder_pid})" if err.holder_pid else ""
+        raise click.ClickException(in_use.format(holder=holder)) from None
+    except EmbeddedServerError as err:
+        if ADDR_IN_USE not in str(err):
+            raise
+        raise click.ClickException(port_taken) from None
