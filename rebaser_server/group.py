@@ -51,17 +51,16 @@ class CommitGroup:
         self._hooks = CommitHooks.of(rt.app)
         self._staged: ChangeSetRecord | None = None
         self._replies: list[tuple[dict[str, str], EnqueueUpdatesResponse]] = []
-        self._last_seq = 0
         self._dvu = False
         self._applied = 0
-        self._requests = 0  # staged requests with a sequence (to be purged after the commit)
+        self._seqs: list[int] = []  # stream sequences of the staged requests (removed after the commit)
         self._outcomes: list[str] = []  # reply kinds of the applied requests, counted once committed
         # Spans of the staged requests (only while tracing is on), for the commit span's parent and links.
         self._traces: list[trace.SpanContext] = []
         self.open = False
 
     def __len__(self) -> int:
-        return self._requests
+        return len(self._seqs)
 
     @property
     def base(self) -> ChangeSetRecord:
@@ -89,8 +88,7 @@ class CommitGroup:
         if response is not None:
             self._replies.append((headers, response))
         if seq:
-            self._last_seq = max(self._last_seq, seq)
-            self._requests += 1
+            self._seqs.append(seq)
         self._dvu = self._dvu or dvu
         self._applied += applied
         if applied and response is not None:
@@ -114,8 +112,8 @@ class CommitGroup:
             await rt.hooks.checkpoint("applied", self._change_set)
             for headers, response in self._replies:
                 await send_reply(rt, headers, response)
-            if self._last_seq:
-                await self._trimmer.processed(self._last_seq, self._requests)
+            if self._seqs:
+                await self._trimmer.processed(self._seqs)
             rt.stats.requests_applied += self._applied
             for kind in self._outcomes:
                 counter = _OUTCOME_COUNTERS[kind]
@@ -135,14 +133,7 @@ class CommitGroup:
         # Also after a commit (prepare_commit then kept nothing) and when nothing was staged: a step's result may
         # have been discarded (lease lost) with nothing staged, and the app must not keep it for ever.
         self._hooks.abandoned(self._change_set)
-        self._staged, self._replies, self._last_seq, self._dvu, self._applied, self._requests = (
-            None,
-            [],
-            0,
-            False,
-            0,
-            0,
-        )
+        self._staged, self._replies, self._seqs, self._dvu, self._applied = None, [], [], False, 0
         self._outcomes = []
         self._traces = []
         self.open = False

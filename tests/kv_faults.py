@@ -1,11 +1,12 @@
 """KV writes and purges that fail halfway, switched on and off from outside a subprocess daemon.
 
 A daemon started with ``REBASER_TEST_KV_FAULTS=<path>`` (and ``--app tests.apps:...``, which imports this module)
-makes every compare-and-set write to a KV bucket, and every purge of processed requests, fail while the file at
-``<path>`` exists, the way a stream leader election or a saturated server fails them: half of them never reach the
-server, the other half are *done* but their answer is lost, so the daemon cannot tell whether its write landed. That
-second kind is the dangerous one: an owner that believes a commit failed when it landed must not apply its requests
-again, and requests left unpurged must not be applied again when the change set is read from the start.
+makes every compare-and-set write to a KV bucket, and every removal of processed requests (deletes or a purge),
+fail while the file at ``<path>`` exists, the way a stream leader election or a saturated server fails them: half
+of them never reach the server, the other half are *done* but their answer is lost, so the daemon cannot tell
+whether its write landed. That second kind is the dangerous one: an owner that believes a commit failed when it
+landed must not apply its requests again, and requests left unpurged must not be applied again when the change set
+is read from the start.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rebaser_server.trimmer import Trimmer
 
 _original_update = KeyValue.update
 _original_create = KeyValue.create
-_original_purge = Trimmer._purge_below
+_original_remove = Trimmer._remove
 _original_commit = ChangeSetHandle._update  # a group commit's compare-and-set (over the daemon's requester)
 
 
@@ -45,5 +46,5 @@ def install_from_env() -> None:
         switch = Path(path)
         KeyValue.update = _failing(switch, _original_update)  # type: ignore[method-assign]
         KeyValue.create = _failing(switch, _original_create)  # type: ignore[method-assign]
-        Trimmer._purge_below = _failing(switch, _original_purge)  # type: ignore[method-assign]
+        Trimmer._remove = _failing(switch, _original_remove)  # type: ignore[method-assign]
         ChangeSetHandle._update = _failing(switch, _original_commit)  # type: ignore[method-assign]
