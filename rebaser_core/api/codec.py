@@ -18,7 +18,7 @@ from typing import Any
 
 import cbor2
 
-from rebaser_core.api.cbor_scan import CborLimits, scan_item
+from rebaser_core.api.cbor_scan import CborLimits, check_plain
 from rebaser_core.errors import DecodeError, UnsupportedContentType
 
 __all__ = ["MAX_BODY_BYTES", "MAX_DEPTH", "MAX_ITEMS", "ContentType", "decode_body", "encode_body"]
@@ -60,7 +60,7 @@ def _refuse_constant(name: str) -> Any:
 def _decode(body: bytes, content_type: ContentType) -> Any:
     if content_type is ContentType.JSON:
         return json.loads(body, parse_constant=_refuse_constant)
-    scan_item(body, 0, _LIMITS)  # refuses tags (shared references) and bounds depth and items first
+    check_plain(body, _LIMITS)  # refuses tags (shared references) and bounds depth and items first
     stream = io.BytesIO(body)
     data = cbor2.CBORDecoder(stream).decode()
     if stream.tell() != len(body):

@@ -120,3 +120,58 @@ def test_change_set_record_with_shared_references_is_refused() -> None:
     bombed = b"\xa6" + head[1:] + cbor2.dumps("state") + shared_bomb(40) + b"\x80"
     with pytest.raises(DecodeError, match="tag 28"):
         ChangeSetRecord.decode(bombed)
+
+
+def _outcome(body: bytes) -> object:
+    try:
+        return ("value", decode_body(body, CBOR))
+    except DecodeError:
+        return "refused"
+
+
+def _mutations() -> st.SearchStrategy[bytes]:
+    """Bodies near valid ones: an encoded value with a few bytes overwritten, or raw bytes."""
+    flips = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4)
+
+    def mutate(encoded: bytes, changes: list[tuple[int, int]]) -> bytes:
+        data = bytearray(encoded)
+        for at, byte in changes:
+            if data:
+                data[at % len(data)] = byte
+        return bytes(data)
+
+    return st.builds(mutate, json_values.map(cbor2.dumps), flips) | st.binary(max_size=64)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_mutations())
+def test_the_cheap_check_decides_as_the_full_scan_does(body: bytes) -> None:
+    # check_plain skips the walk when the bytes alone prove it safe: whatever it lets through must end as the full
+    # scan would have it end (refused, or the same value).
+    from unittest import mock
+
+    from rebaser_core.api import cbor_scan
+
+    cheap = _outcome(body)
+    with mock.patch(
+        "rebaser_core.api.codec.check_plain", lambda data, limits: cbor_scan.scan_item(data, 0, limits)
+    ):
+        assert _outcome(body) == cheap
+
+
+def test_the_cheap_check_walks_nothing_for_a_small_request_and_falls_back_otherwise() -> None:
+    from unittest import mock
+
+    from rebaser_core.api import cbor_scan
+
+    small = cbor2.dumps({"id": str(RequestId.new()), "updates": [{"op": "set", "path": "/n", "value": 1}]})
+    lookalike = cbor2.dumps({"text": "\u00c0 starts with the byte of a tag head once encoded"})
+    shallow_but_wide = cbor2.dumps([{} for _ in range(MAX_DEPTH + 1)])
+    with mock.patch.object(cbor_scan, "scan_item", wraps=cbor_scan.scan_item) as scan:
+        decode_body(small, CBOR)
+        assert scan.call_count == 0
+        assert decode_body(lookalike, CBOR) == {
+            "text": "\u00c0 starts with the byte of a tag head once encoded"
+        }
+        assert decode_body(shallow_but_wide, CBOR) == [{} for _ in range(MAX_DEPTH + 1)]
+        assert scan.call_count == 2
