@@ -21,8 +21,8 @@ from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
 def count_object_puts(app: SnapshotApp, fail_first: int = 0) -> list[str]:
     """Wrap the app's snapshot object store: every object written (its name) is appended to the returned list;
     the first ``fail_first`` writes fail instead (as an unreachable object store would)."""
-    objects: Any = app.store._snapshots
-    put: Callable[..., Awaitable[Any]] = objects.put
+    objects: Any = app.store._writer
+    put: Callable[..., Awaitable[Any]] = objects.put_once
     written: list[str] = []
     failures = [fail_first]
 
@@ -34,7 +34,7 @@ def count_object_puts(app: SnapshotApp, fail_first: int = 0) -> list[str]:
         written.append(name)
         return result
 
-    objects.put = counted
+    objects.put_once = counted
     return written
 
 

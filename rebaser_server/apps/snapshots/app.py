@@ -24,6 +24,7 @@ must be pure too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +40,7 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import UnprocessableError
 from rebaser_core.ids import ChangeSetId
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView
 from rebaser_server.apps.snapshots.dvu import dependent_values_update
@@ -110,6 +112,7 @@ class SnapshotApp:
     def __init__(self) -> None:
         self.functions: dict[str, Function] = dict(BUILTIN_FUNCTIONS)
         self._store: SnapshotStore | None = None
+        self._requester: Requester | None = None
         self._records: ChangeSetStore | None = None
         self.limits = Limits()
         # Per change set: the snapshots computed since its last commit (address -> snapshot and its encoding).
@@ -121,14 +124,18 @@ class SnapshotApp:
     async def start(self, nc: NatsClient, settings: Settings) -> None:
         js = nc.jetstream()
         self.limits = Limits.from_settings(settings)
-        self._store = SnapshotStore(js, settings)
+        self._requester = Requester(nc)
+        self._store = SnapshotStore(js, settings, requester=self._requester)
         await self._store.open()
         await self._store.put(EMPTY)
         self._records = ChangeSetStore(js, settings)
         await self._records.open()
 
     async def stop(self) -> None:
-        return None
+        requester, self._requester = self._requester, None
+        if requester is not None:
+            with contextlib.suppress(Exception):
+                await requester.close()
 
     @property
     def store(self) -> SnapshotStore:

@@ -17,8 +17,10 @@ from nats.js.object_store import ObjectStore
 from rebaser_core.api import Update
 from rebaser_core.batches import batch_object_name, decode_batch
 from rebaser_core.errors import DecodeError, UnprocessableError
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
+from rebaser_server.apps.snapshots.objects import ObjectWriter
 
 __all__ = ["CACHE_BYTES", "OFF_LOOP_BYTES", "SnapshotStore"]
 
@@ -45,12 +47,16 @@ class SnapshotStore:
         js: JetStreamContext,
         settings: Settings,
         *,
+        requester: Requester | None = None,
         cache_size: int = 1024,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self._js = js
         self._settings = settings
         self._snapshots: ObjectStore | None = None
+        self._requester = requester
+        # Snapshot writes (objects.py); None: through nats-py's ObjectStore (no requester given).
+        self._writer: ObjectWriter | None = None
         self._batches: ObjectStore | None = None
         # Snapshots are immutable, so a cache never goes stale; it only saves reads. With each its encoded size.
         self._cache: OrderedDict[str, tuple[Snapshot, int]] = OrderedDict()
@@ -62,6 +68,10 @@ class SnapshotStore:
     async def open(self) -> None:
         subjects = self._settings.subjects
         self._snapshots = await open_object_store(self._js, subjects.snapshots_bucket, self._settings)
+        if self._requester is not None:
+            self._writer = ObjectWriter(
+                self._requester, subjects.snapshots_bucket, timeout=self._settings.nats_timeout
+            )
         self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
     def _remember(self, address: str, snapshot: Snapshot, size: int) -> None:
@@ -88,10 +98,13 @@ class SnapshotStore:
             data = snapshot.encode()
         address = Snapshot.address_of(data)
         if address not in self._written:
-            try:
-                await self._snapshots.get_info(address)
-            except NotFoundError:
-                await self._snapshots.put(address, data)
+            if self._writer is not None:
+                await self._writer.put_once(address, data)  # written unless stored already, in one go
+            else:
+                try:
+                    await self._snapshots.get_info(address)
+                except NotFoundError:
+                    await self._snapshots.put(address, data)
             self._written.add(address)
         self._remember(address, snapshot, len(data))
         return address
