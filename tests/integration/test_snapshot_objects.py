@@ -7,11 +7,18 @@ import asyncio
 import hashlib
 import os
 
+import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import ObjectStoreConfig, StorageType
 
 from rebaser_core.requester import Requester
-from rebaser_server.apps.snapshots.objects import CHUNK_SIZE, ObjectWriter
+from rebaser_server.apps.snapshots.objects import (
+    CHUNK_SIZE,
+    MultipleChunks,
+    ObjectCorrupt,
+    ObjectReader,
+    ObjectWriter,
+)
 
 
 async def _chunk_messages(nc: NatsClient, bucket: str) -> int:
@@ -51,5 +58,29 @@ async def test_objects_are_written_once_and_read_back_by_nats_py(nc: NatsClient,
         ]
         assert (await store.get(fresh_name)).data == fresh
         assert await _chunk_messages(nc, bucket) == stored + 1
+    finally:
+        await requester.close()
+
+
+async def test_objects_of_one_chunk_are_read_with_direct_gets_and_checked(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    bucket = f"{subject_prefix}_objects"
+    js = nc.jetstream()
+    store = await js.create_object_store(bucket, ObjectStoreConfig(bucket=bucket, storage=StorageType.MEMORY))
+    requester = Requester(nc)
+    reader = ObjectReader(requester, bucket, timeout=5)
+    try:
+        await store.put("by-nats-py", b"written by nats-py")
+        assert await reader.get("by-nats-py") == b"written by nats-py"
+        assert await reader.get("missing") is None
+        await store.put("large", os.urandom(CHUNK_SIZE + 1))
+        with pytest.raises(MultipleChunks):
+            await reader.get("large")  # left to nats-py's consumer-based read
+        # A chunk that does not match its info (size or digest) is refused, never returned.
+        info = await store.get_info("by-nats-py")
+        await js.publish(f"$O.{bucket}.C.{info.nuid}", b"written by nats-pz")
+        with pytest.raises(ObjectCorrupt):
+            await reader.get("by-nats-py")
     finally:
         await requester.close()

@@ -1,4 +1,4 @@
-"""Writing a content-addressed object into a JetStream Object Store once, in two light round trips.
+"""Content-addressed objects in a JetStream Object Store: written once in two light round trips, read in two.
 
 nats-py's ``ObjectStore.put`` reads the object's info first (a JetStream API call), publishes the chunks and the
 info through its JetStream context, then purges the chunks of any object it replaced; with the snapshot store's own
@@ -10,6 +10,10 @@ purges its own chunks, which nobody references.
 
 The objects written are the ones nats-py writes (same subjects, same info document, SHA-256 digest, 128 KiB
 chunks), so ``ObjectStore.get`` and every other Object Store client read them as usual.
+
+Reading: nats-py's ``ObjectStore.get`` creates an ordered consumer on the chunks (a consumer created and deleted
+on the server, a subscription) for every object. An object of one chunk, which every snapshot under 128 KiB is, is
+read here with two direct gets (the info, then the chunk), its size and digest checked as nats-py checks them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from nats.nuid import NUID
 
 from rebaser_core.requester import Requester
 
-__all__ = ["CHUNK_SIZE", "ObjectWriter"]
+__all__ = [
+    "CHUNK_SIZE",
+    "MultipleChunks",
+    "ObjectCorrupt",
+    "ObjectReader",
+    "ObjectStoreError",
+    "ObjectWriter",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +44,19 @@ CHUNK_SIZE = 128 * 1024  # nats-py's default chunk size
 _EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 _ROLLUP = "Nats-Rollup"
 _WRONG_LAST_SEQUENCE = 10071
+_STATUS = "Status"
 
 
-class ObjectWriteError(Exception):
-    """JetStream refused a chunk or the info message (the object is not written)."""
+def _meta_subject(bucket: str, name: str) -> str:
+    return f"$O.{bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+
+
+def _digest(data: bytes) -> str:
+    return "SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+
+
+class ObjectStoreError(Exception):
+    """JetStream refused to store or read an object (a refused write leaves nothing referenced)."""
 
 
 class ObjectWriter:
@@ -48,7 +68,7 @@ class ObjectWriter:
 
     async def put_once(self, name: str, data: bytes) -> bool:
         """Store ``data`` as object ``name`` unless the bucket holds that name already; True if this call wrote it.
-        Raises ``ObjectWriteError`` (refused) or NATS errors (unreachable): then nothing is referenced."""
+        Raises ``ObjectStoreError`` (refused) or NATS errors (unreachable): then nothing is referenced."""
         nuid = self._nuid.next().decode()
         chunks = f"$O.{self._bucket}.C.{nuid}"
         try:
@@ -61,11 +81,11 @@ class ObjectWriter:
                 "size": len(data),
                 "mtime": datetime.datetime.now(datetime.UTC).isoformat(),
                 "chunks": -(-len(data) // CHUNK_SIZE),
-                "digest": "SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode(),
+                "digest": _digest(data),
                 "deleted": False,
                 "options": {"max_chunk_size": CHUNK_SIZE},
             }
-            meta = f"$O.{self._bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+            meta = _meta_subject(self._bucket, name)
             headers = {_ROLLUP: "sub", _EXPECTED_LAST_SUBJECT_SEQUENCE: "0"}
             reply = await self._request(meta, json.dumps(info).encode(), headers)
             if (reply.get("error") or {}).get("err_code") == _WRONG_LAST_SEQUENCE:
@@ -82,12 +102,12 @@ class ObjectWriter:
         try:
             return json.loads(msg.data)
         except ValueError:
-            raise ObjectWriteError(f"unreadable JetStream reply on {subject}: {msg.data[:80]!r}") from None
+            raise ObjectStoreError(f"unreadable JetStream reply on {subject}: {msg.data[:80]!r}") from None
 
     @staticmethod
     def _check(reply: Any, subject: str) -> None:
         if not isinstance(reply, dict) or "error" in reply:
-            raise ObjectWriteError(f"publish to {subject} refused: {reply}")
+            raise ObjectStoreError(f"publish to {subject} refused: {reply}")
 
     async def _discard(self, chunks: str) -> None:
         """Purge chunks no info message references (best effort: orphaned chunks are only wasted space)."""
@@ -98,3 +118,58 @@ class ObjectWriter:
             )
         except Exception as err:
             log.debug("purging unreferenced chunks %s failed: %r", chunks, err)
+
+
+class ObjectCorrupt(ObjectStoreError):
+    """An object's chunks do not match its info (size or digest)."""
+
+
+class ObjectReader:
+    def __init__(self, requester: Requester, bucket: str, *, timeout: float) -> None:
+        self._requester = requester
+        self._bucket = bucket
+        self._timeout = timeout
+
+    async def get(self, name: str) -> bytes | None:
+        """The object's data; None if the bucket has no such object. An object of more than one chunk is not read
+        here: ``MultipleChunks`` is raised, and the caller reads it with nats-py."""
+        info = await self._last(_meta_subject(self._bucket, name))
+        if info is None:
+            return None
+        try:
+            meta = json.loads(info)
+            deleted, nuid, size, chunks, digest = (
+                meta.get("deleted", False),
+                str(meta["nuid"]),
+                int(meta["size"]),
+                int(meta.get("chunks", 0)),
+                meta.get("digest"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ObjectCorrupt(f"object {name}: unreadable info") from None
+        if deleted:
+            return None
+        if chunks > 1:
+            raise MultipleChunks(name)
+        data = b"" if chunks == 0 else await self._last(f"$O.{self._bucket}.C.{nuid}")
+        if data is None or len(data) != size or (digest is not None and digest != _digest(data)):
+            raise ObjectCorrupt(f"object {name}: chunks do not match its size or digest")
+        return data
+
+    async def _last(self, subject: str) -> bytes | None:
+        """The data of the last message on ``subject`` (a direct get), None if there is none."""
+        msg = await self._requester.request(
+            f"$JS.API.DIRECT.GET.OBJ_{self._bucket}",
+            json.dumps({"last_by_subj": subject}).encode(),
+            timeout=self._timeout,
+        )
+        status = (msg.headers or {}).get(_STATUS)
+        if status == "404":
+            return None
+        if status is not None:
+            raise ObjectStoreError(f"direct get of {subject} failed: {status} {msg.headers}")
+        return bytes(msg.data)
+
+
+class MultipleChunks(Exception):
+    """The object has more than one chunk (read it with nats-py's ObjectStore.get)."""

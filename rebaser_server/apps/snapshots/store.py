@@ -20,12 +20,16 @@ from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
-from rebaser_server.apps.snapshots.objects import ObjectWriter
+from rebaser_server.apps.snapshots.objects import MultipleChunks, ObjectReader, ObjectWriter
 
-__all__ = ["CACHE_BYTES", "OFF_LOOP_BYTES", "SnapshotStore"]
+__all__ = ["CACHE_BYTES", "CACHE_SIZE", "OFF_LOOP_BYTES", "SnapshotStore"]
 
 OFF_LOOP_BYTES = 256 * 1024
 """Data larger than this is decoded in a worker thread; smaller data costs less than the thread hop."""
+
+CACHE_SIZE = 16_384
+"""The snapshot cache holds at most this many snapshots: one for each of far more change sets than a daemon owns at
+once (a miss costs a read from the object store); the byte bound below is what keeps memory in check."""
 
 CACHE_BYTES = 256 * 1024 * 1024
 """The snapshot cache holds at most this many bytes of snapshots (their encoded size; in memory they take more)."""
@@ -48,15 +52,16 @@ class SnapshotStore:
         settings: Settings,
         *,
         requester: Requester | None = None,
-        cache_size: int = 1024,
+        cache_size: int = CACHE_SIZE,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self._js = js
         self._settings = settings
         self._snapshots: ObjectStore | None = None
         self._requester = requester
-        # Snapshot writes (objects.py); None: through nats-py's ObjectStore (no requester given).
+        # Snapshot writes and reads (objects.py); None: through nats-py's ObjectStore (no requester given).
         self._writer: ObjectWriter | None = None
+        self._reader: ObjectReader | None = None
         self._batches: ObjectStore | None = None
         # Snapshots are immutable, so a cache never goes stale; it only saves reads. With each its encoded size.
         self._cache: OrderedDict[str, tuple[Snapshot, int]] = OrderedDict()
@@ -69,9 +74,9 @@ class SnapshotStore:
         subjects = self._settings.subjects
         self._snapshots = await open_object_store(self._js, subjects.snapshots_bucket, self._settings)
         if self._requester is not None:
-            self._writer = ObjectWriter(
-                self._requester, subjects.snapshots_bucket, timeout=self._settings.nats_timeout
-            )
+            bucket, timeout = subjects.snapshots_bucket, self._settings.nats_timeout
+            self._writer = ObjectWriter(self._requester, bucket, timeout=timeout)
+            self._reader = ObjectReader(self._requester, bucket, timeout=timeout)
         self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
     def _remember(self, address: str, snapshot: Snapshot, size: int) -> None:
@@ -114,10 +119,7 @@ class SnapshotStore:
         if cached is not None:
             self._cache.move_to_end(address)
             return cached[0]
-        assert self._snapshots is not None
-        result = await self._snapshots.get(address)
-        data = result.data
-        assert data is not None
+        data = await self._read(address)
         snapshot = (
             await asyncio.to_thread(Snapshot.decode, data)
             if len(data) > OFF_LOOP_BYTES
@@ -125,6 +127,21 @@ class SnapshotStore:
         )
         self._remember(address, snapshot, len(data))
         return snapshot
+
+    async def _read(self, address: str) -> bytes:
+        assert self._snapshots is not None
+        if self._reader is not None:
+            try:
+                data = await self._reader.get(address)
+            except MultipleChunks:
+                pass  # over 128 KiB: nats-py reads the chunks through a consumer
+            else:
+                if data is None:
+                    raise NotFoundError
+                return data
+        result = await self._snapshots.get(address)
+        assert result.data is not None
+        return result.data
 
     async def get_batch(self, address: str) -> list[Update]:
         """The updates of a stored batch; ``UnprocessableError`` if it is missing, corrupt or over the limits
