@@ -206,8 +206,11 @@ class Publisher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._publish_timeout
         try:
-            async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
+            if self._slots.locked():
+                async with asyncio.timeout_at(deadline):
+                    await self._slots.acquire()
+            else:
+                await self._slots.acquire()  # free: taken without waiting, so no timer is armed for it
         except TimeoutError:
             raise RebaserBusy(
                 f"{what}: {self._max_in_flight} requests already await JetStream (max_in_flight) "
