@@ -34,8 +34,9 @@ __all__ = [
 
 DEFAULT_INBOX_PREFIX = "_INBOX."
 MAX_INBOX_BYTES = 255
-# One subject token: printable ASCII except the separator and the wildcards.
-_TOKEN = re.compile(r"[!-)+-\-/-=?-~]+")
+# One subject token: printable ASCII except the separator and the wildcards; a subject: tokens joined by dots.
+_TOKEN_CHARS = r"[!-)+-\-/-=?-~]+"
+_SUBJECT = re.compile(rf"{_TOKEN_CHARS}(?:\.{_TOKEN_CHARS})*")
 
 
 def _reserved(subjects: Subjects) -> tuple[str, ...]:
@@ -46,11 +47,10 @@ def _reserved(subjects: Subjects) -> tuple[str, ...]:
 
 
 def _check_tokens(subject: str, what: str) -> None:
-    for token in subject.split("."):
-        if not _TOKEN.fullmatch(token):
-            raise InvalidReplyInbox(
-                f"{what} {_shown(subject)} has an empty token, whitespace, a wildcard or a non-ASCII character"
-            )
+    if not _SUBJECT.fullmatch(subject):  # every token non-empty and made of _TOKEN_CHARS
+        raise InvalidReplyInbox(
+            f"{what} {_shown(subject)} has an empty token, whitespace, a wildcard or a non-ASCII character"
+        )
 
 
 def _shown(value: str) -> str:

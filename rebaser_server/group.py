@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from rebaser_core.api import EnqueueUpdatesResponse
 from rebaser_server.app import ChangeSet, CommitHooks
-from rebaser_server.replies import send_reply
+from rebaser_server.replies import UNCHECKED, Unchecked, send_reply
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
 from rebaser_server.trimmer import Trimmer
@@ -50,7 +50,7 @@ class CommitGroup:
         self._notify_dvu = notify_dvu
         self._hooks = CommitHooks.of(rt.app)
         self._staged: ChangeSetRecord | None = None
-        self._replies: list[tuple[dict[str, str], EnqueueUpdatesResponse]] = []
+        self._replies: list[tuple[dict[str, str], EnqueueUpdatesResponse, str | Unchecked | None]] = []
         self._dvu = False
         self._applied = 0
         self._seqs: list[int] = []  # stream sequences of the staged requests (removed after the commit)
@@ -81,12 +81,14 @@ class CommitGroup:
         *,
         dvu: bool = False,
         applied: bool = False,
+        inbox: str | Unchecked | None = UNCHECKED,
     ) -> None:
-        """Add one processed request: its new record (if it changed one), its reply, whether a DVU is due."""
+        """Add one processed request: its new record (if it changed one), its reply (to ``inbox`` if the handler
+        checked it already), whether a DVU is due."""
         if record is not None:
             self._staged = record
         if response is not None:
-            self._replies.append((headers, response))
+            self._replies.append((headers, response, inbox))
         if seq:
             self._seqs.append(seq)
         self._dvu = self._dvu or dvu
@@ -110,8 +112,8 @@ class CommitGroup:
                     await self._handle.commit(self._staged)
                 rt.stats.request_commits += 1
             await rt.hooks.checkpoint("applied", self._change_set)
-            for headers, response in self._replies:
-                await send_reply(rt, headers, response)
+            for headers, response, inbox in self._replies:
+                await send_reply(rt, headers, response, inbox)
             if self._seqs:
                 await self._trimmer.processed(self._seqs)
             rt.stats.requests_applied += self._applied

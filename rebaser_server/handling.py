@@ -74,9 +74,8 @@ class RequestHandler:
             return
         group = await self.group()
         try:
-            reply_inbox(
-                self._rt, headers
-            )  # an inbox we may not publish to refuses the request (InvalidReplyInbox)
+            # An inbox we may not publish to refuses the request (InvalidReplyInbox); checked once, used by the reply.
+            inbox = reply_inbox(self._rt, headers)
             request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
             check_msg_id(headers, str(request.id))
             if (request.workspace_id, request.change_set_id) != (
@@ -96,10 +95,10 @@ class RequestHandler:
         response = group.base.reply_for(request)
         if response is not None:
             self._rt.stats.requests_replayed += 1
-            group.stage(seq, headers, response, processed(group.base, seq))
+            group.stage(seq, headers, response, processed(group.base, seq), inbox=inbox)
             return
         response, record, dvu = await self._apply(group, request, msg, seq)
-        group.stage(seq, headers, response, processed(record, seq), dvu=dvu, applied=True)
+        group.stage(seq, headers, response, processed(record, seq), dvu=dvu, applied=True, inbox=inbox)
 
     def _recorded_reply(self, record: ChangeSetRecord, msg: Msg) -> EnqueueUpdatesResponse | None:
         try:

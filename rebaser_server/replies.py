@@ -16,7 +16,15 @@ from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.tasks import check_pub_ack
 from rebaser_server.runtime import Runtime
 
-__all__ = ["dead_letter", "dead_letter_stored", "reply_inbox", "request_id_of", "send_reply"]
+__all__ = [
+    "UNCHECKED",
+    "Unchecked",
+    "dead_letter",
+    "dead_letter_stored",
+    "reply_inbox",
+    "request_id_of",
+    "send_reply",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +44,30 @@ def reply_inbox(rt: Runtime, headers: Mapping[str, str] | None) -> str | None:
     return reply_inbox_of(headers, rt.settings.reply_inbox_prefix, rt.subjects)
 
 
-async def send_reply(rt: Runtime, request_headers: dict[str, str], response: EnqueueUpdatesResponse) -> None:
+class Unchecked:
+    """The reply inbox is still to be read from the request's headers and checked."""
+
+
+UNCHECKED = Unchecked()
+
+
+async def send_reply(
+    rt: Runtime,
+    request_headers: dict[str, str],
+    response: EnqueueUpdatesResponse,
+    inbox: str | Unchecked | None = UNCHECKED,
+) -> None:
     """Reply on the request's ``X-Reply-Inbox`` (if it has a valid one), in the content type the caller used.
+    ``inbox``: the request's inbox as :func:`reply_inbox` returned it, if the caller checked it already.
 
     Replies are core NATS, at most once: a caller that missed one still has its request applied, and asking again
     with the same request id is answered from the idempotency record.
     """
-    try:
-        inbox = reply_inbox(rt, request_headers)
-    except InvalidReplyInbox:
-        return  # the request was refused for it (dead-lettered); there is nowhere safe to answer
+    if isinstance(inbox, Unchecked):
+        try:
+            inbox = reply_inbox(rt, request_headers)
+        except InvalidReplyInbox:
+            return  # the request was refused for it (dead-lettered); there is nowhere safe to answer
     if not inbox:
         return
     try:

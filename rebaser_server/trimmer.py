@@ -106,6 +106,10 @@ class Trimmer:
         if len(seqs) > _DELETE_MAX:
             await self._purge_below(max(seqs) + 1)
             return []
+        if len(seqs) == 1:  # the usual case: no gather (it wraps each delete in a task of its own)
+            await self._delete(seqs[0])  # a failure is _run's to report, with its reason
+            rt.stats.last_publish_at = time.time()
+            return []
         results = await asyncio.gather(*(self._delete(seq) for seq in seqs), return_exceptions=True)
         rt.stats.last_publish_at = time.time()
         return [seq for seq, result in zip(seqs, results, strict=True) if result is not None]

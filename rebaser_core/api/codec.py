@@ -30,12 +30,18 @@ class ContentType(StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> ContentType:
+        exact = _EXACT.get(value)  # what our own peers send: no parsing
+        if exact is not None:
+            return exact
         # Media types are case-insensitive and may carry parameters ("; charset=utf-8").
         base = value.split(";", 1)[0].strip().lower()
         try:
             return cls(base)
         except ValueError:
             raise UnsupportedContentType(value, tuple(c.value for c in cls)) from None
+
+
+_EXACT: dict[str, ContentType] = {c.value: c for c in ContentType}
 
 
 def encode_body(data: Any, content_type: ContentType) -> bytes:
