@@ -27,14 +27,25 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from rebaser_core.requester import Requester
 from rebaser_server.handback import nak_payload
 
 __all__ = ["Lease"]
 
 
 class Lease:
-    def __init__(self, nc: NatsClient, msg: Msg, *, ack_wait: float, margin: float, since: float) -> None:
+    def __init__(
+        self,
+        nc: NatsClient,
+        msg: Msg,
+        *,
+        ack_wait: float,
+        margin: float,
+        since: float,
+        requester: Requester | None = None,
+    ) -> None:
         self._nc = nc
+        self._requester = requester  # the daemon's light request-reply, for the confirmed ack or nak
         self._msg = msg
         self._ack_wait = ack_wait
         self._margin = margin
@@ -79,6 +90,10 @@ class Lease:
         if not self.held():
             return False
         with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await self._nc.request(self._msg.reply, payload, timeout=min(timeout, self.remaining()))
+            timeout = min(timeout, self.remaining())
+            if self._requester is not None:
+                await self._requester.request(self._msg.reply, payload, timeout=timeout)
+            else:
+                await self._nc.request(self._msg.reply, payload, timeout=timeout)
             return True
         return False

@@ -27,11 +27,11 @@ from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import api as js_api
 
 from rebaser_core.errors import FencedError
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, CommitHooks
+from rebaser_server.consumer import Created, RequestConsumer
 from rebaser_server.dvu import SerialDvu
 from rebaser_server.group import CommitGroup
 from rebaser_server.handling import RequestHandler
@@ -59,20 +59,6 @@ _DVU_QUIET = 0.01
 # Under pressure (the daemon is full and other change sets wait for an owner), a change set idle this long lets go.
 _PRESSURE_QUIET = 1.0
 
-_BACKGROUND: set[asyncio.Task[Any]] = set()
-
-
-def _in_background(coro: Coroutine[Any, Any, Any]) -> None:
-    task = asyncio.create_task(coro)
-    _BACKGROUND.add(task)  # keep a reference until done, or the task may be garbage-collected mid-flight
-
-    def done(t: asyncio.Task[Any]) -> None:
-        _BACKGROUND.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            log.debug("background cleanup failed: %s", t.exception())
-
-    task.add_done_callback(done)
-
 
 class ChangeSetProcessor:
     def __init__(
@@ -91,7 +77,12 @@ class ChangeSetProcessor:
         self._task_msg = task_msg
         settings = rt.settings
         self.lease = Lease(
-            rt.nc, task_msg, ack_wait=settings.ack_wait, margin=settings.lease_margin, since=pulled_at
+            rt.nc,
+            task_msg,
+            ack_wait=settings.ack_wait,
+            margin=settings.lease_margin,
+            since=pulled_at,
+            requester=rt.requester,
         )
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
@@ -103,9 +94,8 @@ class ChangeSetProcessor:
         # every request on its own for the rest of this ownership (see _maybe_flush).
         self._unclean = False
         self._suspect_mode = False
-        self._sub: Any = None
-        self._consumer: str | None = None
-        self._consumer_config = self._config()
+        # The change set's ordered consumer (consumer.py).
+        self._consumer = RequestConsumer(rt, self._names, self._subject)
         self._caught_up = False
         # Set while no request is waiting: a due DVU runs in a lull, so a burst of requests shares few DVU runs.
         self._lull = asyncio.Event()
@@ -148,7 +138,7 @@ class ChangeSetProcessor:
         # The change set's consumer is created while its record is read and bumped (one round trip fewer before
         # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
         # num_pending also tells a task with nothing to do (no record, nothing queued).
-        consumer = asyncio.ensure_future(self._create_consumer())
+        consumer = asyncio.ensure_future(self._consumer.create())
         try:
             try:
                 acquired = await rt.store.acquire(
@@ -190,54 +180,18 @@ class ChangeSetProcessor:
                 await asyncio.wait({consumer})
             if not consumer.cancelled():
                 consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
-            await self._unsubscribe()
+            await self._consumer.close()
 
     # -- consuming ----------------------------------------------------------------------------------
-    async def _create_consumer(self) -> js_api.ConsumerInfo:
-        info = await self._rt.js.add_consumer(self._names.requests_stream, self._consumer_config)
-        self._consumer = info.name
-        return info
+    async def _has_queued(self, consumer: asyncio.Future[Created]) -> bool:
+        return (await consumer).num_pending > 0
 
-    async def _has_queued(self, consumer: asyncio.Future[js_api.ConsumerInfo]) -> bool:
-        return ((await consumer).num_pending or 0) > 0
-
-    def _config(self) -> js_api.ConsumerConfig:
-        return js_api.ConsumerConfig(
-            filter_subject=self._subject,
-            deliver_policy=js_api.DeliverPolicy.ALL,
-            deliver_subject=self._rt.nc.new_inbox(),
-            ack_policy=js_api.AckPolicy.NONE,
-            max_deliver=1,
-            flow_control=True,
-            idle_heartbeat=5.0,
-            mem_storage=True,
-            num_replicas=1,
-            inactive_threshold=30.0,
-        )
-
-    async def _bind(self, info: js_api.ConsumerInfo) -> None:
-        # add_consumer + subscribe_bind (not js.subscribe) keeps the consumer's name and num_pending.
-        js, config = self._rt.js, self._consumer_config
-        self._caught_up = (info.num_pending or 0) == 0
-        log.debug("%s: consuming, %d requests queued", self.change_set, info.num_pending or 0)
+    async def _bind(self, created: Created) -> None:
+        self._caught_up = created.num_pending == 0
+        log.debug("%s: consuming, %d requests queued", self.change_set, created.num_pending)
         if not self._caught_up:
             self._lull.clear()
-        self._sub = await js.subscribe_bind(
-            self._names.requests_stream, config, info.name, cb=self._on_request, ordered_consumer=True
-        )
-
-    async def _unsubscribe(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        # Unsubscribing leaves the server-side consumer until the server reaps it; delete it so the consumer
-        # count tracks active change sets. After a reset the ordered consumer has a new name.
-        name = getattr(sub, "_consumer", None) or self._consumer
-        self._consumer = None
-        if name:
-            # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
-            _in_background(self._rt.js.delete_consumer(self._names.requests_stream, name))
+        await self._consumer.bind(created, self._on_request)
 
     async def _on_request(self, msg: Msg) -> None:
         if self._stopping:
@@ -462,7 +416,7 @@ class ChangeSetProcessor:
             async with asyncio.timeout(grace):
                 async with self._request_lock:
                     await self._settle_group(result)
-        await self._unsubscribe()
+        await self._consumer.close()
         if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):

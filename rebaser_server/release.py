@@ -57,7 +57,9 @@ async def _task_for_queued(rt: Runtime, change_set: ChangeSet, subjects: Subject
     while True:
         try:
             if await rt.queued(change_set, from_leader=True, subjects=subjects):
-                created = await publish_task(rt.nc, task, timeout=max(0.1, deadline - loop.time()))
+                created = await publish_task(
+                    rt.nc, task, timeout=max(0.1, deadline - loop.time()), requester=rt.requester
+                )
                 log.info(
                     "%s: request arrived during release; task %s",
                     change_set,

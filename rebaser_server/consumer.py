@@ -1,0 +1,109 @@
+"""The owned change set's ordered push consumer: created, bound to a callback, and deleted when let go.
+
+Created with ``CONSUMER.CREATE`` over the daemon's light requester (``rebaser_core.requester``) rather than nats-py's
+``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` (a dozen nested dataclasses) after a request
+with a random reply token and ``wait_for``: a change set is activated once per quiet period, and every activation
+paid for it. Only the consumer's name and ``num_pending`` are needed: the name to bind to, ``num_pending`` to know
+whether anything is queued. Then ``subscribe_bind`` makes it nats-py's ordered consumer (gap detection, resets,
+flow control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+from nats.js.errors import APIError
+
+from rebaser_core.subjects import Subjects
+from rebaser_server.runtime import Runtime
+
+__all__ = ["Created", "RequestConsumer"]
+
+log = logging.getLogger(__name__)
+
+_JS_API = "$JS.API"
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def in_background(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run ``coro`` to completion without anyone waiting for it (its failure is logged at debug level)."""
+    task = asyncio.create_task(coro)
+    _BACKGROUND.add(task)  # keep a reference until done, or the task may be garbage-collected mid-flight
+
+    def done(t: asyncio.Task[Any]) -> None:
+        _BACKGROUND.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("background cleanup failed: %s", t.exception())
+
+    task.add_done_callback(done)
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    name: str
+    num_pending: int  # requests queued when it was created
+
+
+class RequestConsumer:
+    def __init__(self, rt: Runtime, names: Subjects, subject: str) -> None:
+        self._rt = rt
+        self._stream = names.requests_stream
+        self._config = js_api.ConsumerConfig(
+            filter_subject=subject,
+            deliver_policy=js_api.DeliverPolicy.ALL,
+            deliver_subject=rt.nc.new_inbox(),
+            ack_policy=js_api.AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=5.0,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=30.0,
+        )
+        self._name: str | None = None
+        self._sub: Any = None
+
+    async def create(self) -> Created:
+        rt = self._rt
+        payload = json.dumps({"stream_name": self._stream, "config": self._config.as_dict()}).encode()
+        reply = await rt.requester.request(
+            f"{_JS_API}.CONSUMER.CREATE.{self._stream}", payload, timeout=rt.settings.nats_timeout
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise APIError.from_error(answer["error"])
+        self._name = str(answer["name"])
+        return Created(self._name, int(answer.get("num_pending") or 0))
+
+    async def bind(self, created: Created, cb: Callable[[Msg], Awaitable[None]]) -> None:
+        """Start delivering to ``cb``, one message at a time, as nats-py's ordered consumer."""
+        self._sub = await self._rt.js.subscribe_bind(
+            self._stream, self._config, created.name, cb=cb, ordered_consumer=True
+        )
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        # Unsubscribing leaves the server-side consumer until the server reaps it; delete it so the consumer
+        # count tracks active change sets. After a reset the ordered consumer has a new name.
+        name = getattr(sub, "_consumer", None) or self._name
+        self._name = None
+        if name:
+            # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
+            in_background(self._delete(name))
+
+    async def _delete(self, name: str) -> None:
+        rt = self._rt
+        await rt.requester.request(
+            f"{_JS_API}.CONSUMER.DELETE.{self._stream}.{name}", b"", timeout=rt.settings.nats_timeout
+        )
