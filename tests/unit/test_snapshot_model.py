@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
-from rebaser_server.apps.snapshots.dvu import dependent_values_update
+from rebaser_server.apps.snapshots.dvu import dependent_values_update, settled_without_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.model import (
     Attribute,
@@ -775,3 +775,29 @@ def test_a_dependent_values_update_per_batch_equals_one_at_the_end(batches: list
     # and the settled result is a fixed point: recomputing everything changes no value
     everything = Snapshot(stepwise.attributes, frozenset(stepwise.attributes))
     assert dvu(everything)[0].values() == stepwise.values()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_batches)
+def test_settling_without_an_update_is_what_the_update_would_give(batches: list[list[Update]]) -> None:
+    # The app clears the roots at apply time when nothing computed is downstream of them, instead of making a DVU
+    # due: that must be exactly the DVU's result, and it must decline whenever the DVU has something to compute.
+    snapshot = EMPTY
+    for batch in batches:
+        snapshot = ok(snapshot, *batch)
+        settled = settled_without_update(snapshot)
+        updated, order = dvu(snapshot)
+        if settled is None:
+            assert snapshot.roots
+        else:
+            assert order == [] and settled == updated
+        snapshot = updated
+
+
+def test_literals_nobody_reads_need_no_update_and_a_dependent_does() -> None:
+    literals = ok(EMPTY, lit("/a", 1), lit("/b", 2))
+    assert settled_without_update(literals) == Snapshot(literals.attributes, frozenset())
+    read = ok(settle(literals), fn("/sum", "sum", "/a", "/b"))
+    assert settled_without_update(read) is None  # a new function: computed by the DVU
+    assert settled_without_update(ok(settle(read), lit("/a", 5))) is None  # /sum reads /a
+    assert settled_without_update(ok(settle(read), lit("/c", 5))) is not None  # nobody reads /c

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
@@ -43,7 +44,7 @@ from rebaser_core.ids import ChangeSetId
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView
-from rebaser_server.apps.snapshots.dvu import dependent_values_update
+from rebaser_server.apps.snapshots.dvu import dependent_values_update, settled_without_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.limits import Limits, check_growth, check_updates
 from rebaser_server.apps.snapshots.model import (
@@ -70,12 +71,21 @@ _OFF_LOOP_ITEMS = 2_000
 
 def _rebased(current: Snapshot, updates: Sequence[Update], limits: Limits) -> tuple[Rebased, bytes]:
     check_updates(updates, limits)
-    return _checked(current, rebase(current, updates), limits)
+    return _checked(current, _settled(rebase(current, updates)), limits)
 
 
 def _merged(current: Snapshot, base: Snapshot, source: Snapshot, limits: Limits) -> tuple[Rebased, bytes]:
     changes: list[Change] = changes_since(base, source)
-    return _checked(current, apply_changes(current, changes), limits)
+    return _checked(current, _settled(apply_changes(current, changes)), limits)
+
+
+def _settled(rebased: Rebased) -> Rebased:
+    """When nothing computed depends on what changed (literals only, say), the DVU's whole work would be to clear
+    the roots: done here instead, so the request makes no DVU due (a record commit and a snapshot write fewer)."""
+    if not rebased.ok:
+        return rebased
+    settled = settled_without_update(rebased.snapshot)
+    return rebased if settled is None else replace(rebased, snapshot=settled)
 
 
 def _checked(current: Snapshot, rebased: Rebased, limits: Limits) -> tuple[Rebased, bytes]:

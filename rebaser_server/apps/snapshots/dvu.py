@@ -63,6 +63,15 @@ def _dependents(attributes: Mapping[str, Attribute]) -> dict[str, set[str]]:
     return dependents
 
 
+def settled_without_update(snapshot: Snapshot) -> Snapshot | None:
+    """``snapshot`` with its roots cleared if no function attribute is downstream of them (then a DVU would change
+    nothing else: this is its result); None if a DVU has something to compute. Linear in attributes plus
+    dependency edges, like the rebase that made the roots."""
+    if not snapshot.roots or _downstream(snapshot.attributes, snapshot.roots):
+        return None
+    return Snapshot(snapshot.attributes, frozenset())
+
+
 def _downstream(attributes: Mapping[str, Attribute], roots: Iterable[str]) -> set[str]:
     """Every function attribute reachable from the roots (including roots that are functions themselves).
 
