@@ -401,9 +401,7 @@ class ChangeSetStore:
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
             entry = await _read_last(self.kv, key, self._requester, self._settings.nats_timeout)
-            if (
-                entry is None or entry.value is None
-            ):  # never written, or deleted (kv.create handles a tombstone)
+            if entry is None or entry.value is None:  # never written, or deleted
                 if has_work is not None and not await has_work():
                     raise NothingToDo(
                         f"change set {key}: a task with no record and no queued request"
@@ -416,11 +414,14 @@ class ChangeSetStore:
                     task_delivery=delivery.count,
                     shard=shard,
                 )
+                # Created by compare-and-set on what was read: nothing (revision 0), or the deletion marker, as
+                # KeyValue.create does it. Someone else writing first makes it fail, and the loop reads again.
+                handle = self._handle(key, record, 0 if entry is None else entry.revision)
                 try:
-                    revision = await self.kv.create(key, record.encode())
-                except KeyWrongLastSequenceError:
+                    await handle.commit(record)
+                except FencedError:
                     continue
-                return Acquired(self._handle(key, record, revision), unclean=False)
+                return Acquired(handle, unclean=False)
             current = ChangeSetRecord.decode(entry.value)
             if current.shard != shard:
                 # The change set moved shard (a layout change): the sequences it kept count in the old shard's
