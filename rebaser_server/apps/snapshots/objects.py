@@ -59,6 +59,14 @@ class ObjectStoreError(Exception):
     """JetStream refused to store or read an object (a refused write leaves nothing referenced)."""
 
 
+class ObjectCorrupt(ObjectStoreError):
+    """An object's chunks do not match its info (size or digest)."""
+
+
+class MultipleChunks(Exception):
+    """The object has more than one chunk (read it with nats-py's ObjectStore.get)."""
+
+
 class ObjectWriter:
     def __init__(self, requester: Requester, bucket: str, *, timeout: float) -> None:
         self._requester = requester
@@ -120,10 +128,6 @@ class ObjectWriter:
             log.debug("purging unreferenced chunks %s failed: %r", chunks, err)
 
 
-class ObjectCorrupt(ObjectStoreError):
-    """An object's chunks do not match its info (size or digest)."""
-
-
 class ObjectReader:
     def __init__(self, requester: Requester, bucket: str, *, timeout: float) -> None:
         self._requester = requester
@@ -169,7 +173,3 @@ class ObjectReader:
         if status is not None:
             raise ObjectStoreError(f"direct get of {subject} failed: {status} {msg.headers}")
         return bytes(msg.data)
-
-
-class MultipleChunks(Exception):
-    """The object has more than one chunk (read it with nats-py's ObjectStore.get)."""
