@@ -44,7 +44,7 @@ chaos: $(BIN)/.installed
 	$(BIN)/pytest -m slow -q -s
 
 bench: $(BIN)/.installed
-	$(BIN)/python bench/bench.py --doc docs/BENCHMARKS.md
+	$(BIN)/python bench/bench.py --doc docs/BENCHMARKS.md --repeat 3
 
 clean:
 	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info
