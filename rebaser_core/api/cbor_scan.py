@@ -21,7 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CborLimits", "check_plain", "scan_item"]
+import cbor2
+
+__all__ = ["DECODER_BOUNDS_DEPTH", "CborLimits", "check_plain", "scan_item", "untagged"]
 
 # A container whose length is not known in advance (indefinite-length encoding) ends with a "break" byte.
 _INDEFINITE = -1
@@ -44,13 +46,33 @@ _TAG_HEADS = re.compile(b"[\xc0-\xdf]")
 _NOT_CONTAINER_HEADS = bytes(b for b in range(256) if not 0x80 <= b <= 0xBF)
 
 
+def _decoder_bounds_depth() -> bool:
+    """Whether cbor2's decoder refuses deep nesting by itself (cbor2 6 does, past 400 levels): then a deep body
+    cannot exhaust the stack, and only tags can make decoding expand."""
+    try:
+        cbor2.loads(b"\x81" * 1000 + b"\x00")
+    except cbor2.CBORDecodeError:
+        return True
+    except RecursionError:
+        return False
+    return False
+
+
+DECODER_BOUNDS_DEPTH = _decoder_bounds_depth()
+
+
+def untagged(data: bytes) -> bool:
+    """True if no byte of ``data`` could start a tag: decoding it cannot expand (no shared references)."""
+    return _TAG_HEADS.search(data) is None
+
+
 def check_plain(data: bytes, limits: CborLimits) -> None:
     """Make sure decoding ``data`` cannot expand: no tag, at most ``limits`` depth and items. Cheap when the bytes
     alone prove it (see the module docstring); otherwise :func:`scan_item`, which also refuses byte strings and
     simple values. Raises ``ValueError``."""
     if (
         (limits.max_items is None or len(data) <= limits.max_items)
-        and _TAG_HEADS.search(data) is None
+        and untagged(data)
         and len(data.translate(None, _NOT_CONTAINER_HEADS)) <= limits.max_depth
     ):
         return
