@@ -23,15 +23,14 @@ from rebaser_core.testing import wait_for
 
 
 async def _swallow_cancellation(entered: asyncio.Event) -> None:
-    """A read that swallows the first cancellation landing in it (later ones end the test's leftovers). Its 0.5 s
-    are the point: a read in flight, which is where the cancellation must land."""
+    """A read that never answers by itself and swallows the first cancellation landing in it (later ones end the
+    test's leftovers): a read in flight, which is where the cancellation must land."""
     if entered.is_set():
-        await asyncio.sleep(0.5)
-        return
+        await asyncio.Event().wait()
     entered.set()
     # What asyncio.wait_for does on Python 3.11 when the answer and the cancellation meet:
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.sleep(0.5)
+        await asyncio.Event().wait()
 
 
 async def test_the_daemons_layout_follower_stops(
@@ -85,7 +84,7 @@ async def test_the_orphan_sweep_stops_with_its_daemon(
     async def sweep_once(self: Sweeper) -> int:
         entered.set()
         try:
-            await asyncio.sleep(5)  # a sweep is in hand nearly all the time
+            await asyncio.Event().wait()  # a sweep in hand, answering only to its cancellation
         except asyncio.CancelledError:
             if swallowed:
                 raise  # only the first cancellation is swallowed: later ones end the test's leftovers
