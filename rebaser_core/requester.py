@@ -11,13 +11,15 @@ nobody listens on the subject.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js.errors import APIError
 
-__all__ = ["Requester"]
+__all__ = ["JS_API", "Requester", "js_api", "last_message"]
 
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
@@ -74,3 +76,38 @@ class Requester:
 def _expire(future: asyncio.Future[Msg]) -> None:
     if not future.done():
         future.set_exception(nats.errors.TimeoutError())
+
+
+JS_API = "$JS.API"
+_NO_MESSAGE_FOUND = 10037  # JetStream's answer to a get of a subject that has no message
+
+
+async def js_api(
+    requester: Requester, subject: str, request: dict[str, Any] | None = None, *, timeout: float
+) -> dict[str, Any]:
+    """One JetStream API call (``subject`` under ``$JS.API.``) over ``requester``: its JSON answer, or the API's
+    error as nats-py's ``APIError``."""
+    payload = b"" if request is None else json.dumps(request).encode()
+    reply = await requester.request(f"{JS_API}.{subject}", payload, timeout=timeout)
+    answer: dict[str, Any] = json.loads(reply.data)
+    error = answer.get("error")
+    if error is not None:
+        raise APIError.from_error(error)
+    return answer
+
+
+async def last_message(
+    requester: Requester, stream: str, subject: str, *, timeout: float
+) -> dict[str, Any] | None:
+    """The last message on ``subject`` as ``STREAM.MSG.GET`` returns it (answered by the stream leader, so it never
+    misses a message just written), or None if the subject has none."""
+    try:
+        answer = await js_api(
+            requester, f"STREAM.MSG.GET.{stream}", {"last_by_subj": subject}, timeout=timeout
+        )
+    except APIError as err:
+        if err.err_code == _NO_MESSAGE_FOUND:
+            return None
+        raise
+    message: dict[str, Any] = answer["message"]
+    return message

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js import api as js_api
-from nats.js.errors import APIError
+from nats.js import api as nats_api
 
+from rebaser_core.requester import js_api
 from rebaser_core.subjects import Subjects
 from rebaser_server.runtime import Runtime
 
@@ -29,7 +28,6 @@ __all__ = ["Created", "RequestConsumer"]
 
 log = logging.getLogger(__name__)
 
-_JS_API = "$JS.API"
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
@@ -56,11 +54,11 @@ class RequestConsumer:
     def __init__(self, rt: Runtime, names: Subjects, subject: str) -> None:
         self._rt = rt
         self._stream = names.requests_stream
-        self._config = js_api.ConsumerConfig(
+        self._config = nats_api.ConsumerConfig(
             filter_subject=subject,
-            deliver_policy=js_api.DeliverPolicy.ALL,
+            deliver_policy=nats_api.DeliverPolicy.ALL,
             deliver_subject=rt.nc.new_inbox(),
-            ack_policy=js_api.AckPolicy.NONE,
+            ack_policy=nats_api.AckPolicy.NONE,
             max_deliver=1,
             flow_control=True,
             idle_heartbeat=5.0,
@@ -73,13 +71,10 @@ class RequestConsumer:
 
     async def create(self) -> Created:
         rt = self._rt
-        payload = json.dumps({"stream_name": self._stream, "config": self._config.as_dict()}).encode()
-        reply = await rt.requester.request(
-            f"{_JS_API}.CONSUMER.CREATE.{self._stream}", payload, timeout=rt.settings.nats_timeout
+        request = {"stream_name": self._stream, "config": self._config.as_dict()}
+        answer = await js_api(
+            rt.requester, f"CONSUMER.CREATE.{self._stream}", request, timeout=rt.settings.nats_timeout
         )
-        answer = json.loads(reply.data)
-        if "error" in answer:
-            raise APIError.from_error(answer["error"])
         self._name = str(answer["name"])
         return Created(self._name, int(answer.get("num_pending") or 0))
 
@@ -104,6 +99,4 @@ class RequestConsumer:
 
     async def _delete(self, name: str) -> None:
         rt = self._rt
-        await rt.requester.request(
-            f"{_JS_API}.CONSUMER.DELETE.{self._stream}.{name}", b"", timeout=rt.settings.nats_timeout
-        )
+        await js_api(rt.requester, f"CONSUMER.DELETE.{self._stream}.{name}", timeout=rt.settings.nats_timeout)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
-from rebaser_core.requester import Requester
+from rebaser_core.requester import Requester, last_message
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
@@ -21,8 +20,6 @@ from rebaser_server.observe import Observer
 from rebaser_server.state import ChangeSetStore
 
 __all__ = ["Runtime", "Stats"]
-
-_NO_MESSAGE_FOUND = 10037  # JetStream's answer to a get of a subject with no message
 
 log = logging.getLogger(__name__)
 
@@ -126,17 +123,10 @@ class Runtime:
         subject = names.requests(change_set.workspace_id, change_set.change_set_id)
         if from_leader:
             # Over the light requester (this runs at every release): the leader answers STREAM.MSG.GET.
-            reply = await self.requester.request(
-                f"$JS.API.STREAM.MSG.GET.{names.requests_stream}",
-                json.dumps({"last_by_subj": subject}).encode(),
-                timeout=self.settings.nats_timeout,
+            last = await last_message(
+                self.requester, names.requests_stream, subject, timeout=self.settings.nats_timeout
             )
-            error = json.loads(reply.data).get("error")
-            if error is None:
-                return True
-            if error.get("err_code") == _NO_MESSAGE_FOUND:
-                return False
-            raise APIError.from_error(error)
+            return last is not None
         try:
             await self.js.get_last_msg(names.requests_stream, subject, direct=True)
         except NotFoundError:

@@ -39,7 +39,7 @@ from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, Resp
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
-from rebaser_core.requester import Requester
+from rebaser_core.requester import Requester, last_message
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
@@ -58,7 +58,6 @@ _STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
 # The header a compare-and-set write carries, and the error JetStream answers when the key moved on.
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = 10071
-_NO_MESSAGE_FOUND = 10037
 _KV_OPERATION = b"kv-operation"
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
@@ -333,18 +332,9 @@ async def _read_last(kv: KeyValue, key: str, requester: Requester | None, timeou
         return _Entry(entry.value, int(entry.revision or 0))
     stream = getattr(kv, "_stream", None) or f"KV_{kv._name}"
     prefix = getattr(kv, "_pre", None) or f"$KV.{kv._name}."
-    reply = await requester.request(
-        f"$JS.API.STREAM.MSG.GET.{stream}",
-        json.dumps({"last_by_subj": prefix + key}).encode(),
-        timeout=timeout,
-    )
-    answer = json.loads(reply.data)
-    error = answer.get("error")
-    if error is not None:
-        if error.get("err_code") == _NO_MESSAGE_FOUND:
-            return None
-        raise APIError.from_error(error)
-    message = answer["message"]
+    message = await last_message(requester, stream, prefix + key, timeout=timeout)
+    if message is None:
+        return None
     # A DEL or PURGE marker is an entry without a value, as nats-py reads it (KeyDeletedError).
     deleted = bool(message.get("hdrs")) and _kv_operation(base64.b64decode(message["hdrs"])) in (
         b"DEL",

@@ -21,11 +21,13 @@ which keeps a failing removal from letting the stream grow without bound behind 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Iterable
 
+from nats.js.errors import APIError
+
+from rebaser_core.requester import js_api
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.runtime import Runtime
@@ -34,7 +36,6 @@ __all__ = ["Trimmer"]
 
 log = logging.getLogger(__name__)
 
-_JS_API = "$JS.API"
 # Up to this many processed requests are removed by deletes; more by one purge of the subject (see above).
 _DELETE_MAX = 8
 # What a delete of a message no longer in the stream answers (an earlier removal, or a purge, got there first):
@@ -116,27 +117,25 @@ class Trimmer:
 
     async def _delete(self, seq: int) -> None:
         rt = self._rt
-        subject = f"{_JS_API}.STREAM.MSG.DELETE.{self._names.requests_stream}"
-        # no_erase: the message's bytes are not overwritten, only dropped (an erase rewrites the block).
-        payload = json.dumps({"seq": seq, "no_erase": True}).encode()
-        reply = await rt.requester.request(subject, payload, timeout=rt.settings.nats_timeout)
-        error = json.loads(reply.data).get("error")
-        if error and not _gone(error):
-            raise RuntimeError(str(error))
+        subject = f"STREAM.MSG.DELETE.{self._names.requests_stream}"
+        try:
+            # no_erase: the message's bytes are not overwritten, only dropped (an erase rewrites the block).
+            await js_api(
+                rt.requester, subject, {"seq": seq, "no_erase": True}, timeout=rt.settings.nats_timeout
+            )
+        except APIError as err:
+            if not _gone(err):
+                raise
 
     async def _purge_below(self, seq: int) -> None:
         rt = self._rt
-        subject = f"{_JS_API}.STREAM.PURGE.{self._names.requests_stream}"
-        payload = json.dumps({"filter": self._subject, "seq": seq}).encode()
-        reply = await rt.requester.request(subject, payload, timeout=rt.settings.nats_timeout)
-        data = json.loads(reply.data)
-        if "error" in data:
-            raise RuntimeError(str(data["error"]))
+        subject = f"STREAM.PURGE.{self._names.requests_stream}"
+        await js_api(
+            rt.requester, subject, {"filter": self._subject, "seq": seq}, timeout=rt.settings.nats_timeout
+        )
         rt.stats.last_publish_at = time.time()
 
 
-def _gone(error: dict[str, object]) -> bool:
-    code = error.get("err_code")
-    return code == _SEQUENCE_NOT_FOUND or (
-        code == _DELETE_FAILED and error.get("description") in _FILE_STORE_GONE
-    )
+def _gone(error: APIError) -> bool:
+    code = error.err_code
+    return code == _SEQUENCE_NOT_FOUND or (code == _DELETE_FAILED and error.description in _FILE_STORE_GONE)
