@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
+import os
 import signal
 import time
 from typing import Any
@@ -199,6 +201,13 @@ class Worker:
 async def serve(url: str, prefix: str, quiet: float) -> None:
     nc = await nats.connect(url, max_reconnect_attempts=-1)
     worker = Worker(nc, prefix, quiet)
+    # The daemon's garbage-collector settings (rebaser_server.cli.tune_gc), so the yardstick gets them too; the same
+    # variable turns them off for both (--daemon-env REBASER_GC_THRESHOLD=0).
+    threshold = int(os.environ.get("REBASER_GC_THRESHOLD", "25000"))
+    if threshold > 0:
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(threshold, *gc.get_threshold()[1:])
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)

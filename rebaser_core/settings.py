@@ -124,6 +124,13 @@ class Settings(BaseModel):
         ge=8,
         description="Recent request ids (with replies) remembered per change set to make re-apply a no-op.",
     )
+    gc_threshold: int = Field(
+        25_000,
+        ge=0,
+        description="The daemon process's generation-0 garbage-collection threshold (0: Python's own, 700); the "
+        "daemon also freezes what start-up allocated. Python's default spent a third of a busy daemon's time in "
+        "collections (docs/operations.md, Memory and garbage collection).",
+    )
 
     # -- hostile input --------------------------------------------------------------------------------------
     reply_inbox_prefix: str = Field(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import gc
 import logging
 from pathlib import Path
 
@@ -48,6 +49,7 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
         starting: Daemon | None = None  # set once it may have taken tasks
         try:
             daemon = Daemon(nc, config.settings, app)
+            tune_gc(config.settings.gc_threshold)
             # Installed before anything can be probed: a SIGTERM sent as soon as the health endpoint answers must
             # stop the daemon cleanly, not kill it with the default handler.
             signals = install_signal_handlers(daemon)
@@ -87,6 +89,23 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def tune_gc(threshold: int) -> None:
+    """Freeze what start-up allocated and collect generation 0 every ``threshold`` allocations (0: leave Python's
+    collector as it is).
+
+    Every owned change set keeps a few hundred objects alive (its processor, nats-py's subscription and tasks), and
+    with Python's threshold of 700 the collector ran thousands of times a second under load and re-walked all of
+    them in its older generations: a third of a daemon's CPU in a burst of new change sets, and pauses of 0.3 s.
+    The ~60,000 objects of start-up (modules, pydantic schemas) never die, so they are frozen out of every walk.
+    """
+    if threshold <= 0:
+        return
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, older, oldest)
 
 
 def _announce(config: ServerConfig, line: str) -> None:

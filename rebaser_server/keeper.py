@@ -55,6 +55,7 @@ class LeaseKeeper:
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._wake_at = 0.0  # monotonic time the loop wakes next by itself
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_confirmed)
@@ -82,8 +83,13 @@ class LeaseKeeper:
     async def add(self, watched: Watched) -> None:
         """Watch ``watched`` and renew its lease at once (then every ``progress_period``)."""
         self._watched[id(watched)] = watched
-        await self._renew(watched, time.monotonic())
-        self._wake.set()  # its lease may run out before the loop would next wake
+        now = time.monotonic()
+        await self._renew(watched, now)
+        # Woken early only if this lease may run out before the loop's next wake (a task that waited in a buffer).
+        # Waking it for every new change set made each activation a pass over every watched one: under a burst of
+        # activations that was quadratic.
+        if watched.lease.remaining() < self._wake_at - now + _MIN_PAUSE:
+            self._wake.set()
 
     def remove(self, watched: Watched) -> None:
         self._watched.pop(id(watched), None)
@@ -92,8 +98,10 @@ class LeaseKeeper:
     async def _run(self) -> None:
         while True:
             now = time.monotonic()
+            pause = self._pause(now)
+            self._wake_at = now + pause
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._pause(now)):
+                async with asyncio.timeout(pause):
                     await self._wake.wait()
             self._wake.clear()
             try:
