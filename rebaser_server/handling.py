@@ -162,8 +162,13 @@ class RequestHandler:
                 change_set_id=request.change_set_id,
                 status=applied.status,
             )
-            updated = record.with_reply(rid, response, settings.idempotency_window)
-            staged = replace(updated, state=applied.state, dvu_pending=record.dvu_pending or applied.dvu)
+            staged = record.with_reply(
+                rid,
+                response,
+                settings.idempotency_window,
+                state=applied.state,
+                dvu_pending=record.dvu_pending or applied.dvu,
+            )
             return response, staged, applied.dvu
         # Permanent failure: record the error reply (so a redelivery is answered, not re-run), then dead-letter.
         response = EnqueueUpdatesResponse(

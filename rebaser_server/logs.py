@@ -32,12 +32,25 @@ _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime
 @contextlib.contextmanager
 def bind_request(**ids: str | None) -> Iterator[None]:
     """Bind ids to every log line written in this context (this task, and tasks it creates) until the end."""
-    current = _CONTEXT.get() or {}
-    token = _CONTEXT.set({**current, **{k: v for k, v in ids.items() if v}})
+    token = push_log_ids(**ids)
     try:
         yield
     finally:
-        _CONTEXT.reset(token)
+        pop_log_ids(token)
+
+
+LogIds = contextvars.Token[dict[str, str] | None]
+
+
+def push_log_ids(**ids: str | None) -> LogIds:
+    """Add ids (those not None or empty) to every log line written in this context; undone by :func:`pop_log_ids`
+    with the token returned (what :func:`bind_request` does, for callers that cannot use a ``with``)."""
+    current = _CONTEXT.get() or {}
+    return _CONTEXT.set({**current, **{k: v for k, v in ids.items() if v}})
+
+
+def pop_log_ids(token: LogIds) -> None:
+    _CONTEXT.reset(token)
 
 
 class ContextFilter(logging.Filter):

@@ -11,7 +11,6 @@ daemons in one process (tests, an embedding application) must not clash or mix t
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import time
 from collections.abc import Iterator
@@ -84,17 +83,16 @@ class RequestMetrics:
         )
         self._bound = False
 
-    @contextlib.contextmanager
-    def request(self, arrived: datetime.datetime | None) -> Iterator[None]:
-        """Around the handling of one request delivery: observes its queue wait (from ``arrived``, when JetStream
-        stored it) and its processing time, also when handling fails."""
+    def started(self, arrived: datetime.datetime | None) -> float:
+        """The handling of a request delivery starts: its queue wait observed (from ``arrived``, when JetStream
+        stored it); returns the start for :meth:`ended`, which observes the processing time."""
         if arrived is not None:
             self.queue_wait.observe(max(0.0, time.time() - arrived.timestamp()))
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.processing.observe(time.monotonic() - started)
+        return time.monotonic()
+
+    def ended(self, started: float) -> None:
+        """The handling that :meth:`started` at ``started`` ended (also when it failed)."""
+        self.processing.observe(time.monotonic() - started)
 
     def bind(self, daemon: Daemon) -> None:
         """Register the collector of ``daemon``'s counters and gauges (once, however many HTTP servers ask)."""

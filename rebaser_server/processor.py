@@ -41,6 +41,7 @@ from rebaser_server.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged
 from rebaser_server.release import release
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, StaleDelivery, TaskDelivery
+from rebaser_server.steps import start_step
 from rebaser_server.trimmer import Trimmer
 
 __all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
@@ -86,6 +87,7 @@ class ChangeSetProcessor:
         )
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
+        self._wake: asyncio.Future[None] | None = None  # resolved to make _wait_for_outcome look again
         self._stopping = False
         # Held while one request is processed; release takes it to wait for the request in hand.
         self._request_lock = asyncio.Lock()
@@ -321,32 +323,34 @@ class ChangeSetProcessor:
 
     # -- watchdog and keep-alive --------------------------------------------------------------------
     async def _step(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one app step in its own task so the watchdog can cancel it (wedged, or the lease ran out)."""
-
-        async def guarded() -> T:
-            # Checked in the step's own task, right before the app runs (no await in between): a daemon frozen
-            # anywhere between taking a request and applying it (SIGSTOP, a long GC pause) must not apply it when
-            # it resumes; the other daemon that took the change set over meanwhile may be applying it.
-            if not self.lease.held():
-                coro.close()
-                raise LeaseLost()
-            result = await coro
-            if not self.lease.held():
-                # Computed partly without the lease (the loop was blocked, the process paused): discarded, never
-                # committed; the next owner applies the request again.
-                raise LeaseLost()
-            return result
-
-        task = asyncio.ensure_future(guarded())
-        self._steps[task] = time.monotonic()
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if self._cancelled_why is not None and task.cancelled():
-                raise self._cancelled_why() from None
-            raise
-        finally:
-            self._steps.pop(task, None)
+        """Run one app step; from its first wait on, in a task the watchdog can cancel (wedged, or the lease ran
+        out). See ``steps.py``."""
+        # Checked right before the app runs, with no await in between: a daemon frozen anywhere between taking a
+        # request and applying it (SIGSTOP, a long GC pause) must not apply it when it resumes; the other daemon
+        # that took the change set over meanwhile may be applying it.
+        if not self.lease.held():
+            coro.close()
+            raise LeaseLost()
+        started_at = time.monotonic()
+        started = start_step(coro)
+        task = started.task
+        if task is None:
+            result = started.result
+        else:
+            self._steps[task] = started_at
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                if self._cancelled_why is not None and task.cancelled():
+                    raise self._cancelled_why() from None
+                raise
+            finally:
+                self._steps.pop(task, None)
+        if not self.lease.held():
+            # Computed partly without the lease (the loop was blocked, the process paused): discarded, never
+            # committed; the next owner applies the request again.
+            raise LeaseLost()
+        return result  # type: ignore[return-value]
 
     def _cancel_steps(self, why: type[Exception]) -> None:
         self._cancelled_why = why
@@ -375,6 +379,13 @@ class ChangeSetProcessor:
             self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
             self._cancel_steps(Wedged)
             return False
+        if (
+            self._wake is not None
+            and self._caught_up
+            and now - self._last_activity >= _PRESSURE_QUIET
+            and (self._rt.pressure or draining(self._rt, self.change_set, self._names))
+        ):
+            self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
         return True
 
     # -- finishing ----------------------------------------------------------------------------------
@@ -383,6 +394,13 @@ class ChangeSetProcessor:
         self._stopping = True
         if not self._result.done():
             self._result.set_result(TaskResult(outcome, delay, reason))
+        self._wake_waiter()
+
+    def _wake_waiter(self) -> None:
+        """Make ``_wait_for_outcome`` look again now (an outcome, or the watchdog saw pressure or a drain)."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     async def _wait_for_outcome(self) -> None:
         quiet = self._rt.settings.quiescent_period
@@ -401,8 +419,12 @@ class ChangeSetProcessor:
                     Outcome.RELEASED, reason="quiescent" if limit == quiet else "others wait for a slot"
                 )
                 return
-            # Look again soon: catching up, or pressure, shortens the limit.
-            await asyncio.wait({self._result}, timeout=min(limit - idle, quiet, _PRESSURE_QUIET) + 0.001)
+            # Look again when the limit is reached, or sooner if woken: by the outcome, or by the watchdog once
+            # pressure or a drain shortens the limit (watch). It used to look every second, which with thousands
+            # of owned change sets was thousands of wake-ups a second for nothing.
+            self._wake = wake = asyncio.get_running_loop().create_future()
+            await asyncio.wait({wake}, timeout=min(limit - idle, quiet) + 0.001)
+            self._wake = None
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
         settings = self._rt.settings

@@ -35,7 +35,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from pydantic import TypeAdapter
 
-from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, ResponseStatus
+from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, ResponseStatus, SuccessStatus
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
@@ -168,15 +168,36 @@ class ChangeSetRecord:
             return None
         return _STATUS.validate_python(cbor2.loads(raw)[1])
 
-    def with_reply(self, request_id: str, response: EnqueueUpdatesResponse, window: int) -> ChangeSetRecord:
+    def with_reply(
+        self, request_id: str, response: EnqueueUpdatesResponse, window: int, **changes: Any
+    ) -> ChangeSetRecord:
+        """This record with ``response`` remembered for ``request_id`` (and ``changes`` to other fields)."""
         recent = dict(self.recent)
         recent.pop(request_id, None)
-        status = bounded_status(response.status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window))
-        recent[request_id] = bytes(cbor2.dumps([request_id, status.model_dump(mode="json")]))
+        recent[request_id] = reply_entry(request_id, response.status, window)
         while len(recent) > window:
             del recent[next(iter(recent))]
-        attempts = {k: v for k, v in self.attempts.items() if k != request_id}
-        return replace(self, recent=recent, attempts=attempts)
+        attempts = (
+            {k: v for k, v in self.attempts.items() if k != request_id} if self.attempts else self.attempts
+        )
+        return replace(self, recent=recent, attempts=attempts, **changes)
+
+
+def reply_entry(request_id: str, status: ResponseStatus, window: int) -> bytes:
+    """A recent reply as the record stores it: the CBOR item ``[request id, status]``, the status bounded so that
+    ``window`` of them fit in the record."""
+    if type(status) is SuccessStatus:
+        # The commonest reply, and never cut: its fields as model_dump(mode="json") gives them, without pydantic.
+        item: Any = {
+            "kind": "success",
+            "updates_performed": status.updates_performed,
+            "snapshot_address": status.snapshot_address,
+        }
+    else:
+        item = bounded_status(status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window)).model_dump(
+            mode="json"
+        )
+    return bytes(cbor2.dumps([request_id, item]))
 
 
 def _decode_parts(data: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -59,3 +59,19 @@ def test_entries_in_an_indefinite_array_are_read_too() -> None:
 def test_a_malformed_record_is_a_decode_error(data: bytes) -> None:
     with pytest.raises(DecodeError):
         ChangeSetRecord.decode(data)
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        SuccessStatus(updates_performed=0),
+        SuccessStatus(updates_performed=2**40, snapshot_address="b3:" + "a" * 64),
+        ErrorStatus(message="x" * 20_000, retryable=True),
+    ],
+)
+def test_a_reply_entry_is_the_status_as_pydantic_dumps_it(status: SuccessStatus | ErrorStatus) -> None:
+    """A success is encoded without pydantic; the entry must still be exactly what the generic path writes."""
+    rid = str(RequestId.new())
+    bounded = state.bounded_status(status, max(state.REPLY_MIN_BYTES, state.RECENT_REPLIES_MAX_BYTES // 64))
+    assert state.reply_entry(rid, status, 64) == cbor2.dumps([rid, bounded.model_dump(mode="json")])
+    assert set(SuccessStatus.model_fields) == {"kind", "updates_performed", "snapshot_address"}

@@ -1,0 +1,104 @@
+"""App steps run inline until they first wait, then in a task the watchdog can cancel (``rebaser_server.steps``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+from rebaser_server.steps import start_step
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_steps", default="caller")
+
+
+async def test_a_step_that_never_waits_needs_no_task() -> None:
+    async def step() -> int:
+        return 7
+
+    started = start_step(step())
+    assert started.task is None
+    assert started.result == 7
+
+
+async def test_a_failure_before_the_first_wait_is_raised_at_once() -> None:
+    async def step() -> int:
+        raise ValueError("bad request")
+
+    with pytest.raises(ValueError, match="bad request"):
+        start_step(step())
+
+
+async def test_a_step_that_waits_goes_on_in_a_task_with_what_it_waits_for() -> None:
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[int] = loop.create_future()
+    second: asyncio.Future[int] = loop.create_future()
+
+    async def step() -> int:
+        await asyncio.sleep(0)  # a bare yield
+        a = await first
+        b = await second
+        return a + b
+
+    started = start_step(step())
+    task = started.task
+    assert task is not None
+    first.set_result(1)
+    await asyncio.sleep(0)
+    assert not task.done()
+    second.set_result(2)
+    assert await task == 3
+
+
+async def test_a_failure_after_a_wait_is_the_task_s() -> None:
+    loop = asyncio.get_running_loop()
+    waited: asyncio.Future[int] = loop.create_future()
+
+    async def step() -> int:
+        return await waited
+
+    started = start_step(step())
+    assert started.task is not None
+    waited.set_exception(RuntimeError("store unreachable"))
+    with pytest.raises(RuntimeError, match="store unreachable"):
+        await started.task
+
+
+async def test_cancelling_the_task_cancels_the_step_where_it_waits() -> None:
+    cleaned_up = asyncio.Event()
+
+    async def step() -> int:
+        try:
+            await asyncio.Event().wait()  # wedged
+        finally:
+            cleaned_up.set()
+        return 0
+
+    started = start_step(step())
+    task = started.task
+    assert task is not None
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned_up.is_set()
+
+
+async def test_a_step_sets_context_variables_in_its_own_copy_as_a_task_would() -> None:
+    async def step() -> str:
+        _VAR.set("step")
+        await asyncio.sleep(0)
+        return _VAR.get()
+
+    started = start_step(step())
+    assert _VAR.get() == "caller"
+    assert started.task is not None
+    assert await started.task == "step"
+    assert _VAR.get() == "caller"
+
+    async def quick() -> str:
+        _VAR.set("quick")
+        return _VAR.get()
+
+    assert start_step(quick()).result == "quick"
+    assert _VAR.get() == "caller"
