@@ -24,6 +24,7 @@ from rebaser_client import _admin_format as fmt
 from rebaser_client._admin import admin_connect, change_set_report, status_report
 from rebaser_client._admin_dlq import dead_letter, dead_letters
 from rebaser_client._admin_ops import drop_dead_letters, purge_change_set, replay_dead_letter
+from rebaser_client._cli_types import SECONDS
 from rebaser_client._client import RebaserClient
 from rebaser_core.connect import close_connection
 from rebaser_core.errors import RebaserError
@@ -394,7 +395,7 @@ def dlq_drop(
 @click.argument("change_set_id", metavar="CHANGE_SET")
 @_connection_options
 @_json_option
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait at most.")
+@click.option("--timeout", type=SECONDS, default=30.0, show_default=True, help="Seconds to wait at most.")
 def wait(
     workspace: str, change_set_id: str, nats_url: str, prefix: str | None, as_json: bool, timeout: float
 ) -> None:

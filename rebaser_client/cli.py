@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from rebaser_client._cli_types import SECONDS
 from rebaser_client._sync import SyncRebaserClient
 from rebaser_client.admin_cli import ADMIN_COMMANDS
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
@@ -232,7 +233,9 @@ def enqueue(
 
 @main.command()
 @_options
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the reply.")
+@click.option(
+    "--timeout", type=SECONDS, default=30.0, show_default=True, help="Seconds to wait for the reply."
+)
 def request(
     nats_url: str,
     prefix: str | None,
@@ -323,7 +326,11 @@ def streams_show(nats_url: str, prefix: str | None, as_json: bool) -> None:
 @click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
 @click.option("--daemons", type=click.IntRange(1), default=None, help="Pinned mode: the daemons (R <= N).")
 @click.option(
-    "--timeout", default=600.0, show_default=True, help="Seconds to wait for the old shards to drain."
+    "--timeout",
+    type=SECONDS,
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the old shards to drain.",
 )
 @click.option(
     "--assignment", type=click.Choice(["shared", "pinned"]), default=None, help="Change the mode too."

@@ -26,7 +26,8 @@ __all__ = ["Settings"]
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No NaN or infinity in any duration or size: an infinite ack_wait or timeout never comes (or overflows).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     prefix: str | None = Field(
         None, description="Subject/stream prefix isolating one deployment (or one test)."

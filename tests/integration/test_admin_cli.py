@@ -225,7 +225,7 @@ async def test_wait_with_a_timeout_that_is_not_a_number_is_one_line(
 ) -> None:
     wk, cs = str(WorkspacePk.new()), str(ChangeSetId.new())
     result = await rebaser(nats_url, subject_prefix, "wait", wk, cs, "--timeout", "nan")
-    assert "timeout must be a number of seconds >= 0, got nan" in one_line_error(result)
+    assert "'nan' must be a number of seconds from 0 to 604800" in one_line_error(result)
 
 
 @pytest.mark.parametrize(
