@@ -37,16 +37,26 @@ class SerialDvu:
         # swallowed (asyncio.wait_for in Python 3.11, inside nats-py), and the loop must not run on for a change set
         # its processor no longer holds.
         self._stopped = False
+        self._started = False
         self.runs = 0
         self.failures = 0
 
     def start(self) -> None:
-        if self._task is None:
+        """Let runs happen. The loop's task is created by the first notification: most change sets never need a
+        DVU (every literal nobody reads), and a task per activation was measurable under a burst of them."""
+        self._started = True
+        if self._permit.is_set():
+            self._spawn()
+
+    def _spawn(self) -> None:
+        if self._task is None and not self._stopped:
             self._task = asyncio.create_task(self._loop(), name=self._name)
 
     def notify(self) -> None:
         self._permit.set()
         self._idle.clear()
+        if self._started:
+            self._spawn()
 
     @property
     def pending(self) -> bool:

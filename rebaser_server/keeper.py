@@ -81,14 +81,15 @@ class LeaseKeeper:
         return len(self._watched)
 
     async def add(self, watched: Watched) -> None:
-        """Watch ``watched`` and renew its lease at once (then every ``progress_period``)."""
+        """Watch ``watched``; its lease is renewed on the loop's next pass (then every ``progress_period``).
+
+        Not at once: a lease starts with the delivery's whole ``ack_wait`` (see lease.py), more than a period, and
+        a change set that lets go before the next pass (a burst of one-request change sets) needs no renewal."""
         self._watched[id(watched)] = watched
-        now = time.monotonic()
-        await self._renew(watched, now)
         # Woken early only if this lease may run out before the loop's next wake (a task that waited in a buffer).
         # Waking it for every new change set made each activation a pass over every watched one: under a burst of
         # activations that was quadratic.
-        if watched.lease.remaining() < self._wake_at - now + _MIN_PAUSE:
+        if watched.lease.remaining() < self._wake_at - time.monotonic() + self._period:
             self._wake.set()
 
     def remove(self, watched: Watched) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from types import SimpleNamespace
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
@@ -31,7 +32,7 @@ class _Watched:
 
 
 async def test_starting_change_sets_does_not_make_a_pass_over_all_of_them(nc: NatsClient) -> None:
-    keeper = LeaseKeeper(nc, period=30.0)
+    keeper = LeaseKeeper(nc, period=10.0)  # as in production: well under the leases (ack_wait)
     await keeper.start()
     try:
         watched = [_Watched(nc, n, lasts=60.0) for n in range(300)]
@@ -47,14 +48,34 @@ async def test_starting_change_sets_does_not_make_a_pass_over_all_of_them(nc: Na
 
 
 async def test_a_lease_that_runs_out_before_the_next_pass_is_watched_at_once(nc: NatsClient) -> None:
-    keeper = LeaseKeeper(nc, period=30.0)
+    keeper = LeaseKeeper(nc, period=10.0)  # as in production: well under the leases (ack_wait)
     await keeper.start()
     try:
         await keeper.add(_Watched(nc, 0, lasts=60.0))
         for _ in range(3):
-            await asyncio.sleep(0)  # the loop now sleeps until the next period (30 s)
+            await asyncio.sleep(0)  # the loop now sleeps until the next period (10 s)
         short = _Watched(nc, 1, lasts=0.3)
         await keeper.add(short)
         await wait_for(lambda: short.watched > 0, timeout=5, message="the short lease watched")
     finally:
+        await keeper.stop()
+
+
+async def test_a_new_lease_is_renewed_by_the_next_pass_not_at_once(nc: NatsClient) -> None:
+    renewals: list[bytes] = []
+
+    async def on_renewal(msg: Any) -> None:
+        renewals.append(msg.data)
+
+    keeper = LeaseKeeper(nc, period=0.2)
+    await keeper.start()
+    sub = await nc.subscribe("keeper.test.>", cb=on_renewal)
+    try:
+        sent = nc.stats["out_msgs"]
+        await keeper.add(_Watched(nc, 0, lasts=60.0))
+        # A change set that lets go before the next pass (most of a burst of one-request ones) costs no renewal.
+        assert nc.stats["out_msgs"] == sent
+        await wait_for(lambda: renewals == [b"+WPI"], timeout=5, message="renewed by the next pass")
+    finally:
+        await sub.unsubscribe()
         await keeper.stop()

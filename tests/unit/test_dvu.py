@@ -84,3 +84,32 @@ async def test_a_failed_update_runs_again_with_backoff_without_a_new_notificatio
     await asyncio.wait_for(dvu.drain(), 5)
     assert (calls, dvu.failures) == (4, 3) and not dvu.pending
     await dvu.stop()
+
+
+async def test_the_loop_s_task_is_created_by_the_first_notification() -> None:
+    ran = asyncio.Event()
+
+    async def run() -> None:
+        ran.set()
+
+    dvu = SerialDvu(run)
+    dvu.start()
+    assert dvu._task is None  # a change set that never needs a DVU costs no task
+    dvu.notify()
+    assert dvu._task is not None
+    await asyncio.wait_for(ran.wait(), timeout=5)
+    await dvu.stop()
+
+
+async def test_a_notification_before_start_runs_once_started() -> None:
+    ran = asyncio.Event()
+
+    async def run() -> None:
+        ran.set()
+
+    dvu = SerialDvu(run)
+    dvu.notify()
+    assert dvu._task is None
+    dvu.start()
+    await asyncio.wait_for(ran.wait(), timeout=5)
+    await dvu.stop()
