@@ -21,9 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import replace
-from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -41,13 +39,12 @@ from rebaser_server.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged
 from rebaser_server.release import release
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, StaleDelivery, TaskDelivery
-from rebaser_server.steps import start_step
+from rebaser_server.steps import Steps
 from rebaser_server.trimmer import Trimmer
 
 __all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 # A commit group is committed when nothing more is waiting, when it holds this many requests, or after this long.
@@ -103,9 +100,9 @@ class ChangeSetProcessor:
         self._lull = asyncio.Event()
         self._lull.set()
         self._last_activity = time.monotonic()
-        # Watchdog state: when the running step (an apply or a DVU) began, and the task running it.
-        self._steps: dict[asyncio.Task[Any], float] = {}
-        self._cancelled_why: type[Exception] | None = None
+        # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
+        self._steps = Steps(self.lease)
+        self._step = self._steps.run
         self._trimmer = Trimmer(rt, change_set, self._names)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
@@ -322,41 +319,6 @@ class ChangeSetProcessor:
             raise
 
     # -- watchdog and keep-alive --------------------------------------------------------------------
-    async def _step(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one app step; from its first wait on, in a task the watchdog can cancel (wedged, or the lease ran
-        out). See ``steps.py``."""
-        # Checked right before the app runs, with no await in between: a daemon frozen anywhere between taking a
-        # request and applying it (SIGSTOP, a long GC pause) must not apply it when it resumes; the other daemon
-        # that took the change set over meanwhile may be applying it.
-        if not self.lease.held():
-            coro.close()
-            raise LeaseLost()
-        started_at = time.monotonic()
-        started = start_step(coro)
-        task = started.task
-        if task is None:
-            result = started.result
-        else:
-            self._steps[task] = started_at
-            try:
-                result = await task
-            except asyncio.CancelledError:
-                if self._cancelled_why is not None and task.cancelled():
-                    raise self._cancelled_why() from None
-                raise
-            finally:
-                self._steps.pop(task, None)
-        if not self.lease.held():
-            # Computed partly without the lease (the loop was blocked, the process paused): discarded, never
-            # committed; the next owner applies the request again.
-            raise LeaseLost()
-        return result  # type: ignore[return-value]
-
-    def _cancel_steps(self, why: type[Exception]) -> None:
-        self._cancelled_why = why
-        for task in list(self._steps):
-            task.cancel()
-
     def watch(self, now: float) -> bool:
         """The watchdog, called by the daemon's lease keeper at least every progress_period (and when the lease is
         due to run out): stop everything once the lease runs out, give the task up if a step wedges. False once no
@@ -368,16 +330,16 @@ class ChangeSetProcessor:
             log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
             self._rt.stats.leases_lost += 1
             self._finish(Outcome.LEASE_LOST, reason="lease ran out")
-            self._cancel_steps(LeaseLost)
+            self._steps.cancel(LeaseLost)
             return False
-        if any(now - started > settings.handler_deadline for started in self._steps.values()):
+        if self._steps.overran(now, settings.handler_deadline):
             log.error(
                 "%s: a step overran handler_deadline (%.1fs); giving the task up",
                 self.change_set,
                 settings.handler_deadline,
             )
             self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
-            self._cancel_steps(Wedged)
+            self._steps.cancel(Wedged)
             return False
         if (
             self._wake is not None

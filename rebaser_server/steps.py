@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 import types
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Started", "start_step"]
+from rebaser_server.lease import Lease
+from rebaser_server.outcome import LeaseLost
+
+__all__ = ["Started", "Steps", "start_step"]
 
 T = TypeVar("T")
 
@@ -29,6 +33,56 @@ class Started(Generic[T]):
     def __init__(self, result: T | None, task: asyncio.Task[T] | None) -> None:
         self.result = result
         self.task = task
+
+
+class Steps:
+    """The app steps of one owned change set, run under its lease, and what its watchdog needs of them: when the
+    running one began, and a way to cancel it with the reason the step's caller then raises."""
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self._running: dict[asyncio.Task[Any], float] = {}  # the task of a step that waits -> when it began
+        self._cancelled_why: type[Exception] | None = None
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one app step; from its first wait on, in a task that :meth:`cancel` can stop (wedged, or the lease
+        ran out)."""
+        # Checked right before the app runs, with no await in between: a daemon frozen anywhere between taking a
+        # request and applying it (SIGSTOP, a long GC pause) must not apply it when it resumes; the other daemon
+        # that took the change set over meanwhile may be applying it.
+        if not self._lease.held():
+            coro.close()
+            raise LeaseLost()
+        began = time.monotonic()
+        started = start_step(coro)
+        task = started.task
+        if task is None:
+            result = started.result
+        else:
+            self._running[task] = began
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                if self._cancelled_why is not None and task.cancelled():
+                    raise self._cancelled_why() from None
+                raise
+            finally:
+                self._running.pop(task, None)
+        if not self._lease.held():
+            # Computed partly without the lease (the loop was blocked, the process paused): discarded, never
+            # committed; the next owner applies the request again.
+            raise LeaseLost()
+        return result  # type: ignore[return-value]
+
+    def overran(self, now: float, deadline: float) -> bool:
+        """A running step began more than ``deadline`` seconds before ``now`` (it is wedged)."""
+        return any(now - began > deadline for began in self._running.values())
+
+    def cancel(self, why: type[Exception]) -> None:
+        """Cancel the running step; its caller raises ``why()``."""
+        self._cancelled_why = why
+        for task in list(self._running):
+            task.cancel()
 
 
 def start_step(coro: Coroutine[Any, Any, T]) -> Started[T]:
