@@ -83,6 +83,7 @@ class RequestConsumer:
         self._sub = await self._rt.js.subscribe_bind(
             self._stream, self._config, created.name, cb=cb, ordered_consumer=True
         )
+        _no_flow_control_polling(self._rt, self._sub)
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
@@ -100,3 +101,26 @@ class RequestConsumer:
     async def _delete(self, name: str) -> None:
         rt = self._rt
         await js_api(rt.requester, f"CONSUMER.DELETE.{self._stream}.{name}", timeout=rt.settings.nats_timeout)
+
+
+def _no_flow_control_polling(rt: Runtime, psub: Any) -> None:
+    """Stop nats-py's flow-control task of an ordered consumer with a callback (ours).
+
+    nats-py starts, for every ordered consumer, a task that wakes four times a second to send a flow-control reply
+    put off until the messages before it are delivered. For a subscription with a callback it counts a message as
+    delivered when it is received, so it answers every flow-control request at once and that task never has
+    anything to send (nats-py 2.16); with thousands of owned change sets its wake-ups were thousands a second, idle
+    or not. Should a reply ever be put off (another nats-py version), it is sent at once, as nats-py does now. A
+    stalled consumer is also answered from its heartbeat, by nats-py, as before.
+    """
+    jsi = getattr(getattr(psub, "_sub", None), "_jsi", None)
+    task = getattr(jsi, "_fctask", None)
+    if jsi is None or task is None or not hasattr(jsi, "schedule_flow_control_response"):
+        return  # not the nats-py this was written for: leave it as it is
+    task.cancel()
+    jsi._fctask = None
+
+    def answer_now(reply: str) -> None:
+        in_background(rt.nc.publish(reply))
+
+    jsi.schedule_flow_control_response = answer_now
