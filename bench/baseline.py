@@ -178,6 +178,12 @@ class Worker:
             ordered_consumer=True,
             idle_heartbeat=5.0,
         )
+        # As the daemon does (rebaser_server.consumer): nats-py's flow-control polling task has nothing to send for
+        # a callback subscription, and wakes four times a second per owned change set.
+        fctask = sub._sub._jsi._fctask
+        if fctask is not None:
+            fctask.cancel()
+            sub._sub._jsi._fctask = None
         progress = time.monotonic()
         while (idle := time.monotonic() - last) < self.quiet and not self.stopping:
             await asyncio.sleep(min(self.quiet - idle, 1.0) + 0.001)
