@@ -81,34 +81,61 @@ class _Counter:
         self.items = 0
 
 
-def _check(value: Any, counter: _Counter, depth: int = 0) -> None:
-    """Only the JSON data model crosses the wire: both codecs must be able to carry whatever we accept."""
+def _check(value: Any, counter: _Counter, depth: int = 0, *, texts: bool = True) -> None:
+    """Only the JSON data model crosses the wire: both codecs must be able to carry whatever we accept.
+
+    ``texts=False`` for CBOR that ``check_plain`` cleared: cbor2 decodes text strictly (no lone surrogates) and,
+    without tags, every integer is within 64 bits, so only the shape and the floats are left to check. Types are
+    compared exactly (the decoders make nothing else), scalars without a call of their own: this walk runs on every
+    request and every reply."""
     if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-    counter.items += 1
-    if counter.items > MAX_ITEMS:
-        raise ValueError(f"more than {MAX_ITEMS} values")
-    if value is None or isinstance(value, bool):
-        return
-    if isinstance(value, int):
-        if not -_MAX_INT <= value < _MAX_INT:  # what CBOR carries without bignum tags
+    kind = type(value)
+    if (kind is dict or kind is list) and value and depth >= MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")  # its members are one level deeper
+    if kind is dict:
+        counter.items += 1 + 2 * len(value)
+        if counter.items > MAX_ITEMS:
+            raise ValueError(f"more than {MAX_ITEMS} values")
+        for key, item in value.items():
+            if type(key) is not str:
+                raise ValueError("map keys must be strings")
+            if texts:
+                key.encode("utf-8")  # lone surrogates raise UnicodeEncodeError, a ValueError
+            _check_item(item, counter, depth + 1, texts)
+    elif kind is list:
+        counter.items += 1 + len(value)
+        if counter.items > MAX_ITEMS:
+            raise ValueError(f"more than {MAX_ITEMS} values")
+        for item in value:
+            _check_item(item, counter, depth + 1, texts)
+    else:
+        counter.items += 1
+        _check_scalar(value, kind, texts)
+
+
+def _check_item(value: Any, counter: _Counter, depth: int, texts: bool) -> None:
+    """One member of an array or map (already counted, unless it is a container)."""
+    kind = type(value)
+    if kind is dict or kind is list:
+        counter.items -= 1  # counted by the container above, and again by _check
+        _check(value, counter, depth, texts=texts)
+    else:
+        _check_scalar(value, kind, texts)
+
+
+def _check_scalar(value: Any, kind: type, texts: bool) -> None:
+    if kind is str:
+        if texts:
+            value.encode("utf-8")  # lone surrogates raise UnicodeEncodeError, a ValueError
+    elif kind is int:
+        if texts and not -_MAX_INT <= value < _MAX_INT:  # what CBOR carries without bignum tags
             raise ValueError("integer outside -2**64 .. 2**64-1")
-    elif isinstance(value, float):
+    elif kind is float:
         if not math.isfinite(value):
             raise ValueError("NaN and infinities are not allowed")
-    elif isinstance(value, str):
-        value.encode("utf-8")  # lone surrogates raise UnicodeEncodeError, a ValueError
-    elif isinstance(value, list):
-        for item in value:
-            _check(item, counter, depth + 1)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError("map keys must be strings")
-            _check(key, counter, depth + 1)
-            _check(item, counter, depth + 1)
-    else:
-        raise ValueError(f"{type(value).__name__} values are not part of the JSON data model")
+    elif value is not None and kind is not bool:
+        raise ValueError(f"{kind.__name__} values are not part of the JSON data model")
 
 
 def decode_body(body: bytes, content_type: ContentType) -> Any:
@@ -117,7 +144,7 @@ def decode_body(body: bytes, content_type: ContentType) -> Any:
         raise DecodeError(f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
     try:
         data = _decode(body, content_type)
-        _check(data, _Counter())
+        _check(data, _Counter(), texts=content_type is not ContentType.CBOR)
         return data
     except (ValueError, TypeError, EOFError, RecursionError, OverflowError, MemoryError) as err:
         raise DecodeError(f"body is not valid {content_type.value}: {err}") from None
