@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from rebaser_core.testing import wait_for
 from rebaser_server.dvu import SerialDvu
 
@@ -86,30 +88,18 @@ async def test_a_failed_update_runs_again_with_backoff_without_a_new_notificatio
     await dvu.stop()
 
 
-async def test_the_loop_s_task_is_created_by_the_first_notification() -> None:
+@pytest.mark.parametrize("notified_first", [False, True], ids=["started first", "notified first"])
+async def test_the_loop_s_task_is_created_by_the_first_notification_after_start(notified_first: bool) -> None:
     ran = asyncio.Event()
 
     async def run() -> None:
         ran.set()
 
     dvu = SerialDvu(run)
-    dvu.start()
+    first, second = (dvu.notify, dvu.start) if notified_first else (dvu.start, dvu.notify)
+    first()
     assert dvu._task is None  # a change set that never needs a DVU costs no task
-    dvu.notify()
+    second()
     assert dvu._task is not None
-    await asyncio.wait_for(ran.wait(), timeout=5)
-    await dvu.stop()
-
-
-async def test_a_notification_before_start_runs_once_started() -> None:
-    ran = asyncio.Event()
-
-    async def run() -> None:
-        ran.set()
-
-    dvu = SerialDvu(run)
-    dvu.notify()
-    assert dvu._task is None
-    dvu.start()
     await asyncio.wait_for(ran.wait(), timeout=5)
     await dvu.stop()
