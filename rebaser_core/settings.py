@@ -26,7 +26,7 @@ __all__ = ["Settings"]
 
 
 class Settings(BaseModel):
-    # No NaN or infinity in any duration or size: an infinite ack_wait or timeout never comes (or overflows).
+    # No NaN or infinity in any duration or size: an infinite ack_wait or timeout never comes.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     prefix: str | None = Field(
@@ -128,6 +128,7 @@ class Settings(BaseModel):
     gc_threshold: int = Field(
         25_000,
         ge=0,
+        le=100_000_000,
         description="The daemon process's generation-0 garbage-collection threshold (0: Python's own, 700); the "
         "daemon also freezes what start-up allocated. Python's default spent a third of a busy daemon's time in "
         "collections (docs/operations.md, Memory and garbage collection).",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import Any, Protocol
 
@@ -106,6 +107,9 @@ class LeaseKeeper:
                     await self._wake.wait()
             self._wake.clear()
             try:
+                # Until the pass is over, a lease added meanwhile wakes the loop again (add()): the next wake is not
+                # known before this pass ends, and a pass can wait (a publish that must flush first).
+                self._wake_at = math.inf
                 await self._tick(time.monotonic())
             except Exception:
                 log.exception("lease keeper tick failed")
@@ -126,7 +130,7 @@ class LeaseKeeper:
         for key, watched in list(self._watched.items()):
             if not watched.watch(now):
                 self.remove(watched)
-            elif now - self._last_sent.get(key, 0.0) >= 0.5 * self._period:  # (not one just added)
+            elif now - self._last_sent.get(key, -math.inf) >= 0.5 * self._period:  # new ones have none
                 await self._renew(watched, now)
 
     async def _renew(self, watched: Watched, now: float) -> None:

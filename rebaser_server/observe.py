@@ -229,13 +229,16 @@ class _Measured:
 
     def __enter__(self) -> None:
         change_set = self._change_set
+        self._started = self._metrics.started(self._arrived)
+        # Pushed last and popped in a finally: nothing can leave the ids bound to the next request.
         self._token = push_log_ids(
             request_id=self._request_id,
             workspace_id=str(change_set.workspace_id),
             change_set_id=str(change_set.change_set_id),
         )
-        self._started = self._metrics.started(self._arrived)
 
     def __exit__(self, *_exc: object) -> None:
-        self._metrics.ended(self._started)
-        pop_log_ids(self._token)
+        try:
+            self._metrics.ended(self._started)
+        finally:
+            pop_log_ids(self._token)

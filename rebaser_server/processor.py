@@ -85,6 +85,7 @@ class ChangeSetProcessor:
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
         self._wake: asyncio.Future[None] | None = None  # resolved to make _wait_for_outcome look again
+        self._wake_after_request = False  # ... and that when the request in hand ends
         self._stopping = False
         # Held while one request is processed; release takes it to wait for the request in hand.
         self._request_lock = asyncio.Lock()
@@ -213,6 +214,8 @@ class ChangeSetProcessor:
                 self._fail(err)
             finally:
                 self._last_activity = time.monotonic()
+                if self._wake_after_request:
+                    self._wake_waiter()
                 pending = msg.metadata.num_pending if msg.reply else None
                 self._caught_up = pending == 0
                 if self._caught_up:
@@ -376,17 +379,24 @@ class ChangeSetProcessor:
             if self._caught_up and (self._rt.pressure or draining(self._rt, self.change_set, self._names)):
                 limit = min(limit, _PRESSURE_QUIET)  # others wait for a slot: an idle change set gives way
             idle = time.monotonic() - self._last_activity
-            if idle >= limit and not self._request_lock.locked():
+            if idle < limit:
+                timeout = min(limit - idle, quiet) + 0.001
+            elif not self._request_lock.locked():
                 self._finish(
                     Outcome.RELEASED, reason="quiescent" if limit == quiet else "others wait for a slot"
                 )
                 return
+            else:
+                # Idle for long enough, but a request is in hand (its step waits for something): look again when
+                # it ends (_on_request wakes us), not in a spin until then.
+                self._wake_after_request = True
+                timeout = quiet
             # Look again when the limit is reached, or sooner if woken: by the outcome, or by the watchdog once
             # pressure or a drain shortens the limit (watch). It used to look every second, which with thousands
             # of owned change sets was thousands of wake-ups a second for nothing.
             self._wake = wake = asyncio.get_running_loop().create_future()
-            await asyncio.wait({wake}, timeout=min(limit - idle, quiet) + 0.001)
-            self._wake = None
+            await asyncio.wait({wake}, timeout=timeout)
+            self._wake, self._wake_after_request = None, False
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
         settings = self._rt.settings

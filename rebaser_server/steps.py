@@ -5,7 +5,8 @@ never wait for anything (the built-in apps compute in memory), and a task per re
 waking the caller when it ends) was a measurable share of a daemon's CPU. A step now starts inline, in a copy of
 the caller's context as a task would have it; only if it suspends is the rest of it handed to a task, which the
 watchdog can cancel exactly as before. A step that never suspends could not have been cancelled in its task either:
-cancellation only takes effect at an ``await``.
+cancellation only takes effect at an ``await``. One difference remains: while a step runs inline,
+``asyncio.current_task()`` is its caller's task, not a task of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-import types
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
@@ -92,30 +92,46 @@ def start_step(coro: Coroutine[Any, Any, T]) -> Started[T]:
         yielded = context.run(coro.send, None)
     except StopIteration as done:
         return Started(done.value, None)
-    return Started(None, asyncio.get_running_loop().create_task(_rest(coro, yielded), context=context))
+    return Started(None, asyncio.get_running_loop().create_task(_Rest(coro, yielded), context=context))
 
 
-async def _rest(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
-    result: T = await _resume(coro, yielded)
-    return result
+class _Rest(Coroutine[Any, Any, T]):
+    """The rest of a step that suspended inline, as the coroutine of the task that runs it: the task's first step
+    gets what the step yielded (the future it waits for), and every later send or throw goes to the step itself.
 
+    A cancellation can reach the task before its first step (the watchdog, or an ``asyncio.timeout`` of the step's
+    whose deadline has passed, cancels it right away). Thrown into a coroutine that has not started, it would end
+    the task without the step ever seeing it; instead it is handled as ``Task.cancel`` handles a task that waits:
+    the future the step waits for is cancelled, and the step sees the cancellation when that future ends (at once,
+    if it cannot be cancelled)."""
 
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
-    """Go on with ``coro`` from where it suspended: hand what it yielded (the future it waits for) to the task
-    running us, and pass back into it whatever the task sends or throws (a result, a cancellation)."""
-    while True:
-        try:
-            sent = yield yielded
-        except (
-            BaseException
-        ) as exc:  # thrown in by the task: its cancellation, or the awaited future's failure
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+    __slots__ = ("_coro", "_started", "_yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], yielded: Any) -> None:
+        self._coro = coro
+        self._yielded = yielded
+        self._started = False
+
+    def send(self, value: Any) -> Any:
+        if not self._started:
+            self._started = True
+            return self._yielded
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if not self._started:
+            self._started = True
+            if isinstance(self._yielded, asyncio.Future) and self._yielded.cancel():
+                return self._yielded
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self  # type: ignore[return-value]
+
+    def __next__(self) -> Any:
+        return self.send(None)

@@ -6,6 +6,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
+from pydantic import ValidationError
 
 from rebaser_core.settings import Settings
 from rebaser_server.cli import tune_gc
@@ -38,3 +39,8 @@ def test_zero_leaves_the_collector_alone(restored_gc: None) -> None:
 def test_the_default_and_the_environment() -> None:
     assert Settings().gc_threshold == 25_000
     assert Settings.from_env({"REBASER_GC_THRESHOLD": "0"}).gc_threshold == 0
+
+
+def test_a_threshold_python_cannot_take_is_refused_as_a_setting() -> None:
+    with pytest.raises(ValidationError):
+        Settings.from_env({"REBASER_GC_THRESHOLD": str(2**40)})  # gc.set_threshold would overflow at start-up

@@ -102,3 +102,67 @@ async def test_a_step_sets_context_variables_in_its_own_copy_as_a_task_would() -
 
     assert start_step(quick()).result == "quick"
     assert _VAR.get() == "caller"
+
+
+async def test_a_cancellation_before_the_task_first_runs_reaches_the_step_and_what_it_awaits() -> None:
+    """The watchdog can cancel a step's task before the task's first step (it was queued first): the step must
+    still see the cancellation, and what it waits for must be cancelled too, as ``Task.cancel`` does."""
+    seen: list[str] = []
+
+    async def step() -> int:
+        inner = asyncio.ensure_future(asyncio.Event().wait())
+        try:
+            await inner
+        except asyncio.CancelledError:
+            seen.append(f"step cancelled, inner cancelled: {inner.cancelled()}")
+            raise
+        return 0
+
+    started = start_step(step())
+    task = started.task
+    assert task is not None
+    task.cancel()  # before the task has run at all
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["step cancelled, inner cancelled: True"]
+
+
+async def test_a_timeout_of_the_step_whose_deadline_has_passed_is_the_step_s() -> None:
+    """``asyncio.timeout`` entered inline targets the caller's task; its cancel reaches the step's task before that
+    task first runs, and must come out as the step's TimeoutError, not as the caller's cancellation."""
+
+    async def step() -> str:
+        try:
+            async with asyncio.timeout(0):
+                await asyncio.sleep(10)
+        except TimeoutError:
+            return "timed out"
+        return "slept"
+
+    async def caller() -> str:
+        started = start_step(step())
+        assert started.task is not None
+        return await started.task
+
+    outer = asyncio.create_task(caller())
+    assert await asyncio.wait_for(outer, timeout=5) == "timed out"
+    assert outer.cancelling() == 0
+
+
+async def test_a_cancellation_before_the_first_run_of_a_bare_yield_reaches_the_step() -> None:
+    seen: list[str] = []
+
+    async def step() -> int:
+        try:
+            await asyncio.sleep(0)  # yields None: nothing to cancel but the step itself
+        except asyncio.CancelledError:
+            seen.append("step cancelled")
+            raise
+        return 0
+
+    started = start_step(step())
+    assert started.task is not None
+    started.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await started.task
+    assert seen == ["step cancelled"]
