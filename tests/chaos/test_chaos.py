@@ -245,6 +245,10 @@ async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetI
 
 # (pid, stopped at, continued at), wall clock, of every SIGSTOP in this process's chaos runs.
 PAUSES: list[tuple[int, float, float]] = []
+# "Stopped at" is noted just before the signal is sent, and a running process stops a little later: an apply that
+# started within this of the noted time was frozen in the middle too (one started 2 ms after it was once counted
+# as an overlap: its process logged the start, then stopped for 4.5 s, and ended the apply on resuming).
+_STOP_DELIVERY = 0.1
 
 
 def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, float, float]]) -> list[str]:
@@ -264,7 +268,10 @@ def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, floa
             opened[key] = t
         elif key in opened:
             start = opened.pop(key)
-            frozen = any(pid == e["pid"] and start <= stopped <= t for pid, stopped, _ in pauses)
+            frozen = any(
+                pid == e["pid"] and start <= stopped + _STOP_DELIVERY and stopped <= t
+                for pid, stopped, _ in pauses
+            )
             if not frozen:
                 intervals.setdefault(e["cs"], []).append((start, t, e["pid"]))
     found = []
