@@ -87,6 +87,13 @@ async def settled_now(
         except NotFoundError:
             pass
     dvu = bool(record and record.dvu_pending)
+    if dvu and not owned:
+        # The record was read before the task was looked for: its owner may have finished the DVU and let the
+        # change set go in between (the task acked after the DVU's commit). Read it again rather than call a
+        # finished DVU pending.
+        record = await rt.store.read(change_set)
+        dvu = bool(record and record.dvu_pending)
+        applied = record.applied_seq if record else 0
     return WaitSettledResponse(
         id=query_id,
         workspace_id=wk,
