@@ -81,7 +81,7 @@ class LeaseKeeper:
         """Change sets whose lease this keeper renews now."""
         return len(self._watched)
 
-    async def add(self, watched: Watched) -> None:
+    def add(self, watched: Watched) -> None:
         """Watch ``watched``; its lease is renewed on the loop's next pass (then every ``progress_period``).
 
         Not at once: a lease starts with the delivery's whole ``ack_wait`` (see lease.py), more than a period, and

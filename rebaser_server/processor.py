@@ -103,7 +103,6 @@ class ChangeSetProcessor:
         self._last_activity = time.monotonic()
         # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
         self._steps = Steps(self.lease)
-        self._step = self._steps.run
         self._trimmer = Trimmer(rt, change_set, self._names)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
@@ -134,7 +133,7 @@ class ChangeSetProcessor:
             # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
             return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
         # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
-        await rt.keeper.add(self)
+        rt.keeper.add(self)
         # The change set's consumer is created while its record is read and bumped (one round trip fewer before
         # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
         # num_pending also tells a task with nothing to do (no record, nothing queued).
@@ -160,7 +159,7 @@ class ChangeSetProcessor:
             if self._unclean:
                 rt.stats.unclean_takeovers += 1
             self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
-            self._handler = RequestHandler(rt, self.change_set, self._commits, self._step)
+            self._handler = RequestHandler(rt, self.change_set, self._commits, self._steps.run)
             await rt.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start()
             if self._handle.record.dvu_pending:
@@ -299,7 +298,7 @@ class ChangeSetProcessor:
                 record = handle.record
                 hooks = CommitHooks.of(self._rt.app)
                 try:
-                    state = await self._step(
+                    state = await self._steps.run(
                         self._rt.app.dependent_values_update(self.change_set, record.state)
                     )
                     # What the state points to is written before the record that points to it is committed.

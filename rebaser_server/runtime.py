@@ -23,8 +23,6 @@ __all__ = ["Runtime", "Stats"]
 
 log = logging.getLogger(__name__)
 
-_JS_API = "$JS.API"
-
 
 @dataclass
 class Stats:

@@ -54,7 +54,7 @@ def _decoder_bounds_depth() -> bool:
     except cbor2.CBORDecodeError:
         return True
     except RecursionError:
-        return False
+        pass
     return False
 
 

@@ -88,9 +88,9 @@ def _check(value: Any, counter: _Counter, depth: int = 0, *, texts: bool = True)
     without tags, every integer is within 64 bits, so only the shape and the floats are left to check. Types are
     compared exactly (the decoders make nothing else), scalars without a call of their own: this walk runs on every
     request and every reply."""
-    if depth > MAX_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     kind = type(value)
+    # A container is refused where its members would be too deep (a container only ever comes from one at most
+    # MAX_DEPTH - 1 deep, so this is the one depth check).
     if (kind is dict or kind is list) and value and depth >= MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")  # its members are one level deeper
     if kind is dict:

@@ -194,9 +194,13 @@ async def test_the_demo_load_stops_even_if_a_cancellation_is_swallowed(
         if not entered.is_set():
             entered.set()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(
+                    1.0
+                )  # a request in flight that swallows its cancellation: the fault itself
         else:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(
+                1.0
+            )  # the next requests are as slow: the load must stop without their answers
         raise RebaserUnavailable("no daemon in this test")
 
     monkeypatch.setattr(RebaserClient, "enqueue_updates_with_reply", swallowing)

@@ -37,7 +37,7 @@ async def test_starting_change_sets_does_not_make_a_pass_over_all_of_them(nc: Na
     try:
         watched = [_Watched(nc, n, lasts=60.0) for n in range(300)]
         for w in watched:
-            await keeper.add(w)
+            keeper.add(w)
             for _ in range(3):  # let the loop run, as it does between activations
                 await asyncio.sleep(0)
         passes = sum(w.watched for w in watched)
@@ -51,11 +51,11 @@ async def test_a_lease_that_runs_out_before_the_next_pass_is_watched_at_once(nc:
     keeper = LeaseKeeper(nc, period=10.0)  # as in production: well under the leases (ack_wait)
     await keeper.start()
     try:
-        await keeper.add(_Watched(nc, 0, lasts=60.0))
+        keeper.add(_Watched(nc, 0, lasts=60.0))
         for _ in range(3):
             await asyncio.sleep(0)  # the loop now sleeps until the next period (10 s)
         short = _Watched(nc, 1, lasts=0.3)
-        await keeper.add(short)
+        keeper.add(short)
         await wait_for(lambda: short.watched > 0, timeout=5, message="the short lease watched")
     finally:
         await keeper.stop()
@@ -72,7 +72,7 @@ async def test_a_new_lease_is_renewed_by_the_next_pass_not_at_once(nc: NatsClien
     sub = await nc.subscribe("keeper.test.>", cb=on_renewal)
     try:
         sent = nc.stats["out_msgs"]
-        await keeper.add(_Watched(nc, 0, lasts=60.0))
+        keeper.add(_Watched(nc, 0, lasts=60.0))
         # A change set that lets go before the next pass (most of a burst of one-request ones) costs no renewal.
         assert nc.stats["out_msgs"] == sent
         await wait_for(lambda: renewals == [b"+WPI"], timeout=5, message="renewed by the next pass")

@@ -134,7 +134,7 @@ async def test_a_timeout_of_the_step_whose_deadline_has_passed_is_the_step_s() -
     async def step() -> str:
         try:
             async with asyncio.timeout(0):
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # never slept: the timeout of 0 above ends it
         except TimeoutError:
             return "timed out"
         return "slept"

@@ -27,7 +27,7 @@ from typing import Any
 
 from nats.nuid import NUID
 
-from rebaser_core.requester import Requester
+from rebaser_core.requester import JS_API, Requester
 
 __all__ = [
     "CHUNK_SIZE",
@@ -122,7 +122,7 @@ class ObjectWriter:
         try:
             payload = json.dumps({"filter": chunks}).encode()
             await self._requester.request(
-                f"$JS.API.STREAM.PURGE.OBJ_{self._bucket}", payload, timeout=self._timeout
+                f"{JS_API}.STREAM.PURGE.OBJ_{self._bucket}", payload, timeout=self._timeout
             )
         except Exception as err:
             log.debug("purging unreferenced chunks %s failed: %r", chunks, err)
@@ -163,7 +163,7 @@ class ObjectReader:
     async def _last(self, subject: str) -> bytes | None:
         """The data of the last message on ``subject`` (a direct get), None if there is none."""
         msg = await self._requester.request(
-            f"$JS.API.DIRECT.GET.OBJ_{self._bucket}",
+            f"{JS_API}.DIRECT.GET.OBJ_{self._bucket}",
             json.dumps({"last_by_subj": subject}).encode(),
             timeout=self._timeout,
         )
