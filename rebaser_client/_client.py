@@ -476,7 +476,7 @@ class RebaserClient:
         task = names.task(request.workspace_id, request.change_set_id)
         if not recording(self._tracer_provider):
             inject(headers)  # a trace context the application carries, without spans of our own
-            return await self._publisher.send(str(request.id), subject, headers, body, task)
+            return await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
         with self._tracer.start_as_current_span(
             "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
         ):

@@ -124,3 +124,36 @@ async def test_a_layout_not_read_lately_is_read_again_before_routing(
         assert router.reroute(request, {})[0] == request
     finally:
         await router.close()
+
+
+@pytest.mark.parametrize("tracing", [False, True])
+async def test_an_enqueue_is_not_routed_by_a_layout_not_read_lately(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch, tracing: bool
+) -> None:
+    """Connected, but the layout could not be read for longer than a layout change takes to settle: the request is
+    refused (no spool here), not published by that old layout, whether or not tracing is on (each has its path)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import rebaser_client._routing as routing
+    from rebaser_client import RebaserClient
+    from rebaser_core.errors import RebaserUnavailable
+    from rebaser_core.ids import ChangeSetId, WorkspacePk
+    from rebaser_core.settings import Settings
+    from rebaser_core.streams import ensure_streams
+
+    await ensure_streams(nc.jetstream(), Settings(prefix=subject_prefix, storage="memory"))
+    provider = TracerProvider() if tracing else None
+    async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        await client.enqueue_updates(wk, cs, [])  # the layout is read: published
+        router = client._router
+        monkeypatch.setattr(router, "_read_at", time.monotonic() - routing.MAX_LAYOUT_AGE - 1)
+
+        async def read_fails(*args: object, **kwargs: object) -> None:
+            raise TimeoutError("layout read timed out")
+
+        monkeypatch.setattr(routing, "fetch_layout", read_fails)
+        with pytest.raises(RebaserUnavailable, match="shard layout has not been read"):
+            await client.enqueue_updates(wk, cs, [])
+    info = await nc.jetstream().stream_info(Subjects(subject_prefix).requests_stream)
+    assert info.state.messages == 1
