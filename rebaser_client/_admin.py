@@ -38,6 +38,7 @@ from rebaser_core.errors import (
     RebaserUnavailable,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.recent_replies import entry_request_id, entry_status
 from rebaser_core.subjects import Subjects
 
 __all__ = [
@@ -147,7 +148,7 @@ class RecordView:
                 attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
                 suspect=(int(suspect[0]), int(suspect[1])) if suspect else None,
                 handed_back=bool(raw.get("handed_back", False)),
-                recent=tuple(_recent(str(rid), status) for rid, status in entries),
+                recent=tuple(_recent(entry_request_id(item), entry_status(item)) for item in entries),
             )
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
             raise DecodeError(f"change-set record is not valid: {err}") from None

@@ -39,6 +39,7 @@ from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, Resp
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
+from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
 from rebaser_core.requester import Requester, last_message
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -105,7 +106,7 @@ class ChangeSetRecord:
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
         head = {
-            "v": 3,
+            "v": 4,  # 4: success replies in the compact form (rebaser_core.recent_replies)
             "epoch": self.epoch,
             "owner": self.owner,
             "state": self.state,
@@ -166,7 +167,7 @@ class ChangeSetRecord:
         raw = self.recent.get(request_id)
         if raw is None:
             return None
-        return _STATUS.validate_python(cbor2.loads(raw)[1])
+        return _STATUS.validate_python(entry_status(cbor2.loads(raw)))
 
     def with_reply(
         self, request_id: str, response: EnqueueUpdatesResponse, window: int, **changes: Any
@@ -184,20 +185,13 @@ class ChangeSetRecord:
 
 
 def reply_entry(request_id: str, status: ResponseStatus, window: int) -> bytes:
-    """A recent reply as the record stores it: the CBOR item ``[request id, status]``, the status bounded so that
+    """A recent reply as the record stores it (``rebaser_core.recent_replies``), the status bounded so that
     ``window`` of them fit in the record."""
     if type(status) is SuccessStatus:
-        # The commonest reply, and never cut: its fields as model_dump(mode="json") gives them, without pydantic.
-        item: Any = {
-            "kind": "success",
-            "updates_performed": status.updates_performed,
-            "snapshot_address": status.snapshot_address,
-        }
-    else:
-        item = bounded_status(status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window)).model_dump(
-            mode="json"
-        )
-    return bytes(cbor2.dumps([request_id, item]))
+        # The commonest reply, and never cut: written without pydantic, in the compact form.
+        return success_entry(request_id, status.updates_performed, status.snapshot_address)
+    bounded = bounded_status(status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window))
+    return status_entry(request_id, bounded.model_dump(mode="json"))
 
 
 def _decode_parts(data: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -208,14 +202,14 @@ def _decode_parts(data: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
     raw = decoder.decode()
     head = _array_head(data, stream.tell())
     if head is None:  # not the array encode() writes (an indefinite one, say): decode and encode each entry
-        return raw, {str(rid): bytes(cbor2.dumps([rid, status])) for rid, status in decoder.decode()}
+        return raw, {entry_request_id(item): bytes(cbor2.dumps(item)) for item in decoder.decode()}
     count, start = head
     stream.seek(start)
     recent: dict[str, bytes] = {}
     for _ in range(count):
-        rid, _status = decoder.decode()
+        rid = entry_request_id(decoder.decode())
         end = stream.tell()
-        recent[str(rid)] = data[start:end]
+        recent[rid] = data[start:end]
         start = end
     return raw, recent
 

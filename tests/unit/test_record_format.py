@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
 from unittest import mock
 
 import cbor2
 import pytest
 
-from rebaser_core.api import EnqueueUpdatesResponse, ErrorStatus, SuccessStatus, cbor_scan
+from rebaser_client._admin import RecordView
+from rebaser_core.api import (
+    Conflict,
+    ConflictsStatus,
+    EnqueueUpdatesResponse,
+    ErrorStatus,
+    ResponseStatus,
+    SuccessStatus,
+    cbor_scan,
+)
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_server import state
@@ -61,17 +71,80 @@ def test_a_malformed_record_is_a_decode_error(data: bytes) -> None:
         ChangeSetRecord.decode(data)
 
 
+_ADDRESS = "ab" * 32  # the built-in app's snapshot address: SHA-256 in lower-case hex
+
+
 @pytest.mark.parametrize(
     "status",
     [
         SuccessStatus(updates_performed=0),
-        SuccessStatus(updates_performed=2**40, snapshot_address="b3:" + "a" * 64),
+        SuccessStatus(updates_performed=2**40, snapshot_address=_ADDRESS),
+        SuccessStatus(updates_performed=1, snapshot_address=_ADDRESS.upper()),  # not lower case: kept as text
+        SuccessStatus(updates_performed=1, snapshot_address="abc"),  # odd length
+        SuccessStatus(updates_performed=1, snapshot_address="b3:" + "a" * 64),
+        SuccessStatus(updates_performed=1, snapshot_address=""),
         ErrorStatus(message="x" * 20_000, retryable=True),
+        ConflictsStatus(conflicts=[Conflict(path="/a", expected_version="1", actual_version=None)]),
     ],
 )
-def test_a_reply_entry_is_the_status_as_pydantic_dumps_it(status: SuccessStatus | ErrorStatus) -> None:
-    """A success is encoded without pydantic; the entry must still be exactly what the generic path writes."""
-    rid = str(RequestId.new())
+def test_a_recorded_reply_reads_back_as_the_status_given(status: ResponseStatus) -> None:
+    """Whatever form an entry takes, the reply read back from the record is the one given (bounded, as it was)."""
+    rid = RequestId.new()
+    response = EnqueueUpdatesResponse(
+        id=rid, workspace_id=WorkspacePk.new(), change_set_id=ChangeSetId.new(), status=status
+    )
+    record = ChangeSetRecord(epoch=1, owner="o", state={}).with_reply(str(rid), response, 64)
+    back = ChangeSetRecord.decode(record.encode())
     bounded = state.bounded_status(status, max(state.REPLY_MIN_BYTES, state.RECENT_REPLIES_MAX_BYTES // 64))
-    assert state.reply_entry(rid, status, 64) == cbor2.dumps([rid, bounded.model_dump(mode="json")])
+    assert back.recorded_status(str(rid)) == bounded
+    view = RecordView.decode(record.encode())  # the admin commands read the same entries
+    assert [(r.request_id, r.kind) for r in view.recent] == [(str(rid), status.kind)]
+    # A success is written without pydantic, from these fields: a new field must be added to the compact form.
     assert set(SuccessStatus.model_fields) == {"kind", "updates_performed", "snapshot_address"}
+
+
+def test_a_success_entry_is_compact() -> None:
+    """The whole record is written at every commit, with its last 64 replies: those are most of its bytes."""
+    ws, cs = WorkspacePk.new(), ChangeSetId.new()
+    for address, limit in ((None, 2_300), (_ADDRESS, 6_500)):  # 5,300 and 9,500 before the compact form
+        record = ChangeSetRecord(epoch=1, owner="host:1234:" + str(RequestId.new()), state={"n": 1})
+        for i in range(64):
+            rid = RequestId.new()
+            status = SuccessStatus(updates_performed=i, snapshot_address=address)
+            response = EnqueueUpdatesResponse(id=rid, workspace_id=ws, change_set_id=cs, status=status)
+            record = record.with_reply(str(rid), response, 64)
+        assert len(record.encode()) < limit, (address, len(record.encode()))
+
+
+def test_a_record_written_before_the_compact_form_still_reads() -> None:
+    """Records written by the previous version hold every reply as ``[request id, status]``, a success too."""
+    rids = [str(RequestId.new()) for _ in range(3)]
+    statuses: list[dict[str, Any]] = [
+        {"kind": "success", "updates_performed": 2, "snapshot_address": _ADDRESS},
+        {"kind": "error", "message": "no", "retryable": False},
+        {"kind": "success", "updates_performed": 0, "snapshot_address": None},
+    ]
+    head = {"v": 3, "epoch": 4, "owner": "o", "state": {}, "applied_seq": 7, "task": [1, 1], "shard": 0}
+    data = cbor2.dumps(head) + cbor2.dumps([[rid, s] for rid, s in zip(rids, statuses, strict=True)])
+    record = ChangeSetRecord.decode(data)
+    assert [record.recorded_status(rid) for rid in rids] == [
+        SuccessStatus(updates_performed=2, snapshot_address=_ADDRESS),
+        ErrorStatus(message="no", retryable=False),
+        SuccessStatus(updates_performed=0),
+    ]
+    assert [(r.request_id, r.kind, r.detail) for r in RecordView.decode(data).recent] == [
+        (rids[0], "success", "2 updates"),
+        (rids[1], "error", "no"),
+        (rids[2], "success", "0 updates"),
+    ]
+    # Kept as they are when the record is written again (a new reply is added in the compact form).
+    assert ChangeSetRecord.decode(record.encode()).recent == record.recent
+
+
+@pytest.mark.parametrize("entry", [["id"], ["id", {}, None, 1], [1, {}], {"id": {}}, "id"])
+def test_a_malformed_reply_entry_is_a_decode_error(entry: Any) -> None:
+    data = cbor2.dumps({"epoch": 1, "owner": "o", "state": {}}) + cbor2.dumps([entry])
+    with pytest.raises(DecodeError):
+        ChangeSetRecord.decode(data)
+    with pytest.raises(DecodeError):
+        RecordView.decode(data)
