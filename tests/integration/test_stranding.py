@@ -46,6 +46,40 @@ async def test_a_caller_cancelled_between_its_two_publishes_still_leaves_a_task(
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
 
 
+async def test_a_caller_cancelled_while_its_request_is_acknowledged_still_leaves_a_task(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled (its timeout, say) after the request went out but before JetStream's ack came back: the request
+    is stored, so its task must be published all the same, and the in-flight slot freed once that is done."""
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    requester = client._publisher._requester
+    real_request = requester.request
+
+    async def slow_ack(subject: str, *args: Any, **kwargs: Any) -> Any:
+        reply = await real_request(subject, *args, **kwargs)
+        if ".requests." in subject and not entered.is_set():
+            entered.set()  # stored; the caller has not heard so yet
+            await go_on.wait()
+        return reply
+
+    monkeypatch.setattr(requester, "request", slow_ack)
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        call = asyncio.create_task(client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)]))
+        await asyncio.wait_for(entered.wait(), 10)
+        assert client.status().in_flight == 1
+        call.cancel()
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+        async def served() -> bool:
+            return len(await applied(daemon.rt.store, wk, cs)) == 1
+
+        await wait_for(served, timeout=10, message="request served without the orphan sweep")
+        await wait_for(lambda: client.status().in_flight == 0, timeout=10, message="slot freed")
+
+
 async def test_a_task_publish_refused_during_a_leader_election_is_retried(
     nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
