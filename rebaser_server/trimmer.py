@@ -31,6 +31,7 @@ from rebaser_core.requester import js_api
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.runtime import Runtime
+from rebaser_server.steps import start_step
 
 __all__ = ["Trimmer"]
 
@@ -62,9 +63,12 @@ class Trimmer:
         """Record that the requests at ``seqs`` are done; waits only if too many are still in the stream."""
         self._waiting.extend(seqs)
         self._caught_up.clear()
+        behind = len(self._waiting) >= self._limit  # counted before a removal started below takes them
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"trim {self._subject}")
-        if len(self._waiting) >= self._limit:
+            # Started inline, so the delete goes out with the group's replies in one write to the server (a new
+            # task would send it one event-loop turn later, on its own); the wait for its answer is a task.
+            self._task = start_step(self._run()).task
+        if behind:
             await self._caught_up.wait()
 
     async def flush(self, timeout: float) -> None:
