@@ -56,6 +56,7 @@ from rebaser_core.errors import (
     RebaserUnavailable,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected
 from rebaser_core.tracing import get_tracer, inject, recording
@@ -488,11 +489,12 @@ class RebaserClient:
         async with self._inbox_lock:
             if self._inbox_prefix is None:
                 prefix = self._nc.new_inbox()
-                self._inbox_sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_reply)
+                # Replies are decoded as nats-py reads them (no task hop per reply): see inline_subscription.
+                self._inbox_sub = await subscribe_inline(self._nc, f"{prefix}.*", self._on_reply)
                 self._inbox_prefix = prefix
             return self._inbox_prefix
 
-    async def _on_reply(self, msg: Msg) -> None:
+    def _on_reply(self, msg: Msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]
         future, request = self._waiting.get(rid, (None, None))
         if future is None or request is None or future.done():

@@ -5,7 +5,7 @@ a clean-up callback, and ``asyncio.wait_for`` (another future, a timer, a wrappe
 twice per request that machinery was a measurable share of the daemon's and the client's CPU. Here one wildcard
 subscription takes every reply, tokens are a counter, and a call is one future and one timer. The semantics are
 nats-py's: ``TimeoutError`` (nats-py's, a ``TimeoutError`` too) after ``timeout``, ``NoRespondersError`` when
-nobody listens on the subject.
+nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.inline_subscription``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
+
+from rebaser_core.inline_subscription import subscribe_inline
 
 __all__ = ["JS_API", "Requester", "js_api", "last_message"]
 
@@ -38,7 +40,7 @@ class Requester:
         async with self._start_lock:
             if self._sub is None:
                 prefix = self._nc.new_inbox()
-                self._sub = await self._nc.subscribe(f"{prefix}.*", cb=self._on_reply)
+                self._sub = await subscribe_inline(self._nc, f"{prefix}.*", self._on_reply)
                 self._prefix = prefix + "."
 
     async def close(self) -> None:
@@ -67,7 +69,7 @@ class Requester:
             raise nats.errors.NoRespondersError
         return msg
 
-    async def _on_reply(self, msg: Msg) -> None:
+    def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
         if future is not None and not future.done():
             future.set_result(msg)

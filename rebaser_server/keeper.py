@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_server.lease import Lease
 
 __all__ = ["LeaseKeeper", "Watched"]
@@ -59,7 +60,7 @@ class LeaseKeeper:
         self._wake_at = 0.0  # monotonic time the loop wakes next by itself
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_confirmed)
+        self._sub = await subscribe_inline(self._nc, f"{self._inbox}.*", self._on_confirmed)
         self._task = asyncio.create_task(self._run(), name="rebaser lease keeper")
 
     async def stop(self) -> None:
@@ -147,7 +148,7 @@ class LeaseKeeper:
             self._sent.pop(token, None)
             log.debug("lease renewal not sent: %r", err)
 
-    async def _on_confirmed(self, msg: Msg) -> None:
+    def _on_confirmed(self, msg: Msg) -> None:
         entry = self._sent.pop(msg.subject.rsplit(".", 1)[-1], None)
         if entry is None or (msg.headers and _STATUS in msg.headers):
             return  # unknown, or a status (503: no responders, the consumer is gone) rather than the server's ack
