@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 
 from rebaser_client._spool import Spool, SpoolConfig
 from rebaser_core.connect import connection_state
@@ -30,7 +31,7 @@ from rebaser_core.errors import (
     RebaserRefused,
     RebaserUnavailable,
 )
-from rebaser_core.requester import Requester
+from rebaser_core.requester import Requester, answered
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected, parse_pub_ack, publish_task
 
@@ -234,13 +235,17 @@ class Publisher:
         """Publish the request and its task, holding a slot taken by the caller (released here, or by the
         background task that finishes for a cancelled caller)."""
         loop = asyncio.get_running_loop()
-        released = False
+        ack: asyncio.Future[Msg] | None = None
         try:
+            if task is None:  # a replayed request: only its subject was spooled
+                task = self._task_of(subject)
             ensure_connected(self._nc, what)  # it may have dropped while we waited for a slot
             try:
-                ack = await self._requester.request(
-                    subject, body, headers=headers, timeout=max(deadline - loop.time(), 0.001)
-                )
+                await self._requester.ready()
+                reply_to, ack = self._requester.expect(max(deadline - loop.time(), 0.001))
+                await self._nc.publish(subject, body, reply=reply_to, headers=headers)
+                # Shielded: a cancelled caller must not cancel the wait for the ack (see below).
+                reply = answered(await asyncio.shield(ack))
             except nats.errors.NoRespondersError:
                 raise RebaserUnavailable(
                     f"no JetStream stream answers on {subject}: is a daemon set up?"
@@ -250,30 +255,34 @@ class Publisher:
             except (TimeoutError, nats.errors.Error) as err:
                 # A timeout, or the connection dropped mid-request (ConnectionClosedError, OutboundBufferLimitError).
                 raise RebaserUnavailable(f"{what} failed: {err or type(err).__name__}") from None
-            reply = parse_pub_ack(ack.data, subject)
-            duplicate = bool(reply.get("duplicate", False))
+            pub_ack = parse_pub_ack(reply.data, subject)
+            duplicate = bool(pub_ack.get("duplicate", False))
             self._last_publish_at = time.time()
             # The request is durable now. A failed task publish strands nothing: the daemons' orphan sweep finds it.
-            if task is None:  # a replayed request: only its subject was spooled
-                task = self._task_of(subject)
             await self._publish_task(request_id, task)
-            return duplicate
         except asyncio.CancelledError:
             # The caller was cancelled (its timeout, say). Once nats-py has the request it sends it, so it may be
-            # stored, and a stored request without its task is stranded until the orphan sweep: the task is
-            # published in the background, then the slot freed (a task for a change set with nothing queued is
-            # dropped by the daemon, so one too many is harmless). This used to be a shielded task per request,
-            # which cost the client about 8 % of its CPU per request.
-            finish = asyncio.ensure_future(self._finish_cancelled(request_id, task or self._task_of(subject)))
+            # stored, and a stored request without its task is stranded until the orphan sweep. So the rest is
+            # finished in the background: the wait for the request's ack (its task must not reach a daemon before
+            # the request is stored: the daemon would find nothing queued and let go), then the task, then the
+            # slot is freed. This used to be a shielded task per request, about 8 % of the client's CPU.
+            if ack is None or task is None:  # cancelled before nats-py had the request: nothing was sent
+                self._release()
+                raise
+            finish = asyncio.ensure_future(self._finish_cancelled(request_id, task, ack))
             _UNFINISHED.add(finish)
             finish.add_done_callback(_forget)
-            released = True
+            finish.add_done_callback(self._release)  # also if it is cancelled before it first runs
             raise
-        finally:
-            if not released:
-                self._release()
+        except BaseException:
+            if ack is not None:
+                ack.cancel()  # no longer awaited (a no-op once answered)
+            self._release()
+            raise
+        self._release()
+        return duplicate
 
-    def _release(self) -> None:
+    def _release(self, _: object = None) -> None:
         self._in_flight -= 1
         self._slots.release()
 
@@ -282,11 +291,11 @@ class Publisher:
         parsed = names.parse_requests(subject)
         return names.task(parsed.workspace_id, parsed.change_set_id)
 
-    async def _finish_cancelled(self, request_id: str, task: str) -> bool:
-        try:
-            await self._publish_task(request_id, task)
-        finally:
-            self._release()
+    async def _finish_cancelled(self, request_id: str, task: str, ack: asyncio.Future[Msg]) -> bool:
+        """What a cancelled caller's publish leaves to do: wait for the request's ack, then publish its task."""
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await ack  # stored, refused or not known: the task harms nothing (the daemon drops an empty one)
+        await self._publish_task(request_id, task)
         return False
 
     async def _publish_task(self, request_id: str, task: str) -> None:

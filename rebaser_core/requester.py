@@ -21,7 +21,7 @@ from nats.js.errors import APIError
 
 from rebaser_core.inline_subscription import subscribe_inline
 
-__all__ = ["JS_API", "Requester", "js_api", "last_message"]
+__all__ = ["JS_API", "Requester", "answered", "js_api", "last_message"]
 
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
@@ -65,14 +65,43 @@ class Requester:
         finally:
             timer.cancel()
             self._waiting.pop(token, None)
-        if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS and not msg.data:
-            raise nats.errors.NoRespondersError
-        return msg
+        return answered(msg)
+
+    async def ready(self) -> None:
+        """Subscribe the reply subject if not yet done (``request`` does it by itself; ``expect`` needs it done)."""
+        if self._sub is None:
+            await self._start()
+
+    def expect(self, timeout: float) -> tuple[str, asyncio.Future[Msg]]:
+        """A reply subject to publish a request with, and the future its reply resolves (``TimeoutError`` after
+        ``timeout``; pass the reply through :func:`answered`). For a caller that must be able to stop waiting while
+        the reply is still awaited by someone else: the future outlives the caller (await it through
+        ``asyncio.shield``). Cancel it to stop waiting for good. Call :meth:`ready` first."""
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = future
+        timer = loop.call_later(timeout, _expire, future)
+
+        def forget(_: asyncio.Future[Msg]) -> None:
+            timer.cancel()
+            self._waiting.pop(token, None)
+
+        future.add_done_callback(forget)
+        return self._prefix + token, future
 
     def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
         if future is not None and not future.done():
             future.set_result(msg)
+
+
+def answered(msg: Msg) -> Msg:
+    """``msg``, unless it is the server's "no responders" status: then ``NoRespondersError``, as nats-py raises it."""
+    if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS and not msg.data:
+        raise nats.errors.NoRespondersError
+    return msg
 
 
 def _expire(future: asyncio.Future[Msg]) -> None:

@@ -46,38 +46,58 @@ async def test_a_caller_cancelled_between_its_two_publishes_still_leaves_a_task(
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
 
 
-async def test_a_caller_cancelled_while_its_request_is_acknowledged_still_leaves_a_task(
+async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_after_it(
     nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Cancelled (its timeout, say) after the request went out but before JetStream's ack came back: the request
-    is stored, so its task must be published all the same, and the in-flight slot freed once that is done."""
-    entered, go_on = asyncio.Event(), asyncio.Event()
-    requester = client._publisher._requester
-    real_request = requester.request
+    """Cancelled (its timeout, say) after the request went out but before the stream stored it (a slow leader, an
+    election): the request will be stored, so its task must be published all the same, and only after the store
+    (a task that reaches a daemon first finds nothing queued), and the in-flight slot freed once that is done."""
+    go_on, events = asyncio.Event(), []
+    real_publish, real_publish_task = nc.publish, _publisher.publish_task
 
-    async def slow_ack(subject: str, *args: Any, **kwargs: Any) -> Any:
-        reply = await real_request(subject, *args, **kwargs)
-        if ".requests." in subject and not entered.is_set():
-            entered.set()  # stored; the caller has not heard so yet
+    async def stored_late(subject: str, *args: Any, **kwargs: Any) -> None:
+        if ".requests." not in subject or go_on.is_set():
+            return await real_publish(subject, *args, **kwargs)
+
+        async def later() -> None:
             await go_on.wait()
-        return reply
+            events.append("request stored")
+            await real_publish(subject, *args, **kwargs)
 
-    monkeypatch.setattr(requester, "request", slow_ack)
+        _BACKGROUND.add(asyncio.ensure_future(later()))  # on its way whatever the caller does
+
+    async def recorded_publish_task(*args: Any, **kwargs: Any) -> bool:
+        events.append("task")
+        return await real_publish_task(*args, **kwargs)
+
+    monkeypatch.setattr(nc, "publish", stored_late)
+    monkeypatch.setattr(_publisher, "publish_task", recorded_publish_task)
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         call = asyncio.create_task(client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)]))
-        await asyncio.wait_for(entered.wait(), 10)
+        await wait_for(lambda: len(_BACKGROUND) == 1, timeout=10, message="request sent")
         assert client.status().in_flight == 1
         call.cancel()
-        go_on.set()
         with pytest.raises(asyncio.CancelledError):
             await call
+
+        def finishing() -> (
+            bool
+        ):  # the cancelled caller's rest: waiting for the ack (or, wrongly, on to the task)
+            return "task" in events or any(getattr(f, "_fut_waiter", None) for f in _publisher._UNFINISHED)
+
+        await wait_for(finishing, timeout=10, message="the publish finishing in the background")
+        go_on.set()
 
         async def served() -> bool:
             return len(await applied(daemon.rt.store, wk, cs)) == 1
 
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
         await wait_for(lambda: client.status().in_flight == 0, timeout=10, message="slot freed")
+        assert events == ["request stored", "task"]
+
+
+_BACKGROUND: set[asyncio.Future[None]] = set()
 
 
 async def test_a_task_publish_refused_during_a_leader_election_is_retried(
