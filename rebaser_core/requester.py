@@ -53,12 +53,7 @@ class Requester:
     ) -> Msg:
         if self._sub is None:
             await self._start()
-        self._next += 1
-        token = str(self._next)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = future
-        timer = loop.call_later(timeout, _expire, future)
+        token, future, timer = self._register(timeout)
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
             msg = await future
@@ -77,12 +72,7 @@ class Requester:
         ``timeout``; pass the reply through :func:`answered`). For a caller that must be able to stop waiting while
         the reply is still awaited by someone else: the future outlives the caller (await it through
         ``asyncio.shield``). Cancel it to stop waiting for good. Call :meth:`ready` first."""
-        self._next += 1
-        token = str(self._next)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = future
-        timer = loop.call_later(timeout, _expire, future)
+        token, future, timer = self._register(timeout)
 
         def forget(_: asyncio.Future[Msg]) -> None:
             timer.cancel()
@@ -90,6 +80,15 @@ class Requester:
 
         future.add_done_callback(forget)
         return self._prefix + token, future
+
+    def _register(self, timeout: float) -> tuple[str, asyncio.Future[Msg], asyncio.TimerHandle]:
+        """A new reply token, the future its reply resolves, and the timer that fails it after ``timeout``."""
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = future
+        return token, future, loop.call_later(timeout, _expire, future)
 
     def _on_reply(self, msg: Msg) -> None:
         future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
