@@ -40,9 +40,6 @@ class _Sink:
     def cancelled(self) -> bool:
         return False
 
-    def done(self) -> bool:
-        return False
-
     def set_result(self, msg: Msg) -> None:
         try:
             self._handler(msg)
