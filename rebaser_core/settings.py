@@ -172,6 +172,13 @@ class Settings(BaseModel):
         "0.3 s for 32 MiB.",
     )
     max_snapshot_attributes: int = Field(100_000, ge=1, description="Attributes in one snapshot.")
+    snapshot_inline_bytes: int = Field(
+        16 * 1024,
+        ge=0,
+        le=64 * 1024,
+        description="A snapshot of at most this many bytes is kept in its change set's record instead of the "
+        "snapshots object store: one write per commit instead of three (0: always the object store).",
+    )
 
     @field_validator("prefix")
     @classmethod

@@ -93,7 +93,13 @@ class QueryService:
                     self.settled.start(msg.reply, change_set, request, _content_type(msg.headers))
                     return
                 handler = {"get": self._get, "fork": self._fork, "reply": self._reply}[operation]
-                response = await handler(change_set, request, ids)
+                try:
+                    response = await handler(change_set, request, ids)
+                except Exception as err:
+                    # A corrupt record, a snapshot that cannot be read, NATS trouble: the caller gets the reason
+                    # now instead of waiting out its timeout for an answer that never comes.
+                    log.warning("query %s on %s failed: %r", operation, change_set, err)
+                    response = response_cls(id=request.id, **ids, error=f"{type(err).__name__}: {err}"[:1024])
         except InvalidSubject as err:
             log.warning("refusing query on %s: %s", msg.subject, err)
             return  # no ids to answer with; the caller times out with its own deadline

@@ -1,4 +1,5 @@
-"""The built-in app writes one snapshot object per group commit, and always before the record that points to it."""
+"""The built-in app writes one snapshot object per group commit, and always before the record that points to it; a
+small snapshot is kept in the record instead, and read from there by any daemon."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from rebaser_client import ChangeSetId, RebaserClient, SetLiteral, WorkspacePk
+from rebaser_client import ChangeSetId, RebaserClient, SetFunction, SetLiteral, WorkspacePk
 from rebaser_core.api import GetChangeSetResponse
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
@@ -54,7 +55,8 @@ async def test_a_group_of_requests_writes_one_snapshot(
     app = SnapshotApp()
     # Held right after the change set is acquired, so all n requests are queued when it starts consuming: one group.
     gate = CheckpointGate("acquired")
-    async with running_daemon(nc, fast_settings(subject_prefix), app, hooks=gate) as daemon:
+    settings = fast_settings(subject_prefix, snapshot_inline_bytes=0)  # every snapshot to the object store
+    async with running_daemon(nc, settings, app, hooks=gate) as daemon:
         written = count_object_puts(app)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         for i in range(n):
@@ -91,7 +93,8 @@ async def test_a_failed_snapshot_write_commits_nothing_and_the_request_is_retrie
         await commit(self, record)
 
     monkeypatch.setattr(ChangeSetHandle, "commit", checked_commit)
-    async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
+    settings = fast_settings(subject_prefix, snapshot_inline_bytes=0)
+    async with running_daemon(nc, settings, app) as daemon:
         written = count_object_puts(app, fail_first=1)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/x", value=1)])
@@ -103,3 +106,34 @@ async def test_a_failed_snapshot_write_commits_nothing_and_the_request_is_retrie
         assert daemon.stats.tasks_retried >= 1  # the failed write failed the group; the task was tried again
         # Nothing committed pointed anywhere but to the empty snapshot or to an object that was written.
         assert set(committed) <= {EMPTY.address, *written}
+
+
+async def test_small_snapshots_live_in_the_record_through_forks_and_restarts(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix)
+    wk, head, feature = WorkspacePk.new(), ChangeSetId.new(), ChangeSetId.new()
+    app = SnapshotApp()
+    async with running_daemon(nc, settings, app):
+        written = count_object_puts(app)
+        setup = [
+            SetLiteral(path="/host", value="web"),
+            SetFunction(path="/url", function="format", args=["/fmt", "/host"]),
+            SetLiteral(path="/fmt", value="http://{}"),
+        ]
+        assert (await client.enqueue_updates_with_reply(wk, head, setup)).ok
+        assert (await settled(client, wk, head, 3)).values["/url"] == "http://web"  # a DVU commit too
+        await client.fork_change_set(wk, feature, head)
+        assert (
+            await client.enqueue_updates_with_reply(wk, feature, [SetLiteral(path="/host", value="db")])
+        ).ok
+        await settled(client, wk, feature, 3)
+        # Moving head on after the fork: the fork point now lives only in the feature's record.
+        assert (await client.enqueue_updates_with_reply(wk, head, [SetLiteral(path="/other", value=1)])).ok
+        assert written == []
+    # Another daemon, nothing cached: every snapshot (current ones and the fork point) comes from the records.
+    async with running_daemon(nc, settings, SnapshotApp()):
+        assert (await client.get_change_set(wk, feature)).values["/url"] == "http://db"
+        assert (await client.enqueue_updates_from_change_set_with_reply(wk, head, feature)).ok
+        values = (await settled(client, wk, head, 4)).values
+        assert values == {"/host": "db", "/fmt": "http://{}", "/url": "http://db", "/other": 1}

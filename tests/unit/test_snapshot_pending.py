@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
 
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates, SetLiteral
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.apps.snapshots.app import EMPTY
 from rebaser_server.apps.snapshots.model import Snapshot
+from rebaser_server.apps.snapshots.objects import ObjectCorrupt
+from rebaser_server.apps.snapshots.store import SnapshotStore
 
 CS = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
 
@@ -30,14 +36,19 @@ class FakeStore:
         self.objects[address] = snapshot
         return address
 
-    async def get(self, address: str) -> Snapshot:
-        return self.objects[address]
+    async def get(self, address: str, inline: bytes | None = None) -> Snapshot:
+        if address in self.objects:
+            return self.objects[address]
+        assert inline is not None and Snapshot.address_of(inline) == address, f"{address} is nowhere"
+        return Snapshot.decode(inline)
 
 
-def app_with_fake_store() -> tuple[SnapshotApp, FakeStore]:
+def app_with_fake_store(inline_bytes: int = 0) -> tuple[SnapshotApp, FakeStore]:
+    """The app over a FakeStore; by default every snapshot goes to the store (none is kept in the record)."""
     app, store = SnapshotApp(), FakeStore()
     fake: Any = store
     app._store = fake
+    app.limits = replace(app.limits, inline_bytes=inline_bytes)
     return app, store
 
 
@@ -77,3 +88,38 @@ async def test_pending_snapshots_are_bounded_and_dropped_when_the_group_is_aband
     app_state = (await app.apply(CS, app.initial_state(CS), request("/x", 1))).state
     await app.apply(CS, app.initial_state(CS), request("/y", 1))
     assert app_state["snapshot"] not in app._pending[CS] and len(app._pending[CS]) == 1
+
+
+async def test_a_small_snapshot_is_kept_in_the_record_instead_of_the_store() -> None:
+    app, store = app_with_fake_store(inline_bytes=1024)
+    state = app.initial_state(CS)
+    for i in range(3):
+        state = (await app.apply(CS, state, request(f"/n{i}", i))).state
+    await CommitHooks.of(app).before_commit(CS, state)
+    assert store.puts == [] and app._pending == {}
+    assert Snapshot.address_of(state["inline"].encode()) == state["snapshot"]
+    # Another daemon (nothing pending, nothing cached, the store never saw it) reads it from the state alone.
+    other, _ = app_with_fake_store(inline_bytes=1024)
+    assert (await other.describe(CS, state, None)).values == {"/n0": 0, "/n1": 1, "/n2": 2}
+    # A fork keeps the copy for its own snapshot and for its fork point, which must outlive the source's record.
+    forked = other.fork(CS, CS, state)
+    assert forked["inline"] == forked["base"]["inline"] == state["inline"]
+
+
+async def test_a_snapshot_over_the_inline_limit_goes_to_the_store_and_leaves_the_record() -> None:
+    app, store = app_with_fake_store(inline_bytes=200)
+    small = (await app.apply(CS, app.initial_state(CS), request("/a", 1))).state
+    await CommitHooks.of(app).before_commit(CS, small)
+    assert "inline" in small and store.puts == []
+    large = (await app.apply(CS, small, request("/b", 10**150))).state
+    await CommitHooks.of(app).before_commit(CS, large)
+    assert "inline" not in large and store.puts == [large["snapshot"]]
+    assert "inline" not in app.fork(CS, CS, large)["base"]
+
+
+async def test_a_record_copy_that_does_not_match_its_address_is_refused() -> None:
+    store = SnapshotStore(cast(Any, None), Settings())
+    good = Snapshot().encode()
+    assert (await store.get(Snapshot.address_of(good), good)).attributes == {}
+    with pytest.raises(ObjectCorrupt):
+        await store.get(Snapshot.address_of(b"something else"), good)

@@ -2,10 +2,15 @@
 
 State (the ``state`` of the framework's change-set record, committed with compare-and-set)::
 
-    {"snapshot": <address>, "base": {"change_set_id": <id>, "snapshot": <address>} | null, "dvu_runs": n}
+    {"snapshot": <address>, "inline": <JSON text>?,
+     "base": {"change_set_id": <id>, "snapshot": <address>, "inline": <JSON text>?} | null, "dvu_runs": n}
 
 ``base`` is where the change set was forked from; applying a change set onto another (``from_change_set_id``)
-carries over what it changed since that fork. Snapshots themselves live in an object store, written once.
+carries over what it changed since that fork. Snapshots live in an object store, written once, except small ones
+(``snapshot_inline_bytes``, 16 KiB by default): those are kept in the record itself (``inline``, the snapshot's
+encoding as text, so that a state stays in the JSON data model). Committing a request is then one record write,
+not a record write after two object-store round trips (chunk, then info). A fork copies the source's ``inline``
+into its ``base`` too: the source's record moves on, and the fork point must stay readable.
 
 A new snapshot is not written when it is computed: requests are committed in groups, and only the snapshot of the
 state a commit holds is ever referenced, so ``apply`` keeps its snapshots *pending* in memory (the next request
@@ -157,29 +162,39 @@ class SnapshotApp:
         return {"snapshot": EMPTY.address, "base": None, "dvu_runs": 0}
 
     def fork(self, change_set: ChangeSet, source: ChangeSet, source_state: AppState) -> AppState:
-        snapshot = source_state["snapshot"]
-        return {
-            "snapshot": snapshot,
-            "base": {"change_set_id": str(source.change_set_id), "snapshot": snapshot},
-            "dvu_runs": 0,
-        }
+        snapshot = _reference(source_state)
+        return {**snapshot, "base": {"change_set_id": str(source.change_set_id), **snapshot}, "dvu_runs": 0}
 
-    def _large(self, change_set: ChangeSet, address: str, items: int) -> bool:
-        size = self._size(change_set, address)
+    def _pointing_to(self, state: AppState, address: str, data: bytes) -> AppState:
+        """``state`` moved to the snapshot ``address`` encoded as ``data``: kept in the record if small enough."""
+        moved = {**state, "snapshot": address}
+        if len(data) <= self.limits.inline_bytes:
+            moved["inline"] = data.decode()  # the snapshot's JSON: UTF-8 by construction
+        else:
+            moved.pop("inline", None)
+        return moved
+
+    def _large(self, change_set: ChangeSet, state: AppState, items: int) -> bool:
+        size = self._size(change_set, state)
         return items > _OFF_LOOP_ITEMS or size is None or size > OFF_LOOP_BYTES
 
-    def _size(self, change_set: ChangeSet, address: str) -> int | None:
+    def _size(self, change_set: ChangeSet, state: AppState) -> int | None:
+        address, inline = state["snapshot"], _inline(state)
         pending = self._pending.get(change_set, {}).get(address)
-        return self.store.size(address) if pending is None else len(pending[1])
+        if pending is not None:
+            return len(pending[1])
+        return self.store.size(address) if inline is None else len(inline)
 
-    async def _load(self, change_set: ChangeSet, address: str, *, step: bool = True) -> Snapshot:
-        """The snapshot at ``address``: pending (computed in this group, not written yet) or stored.
+    async def _load(self, change_set: ChangeSet, state: AppState, *, step: bool = True) -> Snapshot:
+        """The snapshot ``state`` points to: pending (computed in this group, not written yet), kept in the record
+        (``inline``) or stored.
 
         ``step``: an ``apply`` or DVU (never concurrent with another for the change set), which starts from the
         group's latest staged state: only that state can still be committed, so every other pending snapshot is
         dropped (at most two are kept: this one and the step's result, however large the group). One that starts
         from a state that is not pending starts from a committed one: whatever is pending belongs to a group that
         was never committed. A query reads committed states while a group is open and must leave it alone."""
+        address = state["snapshot"]
         pending = self._pending.get(change_set)
         if pending is not None:
             kept = pending.get(address)
@@ -189,7 +204,7 @@ class SnapshotApp:
                 return kept[0]
             if step:
                 del self._pending[change_set]
-        return await self.store.get(address)
+        return await self.store.get(address, _inline(state))
 
     def _keep(self, change_set: ChangeSet, snapshot: Snapshot, data: bytes) -> str:
         """Keep a new snapshot pending until its state is committed (``prepare_commit``); return its address."""
@@ -198,9 +213,10 @@ class SnapshotApp:
         return address
 
     async def prepare_commit(self, change_set: ChangeSet, state: AppState) -> None:
-        """Write the snapshot ``state`` points to, if it is pending, before the record holding it is committed."""
+        """Write the snapshot ``state`` points to, if it is pending, before the record holding it is committed;
+        not if the record holds it (``inline``)."""
         pending = self._pending.pop(change_set, None)
-        kept = None if pending is None else pending.get(state["snapshot"])
+        kept = None if pending is None or "inline" in state else pending.get(state["snapshot"])
         if kept is not None:
             # If this fails, nothing is committed and the group is processed again from the committed state.
             await self.store.put(*kept)
@@ -213,7 +229,7 @@ class SnapshotApp:
         return await asyncio.to_thread(work, *args) if large else work(*args)
 
     async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
-        current = await self._load(change_set, state["snapshot"])
+        current = await self._load(change_set, state)
         if request.from_change_set_id is not None:
             base, source = await self._fork_point(change_set, request.from_change_set_id)
             large = (
@@ -223,7 +239,7 @@ class SnapshotApp:
         else:
             updates = await self._updates(request)
             self._check_functions(updates)
-            large = self._large(change_set, state["snapshot"], len(current.attributes) + len(updates))
+            large = self._large(change_set, state, len(current.attributes) + len(updates))
             rebased, data = await self._run(large, _rebased, current, updates, self.limits)
         if not rebased.ok:
             # Validating 20,000 conflicts before the status keeps the first 100 is work too.
@@ -231,7 +247,7 @@ class SnapshotApp:
             return Applied(conflicts, state)
         address = self._keep(change_set, rebased.snapshot, data)
         status = SuccessStatus(updates_performed=rebased.performed, snapshot_address=address)
-        return Applied(status, {**state, "snapshot": address}, dvu=bool(rebased.snapshot.roots))
+        return Applied(status, self._pointing_to(state, address, data), dvu=bool(rebased.snapshot.roots))
 
     def _check_functions(self, updates: list[Update]) -> None:
         # Refused when sent, not stored to fail later as an error value: the caller learns at once (error reply).
@@ -255,28 +271,47 @@ class SnapshotApp:
         base = record.state.get("base") if isinstance(record.state, dict) else None
         if not base:
             raise UnprocessableError(f"change set {source_id} was not forked, so it has no changes to apply")
-        return await self.store.get(base["snapshot"]), await self.store.get(record.state["snapshot"])
+        return (
+            await self.store.get(base["snapshot"], _inline(base)),
+            await self.store.get(record.state["snapshot"], _inline(record.state)),
+        )
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:
-        snapshot = await self._load(change_set, state["snapshot"])
+        snapshot = await self._load(change_set, state)
         if not snapshot.roots:
             return state
-        large = self._large(change_set, state["snapshot"], len(snapshot.attributes))
-        size = self._size(change_set, state["snapshot"])
+        large = self._large(change_set, state, len(snapshot.attributes))
+        size = self._size(change_set, state)
         updated, data = await self._run(large, _updated, snapshot, self.functions, self.limits, size)
         address = self._keep(change_set, updated, data)
-        return {**state, "snapshot": address, "dvu_runs": state.get("dvu_runs", 0) + 1}
+        return {**self._pointing_to(state, address, data), "dvu_runs": state.get("dvu_runs", 0) + 1}
 
     async def describe(self, change_set: ChangeSet, state: AppState, path: str | None) -> ChangeSetView:
-        snapshot = await self._load(change_set, state["snapshot"], step=False)
+        snapshot = await self._load(change_set, state, step=False)
         base = state.get("base")
         forked_from = ChangeSetId(base["change_set_id"]) if base else None
         if path is not None:
             attribute = snapshot.attributes.get(path)
             return _view(state["snapshot"], {} if attribute is None else {path: attribute}, forked_from)
         # Every attribute's version is a hash: for a large snapshot, that is work for a thread too.
-        large = self._large(change_set, state["snapshot"], len(snapshot.attributes))
+        large = self._large(change_set, state, len(snapshot.attributes))
         return await self._run(large, _view, state["snapshot"], snapshot.attributes, forked_from)
+
+
+def _inline(reference: Mapping[str, Any]) -> bytes | None:
+    """The snapshot a state (or its ``base``) keeps in the record, if it keeps one."""
+    inline = reference.get("inline")
+    return inline.encode() if isinstance(inline, str) else None
+
+
+def _reference(state: AppState) -> dict[str, Any]:
+    """What names the snapshot ``state`` points to: its address, and its encoding if the record keeps it."""
+    inline = state.get("inline")
+    return (
+        {"snapshot": state["snapshot"]}
+        if inline is None
+        else {"snapshot": state["snapshot"], "inline": inline}
+    )
 
 
 def _view(

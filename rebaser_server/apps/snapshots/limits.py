@@ -31,6 +31,8 @@ class Limits:
     max_value_bytes: int = _DEFAULTS.max_value_bytes
     max_snapshot_bytes: int = _DEFAULTS.max_snapshot_bytes
     max_attributes: int = _DEFAULTS.max_snapshot_attributes
+    # Not a limit on requests: the largest snapshot kept in the change set's record rather than the object store.
+    inline_bytes: int = _DEFAULTS.snapshot_inline_bytes
 
     @property
     def max_function_input_bytes(self) -> int:
@@ -44,6 +46,7 @@ class Limits:
             max_value_bytes=settings.max_value_bytes,
             max_snapshot_bytes=settings.max_snapshot_bytes,
             max_attributes=settings.max_snapshot_attributes,
+            inline_bytes=settings.snapshot_inline_bytes,
         )
 
 

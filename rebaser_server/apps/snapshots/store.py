@@ -1,5 +1,8 @@
 """Snapshots and stored batches in JetStream Object Stores: content-addressed, written once, cached.
 
+A small snapshot is not written here at all: the app keeps it in its change set's record (``SnapshotApp``), and
+hands it to :meth:`SnapshotStore.get` to decode and cache.
+
 Decoding a large snapshot or batch is CPU work: it runs in a worker thread so the event loop (health, progress
 acks, other change sets) keeps being served.
 """
@@ -20,7 +23,7 @@ from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
-from rebaser_server.apps.snapshots.objects import MultipleChunks, ObjectReader, ObjectWriter
+from rebaser_server.apps.snapshots.objects import MultipleChunks, ObjectCorrupt, ObjectReader, ObjectWriter
 
 __all__ = ["CACHE_BYTES", "CACHE_SIZE", "OFF_LOOP_BYTES", "SnapshotStore"]
 
@@ -114,12 +117,23 @@ class SnapshotStore:
         self._remember(address, snapshot, len(data))
         return address
 
-    async def get(self, address: str) -> Snapshot:
+    async def get(self, address: str, inline: bytes | None = None) -> Snapshot:
+        """The snapshot at ``address``: cached, else decoded from ``inline`` (the copy a change-set record keeps of
+        a small snapshot, which is then not in the object store), else read from the object store."""
         cached = self._cache.get(address)
         if cached is not None:
             self._cache.move_to_end(address)
             return cached[0]
-        data = await self._read(address)
+        if inline is not None:
+            # A record is read back as untrusted bytes: a copy that is not what its address names is refused
+            # rather than trusted (nor looked for in the object store, where it was never written).
+            if Snapshot.address_of(inline) != address:
+                raise ObjectCorrupt(
+                    f"snapshot {address}: the copy in the change-set record does not match it"
+                )
+            data = inline
+        else:
+            data = await self._read(address)
         snapshot = (
             await asyncio.to_thread(Snapshot.decode, data)
             if len(data) > OFF_LOOP_BYTES
