@@ -207,6 +207,7 @@ class Bench:
             p99_ms=ms(lats, 0.99),
             consumers_zero_s=zero,
             foreign_load=meter.foreign,
+            cpu_us_per_change_set={k: round(v / max(count, 1) * 1e6) for k, v in meter.used.items()},
             first_errors=sorted(set(measured.errors))[:5],
         )
 

@@ -94,6 +94,8 @@ def burst_lines(report: Report) -> list[str]:
         f"burst {b.impl}: {b.change_sets} change sets drained in {b.drain_s:.1f}s, p50 {b.p50_ms / 1000:.2f}s, "
         f"p99 {b.p99_ms / 1000:.2f}s, {b.errors} errors, consumers gone "
         + (f"{b.consumers_zero_s:.1f}s after" if b.consumers_zero_s is not None else "NEVER (deadline)")
+        + "; CPU µs per change set during the drain: "
+        + ", ".join(f"{k} {v}" for k, v in b.cpu_us_per_change_set.items())
         for b in report.bursts
     ] + [
         f"DVU burst ({d.cost} cost): {d.requests} requests in {d.seconds:.1f}s, {d.dvu_runs} DVU runs, "

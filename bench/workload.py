@@ -47,6 +47,7 @@ class BurstResult:
     p99_ms: float
     consumers_zero_s: float | None  # after the drain, until the requests stream had no consumer (None: never)
     foreign_load: float = 0.0
+    cpu_us_per_change_set: dict[str, int] = field(default_factory=dict)  # during the drain, by process group
     first_errors: list[str] = field(default_factory=list)
 
 

@@ -278,6 +278,7 @@ class ChangeSetHandle:
         self.key = key
         self.record = record
         self.revision = revision
+        self.written = False  # this owner wrote the record at least once (see ChangeSetStore.acquire)
         self._requester = requester
         self._timeout = timeout
         # Request applies and DVU runs both read-modify-write the record; the lock orders them inside one owner,
@@ -296,6 +297,7 @@ class ChangeSetHandle:
                 f"change set {self.key} was taken over (epoch {record.epoch} is stale)"
             ) from None
         self.record = record
+        self.written = True
 
     async def _update(self, value: bytes) -> int:
         """``KeyValue.update`` (a publish to the key's subject expecting its last revision) over the light
@@ -314,9 +316,12 @@ class ChangeSetHandle:
         return int(ack["seq"])
 
     async def still_owner(self) -> bool:
-        """True if the stored record is still the one this owner last wrote."""
+        """True if the stored record is still the one this owner last wrote (or, if it wrote none yet, still the
+        one it read: nobody else wrote either)."""
         entry = await _read_last(self._kv, self.key, self._requester, self._timeout)
-        return entry is not None and entry.value is not None and entry.revision == self.revision
+        if entry is None:
+            return self.revision == 0
+        return (entry.value is not None or not self.written) and entry.revision == self.revision
 
 
 class _Entry:
@@ -458,13 +463,21 @@ class ChangeSetStore:
                     shard=shard,
                 )
                 # Created by compare-and-set on what was read: nothing (revision 0), or the deletion marker, as
-                # KeyValue.create does it. Someone else writing first makes it fail, and the loop reads again.
+                # KeyValue.create does it. Someone else writing first makes it fail.
                 handle = self._handle(key, record, 0 if entry is None else entry.revision)
+                if delivery.count == 1:
+                    # The task's first delivery: nobody can have applied anything to this change set, so there is
+                    # nobody to fence and no crash to count. The record is written by the first commit (the same
+                    # compare-and-set on what was read), one round trip fewer before a new change set's first reply.
+                    return Acquired(handle, unclean=False)
+                # A redelivery with no record: the owner of an earlier delivery may have died in the middle of the
+                # first request (it had written nothing yet), so this counts as an unclean takeover, and the record
+                # is written now, before anything is applied, as the suspect count needs.
                 try:
                     await handle.commit(record)
                 except FencedError:
                     continue
-                return Acquired(handle, unclean=False)
+                return Acquired(handle, unclean=True)
             current = ChangeSetRecord.decode(entry.value)
             if current.shard != shard:
                 # The change set moved shard (a layout change): the sequences it kept count in the old shard's

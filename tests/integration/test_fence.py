@@ -54,9 +54,48 @@ async def test_owner_taken_over_mid_request_is_fenced_and_request_applied_once(
                 ChangeSet(wk, cs), "intruder", {"applied": []}, TaskDelivery(10**9, 1)
             )
         ).handle
+        # A first delivery of a new change set writes its record at its first commit (state.py); write it now.
+        await intruder.commit(intruder.record)
         response = await call  # the task comes back (ack_wait) and the request is applied by the new owner
         assert response.ok
         assert daemon.stats.tasks_fenced == 1
         stored = await daemon.rt.store.read(ChangeSet(wk, cs))
         assert stored is not None and stored.state["applied"] == [str(response.id)]
         assert stored.epoch > intruder.record.epoch
+
+
+async def test_a_new_change_set_is_written_by_its_first_commit_and_still_fenced(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
+    await store.open()
+    cs = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+    # Two first deliveries (two task messages, as after a purge of the tasks stream): neither writes on acquire.
+    first = await store.acquire(cs, "a", {"applied": []}, TaskDelivery(1, 1))
+    second = await store.acquire(cs, "b", {"applied": []}, TaskDelivery(2, 1))
+    assert await store.read(cs) is None
+    assert not first.unclean and not second.unclean
+    assert await first.handle.still_owner() and await second.handle.still_owner()
+    await second.handle.commit(replace(second.handle.record, state={"applied": ["b1"]}))
+    with pytest.raises(FencedError):  # the same compare-and-set as a create: only one first commit lands
+        await first.handle.commit(replace(first.handle.record, state={"applied": ["a1"]}))
+    stored = await store.read(cs)
+    assert stored is not None and stored.state == {"applied": ["b1"]} and stored.owner == "b"
+    assert not await first.handle.still_owner() and await second.handle.still_owner()
+
+
+async def test_a_redelivered_task_with_no_record_is_an_unclean_takeover_written_at_once(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
+    await store.open()
+    cs = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+    # The first delivery's owner may have died inside the first request before writing anything.
+    gone = await store.acquire(cs, "gone", {"applied": []}, TaskDelivery(1, 1))
+    taken = await store.acquire(cs, "next", {"applied": []}, TaskDelivery(1, 2))
+    assert taken.unclean  # the first request is a suspect: the suspect count needs the record written now
+    stored = await store.read(cs)
+    assert stored is not None and stored.owner == "next" and stored.task_delivery == 2
+    with pytest.raises(FencedError):
+        await gone.handle.commit(replace(gone.handle.record, state={"applied": ["late"]}))
+    assert not await gone.handle.still_owner()
