@@ -18,10 +18,14 @@ from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp
 
 
-async def test_two_writers_the_stale_one_is_refused(nc: NatsClient, subject_prefix: str) -> None:
+async def _store_and_change_set(nc: NatsClient, subject_prefix: str) -> tuple[ChangeSetStore, ChangeSet]:
     store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
     await store.open()
-    cs = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+    return store, ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+
+
+async def test_two_writers_the_stale_one_is_refused(nc: NatsClient, subject_prefix: str) -> None:
+    store, cs = await _store_and_change_set(nc, subject_prefix)
     stale = (await store.acquire(cs, "stale", {"applied": []}, TaskDelivery(1, 1))).handle
     await stale.commit(replace(stale.record, state={"applied": ["r1"]}))
     fresh = (await store.acquire(cs, "fresh", {"applied": []}, TaskDelivery(1, 2))).handle
@@ -67,9 +71,7 @@ async def test_owner_taken_over_mid_request_is_fenced_and_request_applied_once(
 async def test_a_new_change_set_is_written_by_its_first_commit_and_still_fenced(
     nc: NatsClient, subject_prefix: str
 ) -> None:
-    store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
-    await store.open()
-    cs = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+    store, cs = await _store_and_change_set(nc, subject_prefix)
     # Two first deliveries (two task messages, as after a purge of the tasks stream): neither writes on acquire.
     first = await store.acquire(cs, "a", {"applied": []}, TaskDelivery(1, 1))
     second = await store.acquire(cs, "b", {"applied": []}, TaskDelivery(2, 1))
@@ -87,9 +89,7 @@ async def test_a_new_change_set_is_written_by_its_first_commit_and_still_fenced(
 async def test_a_redelivered_task_with_no_record_is_an_unclean_takeover_written_at_once(
     nc: NatsClient, subject_prefix: str
 ) -> None:
-    store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
-    await store.open()
-    cs = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+    store, cs = await _store_and_change_set(nc, subject_prefix)
     # The first delivery's owner may have died inside the first request before writing anything.
     gone = await store.acquire(cs, "gone", {"applied": []}, TaskDelivery(1, 1))
     taken = await store.acquire(cs, "next", {"applied": []}, TaskDelivery(1, 2))
