@@ -44,8 +44,13 @@ Step = Callable[[Coroutine[Any, Any, T]], Awaitable[T]]
 
 def processed(record: ChangeSetRecord, seq: int) -> ChangeSetRecord:
     """``record`` with the request at ``seq`` marked processed (and a suspicion of it settled)."""
+    return replace(record, **processed_fields(record, seq))
+
+
+def processed_fields(record: ChangeSetRecord, seq: int) -> dict[str, Any]:
+    """The fields :func:`processed` changes, for a caller that changes others too (one copy of the record)."""
     suspect = record.suspect if record.suspect and record.suspect[0] > seq else None
-    return replace(record, applied_seq=max(record.applied_seq, seq), suspect=suspect)
+    return {"applied_seq": max(record.applied_seq, seq), "suspect": suspect}
 
 
 class RequestHandler:
@@ -98,7 +103,7 @@ class RequestHandler:
             group.stage(seq, headers, response, processed(group.base, seq), inbox=inbox)
             return
         response, record, dvu = await self._apply(group, request, msg, seq)
-        group.stage(seq, headers, response, processed(record, seq), dvu=dvu, applied=True, inbox=inbox)
+        group.stage(seq, headers, response, record, dvu=dvu, applied=True, inbox=inbox)
 
     def _recorded_reply(self, record: ChangeSetRecord, msg: Msg) -> EnqueueUpdatesResponse | None:
         try:
@@ -133,8 +138,9 @@ class RequestHandler:
     async def _apply(
         self, group: CommitGroup, request: EnqueueUpdatesRequest, msg: Msg, seq: int
     ) -> tuple[EnqueueUpdatesResponse, ChangeSetRecord, bool]:
-        """Apply one request to the group's record; return its reply, the record to stage and whether a DVU is due.
-        A retryable failure commits the group with the attempt counted, then raises ``Retry``."""
+        """Apply one request to the group's record; return its reply, the record to stage (the request marked
+        processed in it) and whether a DVU is due. A retryable failure commits the group with the attempt counted,
+        then raises ``Retry``."""
         rt, settings, record, rid = self._rt, self._rt.settings, group.base, str(request.id)
         try:
             with rt.observe.phase("rebaser.apply"):
@@ -162,12 +168,15 @@ class RequestHandler:
                 change_set_id=request.change_set_id,
                 status=applied.status,
             )
+            # One copy of the record for the reply, the new state and the request's sequence (two copies were a
+            # measurable share of a request's CPU).
             staged = record.with_reply(
                 rid,
                 response,
                 settings.idempotency_window,
                 state=applied.state,
                 dvu_pending=record.dvu_pending or applied.dvu,
+                **processed_fields(record, seq),
             )
             return response, staged, applied.dvu
         # Permanent failure: record the error reply (so a redelivery is answered, not re-run), then dead-letter.
@@ -178,7 +187,10 @@ class RequestHandler:
             status=ErrorStatus(message=reason, retryable=False),
         )
         await dead_letter(rt, msg, seq, reason)
-        return response, record.with_reply(rid, response, settings.idempotency_window), False
+        staged = record.with_reply(
+            rid, response, settings.idempotency_window, **processed_fields(record, seq)
+        )
+        return response, staged, False
 
     def _error_response(self, headers: dict[str, str], reason: str) -> EnqueueUpdatesResponse:
         return EnqueueUpdatesResponse(

@@ -22,6 +22,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from rebaser_core import nats_speedups
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import RequestId
 from rebaser_core.requester import Requester
@@ -81,6 +82,7 @@ class Daemon:
         hooks: Hooks | None = None,
         sweep: bool = True,
     ) -> None:
+        nats_speedups.install(nc)  # every request delivery, reply and commit carries headers
         js = nc.jetstream(timeout=settings.nats_timeout)
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
         store = ChangeSetStore(js, settings, Requester(nc))

@@ -62,6 +62,9 @@ class VersionedMessage(Generic[C]):
         self.name = name
         self.current: type[C] = current
         self._versions: dict[int, type[MessageVersion]] = {v.VERSION: v for v in versions}
+        # The version header's text -> its number. Looked up as text: no int() of attacker-sized digit strings,
+        # and "01" is not "1".
+        self._by_text: dict[str, int] = {str(v): v for v in self._versions}
 
     @property
     def versions(self) -> tuple[int, ...]:
@@ -109,8 +112,7 @@ class VersionedMessage(Generic[C]):
         raw_version = h.get_header(headers, h.MESSAGE_VERSION)
         if raw_version is None:
             raise MissingHeader(h.MESSAGE_VERSION)
-        # Compare as text: no int() of attacker-sized digit strings, and "01" is not "1".
-        version = next((v for v in self._versions if str(v) == raw_version), None)
+        version = self._by_text.get(raw_version)
         if version is None:
             raise UnsupportedMessageVersion(self.name, raw_version, self.versions)
         return Negotiated(content_type, version)

@@ -184,3 +184,36 @@ def test_pydantic_json_schema_describes_a_26_character_string() -> None:
     schema = _Model.model_json_schema()["properties"]["workspace_id"]
     assert schema["type"] == "string"
     assert schema["minLength"] == schema["maxLength"] == 26
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.integers(min_value=0, max_value=2**48 - 1), st.integers(min_value=0, max_value=2**80 - 1))
+def test_the_fresh_id_encoder_writes_what_python_ulid_writes(ms: int, randomness: int) -> None:
+    from rebaser_core.ids import _encode_random, _encode_time
+
+    assert _encode_time(ms) + _encode_random(randomness) == str(ULID.from_int((ms << 80) | randomness))
+
+
+def test_fresh_ids_count_up_within_a_millisecond_and_carry_the_time() -> None:
+    made = [str(RequestId.new()) for _ in range(500)]
+    assert made == sorted(made)
+    ms = ULID.from_str(made[-1]).milliseconds
+    import time
+
+    assert abs(ms - time.time() * 1000) < 60_000
+
+
+def test_validated_text_is_an_id_of_the_field_type() -> None:
+    model = _Model.model_validate({"workspace_id": SAMPLE, "change_set_id": SAMPLE})
+    assert type(model.workspace_id) is WorkspacePk and type(model.change_set_id) is ChangeSetId
+    assert model.workspace_id == WorkspacePk.parse(SAMPLE)
+    assert hash(model.change_set_id) == hash(ChangeSetId.parse(SAMPLE))
+    assert model.workspace_id != model.change_set_id  # same text, different kinds
+
+
+def test_a_str_subclass_is_validated_like_a_str() -> None:
+    class Text(str):
+        pass
+
+    model = _Model.model_validate({"workspace_id": Text(SAMPLE.lower()), "change_set_id": SAMPLE})
+    assert str(model.workspace_id) == SAMPLE and type(str(model.workspace_id)) is str

@@ -1,0 +1,46 @@
+"""A connection with rebaser_core.nats_speedups installed and a plain nats-py one read each other's headers
+through a real nats-server exactly as two plain connections would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from rebaser_core import nats_speedups
+
+HEADERS = {
+    "X-CONTENT-TYPE": "application/cbor",
+    "Nats-Msg-Id": "01M8SQSHCKR5CP32EC4ZRSEEF9",
+    " padded ": " value with spaces ",
+    "X-Reply-Inbox": "_INBOX.a.b",
+    "Multi": "line\r\nbreak",
+    "Unicode": "grüße",
+}
+
+
+async def test_headers_round_trip_both_ways(nats_url: str, subject_prefix: str) -> None:
+    fast = await nats.connect(nats_url)
+    plain = await nats.connect(nats_url)
+    try:
+        assert nats_speedups.install(fast)
+        received: dict[str, asyncio.Future[dict[str, str]]] = {}
+        for name, reader in (("to-plain", plain), ("to-fast", fast)):
+            future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+            received[name] = future
+
+            async def on_msg(msg: nats.aio.msg.Msg, future: asyncio.Future[dict[str, str]] = future) -> None:
+                future.set_result(dict(msg.headers or {}))
+
+            await reader.subscribe(f"{subject_prefix}.{name}", cb=on_msg)
+        await plain.flush()
+        await fast.flush()
+        await fast.publish(f"{subject_prefix}.to-plain", b"x", headers=HEADERS)
+        await plain.publish(f"{subject_prefix}.to-fast", b"x", headers=HEADERS)
+        async with asyncio.timeout(10):
+            via_fast, via_plain = await received["to-plain"], await received["to-fast"]
+        assert via_fast == via_plain
+        assert via_fast["padded"] == "value with spaces" and via_fast["Multi"] == "line  break"
+    finally:
+        await fast.close()
+        await plain.close()
