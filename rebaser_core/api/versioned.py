@@ -92,7 +92,9 @@ class VersionedMessage(Generic[C]):
         }
         if reply_inbox is not None:
             headers[h.REPLY_INBOX] = reply_inbox
-        return headers, encode_body(message.model_dump(mode="json"), content_type)
+        # The serializer itself: model_dump's keyword handling around it is a measurable part of encoding a request.
+        data = message.__pydantic_serializer__.to_python(message, mode="json")
+        return headers, encode_body(data, content_type)
 
     # -- receiving -----------------------------------------------------------------------------------
     def negotiate(self, headers: Mapping[str, str] | None) -> Negotiated:
