@@ -137,3 +137,29 @@ async def test_small_snapshots_live_in_the_record_through_forks_and_restarts(
         assert (await client.enqueue_updates_from_change_set_with_reply(wk, head, feature)).ok
         values = (await settled(client, wk, head, 4)).values
         assert values == {"/host": "db", "/fmt": "http://{}", "/url": "http://db", "/other": 1}
+
+
+async def test_a_committed_small_snapshot_is_not_decoded_again_from_its_record(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rebaser_server.apps.snapshots.model import Snapshot
+
+    decoded: list[int] = []
+    original = Snapshot.decode.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Snapshot], data: bytes) -> Snapshot:
+        decoded.append(len(data))
+        result: Snapshot = original(cls, data)
+        return result
+
+    settings = fast_settings(subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    app = SnapshotApp()
+    async with running_daemon(nc, settings, app):
+        first = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=0)])
+        assert first.ok
+        monkeypatch.setattr(Snapshot, "decode", classmethod(counting))
+        for i in range(1, 6):  # each request a group of its own, each starting from the last one's commit
+            assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=i)])).ok
+        assert decoded == []
+        assert (await client.get_change_set(wk, cs)).values == {"/n": 5}

@@ -216,10 +216,18 @@ class SnapshotApp:
         """Write the snapshot ``state`` points to, if it is pending, before the record holding it is committed;
         not if the record holds it (``inline``)."""
         pending = self._pending.pop(change_set, None)
-        kept = None if pending is None or "inline" in state else pending.get(state["snapshot"])
-        if kept is not None:
-            # If this fails, nothing is committed and the group is processed again from the committed state.
-            await self.store.put(*kept)
+        kept = None if pending is None else pending.get(state["snapshot"])
+        if kept is None:
+            return
+        if "inline" in state:
+            # Not written, but cached: the next request of the change set starts from it, and decoding it again
+            # from the record's copy (hash, parse, build) was a few percent of a daemon's CPU per request.
+            # Content-addressed and immutable, so a cached snapshot whose commit then fails harms nothing.
+            snapshot, data = kept
+            self.store.remember(state["snapshot"], snapshot, len(data))
+            return
+        # If this fails, nothing is committed and the group is processed again from the committed state.
+        await self.store.put(*kept)
 
     def abandon_commit(self, change_set: ChangeSet) -> None:
         """The group ended (committed or not): no pending snapshot of it can be committed any more."""

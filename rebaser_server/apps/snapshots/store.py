@@ -82,6 +82,11 @@ class SnapshotStore:
             self._reader = ObjectReader(self._requester, bucket, timeout=timeout)
         self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
+    def remember(self, address: str, snapshot: Snapshot, size: int) -> None:
+        """Cache ``snapshot`` (encoded in ``size`` bytes) as the one at ``address`` without writing it: a snapshot
+        its change-set record keeps (``inline``), which the next read would otherwise decode from that copy."""
+        self._remember(address, snapshot, size)
+
     def _remember(self, address: str, snapshot: Snapshot, size: int) -> None:
         previous = self._cache.pop(address, None)
         self._cached_bytes += size - (0 if previous is None else previous[1])
