@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject", "recording"]
 
@@ -20,6 +24,7 @@ __all__ = ["TRACE_HEADERS", "extract", "get_tracer", "inject", "recording"]
 _PROVIDER_FROM_ENV = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
 # The headers the default (W3C trace context) propagator reads and writes.
 TRACE_HEADERS = ("traceparent", "tracestate")
+_DEFAULTS = {TraceContextTextMapPropagator, W3CBaggagePropagator}
 
 
 def get_tracer(name: str, provider: trace.TracerProvider | None = None) -> trace.Tracer:
@@ -44,7 +49,22 @@ def recording(provider: trace.TracerProvider | None = None) -> bool:
 
 def inject(headers: MutableMapping[str, str], context: Context | None = None) -> None:
     """Add the trace context (the current span's, or ``context``'s) to message headers; nothing if none."""
+    if context is None and not otel_context.get_current() and _default_propagators():
+        # An empty context (no span, no baggage: an application without tracing) gives the default propagators
+        # nothing to write; asking them anyway was a few microseconds per request.
+        return
     propagate.inject(headers, context=context)
+
+
+def _default_propagators() -> bool:
+    """Whether the global propagator is OpenTelemetry's default (W3C trace context and baggage, nothing else)."""
+    textmap = propagate.get_global_textmap()
+    parts = getattr(textmap, "_propagators", None)
+    return (
+        isinstance(textmap, CompositePropagator)
+        and parts is not None
+        and {type(p) for p in parts} <= _DEFAULTS
+    )
 
 
 def extract(headers: Mapping[str, str] | None) -> Context:

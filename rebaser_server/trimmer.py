@@ -124,9 +124,9 @@ class Trimmer:
         subject = f"STREAM.MSG.DELETE.{self._names.requests_stream}"
         try:
             # no_erase: the message's bytes are not overwritten, only dropped (an erase rewrites the block).
-            await js_api(
-                rt.requester, subject, {"seq": seq, "no_erase": True}, timeout=rt.settings.nats_timeout
-            )
+            # Formatted, not json.dumps'd: one delete per processed request.
+            payload = b'{"seq":%d,"no_erase":true}' % seq
+            await js_api(rt.requester, subject, payload, timeout=rt.settings.nats_timeout)
         except APIError as err:
             if not _gone(err):
                 raise

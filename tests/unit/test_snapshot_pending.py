@@ -26,6 +26,11 @@ class FakeStore:
     def __init__(self) -> None:
         self.objects: dict[str, Snapshot] = {EMPTY.address: EMPTY}
         self.puts: list[str] = []
+        self.cached: dict[str, Snapshot] = {}  # remembered without a write (kept in the record)
+
+    def remember(self, address: str, snapshot: Snapshot, size: int) -> None:
+        assert Snapshot.address_of(snapshot.encode()) == address
+        self.cached[address] = snapshot
 
     def size(self, address: str) -> int | None:
         return None
@@ -39,6 +44,8 @@ class FakeStore:
     async def get(self, address: str, inline: bytes | None = None) -> Snapshot:
         if address in self.objects:
             return self.objects[address]
+        if address in self.cached:
+            return self.cached[address]
         assert inline is not None and Snapshot.address_of(inline) == address, f"{address} is nowhere"
         return Snapshot.decode(inline)
 
