@@ -321,6 +321,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra environment for daemons/workers, e.g. REBASER_IDEMPOTENCY_WINDOW=16 (repeatable)",
     )
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="keep every daemon's and worker's log in this directory (default: a temporary one, removed)",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request reply timeout")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -411,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f", daemon env {' '.join(args.daemon_env)}" if args.daemon_env else "")
     )
     with (
-        tempfile_dir() as tmp,
+        tempfile_dir(args.logs) as tmp,
         NatsServer(host="127.0.0.1") as server,
         Processes(tmp) as procs,
     ):
@@ -427,7 +433,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def tempfile_dir() -> Iterator[Path]:
+def tempfile_dir(keep: Path | None = None) -> Iterator[Path]:
+    """Where the subprocesses' logs go: ``keep`` (created, left in place), or a temporary directory."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
     with tempfile.TemporaryDirectory(prefix="rebaser-bench-") as tmp:
         yield Path(tmp)
 

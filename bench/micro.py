@@ -7,6 +7,8 @@ These are the figures quoted in docs/BENCHMARKS.md for the decoding steps; the e
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import sys
 import timeit
 from pathlib import Path
@@ -14,6 +16,9 @@ from pathlib import Path
 if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from nats.aio.client import Client as NatsClient
+
+from rebaser_core import nats_speedups
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     ENQUEUE_UPDATES_RESPONSE,
@@ -24,7 +29,34 @@ from rebaser_core.api import (
     SuccessStatus,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_server.metrics import RequestMetrics
 from rebaser_server.state import ChangeSetRecord
+
+
+class _Recorder:
+    """Just enough of a nats-py client for ``_send_publish`` (what it sends is dropped)."""
+
+    def __init__(self) -> None:
+        self.stats = {"out_msgs": 0, "out_bytes": 0}
+        self._flush_queue = None
+
+    async def _send_command(self, cmd: bytes, priority: bool = False) -> None:
+        return None
+
+    async def _flush_pending(self, force_flush: bool = False) -> None:
+        return None
+
+
+def _publisher(send_publish: object, headers: dict[str, str]) -> object:
+    """One publish with ``headers`` through ``send_publish`` (nats-py's or ours), without an event loop."""
+    recorder = _Recorder()
+
+    def publish() -> None:
+        coro = send_publish(recorder, "rebaser.requests.a.b", "_INBOX.x.1", b"x" * 100, 100, headers)  # type: ignore[operator]
+        with contextlib.suppress(StopIteration):
+            coro.send(None)
+
+    return publish
 
 
 def _per_call(fn: object, number: int) -> float:
@@ -53,7 +85,32 @@ def main() -> None:
             64,
         )
     data = record.encode()
+    headers = {**request_headers, "Nats-Expected-Stream": "REBASER_REQUESTS"}
+    raw_headers = nats_speedups.header_block(headers)[len(b"NATS/1.0\r\n") :]
+    metrics, arrived = RequestMetrics(), datetime.datetime.now(datetime.UTC)
+
+    def observe_twice() -> None:
+        metrics.ended(metrics.started(arrived))
+
     rows = [
+        ("a fresh request id", RequestId.new, 50_000),
+        (
+            f"publish a request's {len(headers)} headers: nats-py",
+            _publisher(NatsClient._send_publish, headers),
+            20_000,
+        ),
+        (
+            f"publish a request's {len(headers)} headers: nats_speedups",
+            _publisher(nats_speedups._send_publish, headers),
+            20_000,
+        ),
+        ("parse them on receipt: nats-py", lambda: NatsClient._parse_header_lines(raw_headers), 20_000),
+        (
+            "parse them on receipt: nats_speedups",
+            lambda: nats_speedups.parse_header_lines(raw_headers),
+            20_000,
+        ),
+        ("the two latency histograms of a request", observe_twice, 50_000),
         (
             f"decode a request ({len(request_body)} B)",
             lambda: ENQUEUE_UPDATES_REQUEST.decode(request_headers, request_body),
