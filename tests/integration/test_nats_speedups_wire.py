@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import nats
+import pytest
 
 from rebaser_core import nats_speedups
 
@@ -19,11 +20,18 @@ HEADERS = {
 }
 
 
-async def test_headers_round_trip_both_ways(nats_url: str, subject_prefix: str) -> None:
+async def test_headers_round_trip_both_ways(
+    nats_url: str, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Counted, to be sure the installed routines are the ones nats-py called.
+    built, parsed = [], []
+    block, lines = nats_speedups.header_block, nats_speedups.parse_header_lines
+    monkeypatch.setattr(nats_speedups, "header_block", lambda h: built.append(1) or block(h))
     fast = await nats.connect(nats_url)
     plain = await nats.connect(nats_url)
     try:
         assert nats_speedups.install(fast)
+        fast._parse_header_lines = lambda raw: parsed.append(1) or lines(raw)
         received: dict[str, asyncio.Future[dict[str, str]]] = {}
         for name, reader in (("to-plain", plain), ("to-fast", fast)):
             future: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
@@ -41,6 +49,7 @@ async def test_headers_round_trip_both_ways(nats_url: str, subject_prefix: str) 
             via_fast, via_plain = await received["to-plain"], await received["to-fast"]
         assert via_fast == via_plain
         assert via_fast["padded"] == "value with spaces" and via_fast["Multi"] == "line  break"
+        assert built == [1] and parsed == [1]  # one publish and one receipt went through nats_speedups
     finally:
         await fast.close()
         await plain.close()
