@@ -57,14 +57,22 @@ def inject(headers: MutableMapping[str, str], context: Context | None = None) ->
 
 
 def _default_propagators() -> bool:
-    """Whether the global propagator is OpenTelemetry's default (W3C trace context and baggage, nothing else)."""
+    """Whether the global propagator is OpenTelemetry's default (W3C trace context and baggage, nothing else).
+    Worked out once per global propagator: an application may replace it, but not on every request."""
     textmap = propagate.get_global_textmap()
-    parts = getattr(textmap, "_propagators", None)
-    return (
-        isinstance(textmap, CompositePropagator)
-        and parts is not None
-        and {type(p) for p in parts} <= _DEFAULTS
-    )
+    if _checked[0] is not textmap:
+        parts = getattr(textmap, "_propagators", None)
+        _checked[:] = [
+            textmap,
+            isinstance(textmap, CompositePropagator)
+            and parts is not None
+            and {type(p) for p in parts} <= _DEFAULTS,
+        ]
+    return bool(_checked[1])
+
+
+# [the global propagator last looked at, whether it is the default]
+_checked: list[object] = [None, False]
 
 
 def extract(headers: Mapping[str, str] | None) -> Context:

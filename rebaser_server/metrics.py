@@ -91,6 +91,7 @@ class LightHistogram(Collector):
         self.name = name
         self.documentation = documentation
         self._bounds = (*sorted(buckets), math.inf)
+        self._labels = tuple(map(_le, self._bounds))  # each bucket's le label, as the exposition writes it
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
         self._created = time.time()
@@ -102,9 +103,9 @@ class LightHistogram(Collector):
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation)
         cumulative, buckets = 0, []
-        for bound, count in zip(self._bounds, self._counts, strict=True):
+        for label, count in zip(self._labels, self._counts, strict=True):
             cumulative += count
-            buckets.append((_le(bound), cumulative))
+            buckets.append((label, cumulative))
         family.add_metric([], buckets, self._sum)
         family.add_sample(f"{self.name}_created", {}, self._created)
         yield family

@@ -83,11 +83,9 @@ class SnapshotStore:
         self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
     def remember(self, address: str, snapshot: Snapshot, size: int) -> None:
-        """Cache ``snapshot`` (encoded in ``size`` bytes) as the one at ``address`` without writing it: a snapshot
-        its change-set record keeps (``inline``), which the next read would otherwise decode from that copy."""
-        self._remember(address, snapshot, size)
-
-    def _remember(self, address: str, snapshot: Snapshot, size: int) -> None:
+        """Cache ``snapshot`` (encoded in ``size`` bytes) as the one at ``address``. Also called without a write,
+        for a snapshot its change-set record keeps (``inline``), which the next read would otherwise decode from
+        that copy."""
         previous = self._cache.pop(address, None)
         self._cached_bytes += size - (0 if previous is None else previous[1])
         self._cache[address] = (snapshot, size)
@@ -119,7 +117,7 @@ class SnapshotStore:
                 except NotFoundError:
                     await self._snapshots.put(address, data)
             self._written.add(address)
-        self._remember(address, snapshot, len(data))
+        self.remember(address, snapshot, len(data))
         return address
 
     async def get(self, address: str, inline: bytes | None = None) -> Snapshot:
@@ -144,7 +142,7 @@ class SnapshotStore:
             if len(data) > OFF_LOOP_BYTES
             else Snapshot.decode(data)
         )
-        self._remember(address, snapshot, len(data))
+        self.remember(address, snapshot, len(data))
         return snapshot
 
     async def _read(self, address: str) -> bytes:
