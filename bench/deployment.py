@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+import nats.errors
 from nats.aio.client import Client
 
 from bench.baseline import BaselineClient, names, setup_streams
@@ -114,7 +115,11 @@ class Deployment:
         return int(info.delivered.consumer_seq or 0) if info.delivered else -1
 
     async def consumers(self, nc: Client) -> int:
-        info = await nc.jetstream().stream_info(self.streams[0])
+        """Consumers of the requests stream; -1 if the server did not answer in time (busy: ask again)."""
+        try:
+            info = await nc.jetstream().stream_info(self.streams[0])
+        except nats.errors.TimeoutError:
+            return -1
         return int(info.state.consumer_count)
 
     async def stop(self, nc: Client) -> None:

@@ -101,6 +101,12 @@ class Settings(BaseModel):
         description="A single apply or DVU step running longer than this is wedged: give up the task.",
     )
     concurrency: int = Field(500, ge=1, description="Change sets one daemon owns at once.")
+    start_concurrency: int = Field(
+        64,
+        ge=1,
+        description="Change sets one daemon takes on at once (record, consumer, first request); "
+        "further tasks wait in the server, where no lease runs out.",
+    )
     retry_backoff: float = Field(1.0, gt=0, description="First redelivery delay after a retryable failure.")
     retry_backoff_max: float = Field(60.0, gt=0, description="Cap on the redelivery delay.")
     max_attempts: int = Field(

@@ -261,6 +261,12 @@ class DaemonCollector(Collector):
             "rebaser_concurrency", "Change sets this daemon may own at once.", value=settings.concurrency
         )
         yield GaugeMetricFamily(
+            "rebaser_starting_change_sets",
+            "Change sets this daemon took on that have not yet handled their first request (at most "
+            "start_concurrency).",
+            value=daemon.starting,
+        )
+        yield GaugeMetricFamily(
             "rebaser_nats_connected", "1 while connected to NATS.", value=float(daemon.watch.connected)
         )
         yield GaugeMetricFamily(

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import nats.errors
@@ -67,8 +68,11 @@ class ChangeSetProcessor:
         *,
         pulled_at: float,
         subjects: Subjects | None = None,
+        on_started: Callable[[ChangeSetProcessor], None] | None = None,
     ) -> None:
         self._rt = rt
+        # Called once the cold path is over: the first request handled, or nothing queued (the daemon's admission).
+        self._on_started = on_started
         # The shard the task came from: its requests are read, purged and checked there.
         self._names = subjects or rt.subjects
         self.change_set = change_set
@@ -166,6 +170,7 @@ class ChangeSetProcessor:
                 self._dvu.notify()  # the previous owner died with a DVU due
             await self._bind(await consumer)
             if self._caught_up:
+                self._started()
                 # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
                 # release is: a request published meanwhile is found by the check after the ack.
                 self._finish(Outcome.RELEASED, reason="nothing queued")
@@ -180,6 +185,11 @@ class ChangeSetProcessor:
             if not consumer.cancelled():
                 consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
             await self._consumer.close()
+
+    def _started(self) -> None:
+        callback, self._on_started = self._on_started, None
+        if callback is not None:
+            callback(self)
 
     # -- consuming ----------------------------------------------------------------------------------
     async def _has_queued(self, consumer: asyncio.Future[Created]) -> bool:
@@ -212,6 +222,7 @@ class ChangeSetProcessor:
             except Exception as err:
                 self._fail(err)
             finally:
+                self._started()
                 self._last_activity = time.monotonic()
                 if self._wake_after_request:
                     self._wake_waiter()

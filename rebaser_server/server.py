@@ -91,6 +91,9 @@ class Daemon:
         self.queries = QueryService(self.rt)
         self._sweep = sweep
         self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
+        # Change sets taken but not yet started (see _pull): their processors.
+        self._starting: set[ChangeSetProcessor] = set()
+        # Set when a change set lets go or has started: the pull loop may have room again.
         self._slot_freed = asyncio.Event()
         self._stopping = False
         # One pull loop (_pull) per served shard: rebaser_server.shards.
@@ -108,6 +111,11 @@ class Daemon:
     @property
     def owned(self) -> list[ChangeSet]:
         return [p.change_set for p in self._active.values()]
+
+    @property
+    def starting(self) -> int:
+        """Owned change sets still in their cold path (record, consumer, first request): see ``_pull``."""
+        return len(self._starting)
 
     async def start(self, *, timeout: float | None = None) -> None:
         """Set up streams, consumer, store and app, then serve. While NATS or JetStream is not available yet (a
@@ -177,6 +185,18 @@ class Daemon:
                 self.rt.pressure = not self._slot_freed.is_set() and await self._others_waiting()
                 continue
             self.rt.pressure = False
+            # Admission: at most start_concurrency change sets in their cold path (record, consumer, first request)
+            # at once. Pulling every task a burst offers made the daemon start thousands at once: each of their
+            # round trips queued behind all the others', lease confirmations came back after the leases had run
+            # out, and whole pull batches were redelivered and taken again. A task not yet pulled waits in the
+            # server, where its lease has not started.
+            room = settings.start_concurrency - len(self._starting)
+            if room <= 0:
+                self._slot_freed.clear()
+                started = asyncio.ensure_future(self._slot_freed.wait())
+                await asyncio.wait({started}, timeout=_PRESSURE_CHECK)
+                started.cancel()
+                continue
             if not self.rt.nc.is_connected:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
                 await asyncio.sleep(_RECONNECT_POLL)
@@ -184,7 +204,7 @@ class Daemon:
             try:
                 # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
                 # it before then, which bounds its lease from below (see lease.py).
-                async for msg, pulled_at in sub.pull(min(free, _FETCH_BATCH)):
+                async for msg, pulled_at in sub.pull(min(free, room, _FETCH_BATCH)):
                     if self._stopping or len(self._active) >= settings.concurrency:
                         # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
                         # hand it straight back.
@@ -276,6 +296,8 @@ class Daemon:
             "owned": {
                 "count": len(owned),
                 "concurrency": rt.settings.concurrency,
+                "starting": self.starting,
+                "start_concurrency": rt.settings.start_concurrency,
                 "change_sets": [str(cs) for cs in owned[:_STATUS_MAX_OWNED]],
             },
             "jetstream": health.facts_dict(facts, stale),
@@ -295,7 +317,10 @@ class Daemon:
         self.rt.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
         log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
-        processor = ChangeSetProcessor(self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects)
+        processor = ChangeSetProcessor(
+            self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
+        )
+        self._starting.add(processor)
         # The take's trace span lasts as long as the task (rebaser_server.observe).
         task = self.rt.observe.own(
             change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
@@ -342,7 +367,13 @@ class Daemon:
             setattr(stats, counter, getattr(stats, counter) + 1)
         finally:
             self._active.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._starting.discard(processor)  # ended before it started (stale, lease lost, NATS trouble)
             self._slot_freed.set()
+
+    def _started(self, processor: ChangeSetProcessor) -> None:
+        """``processor`` is past its cold path: one more change set may be taken on."""
+        self._starting.discard(processor)
+        self._slot_freed.set()
 
     async def shutdown(self) -> None:
         """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.

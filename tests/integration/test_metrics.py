@@ -81,6 +81,7 @@ async def test_counters_move_after_requests(
         assert total(after, "rebaser_requests_total", outcome="dead_lettered") == 0
         assert total(after, "rebaser_tasks_taken_total") >= 1
         assert total(after, "rebaser_owned_change_sets") == 1
+        assert total(after, "rebaser_starting_change_sets") == 0  # its first request answered: started
         assert total(after, "rebaser_request_processing_seconds_count") == 2
         assert total(after, "rebaser_request_queue_wait_seconds_count") == 2
         # Only the owner's registry counted them: the two daemons' numbers are apart.
