@@ -102,9 +102,9 @@ class Settings(BaseModel):
     )
     concurrency: int = Field(500, ge=1, description="Change sets one daemon owns at once.")
     start_concurrency: int = Field(
-        64,
+        128,
         ge=1,
-        description="Change sets one daemon takes on at once (record, consumer, first request); "
+        description="Change sets one daemon takes on at once (record, consumer, until the first request arrives); "
         "further tasks wait in the server, where no lease runs out.",
     )
     retry_backoff: float = Field(1.0, gt=0, description="First redelivery delay after a retryable failure.")

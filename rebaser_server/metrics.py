@@ -262,8 +262,7 @@ class DaemonCollector(Collector):
         )
         yield GaugeMetricFamily(
             "rebaser_starting_change_sets",
-            "Change sets this daemon took on that have not yet handled their first request (at most "
-            "start_concurrency).",
+            "Change sets this daemon took on whose first request has not yet arrived (at most start_concurrency).",
             value=daemon.starting,
         )
         yield GaugeMetricFamily(

@@ -71,7 +71,8 @@ class ChangeSetProcessor:
         on_started: Callable[[ChangeSetProcessor], None] | None = None,
     ) -> None:
         self._rt = rt
-        # Called once the cold path is over: the first request handled, or nothing queued (the daemon's admission).
+        # Called once the cold path is over (the daemon's admission): the first request delivered, or nothing queued.
+        # Not once it is handled: an app slow or wedged on it must not keep the daemon from taking other change sets.
         self._on_started = on_started
         # The shard the task came from: its requests are read, purged and checked there.
         self._names = subjects or rt.subjects
@@ -203,6 +204,7 @@ class ChangeSetProcessor:
         await self._consumer.bind(created, self._on_request)
 
     async def _on_request(self, msg: Msg) -> None:
+        self._started()
         if self._stopping:
             return  # left in the stream: the release check or the next owner will see it
         async with self._request_lock:
@@ -222,7 +224,6 @@ class ChangeSetProcessor:
             except Exception as err:
                 self._fail(err)
             finally:
-                self._started()
                 self._last_activity = time.monotonic()
                 if self._wake_after_request:
                     self._wake_waiter()

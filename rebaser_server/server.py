@@ -114,7 +114,7 @@ class Daemon:
 
     @property
     def starting(self) -> int:
-        """Owned change sets still in their cold path (record, consumer, first request): see ``_pull``."""
+        """Owned change sets still in their cold path (record, consumer, first request delivered): see ``_pull``."""
         return len(self._starting)
 
     async def start(self, *, timeout: float | None = None) -> None:
@@ -185,11 +185,11 @@ class Daemon:
                 self.rt.pressure = not self._slot_freed.is_set() and await self._others_waiting()
                 continue
             self.rt.pressure = False
-            # Admission: at most start_concurrency change sets in their cold path (record, consumer, first request)
-            # at once. Pulling every task a burst offers made the daemon start thousands at once: each of their
-            # round trips queued behind all the others', lease confirmations came back after the leases had run
-            # out, and whole pull batches were redelivered and taken again. A task not yet pulled waits in the
-            # server, where its lease has not started.
+            # Admission: at most start_concurrency change sets in their cold path (record read and bumped, consumer
+            # created, first request delivered) at once. Pulling every task a burst offers made the daemon start
+            # thousands at once: each of their round trips queued behind all the others', lease confirmations came
+            # back after the leases had run out, and whole pull batches were redelivered and taken again. A task
+            # not yet pulled waits in the server, where its lease has not started.
             room = settings.start_concurrency - len(self._starting)
             if room <= 0:
                 self._slot_freed.clear()

@@ -1,77 +1,91 @@
 """Admission: a daemon takes on at most ``start_concurrency`` change sets at once; the next task waits in the
-server, unpulled (its lease not running), until one of them has handled its first request."""
+server, unpulled (its lease not running), until one of them has started (its first request delivered)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
-from rebaser_core.api import EnqueueUpdatesRequest
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.settings import Settings
 from rebaser_core.testing import wait_for
-from rebaser_server.app import Applied, AppState, ChangeSet
+from rebaser_server.app import ChangeSet
+from rebaser_server.hooks import Hooks
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp
 
 
-class GatedApp(RecordingApp):
-    """A request with ``/gate`` set waits in apply until the test opens that change set's gate."""
+class HoldAfterAcquire(Hooks):
+    """Holds chosen change sets in their cold path: after their record was acquired, before they consume."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.gates: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self.held: defaultdict[str, int] = defaultdict(int)  # change set -> requests waiting at its gate
+        self.gates: dict[ChangeSet, asyncio.Event] = {}
+        self.held: set[ChangeSet] = set()
 
-    async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
-        if any(getattr(u, "path", None) == "/gate" for u in getattr(request.updates, "updates", [])):
-            self.held[str(change_set)] += 1
-            try:
-                await self.gates[str(change_set)].wait()
-            finally:
-                self.held[str(change_set)] -= 1
-        return await super().apply(change_set, state, request)
+    async def checkpoint(self, name: str, change_set: ChangeSet) -> None:
+        if name == "acquired" and change_set in self.gates:
+            self.held.add(change_set)
+            await self.gates[change_set].wait()
 
 
-def key(wk: WorkspacePk, cs: ChangeSetId) -> str:
-    return str(ChangeSet(wk, cs))
+async def unpulled(nc: NatsClient, settings: Settings, *, owned: int) -> bool:
+    """One task stored and not delivered, ``owned`` delivered, and no pull request open. With slots free and no
+    admission, the daemon keeps a pull open and the server hands a stored task to it at once."""
+    s = settings.subjects
+    info = await nc.jetstream().consumer_info(s.tasks_stream, s.tasks_consumer)
+    return info.num_pending == 1 and info.num_waiting == 0 and info.num_ack_pending == owned
 
 
 async def test_a_change_set_waits_in_the_server_while_others_start(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    app = GatedApp()
+    hooks = HoldAfterAcquire()
     settings = fast_settings(subject_prefix, concurrency=10, start_concurrency=2, quiescent_period=300)
-    async with running_daemon(nc, settings, app) as daemon:
+    async with running_daemon(nc, settings, RecordingApp(), hooks=hooks) as daemon:
         wk = WorkspacePk.new()
-        gated = [ChangeSetId.new(), ChangeSetId.new()]
-        for cs in gated:  # two change sets stuck in their first request: both still starting
-            await client.enqueue_updates(wk, cs, [SetLiteral(path="/gate", value=1)])
-            await wait_for(lambda cs=cs: app.held[key(wk, cs)] == 1, timeout=10, message="first request held")
+        first, second = ChangeSet(wk, ChangeSetId.new()), ChangeSet(wk, ChangeSetId.new())
+        for cs in (first, second):  # two change sets held in their cold path: both still starting
+            hooks.gates[cs] = asyncio.Event()  # this change set is held
+            await client.enqueue_updates(wk, cs.change_set_id, [SetLiteral(path="/n", value=1)])
+            await wait_for(lambda cs=cs: cs in hooks.held, timeout=10, message="held after acquire")
         third = asyncio.create_task(
             client.enqueue_updates_with_reply(
                 wk, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
             )
         )
-        subjects = settings.subjects
-        js = nc.jetstream()
-
-        async def waits_unpulled() -> bool:
-            # Its task stored and not delivered, and no pull request open: with 8 free slots and no admission, the
-            # daemon would keep a pull open, and the server would hand the task to it at once.
-            info = await js.consumer_info(subjects.tasks_stream, subjects.tasks_consumer)
-            return info.num_pending == 1 and info.num_waiting == 0 and info.num_ack_pending == 2
-
-        await wait_for(waits_unpulled, timeout=10, message="the third task waits in the server, unpulled")
+        await wait_for(
+            lambda: unpulled(nc, settings, owned=2),
+            timeout=10,
+            message="the third task waits in the server, unpulled",
+        )
         status = await daemon.status()
         assert status["owned"]["count"] == 2 and status["owned"]["starting"] == 2
         assert not third.done()
 
-        app.gates[key(wk, gated[0])].set()  # the first one handles its first request: room for one more
+        hooks.gates[first].set()  # the first one gets its request: room for one more
         assert (await third).ok
-        assert app.held[key(wk, gated[1])] == 1  # taken while the other one was still starting
-        app.gates[key(wk, gated[1])].set()
+        assert second in daemon.owned and daemon.starting == 1  # taken while the other was still starting
+        hooks.gates[second].set()
         await wait_for(lambda: daemon.stats.requests_applied == 3, timeout=10, message="all three applied")
-        assert (await daemon.status())["owned"]["starting"] == 0
+        assert daemon.starting == 0
+
+
+async def test_a_wedged_first_request_does_not_hold_admission(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # One start slot, and a first request that never ends: the change set has started (its request arrived), so
+    # the app being stuck in it keeps no other change set from being taken on.
+    settings = fast_settings(subject_prefix, concurrency=10, start_concurrency=1, handler_deadline=60)
+    app = RecordingApp()
+    async with running_daemon(nc, settings, app) as daemon:
+        wk = WorkspacePk.new()
+        wedged = ChangeSet(wk, ChangeSetId.new())
+        await client.enqueue_updates(wk, wedged.change_set_id, [SetLiteral(path="/hang", value=1)])
+        await wait_for(lambda: app.active[str(wedged)] == 1, timeout=10, message="first request hangs")
+        assert daemon.starting == 0
+        reply = await client.enqueue_updates_with_reply(
+            wk, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
+        )
+        assert reply.ok and app.active[str(wedged)] == 1
