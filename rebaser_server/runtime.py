@@ -89,19 +89,18 @@ class Runtime:
     keeper: LeaseKeeper = field(init=False)
     # Request-reply for the per-request hot paths (commits, purges): rebaser_core.requester.
     requester: Requester = field(init=False)
+    # Shard 0's names, and everything shards share (dead letters, records, queries). Made once: every request
+    # asks for them, and Settings.subjects builds (and validates) a new one each time.
+    subjects: Subjects = field(init=False)
 
     def __post_init__(self) -> None:
         self.requester = self.store.requester or Requester(self.nc)
+        self.subjects = self.settings.subjects
 
         def renewed() -> None:
             self.stats.lease_renewals += 1
 
         self.keeper = LeaseKeeper(self.nc, period=self.settings.progress_period, on_renewed=renewed)
-
-    @property
-    def subjects(self) -> Subjects:
-        """Shard 0's names, and everything shards share (dead letters, records, queries)."""
-        return self.settings.subjects
 
     def shard_subjects(self, change_set: ChangeSet) -> Subjects:
         """The names of the shard new requests of ``change_set`` go to."""
