@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -21,10 +23,16 @@ from nats.js.errors import APIError
 
 from rebaser_core.inline_subscription import subscribe_inline
 
-__all__ = ["JS_API", "Requester", "answered", "js_api", "last_message"]
+__all__ = ["JS_API", "Answer", "Requester", "answered", "js_api", "last_message"]
+
+log = logging.getLogger(__name__)
 
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
+
+# What ``Requester.send`` hands its callback: the answer, or why there is none (``TimeoutError``,
+# ``NoRespondersError``).
+Answer = Msg | Exception
 
 
 class Requester:
@@ -35,6 +43,10 @@ class Requester:
         self._start_lock = asyncio.Lock()
         self._next = 0
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        # Requests of ``send``: token -> (callback, deadline on the loop's clock), and the one timer that expires
+        # them (armed while any is unanswered).
+        self._callbacks: dict[str, tuple[Callable[[Answer], None], float]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
 
     async def _start(self) -> None:
         async with self._start_lock:
@@ -47,6 +59,12 @@ class Requester:
         sub, self._sub = self._sub, None
         if sub is not None:
             await sub.unsubscribe()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback, _ in callbacks.values():  # no answer can reach them any more
+            _call(callback, nats.errors.ConnectionClosedError())
 
     async def request(
         self, subject: str, payload: bytes = b"", *, timeout: float, headers: dict[str, str] | None = None
@@ -61,6 +79,44 @@ class Requester:
             timer.cancel()
             self._waiting.pop(token, None)
         return answered(msg)
+
+    async def send(
+        self, subject: str, payload: bytes, *, timeout: float, on_answer: Callable[[Answer], None]
+    ) -> None:
+        """Publish a request whose answer goes to ``on_answer`` (called once, in nats-py's read loop: it must be
+        quick and must not wait): the reply, or nats-py's ``TimeoutError`` after ``timeout``, or
+        ``NoRespondersError``. Unlike :meth:`request` it takes no future, task or timer of its own: the deletes of
+        processed requests, one per request, use it (rebaser_server.trimmer). Returns once the request is sent."""
+        if self._sub is None:
+            await self._start()
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._callbacks[token] = (on_answer, deadline)
+        try:
+            await self._nc.publish(subject, payload, reply=self._prefix + token)
+        except BaseException:
+            self._callbacks.pop(token, None)
+            raise
+        # Re-armed only for a deadline earlier than the armed one: with one timeout for all, once per timeout.
+        if self._expiry is None or deadline < self._expiry.when():
+            if self._expiry is not None:
+                self._expiry.cancel()
+            self._expiry = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """Time out every ``send`` whose deadline has passed; wake again for the earliest one left."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = [token for token, (_, deadline) in self._callbacks.items() if deadline <= now]
+        for token in due:
+            callback, _ = self._callbacks.pop(token)
+            _call(callback, nats.errors.TimeoutError())
+        if self._callbacks:
+            earliest = min(deadline for _, deadline in self._callbacks.values())
+            self._expiry = loop.call_at(earliest, self._expire)
 
     async def ready(self) -> None:
         """Subscribe the reply subject if not yet done (``request`` does it by itself; ``expect`` needs it done)."""
@@ -91,9 +147,26 @@ class Requester:
         return token, future, loop.call_later(timeout, _expire, future)
 
     def _on_reply(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if future is not None and not future.done():
-            future.set_result(msg)
+        token = msg.subject[len(self._prefix) :]
+        future = self._waiting.pop(token, None)
+        if future is not None:
+            if not future.done():
+                future.set_result(msg)
+            return
+        entry = self._callbacks.pop(token, None)
+        if entry is not None:
+            try:
+                answer: Answer = answered(msg)
+            except nats.errors.NoRespondersError as err:
+                answer = err
+            _call(entry[0], answer)
+
+
+def _call(callback: Callable[[Answer], None], answer: Answer) -> None:
+    try:
+        callback(answer)
+    except Exception:
+        log.exception("handling the answer to a request failed")
 
 
 def answered(msg: Msg) -> Msg:
