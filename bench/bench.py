@@ -95,6 +95,10 @@ class Bench:
             self.env["BENCH_GC_STATS"] = str(self.gc_stats)
         self.workspace = WorkspacePk.new()
         self._index = 0
+        # A command the daemons and workers run under, and how long each may take to start (bench/instructions.py
+        # runs them under valgrind, which starts them tens of times slower).
+        self.wrap: list[str] = []
+        self.ready_timeout = 60.0
 
     def print_gc_stats(self, prefix: str) -> None:
         """With ``--gc-stats``: the collector's figures of each daemon (or worker) of the deployment ``prefix``."""

@@ -74,9 +74,10 @@ class Deployment:
             marker = "rebaser daemon serving"
             self.client = RebaserClient(nc, prefix=self.prefix, max_in_flight=bench.args.max_in_flight)
         full_env = {**bench.env, **(env or {})}
+        args = [*bench.wrap, *args]
         self.procs = [bench.procs.spawn(f"{self.prefix}-{i}", args, full_env) for i in range(self.daemons)]
         for proc in self.procs:
-            await bench.procs.wait_ready(proc, marker)
+            await bench.procs.wait_ready(proc, marker, timeout=bench.ready_timeout)
 
     async def send(self, cs: ChangeSetId, i: int) -> bool:
         timeout = self.bench.args.timeout
