@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import socket
+import time
 from typing import Any
 
 import nats.errors
@@ -91,8 +92,8 @@ class Daemon:
         self.queries = QueryService(self.rt)
         self._sweep = sweep
         self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
-        # Change sets taken but not yet started (see _pull): their processors.
-        self._starting: set[ChangeSetProcessor] = set()
+        # Change sets taken but not yet started (see _pull): their processors, and when each was taken (monotonic).
+        self._starting: dict[ChangeSetProcessor, float] = {}
         # Set when a change set lets go or has started: the pull loop may have room again.
         self._slot_freed = asyncio.Event()
         self._stopping = False
@@ -178,11 +179,8 @@ class Daemon:
                 # Every slot is taken: stop pulling until a change set is released. Meanwhile, if other change sets
                 # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
                 # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default).
-                self._slot_freed.clear()
-                freed = asyncio.ensure_future(self._slot_freed.wait())
-                await asyncio.wait({freed}, timeout=_PRESSURE_CHECK)
-                freed.cancel()
-                self.rt.pressure = not self._slot_freed.is_set() and await self._others_waiting()
+                freed = await self._wait_for_slot()
+                self.rt.pressure = not freed and await self._others_waiting()
                 continue
             self.rt.pressure = False
             # Admission: at most start_concurrency change sets in their cold path (record read and bumped, consumer
@@ -190,12 +188,9 @@ class Daemon:
             # thousands at once: each of their round trips queued behind all the others', lease confirmations came
             # back after the leases had run out, and whole pull batches were redelivered and taken again. A task
             # not yet pulled waits in the server, where its lease has not started.
-            room = settings.start_concurrency - len(self._starting)
+            room = self._start_room()
             if room <= 0:
-                self._slot_freed.clear()
-                started = asyncio.ensure_future(self._slot_freed.wait())
-                await asyncio.wait({started}, timeout=_PRESSURE_CHECK)
-                started.cancel()
+                await self._wait_for_slot()
                 continue
             if not self.rt.nc.is_connected:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
@@ -320,7 +315,7 @@ class Daemon:
         processor = ChangeSetProcessor(
             self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
         )
-        self._starting.add(processor)
+        self._starting[processor] = time.monotonic()
         # The take's trace span lasts as long as the task (rebaser_server.observe).
         task = self.rt.observe.own(
             change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
@@ -367,13 +362,31 @@ class Daemon:
             setattr(stats, counter, getattr(stats, counter) + 1)
         finally:
             self._active.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
-            self._starting.discard(processor)  # ended before it started (stale, lease lost, NATS trouble)
+            self._starting.pop(processor, None)  # ended before it started (stale, lease lost, NATS trouble)
             self._slot_freed.set()
 
     def _started(self, processor: ChangeSetProcessor) -> None:
         """``processor`` is past its cold path: one more change set may be taken on."""
-        self._starting.discard(processor)
+        self._starting.pop(processor, None)
         self._slot_freed.set()
+
+    def _start_room(self) -> int:
+        """How many more change sets may start now. One starting for longer than ``ack_wait`` counts as started:
+        whatever holds its first request back (a consumer that never delivers) must not hold admission for ever."""
+        settings = self.rt.settings
+        if len(self._starting) >= settings.start_concurrency:
+            too_old = time.monotonic() - settings.ack_wait
+            for processor in [p for p, since in self._starting.items() if since < too_old]:
+                del self._starting[processor]
+        return settings.start_concurrency - len(self._starting)
+
+    async def _wait_for_slot(self) -> bool:
+        """Until a change set lets go or starts (True), or ``_PRESSURE_CHECK`` passes (False)."""
+        self._slot_freed.clear()
+        freed = asyncio.ensure_future(self._slot_freed.wait())
+        await asyncio.wait({freed}, timeout=_PRESSURE_CHECK)
+        freed.cancel()
+        return self._slot_freed.is_set()
 
     async def shutdown(self) -> None:
         """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.

@@ -89,3 +89,24 @@ async def test_a_wedged_first_request_does_not_hold_admission(
             wk, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
         )
         assert reply.ok and app.active[str(wedged)] == 1
+
+
+async def test_a_change_set_stuck_starting_holds_admission_for_ack_wait_at_most(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # One start slot, held by a change set whose cold path never ends: after ack_wait it counts as started.
+    hooks = HoldAfterAcquire()
+    settings = fast_settings(subject_prefix, concurrency=10, start_concurrency=1, quiescent_period=300)
+    async with running_daemon(nc, settings, RecordingApp(), hooks=hooks) as daemon:
+        wk = WorkspacePk.new()
+        stuck = ChangeSet(wk, ChangeSetId.new())
+        hooks.gates[stuck] = asyncio.Event()
+        await client.enqueue_updates(wk, stuck.change_set_id, [SetLiteral(path="/n", value=1)])
+        await wait_for(lambda: stuck in hooks.held, timeout=10, message="held after acquire")
+        reply = await client.enqueue_updates_with_reply(
+            wk, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
+        )
+        assert reply.ok
+        assert stuck in daemon.owned and not hooks.gates[stuck].is_set()  # still stuck, still owned
+        hooks.gates[stuck].set()
+        await wait_for(lambda: daemon.stats.requests_applied == 2, timeout=10, message="both applied")

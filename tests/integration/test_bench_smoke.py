@@ -1,4 +1,5 @@
-"""``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page.
+"""``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page; the
+instruction count (``bench/instructions.py``) runs and reports.
 
 Tiny loads (a few dozen requests), so it finishes in seconds; no figure is asserted (timing belongs in the
 benchmark itself, on a machine of its own), only that every row of the page is there and nothing failed.
@@ -6,9 +7,12 @@ benchmark itself, on a machine of its own), only that every row of the page is t
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,3 +62,19 @@ def _begin_marker() -> str:
     finally:
         sys.path.remove(str(ROOT))
     return BEGIN
+
+
+@pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind (callgrind_control)")
+def test_instruction_count_runs_and_reports_per_request() -> None:
+    # A handful of requests under valgrind: that it counts and reports, not what it counts.
+    args = ["--impl", "rebaser", "--requests", "20", "--change-sets", "2", "--clients", "2", "--idle", "0.5"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "instructions.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = proc.stdout.splitlines()[-1]
+    assert report.strip().startswith("rebaser:") and "M instructions per request" in report, proc.stdout
