@@ -30,6 +30,15 @@ class HoldAfterAcquire(Hooks):
             await self.gates[change_set].wait()
 
 
+async def hold(hooks: HoldAfterAcquire, client: RebaserClient, change_set: ChangeSet) -> None:
+    """Send ``change_set`` a request and wait until it is held in its cold path."""
+    hooks.gates[change_set] = asyncio.Event()
+    await client.enqueue_updates(
+        change_set.workspace_id, change_set.change_set_id, [SetLiteral(path="/n", value=1)]
+    )
+    await wait_for(lambda: change_set in hooks.held, timeout=10, message="held after acquire")
+
+
 async def unpulled(nc: NatsClient, settings: Settings, *, owned: int) -> bool:
     """One task stored and not delivered, ``owned`` delivered, and no pull request open. With slots free and no
     admission, the daemon keeps a pull open and the server hands a stored task to it at once."""
@@ -47,9 +56,7 @@ async def test_a_change_set_waits_in_the_server_while_others_start(
         wk = WorkspacePk.new()
         first, second = ChangeSet(wk, ChangeSetId.new()), ChangeSet(wk, ChangeSetId.new())
         for cs in (first, second):  # two change sets held in their cold path: both still starting
-            hooks.gates[cs] = asyncio.Event()  # this change set is held
-            await client.enqueue_updates(wk, cs.change_set_id, [SetLiteral(path="/n", value=1)])
-            await wait_for(lambda cs=cs: cs in hooks.held, timeout=10, message="held after acquire")
+            await hold(hooks, client, cs)
         third = asyncio.create_task(
             client.enqueue_updates_with_reply(
                 wk, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
@@ -100,9 +107,7 @@ async def test_a_change_set_stuck_starting_holds_admission_for_ack_wait_at_most(
     async with running_daemon(nc, settings, RecordingApp(), hooks=hooks) as daemon:
         wk = WorkspacePk.new()
         stuck = ChangeSet(wk, ChangeSetId.new())
-        hooks.gates[stuck] = asyncio.Event()
-        await client.enqueue_updates(wk, stuck.change_set_id, [SetLiteral(path="/n", value=1)])
-        await wait_for(lambda: stuck in hooks.held, timeout=10, message="held after acquire")
+        await hold(hooks, client, stuck)
         reply = await client.enqueue_updates_with_reply(
             wk, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
         )

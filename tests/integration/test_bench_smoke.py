@@ -38,14 +38,7 @@ def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
     doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
     args = ["--per-change-set", "4", "--change-sets", "10", "--daemons", "1,2", "--burst", "20"]
     args += ["--dvu-requests", "20", "--quiescent", "0.5", "--clients", "8", "--doc", str(doc)]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run("bench.py", args, timeout=100)
     page = doc.read_text()
     assert "kept above" in page and "kept below" in page  # hand-written notes survive a rewrite
     for row in ROWS:
@@ -68,13 +61,19 @@ def _begin_marker() -> str:
 def test_instruction_count_runs_and_reports_per_request() -> None:
     # A handful of requests under valgrind: that it counts and reports, not what it counts.
     args = ["--impl", "rebaser", "--requests", "20", "--change-sets", "2", "--clients", "2", "--idle", "0.5"]
+    proc = _run("instructions.py", args, timeout=300)
+    report = proc.stdout.splitlines()[-1]
+    assert report.strip().startswith("rebaser:") and "M instructions per request" in report, proc.stdout
+
+
+def _run(script: str, args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script>`` with ``args``; it must succeed."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "instructions.py"), *args],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = proc.stdout.splitlines()[-1]
-    assert report.strip().startswith("rebaser:") and "M instructions per request" in report, proc.stdout
+    return proc
