@@ -56,8 +56,6 @@ class Deployment:
             ]
             args += ["--quiet", str(bench.args.quiescent)]
             marker = "baseline worker ready"
-            self.base = BaselineClient(nc, self.prefix)
-            await self.base.start()
         else:
             args = [sys.executable, "-m", "rebaser_server", "--nats-url", bench.server.url]
             # No health endpoint: several daemons share this host, and a taken health port is an error.
@@ -72,12 +70,21 @@ class Deployment:
                 "-1",
             ]
             marker = "rebaser daemon serving"
-            self.client = RebaserClient(nc, prefix=self.prefix, max_in_flight=bench.args.max_in_flight)
+        await self.attach(nc)
         full_env = {**bench.env, **(env or {})}
         args = [*bench.wrap, *args]
         self.procs = [bench.procs.spawn(f"{self.prefix}-{i}", args, full_env) for i in range(self.daemons)]
         for proc in self.procs:
             await bench.procs.wait_ready(proc, marker, timeout=bench.ready_timeout)
+
+    async def attach(self, nc: Client) -> None:
+        """The client side on ``nc``: what :meth:`send` uses (``start`` calls it; bench/instructions.py's client
+        process calls it alone, for daemons another process started)."""
+        if self.impl == "baseline":
+            self.base = BaselineClient(nc, self.prefix)
+            await self.base.start()
+        else:
+            self.client = RebaserClient(nc, prefix=self.prefix, max_in_flight=self.bench.args.max_in_flight)
 
     async def send(self, cs: ChangeSetId, i: int) -> bool:
         timeout = self.bench.args.timeout

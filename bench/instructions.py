@@ -16,6 +16,9 @@ the script from each). Leases are long (``ack_wait`` 30 s, renewed every 5 s, as
 quiet period longer than the run, so nothing is released or taken over while counting: under valgrind everything
 runs some fifty times slower.
 
+``--side client`` counts the client instead: the daemon or worker runs natively, and the load comes from a process
+of its own under callgrind (``RebaserClient``, or the hand-written loop's client), counted the same way.
+
 Needs ``valgrind`` (with ``callgrind_control``) on the PATH; takes a few minutes.
 """
 
@@ -43,6 +46,7 @@ from bench.workload import drive
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId
 
+_SCRIPT = Path(__file__).resolve()
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
 
 
@@ -85,30 +89,62 @@ class Counter:
         return int(match.group(1)), took
 
 
+def _plan(args: argparse.Namespace) -> tuple[list[ChangeSetId], list[int]]:
+    change_sets = [ChangeSetId.new() for _ in range(args.change_sets)]
+    rng = random.Random(args.seed)
+    return change_sets, [rng.randrange(args.change_sets) for _ in range(args.requests)]
+
+
+async def _warm_up(dep: Deployment, args: argparse.Namespace, change_sets: list[ChangeSetId]) -> None:
+    async def send(i: int, c: int) -> bool:
+        return await dep.send(change_sets[c], i)
+
+    warm = await drive(send, [c for c in range(args.change_sets) for _ in range(2)], args.change_sets)
+    if warm.errors:
+        raise RuntimeError(f"{dep.impl}: warm-up failed: {warm.errors[:3]}")
+
+
+async def _load(
+    dep: Deployment, args: argparse.Namespace, change_sets: list[ChangeSetId], plan: list[int]
+) -> None:
+    async def send(i: int, c: int) -> bool:
+        return await dep.send(change_sets[c], i)
+
+    done = await drive(send, plan, args.clients)
+    if done.errors:
+        raise RuntimeError(f"{dep.impl}: {len(done.errors)} requests failed: {done.errors[:3]}")
+
+
 async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
+    """Count the worker (``--side worker``) or a client process (``--side client``) over the same load."""
     nc = await nats.connect(bench.server.url)
     dep = Deployment(bench, impl, 1)
+    client: asyncio.subprocess.Process | None = None
     try:
-        await dep.start(nc)
-        counter = Counter(dep.procs[0].pid, out_dir)
-        change_sets = [ChangeSetId.new() for _ in range(args.change_sets)]
-        rng = random.Random(args.seed)
-        plan = [rng.randrange(args.change_sets) for _ in range(args.requests)]
-
-        async def send(i: int, c: int) -> bool:
-            return await dep.send(change_sets[c], i)
-
-        warm = await drive(send, [c for c in range(args.change_sets) for _ in range(2)], args.change_sets)
-        if warm.errors:
-            raise RuntimeError(f"{impl}: warm-up failed: {warm.errors[:3]}")
-        idle, idle_s = await counter.count(None, args.idle)
-        work = asyncio.ensure_future(drive(send, plan, args.clients))
-        total, took = await counter.count(work)
-        if work.result().errors:
-            raise RuntimeError(
-                f"{impl}: {len(work.result().errors)} requests failed: {work.result().errors[:3]}"
-            )
+        if args.side == "worker":
+            await dep.start(nc)
+            counter = Counter(dep.procs[0].pid, out_dir)
+            change_sets, plan = _plan(args)
+            await _warm_up(dep, args, change_sets)
+            idle, idle_s = await counter.count(None, args.idle)
+            total, took = await counter.count(asyncio.ensure_future(_load(dep, args, change_sets, plan)))
+        else:
+            wrap, bench.wrap = bench.wrap, []  # the daemon runs natively; the client process is counted
+            await dep.start(nc)
+            client = await _start_client(bench, dep, args, wrap, out_dir)
+            assert client.stdin is not None and client.stdout is not None
+            counter = Counter(client.pid, out_dir)
+            idle, idle_s = await counter.count(None, args.idle)
+            client.stdin.write(b"go\n")
+            await client.stdin.drain()
+            answer = asyncio.ensure_future(client.stdout.readline())
+            total, took = await counter.count(answer)
+            if answer.result().strip() != b"done":
+                raise RuntimeError(f"{impl}: the client process said {answer.result()!r}")
+            bench.wrap = wrap
     finally:
+        if client is not None:
+            await _stop_client(client)
         await dep.stop(nc)
         await nc.close()
     idle_rate = idle / idle_s
@@ -119,6 +155,64 @@ async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Pa
         "idle_per_s": idle_rate,
         "seconds": took,
     }
+
+
+async def _start_client(
+    bench: Bench, dep: Deployment, args: argparse.Namespace, wrap: list[str], out_dir: Path
+) -> asyncio.subprocess.Process:
+    """The load in a process of its own (under ``wrap``), warmed up: it waits for "go" on its stdin."""
+    command = [*wrap, sys.executable, str(_SCRIPT), "--serve-load", dep.impl, dep.prefix]
+    command += ["--url", bench.server.url, "--change-sets", str(args.change_sets)]
+    command += ["--requests", str(args.requests), "--clients", str(args.clients), "--seed", str(args.seed)]
+    with (out_dir / f"client-{dep.prefix}.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=bench.env,
+        )
+    assert proc.stdout is not None
+    async with asyncio.timeout(600):
+        ready = await proc.stdout.readline()
+    if ready.strip() != b"warm":
+        await _stop_client(proc)
+        raise RuntimeError(f"the client process did not warm up (said {ready!r}; see {log.name})")
+    return proc
+
+
+async def _stop_client(proc: asyncio.subprocess.Process) -> None:
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()  # its cue to exit
+    try:
+        async with asyncio.timeout(60):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def serve_load(args: argparse.Namespace) -> int:
+    """``--serve-load IMPL PREFIX``: the client process of ``--side client``. Warm up, say "warm", wait for "go",
+    send the plan, say "done", exit when stdin closes."""
+    impl, prefix = args.serve_load
+    nc = await nats.connect(args.url)
+    bench = Bench(parse_args([]), server=None, procs=None)  # type: ignore[arg-type]
+    dep = Deployment(bench, impl, 1)
+    dep.prefix = prefix
+    await dep.attach(nc)
+    change_sets, plan = _plan(args)
+    await _warm_up(dep, args, change_sets)
+    loop = asyncio.get_running_loop()
+    print("warm", flush=True)
+    if (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "go":
+        await _load(dep, args, change_sets, plan)
+        print("done", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes it
+    if dep.client is not None:
+        await dep.client.close()
+    await nc.close()
+    return 0
 
 
 async def main_async(args: argparse.Namespace, server: NatsServer, procs: Processes, out_dir: Path) -> int:
@@ -135,7 +229,7 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
     bench.ready_timeout = 600.0
     results: dict[str, dict[str, float]] = {}
     for impl in [i.strip() for i in args.impl.split(",") if i.strip()]:
-        print(f"[{time.strftime('%H:%M:%S')}] {impl}: starting under valgrind", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {impl}: the {args.side} under valgrind", flush=True)
         results[impl] = r = await measure(bench, impl, args, out_dir)
         print(
             f"    {r['per_request'] / 1e6:.3f} M instructions per request ({r['raw'] / 1e6:.3f} M before taking off "
@@ -144,7 +238,8 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
         )
     base = results.get("baseline")
     print(
-        f"\n{args.requests} requests on {args.change_sets} warm change sets, {args.clients} clients, seed {args.seed}"
+        f"\n{args.side}: {args.requests} requests on {args.change_sets} warm change sets, {args.clients} clients, "
+        f"seed {args.seed}"
     )
     for impl, r in results.items():
         ratio = ""
@@ -167,7 +262,17 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of the idle count")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--logs", type=Path, default=None, help="keep logs and callgrind dumps here")
+    parser.add_argument(
+        "--side",
+        choices=("worker", "client"),
+        default="worker",
+        help="which process to count (default: worker)",
+    )
+    parser.add_argument("--serve-load", nargs=2, metavar=("IMPL", "PREFIX"), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_load:
+        return asyncio.run(serve_load(args))
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind and callgrind_control on the PATH", file=sys.stderr)
         return 2

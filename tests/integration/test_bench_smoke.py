@@ -58,9 +58,11 @@ def _begin_marker() -> str:
 
 
 @pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind (callgrind_control)")
-def test_instruction_count_runs_and_reports_per_request() -> None:
+@pytest.mark.parametrize("side", ["worker", "client"])
+def test_instruction_count_runs_and_reports_per_request(side: str) -> None:
     # A handful of requests under valgrind: that it counts and reports, not what it counts.
     args = ["--impl", "rebaser", "--requests", "20", "--change-sets", "2", "--clients", "2", "--idle", "0.5"]
+    args += ["--side", side]
     proc = _run("instructions.py", args, timeout=300)
     report = proc.stdout.splitlines()[-1]
     assert report.strip().startswith("rebaser:") and "M instructions per request" in report, proc.stdout
