@@ -186,13 +186,11 @@ _NO_MESSAGE_FOUND = 10037  # JetStream's answer to a get of a subject that has n
 
 
 async def js_api(
-    requester: Requester, subject: str, request: dict[str, Any] | bytes | None = None, *, timeout: float
+    requester: Requester, subject: str, request: dict[str, Any] | None = None, *, timeout: float
 ) -> dict[str, Any]:
     """One JetStream API call (``subject`` under ``$JS.API.``) over ``requester``: its JSON answer, or the API's
-    error as nats-py's ``APIError``. ``request``: the call's JSON, as a dict or already encoded."""
-    payload = (
-        request if isinstance(request, bytes) else b"" if request is None else json.dumps(request).encode()
-    )
+    error as nats-py's ``APIError``."""
+    payload = b"" if request is None else json.dumps(request).encode()
     reply = await requester.request(f"{JS_API}.{subject}", payload, timeout=timeout)
     answer: dict[str, Any] = json.loads(reply.data)
     error = answer.get("error")
