@@ -65,9 +65,9 @@ class RequestHandler:
         await self._commits.begin()
         return self._commits
 
-    async def handle(self, msg: Msg, *, unclean: bool) -> None:
-        """Stage one request's outcome. ``unclean``: the first request after an unclean takeover."""
-        seq = msg.metadata.sequence.stream
+    async def handle(self, msg: Msg, seq: int, *, unclean: bool) -> None:
+        """Stage the outcome of one request, the delivery of stream sequence ``seq``. ``unclean``: the first request
+        after an unclean takeover."""
         headers = msg.headers or {}
         group = await self.group()
         if seq <= group.base.applied_seq:

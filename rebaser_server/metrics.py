@@ -12,11 +12,10 @@ daemons in one process (tests, an embedding application) must not clash or mix t
 from __future__ import annotations
 
 import bisect
-import datetime
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -130,11 +129,12 @@ class RequestMetrics:
         self.registry.register(self.queue_wait)
         self._bound = False
 
-    def started(self, arrived: datetime.datetime | None) -> float:
-        """The handling of a request delivery starts: its queue wait observed (from ``arrived``, when JetStream
-        stored it); returns the start for :meth:`ended`, which observes the processing time."""
-        if arrived is not None:
-            self.queue_wait.observe(max(0.0, time.time() - arrived.timestamp()))
+    def started(self, stored_at: float | None) -> float:
+        """The handling of a request delivery starts: its queue wait observed (from ``stored_at``, when JetStream
+        stored it, seconds since the epoch); returns the start for :meth:`ended`, which observes the processing
+        time."""
+        if stored_at is not None:
+            self.queue_wait.observe(max(0.0, time.time() - stored_at))
         return time.monotonic()
 
     def ended(self, started: float) -> None:
@@ -146,15 +146,6 @@ class RequestMetrics:
         if not self._bound:
             self.registry.register(DaemonCollector(daemon))
             self._bound = True
-
-
-def arrival_of(msg: Any) -> datetime.datetime | None:
-    """When JetStream stored ``msg`` (None for a message without JetStream metadata)."""
-    try:
-        stamp = msg.metadata.timestamp
-    except Exception:  # not a JetStream delivery (no or foreign reply subject)
-        return None
-    return stamp if isinstance(stamp, datetime.datetime) else None
 
 
 # Stats field -> (metric name without _total, help). Fields mapped elsewhere are listed in _STATS_ELSEWHERE.

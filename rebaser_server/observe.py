@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
@@ -40,7 +39,7 @@ from rebaser_core import headers as h
 from rebaser_core.tracing import extract, get_tracer, inject, recording
 from rebaser_server.app import ChangeSet
 from rebaser_server.logs import pop_log_ids, push_log_ids
-from rebaser_server.metrics import RequestMetrics, arrival_of
+from rebaser_server.metrics import RequestMetrics
 
 __all__ = ["Observer"]
 
@@ -89,19 +88,23 @@ class Observer:
         return task
 
     # -- requests ---------------------------------------------------------------------------------
-    def request(self, msg: Msg, change_set: ChangeSet) -> AbstractContextManager[None]:
-        """Around the handling of one request delivery (also when it fails)."""
+    def request(
+        self, msg: Msg, change_set: ChangeSet, stored_at: float | None
+    ) -> AbstractContextManager[None]:
+        """Around the handling of one request delivery (also when it fails); ``stored_at``: when the stream stored
+        it (seconds since the epoch, the server's clock), if known."""
         headers = msg.headers or {}
         if not self._tracing() and TRACEPARENT not in headers:
             # Nothing to record and no caller's trace to pass on to the reply: logs and metrics only, in one plain
             # object (nested generator context managers were a few percent of a daemon's CPU per request).
-            return _Measured(self.metrics, headers.get(h.NATS_MSG_ID), change_set, arrival_of(msg))
-        return self._traced(msg, change_set, headers)
+            return _Measured(self.metrics, headers.get(h.NATS_MSG_ID), change_set, stored_at)
+        return self._traced(msg, change_set, headers, stored_at)
 
     @contextlib.contextmanager
-    def _traced(self, msg: Msg, change_set: ChangeSet, headers: dict[str, str]) -> Iterator[None]:
+    def _traced(
+        self, msg: Msg, change_set: ChangeSet, headers: dict[str, str], arrived: float | None
+    ) -> Iterator[None]:
         request_id = headers.get(h.NATS_MSG_ID)
-        arrived = arrival_of(msg)
         take = trace.get_current_span().get_span_context()
         attributes: dict[str, Any] = {**self._ids(change_set), "messaging.destination.name": msg.subject}
         if request_id:
@@ -109,7 +112,7 @@ class Observer:
         started: int | None = None  # the request's arrival, when known (ns since the epoch)
         if arrived is not None:
             now = time.time_ns()
-            wait = max(0.0, now / 1e9 - arrived.timestamp())  # a server clock ahead of ours counts as no wait
+            wait = max(0.0, now / 1e9 - arrived)  # a server clock ahead of ours counts as no wait
             attributes["rebaser.queue_wait_seconds"] = wait
             started = now - int(wait * 1e9)
         with (
@@ -220,7 +223,7 @@ class _Measured:
         metrics: RequestMetrics,
         request_id: str | None,
         change_set: ChangeSet,
-        arrived: datetime.datetime | None,
+        arrived: float | None,
     ) -> None:
         self._metrics = metrics
         self._request_id = request_id

@@ -31,6 +31,7 @@ from rebaser_core.errors import FencedError
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.consumer import Created, RequestConsumer
+from rebaser_server.delivery import Delivery
 from rebaser_server.dvu import SerialDvu
 from rebaser_server.group import CommitGroup
 from rebaser_server.handling import RequestHandler
@@ -215,20 +216,21 @@ class ChangeSetProcessor:
                 self._finish(Outcome.LEASE_LOST, reason="lease ran out before a request")
                 return
             assert self._handler is not None
+            delivery: Delivery | None = None
             try:
+                delivery = Delivery.of(msg)
                 unclean, self._unclean = self._unclean, False
                 # Metrics, log ids and the trace span of this request (rebaser_server.observe).
-                with self._rt.observe.request(msg, self.change_set):
-                    await self._handler.handle(msg, unclean=unclean)
-                    await self._maybe_flush(msg)
+                with self._rt.observe.request(msg, self.change_set, delivery.stored_at):
+                    await self._handler.handle(msg, delivery.stream_seq, unclean=unclean)
+                    await self._maybe_flush(delivery.num_pending)
             except Exception as err:
                 self._fail(err)
             finally:
                 self._last_activity = time.monotonic()
                 if self._wake_after_request:
                     self._wake_waiter()
-                pending = msg.metadata.num_pending if msg.reply else None
-                self._caught_up = pending == 0
+                self._caught_up = delivery is not None and delivery.num_pending == 0
                 if self._caught_up:
                     self._lull.set()
                 else:
@@ -252,10 +254,10 @@ class ChangeSetProcessor:
                 log.error("%s: processing a request failed", self.change_set, exc_info=err)
             self._finish(Outcome.RETRY, self._rt.settings.retry_backoff, f"{type(err).__name__}: {err}")
 
-    async def _maybe_flush(self, msg: Msg) -> None:
-        """Commit now unless more requests are already waiting and the group has room (then soon, by timer)."""
+    async def _maybe_flush(self, waiting: int) -> None:
+        """Commit now unless more requests are already waiting (``waiting`` of them behind this one) and the group
+        has room (then soon, by timer)."""
         assert self._commits is not None
-        waiting = msg.metadata.num_pending if msg.reply else 0
         # After an unclean takeover, no group commit: the request that killed the last owner may sit anywhere in
         # its uncommitted group, and committing one by one puts the blame (the suspect count) on the right one.
         if (

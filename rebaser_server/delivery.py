@@ -1,0 +1,66 @@
+"""What a request delivery's reply subject says about it, read without nats-py's ``Msg.metadata``.
+
+JetStream names each delivery in its reply (ack) subject: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
+<consumer seq>.<stored ns>.<pending>``, with a domain and an account hash after ``ACK`` in the newer form. nats-py's
+``Msg.metadata`` reads it into two frozen dataclasses and a ``datetime``; each request's handling needs three
+numbers of it (its stream sequence, how many requests wait behind it, when it was stored), and building nats-py's
+objects was 3 % of a daemon's time per request. This reads the same tokens as nats-py 2.16 (``Msg.Metadata.
+_from_reply``: the same forms accepted, the same ``NotJSMessageError`` otherwise), and only the three numbers.
+"""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
+
+__all__ = ["Delivery"]
+
+# Tokens of the two forms, as nats-py counts them: 9 without a domain; 12 with one (11 accepted: the random token at
+# the end is optional).
+_V1_TOKENS = 9
+_V2_MIN_TOKENS = 11
+# Index of (stream sequence, stored at, pending) in each form.
+_V1_FIELDS = (5, 7, 8)
+_V2_FIELDS = (7, 9, 10)
+
+
+class Delivery:
+    """One JetStream delivery: ``stream_seq``, ``num_pending`` (messages of the consumer still to deliver after
+    it) and ``stored_ns`` (when the stream stored the message, nanoseconds since the epoch, server clock)."""
+
+    __slots__ = ("num_pending", "stored_ns", "stream_seq")
+
+    def __init__(self, stream_seq: int, num_pending: int, stored_ns: int) -> None:
+        self.stream_seq = stream_seq
+        self.num_pending = num_pending
+        self.stored_ns = stored_ns
+
+    @classmethod
+    def of(cls, msg: Msg) -> Delivery:
+        """Read ``msg``'s reply subject; raises ``NotJSMessageError`` if it is not a JetStream delivery's."""
+        return cls.parse(msg.reply)
+
+    @classmethod
+    def parse(cls, reply: str | None) -> Delivery:
+        if not reply:
+            raise NotJSMessageError
+        tokens = reply.split(".")
+        count = len(tokens)
+        if count == _V1_TOKENS:
+            seq, stored, pending = _V1_FIELDS
+        elif count >= _V2_MIN_TOKENS:
+            seq, stored, pending = _V2_FIELDS
+        else:
+            raise NotJSMessageError
+        if tokens[0] != "$JS" or tokens[1] != "ACK":
+            raise NotJSMessageError
+        # int() refuses what nats-py's int() refuses (ValueError): a subject with words where numbers belong.
+        return cls(int(tokens[seq]), int(tokens[pending]), int(tokens[stored]))
+
+    @property
+    def stored_at(self) -> float:
+        """When the stream stored the message, seconds since the epoch (server clock)."""
+        return self.stored_ns / 1e9
+
+    def __repr__(self) -> str:
+        return f"Delivery(stream_seq={self.stream_seq}, num_pending={self.num_pending}, stored_ns={self.stored_ns})"

@@ -1,0 +1,76 @@
+"""``Delivery`` reads what nats-py's ``Msg.metadata`` reads from a JetStream reply subject, and refuses the same."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
+
+from rebaser_server.delivery import Delivery
+
+_NUMBER = st.integers(min_value=0, max_value=2**64 - 1)
+_NAME = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789", min_size=1, max_size=12)
+
+
+def _nats_py(reply: str) -> tuple[int, int, int]:
+    meta = Msg.Metadata._from_reply(reply)
+    stored_ns = round(meta.timestamp.timestamp() * 1e9)
+    return meta.sequence.stream, meta.num_pending, stored_ns
+
+
+@given(_NAME, _NAME, _NUMBER, _NUMBER, _NUMBER, _NUMBER, _NUMBER)
+def test_the_form_without_a_domain(
+    stream: str, consumer: str, delivered: int, sseq: int, cseq: int, pending: int, ns: int
+) -> None:
+    ns %= 2**62  # a datetime (nats-py's timestamp) ends in the year 9999
+    reply = f"$JS.ACK.{stream}.{consumer}.{delivered}.{sseq}.{cseq}.{ns}.{pending}"
+    d = Delivery.parse(reply)
+    assert (d.stream_seq, d.num_pending, d.stored_ns) == (sseq, pending, ns)
+    got = _nats_py(reply)
+    assert got[:2] == (sseq, pending)
+    assert abs(got[2] - ns) < 1_000  # nats-py keeps microseconds
+    assert d.stored_at == pytest.approx(ns / 1e9)
+
+
+@pytest.mark.parametrize("tail", ["", ".random"])
+@pytest.mark.parametrize("domain", ["_", "hub"])
+def test_the_form_with_a_domain(domain: str, tail: str) -> None:
+    reply = f"$JS.ACK.{domain}.ACCHASH.REQUESTS.c1.3.1234.17.1700000000123456789.42{tail}"
+    d = Delivery.parse(reply)
+    assert (d.stream_seq, d.num_pending, d.stored_ns) == (1234, 42, 1700000000123456789)
+    assert _nats_py(reply)[:2] == (1234, 42)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,
+        "",
+        "_INBOX.abc.1",  # a reply subject, but no delivery's
+        "$JS.ACK.S.C.1.2.3.4",  # one token short
+        "$JS.ACK.S.C.1.2.3.4.5.6",  # ten tokens: neither form
+        "$JS.NAK.S.C.1.2.3.4.5",
+        "$KV.ACK.S.C.1.2.3.4.5",
+    ],
+)
+def test_what_is_no_delivery_is_refused_as_nats_py_refuses_it(reply: str | None) -> None:
+    with pytest.raises(NotJSMessageError):
+        Delivery.parse(reply)
+    with pytest.raises(NotJSMessageError):
+        Msg.Metadata._from_reply(reply)  # type: ignore[arg-type]
+
+
+def test_words_where_numbers_belong_are_refused() -> None:
+    reply = "$JS.ACK.S.C.1.two.3.4.5"
+    with pytest.raises(ValueError):
+        Delivery.parse(reply)
+    with pytest.raises(ValueError):
+        Msg.Metadata._from_reply(reply)
+
+
+def test_of_reads_the_message_reply() -> None:
+    msg = Msg(_client=None, subject="x", reply="$JS.ACK.S.C.1.9.3.4.0")  # type: ignore[arg-type]
+    assert Delivery.of(msg).stream_seq == 9
+    assert Delivery.of(msg).num_pending == 0
