@@ -3,7 +3,9 @@
 nats-py's ``request`` makes every call a fresh random reply token (a NUID plus ``os.urandom`` bytes), a future with
 a clean-up callback, and ``asyncio.wait_for`` (another future, a timer, a wrapper). On the paths that run once or
 twice per request that machinery was a measurable share of the daemon's and the client's CPU. Here one wildcard
-subscription takes every reply, tokens are a counter, and a call is one future and one timer. The semantics are
+subscription takes every reply, tokens are a counter, and a call is one future (none for :meth:`Requester.send`).
+One timer per requester expires every call whose deadline has passed: a timer per call (a handle pushed on the
+event loop's heap, compared in Python, cancelled on the answer) was 1.5 % of a daemon's time. The semantics are
 nats-py's: ``TimeoutError`` (nats-py's, a ``TimeoutError`` too) after ``timeout``, ``NoRespondersError`` when
 nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.inline_subscription``).
 """
@@ -11,6 +13,7 @@ nobody listens on the subject. Replies are taken as nats-py reads them (``rebase
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -42,9 +45,8 @@ class Requester:
         self._sub: Any = None
         self._start_lock = asyncio.Lock()
         self._next = 0
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
-        # Requests of ``send``: token -> (callback, deadline on the loop's clock), and the one timer that expires
-        # them (armed while any is unanswered).
+        # Every unanswered call: token -> (what its answer goes to, deadline on the loop's clock), and the one timer
+        # that expires them (armed while any is unanswered, for the earliest deadline or later).
         self._callbacks: dict[str, tuple[Callable[[Answer], None], float]] = {}
         self._expiry: asyncio.TimerHandle | None = None
 
@@ -71,14 +73,12 @@ class Requester:
     ) -> Msg:
         if self._sub is None:
             await self._start()
-        token, future, timer = self._register(timeout)
+        token, future = self._register(timeout)
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
-            msg = await future
+            return await future
         finally:
-            timer.cancel()
-            self._waiting.pop(token, None)
-        return answered(msg)
+            self._callbacks.pop(token, None)
 
     async def send(
         self, subject: str, payload: bytes, *, timeout: float, on_answer: Callable[[Answer], None]
@@ -89,24 +89,30 @@ class Requester:
         processed requests, one per request, use it (rebaser_server.trimmer). Returns once the request is sent."""
         if self._sub is None:
             await self._start()
-        self._next += 1
-        token = str(self._next)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        self._callbacks[token] = (on_answer, deadline)
+        token = self._add(on_answer, timeout)
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token)
         except BaseException:
             self._callbacks.pop(token, None)
             raise
+
+    def _add(self, callback: Callable[[Answer], None], timeout: float) -> str:
+        """A new reply token whose answer (or timeout) goes to ``callback``."""
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._callbacks[token] = (callback, deadline)
         # Re-armed only for a deadline earlier than the armed one: with one timeout for all, once per timeout.
-        if self._expiry is None or deadline < self._expiry.when():
-            if self._expiry is not None:
-                self._expiry.cancel()
+        expiry = self._expiry
+        if expiry is None or deadline < expiry.when():
+            if expiry is not None:
+                expiry.cancel()
             self._expiry = loop.call_at(deadline, self._expire)
+        return token
 
     def _expire(self) -> None:
-        """Time out every ``send`` whose deadline has passed; wake again for the earliest one left."""
+        """Time out every call whose deadline has passed; wake again for the earliest one left."""
         self._expiry = None
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -125,41 +131,39 @@ class Requester:
 
     def expect(self, timeout: float) -> tuple[str, asyncio.Future[Msg]]:
         """A reply subject to publish a request with, and the future its reply resolves (``TimeoutError`` after
-        ``timeout``; pass the reply through :func:`answered`). For a caller that must be able to stop waiting while
-        the reply is still awaited by someone else: the future outlives the caller (await it through
-        ``asyncio.shield``). Cancel it to stop waiting for good. Call :meth:`ready` first."""
-        token, future, timer = self._register(timeout)
+        ``timeout``, ``NoRespondersError``). For a caller that must be able to stop waiting while the reply is
+        still awaited by someone else: the future outlives the caller (await it through ``asyncio.shield``).
+        Cancel it to stop waiting for good. Call :meth:`ready` first."""
+        token, future = self._register(timeout)
 
         def forget(_: asyncio.Future[Msg]) -> None:
-            timer.cancel()
-            self._waiting.pop(token, None)
+            self._callbacks.pop(token, None)
 
         future.add_done_callback(forget)
         return self._prefix + token, future
 
-    def _register(self, timeout: float) -> tuple[str, asyncio.Future[Msg], asyncio.TimerHandle]:
-        """A new reply token, the future its reply resolves, and the timer that fails it after ``timeout``."""
-        self._next += 1
-        token = str(self._next)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = future
-        return token, future, loop.call_later(timeout, _expire, future)
+    def _register(self, timeout: float) -> tuple[str, asyncio.Future[Msg]]:
+        """A new reply token and the future its answer settles (or its timeout fails)."""
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        return self._add(functools.partial(_settle, future), timeout), future
 
     def _on_reply(self, msg: Msg) -> None:
-        token = msg.subject[len(self._prefix) :]
-        future = self._waiting.pop(token, None)
-        if future is not None:
-            if not future.done():
-                future.set_result(msg)
-            return
-        entry = self._callbacks.pop(token, None)
+        entry = self._callbacks.pop(msg.subject[len(self._prefix) :], None)
         if entry is not None:
             try:
                 answer: Answer = answered(msg)
             except nats.errors.NoRespondersError as err:
                 answer = err
             _call(entry[0], answer)
+
+
+def _settle(future: asyncio.Future[Msg], answer: Answer) -> None:
+    if future.done():  # cancelled by its caller
+        return
+    if isinstance(answer, Exception):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
 
 
 def _call(callback: Callable[[Answer], None], answer: Answer) -> None:
@@ -174,11 +178,6 @@ def answered(msg: Msg) -> Msg:
     if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS and not msg.data:
         raise nats.errors.NoRespondersError
     return msg
-
-
-def _expire(future: asyncio.Future[Msg]) -> None:
-    if not future.done():
-        future.set_exception(nats.errors.TimeoutError())
 
 
 JS_API = "$JS.API"

@@ -1,8 +1,12 @@
-"""Request-reply for the hot paths (rebaser_core.requester): ``send``, whose answer goes to a callback."""
+"""Request-reply for the hot paths (rebaser_core.requester): ``send``, whose answer goes to a callback, and
+``request`` and ``expect``, whose answer settles a future; all expired by one timer."""
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.errors
+import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -52,4 +56,37 @@ async def test_send_reports_no_responders_timeouts_and_close(nc: NatsClient, sub
     assert isinstance(early[0], nats.errors.TimeoutError) and not late
     await requester.close()  # whatever still waits is told at once: no answer can come any more
     assert len(late) == 1 and isinstance(late[0], nats.errors.ConnectionClosedError)
+    await silent.unsubscribe()
+
+
+async def test_request_times_out_on_the_shared_timer_and_leaves_nothing(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    async def ignore(msg: Msg) -> None:
+        return None
+
+    silent = await nc.subscribe(f"{subject_prefix}.silent", cb=ignore)
+    requester = Requester(nc)
+    waiting = asyncio.create_task(requester.request(f"{subject_prefix}.silent", timeout=30))
+    await wait_for(lambda: requester._callbacks, timeout=5, message="the long request is pending")
+    # The short one, sent after the long one armed the timer for 30 s, still times out in time.
+    with pytest.raises(nats.errors.TimeoutError):
+        await asyncio.wait_for(requester.request(f"{subject_prefix}.silent", timeout=0.2), timeout=10)
+    assert not waiting.done()
+    with pytest.raises(nats.errors.NoRespondersError):
+        await requester.request(f"{subject_prefix}.nobody", timeout=5)
+    waiting.cancel()  # a caller that stops waiting takes its entry with it
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not requester._callbacks
+
+    pending = asyncio.create_task(requester.request(f"{subject_prefix}.silent", timeout=30))
+    reply_to, expected = requester.expect(30)
+    await wait_for(lambda: len(requester._callbacks) == 2, timeout=5, message="both pending")
+    await requester.close()  # no answer can come any more: both are told at once
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await pending
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await expected
+    assert reply_to.startswith("_INBOX.")
     await silent.unsubscribe()
