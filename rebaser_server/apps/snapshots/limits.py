@@ -8,7 +8,6 @@ computed value that would break a limit into an error value instead (see ``model
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from rebaser_core.api import SetLiteral, Update
 from rebaser_core.errors import UnprocessableError
 from rebaser_core.settings import Settings
+from rebaser_server.apps.snapshots.canonical import compact
 
 __all__ = ["MAX_VERSION_CHARS", "Limits", "OverLimit", "check_growth", "check_updates", "json_size"]
 
@@ -62,7 +62,7 @@ class OverLimit(UnprocessableError):
 
 def json_size(value: Any) -> int:
     """Bytes of ``value`` as compact JSON, the form a snapshot stores."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+    return len(compact(value))
 
 
 def check_updates(updates: Sequence[Update], limits: Limits) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rebaser_core.api import Conflict, Remove, SetFunction, SetLiteral, Update
+from rebaser_server.apps.snapshots.canonical import canonical
 
 __all__ = [
     "Attribute",
@@ -39,10 +40,7 @@ __all__ = [
 Function = Callable[[list[Any]], Any]
 
 
-def _canonical(data: Any) -> bytes:
-    return json.dumps(
-        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+_canonical = canonical  # the form every encoding and hash here uses (rebaser_server.apps.snapshots.canonical)
 
 
 def _hash(data: Any, length: int = 64) -> str:
