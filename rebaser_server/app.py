@@ -74,7 +74,9 @@ class Applied:
 @runtime_checkable
 class RebaserApp(Protocol):
     async def start(self, nc: NatsClient, settings: Settings) -> None:
-        """Open whatever the app needs (stores, buckets). Called once before any request."""
+        """Open whatever the app needs (stores, buckets). Called before any request; if it raises a NATS error, a
+        ``TimeoutError`` or an ``OSError`` (JetStream not available yet: a cluster forming, a leader election), the
+        daemon calls :meth:`stop`, waits, and calls it again, as it retries its own set-up."""
 
     async def stop(self) -> None:
         """Release what ``start`` opened."""

@@ -126,7 +126,6 @@ class Daemon:
         await self._set_up(timeout)
         if self._stopping:
             return  # shut down while starting (a signal): start nothing
-        await rt.app.start(rt.nc, rt.settings)
         await self.queries.start()
         await rt.keeper.start()
         if self._stopping:
@@ -147,8 +146,10 @@ class Daemon:
 
     async def _set_up(self, timeout: float | None) -> None:
         # Every daemon does this at start-up, often all at once: on a fresh cluster nats-server leaves the losing
-        # concurrent stream creates unanswered (a timeout), so a failure here is retried, not fatal. Retrying is
-        # safe: each step is create-or-update.
+        # concurrent stream creates unanswered (a timeout), and a stream leader still being elected leaves any
+        # JetStream call unanswered, the app's own (the snapshot app opens an object store) included. So a failure
+        # here is retried, not fatal. Retrying is safe: each step is create-or-update, and an app whose start failed
+        # is stopped (releasing what it opened) before it is started again.
         rt = self.rt
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -157,6 +158,7 @@ class Daemon:
             try:
                 await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
                 await rt.store.open()
+                await self._start_app()
                 return
             except (nats.errors.Error, TimeoutError, OSError) as err:
                 if deadline is not None and loop.time() + pause > deadline:
@@ -169,6 +171,15 @@ class Daemon:
                 )
                 await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                 pause = min(pause * 2, _SETUP_RETRY_MAX)
+
+    async def _start_app(self) -> None:
+        rt = self.rt
+        try:
+            await rt.app.start(rt.nc, rt.settings)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await rt.app.stop()
+            raise
 
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""

@@ -1,7 +1,7 @@
 """Three daemons starting at once against a fresh 3-node cluster (R3 streams): every one of them comes up.
 
 nats-server leaves the losing concurrent stream creates unanswered, so a daemon that treated the timeout as fatal
-would exit; the set-up is retried instead."""
+would exit; the set-up is retried instead, the app's start (which may open stores of its own) included."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import contextlib
 from pathlib import Path
 
 import nats
+import nats.errors
+from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.settings import Settings
 from rebaser_server.server import Daemon
 from rebaser_server.testing import fast_settings
 from tests.apps import RecordingApp
@@ -46,3 +49,36 @@ async def _start_three(cluster: NatsCluster, subject_prefix: str) -> None:
         for nc in conns:
             with contextlib.suppress(Exception):
                 await nc.close()
+
+
+class _StartsOnTheThirdTry(RecordingApp):
+    """An app whose store is not answering yet: its first two starts time out, as a JetStream call does while a
+    stream leader is elected."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def start(self, nc: NatsClient, settings: Settings) -> None:
+        self.calls.append("start")
+        if self.calls.count("start") < 3:
+            raise nats.errors.TimeoutError
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+
+async def test_an_app_start_that_times_out_is_retried_after_a_stop(nc: NatsClient, subject_prefix: str) -> None:
+    app = _StartsOnTheThirdTry()
+    daemon = Daemon(nc, fast_settings(subject_prefix), app)
+    try:
+        async with asyncio.timeout(30):
+            await daemon.start(timeout=20)
+        assert app.calls == ["start", "stop", "start", "stop", "start"]  # each failed start released first
+        async with RebaserClient(nc, prefix=subject_prefix) as client:
+            response = await client.enqueue_updates_with_reply(
+                WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+            )
+            assert response.ok
+    finally:
+        await daemon.shutdown()
