@@ -45,7 +45,7 @@ def test_a_circular_value_is_refused_and_the_encoder_still_works() -> None:
     looped: list[Any] = [1]
     looped.append(looped)
     for _ in range(3):  # each failure leaves the reused circular-reference table clean
-        with pytest.raises(ValueError, match="[Cc]ircular"):
+        with pytest.raises(ValueError, match=r"[Cc]ircular"):
             canonical({"x": looped})
     shared = [1]
     assert canonical([shared, shared]) == b"[[1],[1]]"  # the same list twice is no cycle
