@@ -14,7 +14,7 @@ The processor calls three hooks; everything else about observability reads the d
   group's last request, linked to the others (:meth:`Observer.staged` remembers them);
 - :meth:`Observer.reply` around each reply (``replies``): a ``rebaser.reply`` span under the request it answers,
   whose trace context the reply carries back;
-- :meth:`Observer.dvu` around each DVU run (``ChangeSetProcessor._run_dvu``): a ``rebaser.dvu`` span in the trace
+- :meth:`Observer.dvu` around each DVU run (``ChangeSetDvu._run``): a ``rebaser.dvu`` span in the trace
   of the request whose commit made the DVU due (:meth:`Observer.dvu_due`, called by the commit group).
 
 Tracing is off unless the application installed an SDK: then no span context is valid, and every hook returns after

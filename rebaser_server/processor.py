@@ -3,7 +3,8 @@
 Life of a task (the daemon holds the change set's task delivery for all of it, under a :class:`Lease`):
 
 1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; join the
-   daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the DVU loop.
+   daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the change
+   set's DVU runs (``dvu_runs``).
 2. **Consume**: an ordered push consumer on the change set's request subject; its callback handles one request
    at a time (nats-py awaits a subscription's callback before delivering the next message). Nothing is applied
    unless the lease is held.
@@ -29,10 +30,10 @@ from nats.aio.msg import Msg
 
 from rebaser_core.errors import FencedError
 from rebaser_core.subjects import Subjects
-from rebaser_server.app import ChangeSet, CommitHooks
+from rebaser_server.app import ChangeSet
 from rebaser_server.consumer import Created, RequestConsumer
 from rebaser_server.delivery import Delivery
-from rebaser_server.dvu import SerialDvu
+from rebaser_server.dvu_runs import Activity, ChangeSetDvu
 from rebaser_server.group import CommitGroup
 from rebaser_server.handling import RequestHandler
 from rebaser_server.lease import Lease
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 # stream must stay within the window).
 _GROUP_MAX = 32
 _GROUP_MAX_WAIT = 0.005
-# A due DVU runs once no request has come for this long (or dvu_max_delay after it became due).
-_DVU_QUIET = 0.01
 # Under pressure (the daemon is full and other change sets wait for an owner), a change set idle this long lets go.
 _PRESSURE_QUIET = 1.0
 
@@ -103,23 +102,17 @@ class ChangeSetProcessor:
         # The change set's ordered consumer (consumer.py).
         self._consumer = RequestConsumer(rt, self._names, self._subject)
         self._caught_up = False
-        # Set while no request is waiting: a due DVU runs in a lull, so a burst of requests shares few DVU runs.
-        self._lull = asyncio.Event()
-        self._lull.set()
-        self._last_activity = time.monotonic()
+        # When the last request was handled, and whether one waits: read by the DVU runs (a due one runs in a lull,
+        # so a burst of requests shares few) and by the release.
+        self._activity = Activity()
         # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
         self._steps = Steps(self.lease)
         self._trimmer = Trimmer(rt, change_set, self._names)
         self._commits: CommitGroup | None = None  # created once the change set's record is acquired
         self._handler: RequestHandler | None = None
         self._flush_timer: asyncio.Task[None] | None = None
-        self._dvu_took = 0.0  # how long the last DVU run took, and when it ended (monotonic)
-        self._dvu_ended = 0.0
-        self._dvu = SerialDvu(
-            self._run_dvu,
-            name=f"dvu {change_set}",
-            retry_backoff=settings.retry_backoff,
-            retry_backoff_max=settings.retry_backoff_max,
+        self._dvu = ChangeSetDvu(
+            rt, change_set, steps=self._steps, lease=self.lease, activity=self._activity, finish=self._finish
         )
 
     # -- public -------------------------------------------------------------------------------------
@@ -167,9 +160,7 @@ class ChangeSetProcessor:
             self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
             self._handler = RequestHandler(rt, self.change_set, self._commits, self._steps.run)
             await rt.hooks.checkpoint("acquired", self.change_set)
-            self._dvu.start()
-            if self._handle.record.dvu_pending:
-                self._dvu.notify()  # the previous owner died with a DVU due
+            self._dvu.start(self._handle)
             await self._bind(await consumer)
             if self._caught_up:
                 self._started()
@@ -201,7 +192,7 @@ class ChangeSetProcessor:
         self._caught_up = created.num_pending == 0
         log.debug("%s: consuming, %d requests queued", self.change_set, created.num_pending)
         if not self._caught_up:
-            self._lull.clear()
+            self._activity.lull.clear()
         await self._consumer.bind(created, self._on_request)
 
     async def _on_request(self, msg: Msg) -> None:
@@ -227,14 +218,14 @@ class ChangeSetProcessor:
             except Exception as err:
                 self._fail(err)
             finally:
-                self._last_activity = time.monotonic()
+                self._activity.last = time.monotonic()
                 if self._wake_after_request:
                     self._wake_waiter()
                 self._caught_up = delivery is not None and delivery.num_pending == 0
                 if self._caught_up:
-                    self._lull.set()
+                    self._activity.lull.set()
                 else:
-                    self._lull.clear()
+                    self._activity.lull.clear()
 
     def _fail(self, err: Exception) -> None:
         """End the task after a failure while processing; an open commit group is settled by ``_finish_task``."""
@@ -279,61 +270,6 @@ class ChangeSetProcessor:
                 except Exception as err:
                     self._fail(err)
 
-    # -- dependent values update --------------------------------------------------------------------
-    async def _run_dvu(self) -> None:
-        handle = self._handle
-        assert handle is not None
-        max_delay = self._rt.settings.dvu_max_delay
-        # A costly DVU must not run in every short lull of a steady stream of requests: after a run that took d
-        # seconds, requests get at least d (at most dvu_max_delay) before the next one starts, so DVU runs take at
-        # most about half the change set's time while requests keep coming, and a burst shares few runs.
-        spacing = min(self._dvu_took, max_delay) - (time.monotonic() - self._dvu_ended)
-        if spacing > 0:
-            await asyncio.sleep(spacing)
-        # Then a lull that lasts _DVU_QUIET (a burst's requests arrive closer together than that), at most
-        # dvu_max_delay after the run became due. asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
-        # cancellation that arrives just as the awaited thing completes, and a swallowed cancel would keep
-        # SerialDvu.stop() waiting for ever.
-        deadline = time.monotonic() + max_delay
-        while (remaining := deadline - time.monotonic()) > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._lull.wait()
-            quiet_for = time.monotonic() - self._last_activity
-            if self._lull.is_set() and quiet_for >= _DVU_QUIET:
-                break
-            await asyncio.sleep(min(max(_DVU_QUIET - quiet_for, 0.001), max(remaining, 0.0)))
-        started = time.monotonic()
-        try:
-            # The DVU run's trace span (rebaser_server.observe).
-            async with handle.lock, self._rt.observe.dvu(self.change_set):
-                if not self.lease.held():
-                    raise LeaseLost()
-                record = handle.record
-                hooks = CommitHooks.of(self._rt.app)
-                try:
-                    state = await self._steps.run(
-                        self._rt.app.dependent_values_update(self.change_set, record.state)
-                    )
-                    # What the state points to is written before the record that points to it is committed.
-                    await hooks.before_commit(self.change_set, state)
-                    await handle.commit(replace(handle.record, state=state, dvu_pending=False))
-                except BaseException:
-                    hooks.abandoned(self.change_set)
-                    raise
-            self._rt.stats.dvu_runs += 1
-            self._dvu_ended = time.monotonic()
-            self._dvu_took = self._dvu_ended - started
-        except FencedError as err:
-            self._finish(Outcome.FENCED, reason=str(err))
-        except LeaseLost:
-            self._finish(Outcome.LEASE_LOST, reason="lease ran out during a dependent values update")
-        except Wedged:
-            self._finish(Outcome.WEDGED, reason="dependent values update overran handler_deadline")
-        except Exception:
-            self._rt.stats.dvu_failures += 1
-            raise
-
     # -- watchdog and keep-alive --------------------------------------------------------------------
     def watch(self, now: float) -> bool:
         """The watchdog, called by the daemon's lease keeper at least every progress_period (and when the lease is
@@ -360,7 +296,7 @@ class ChangeSetProcessor:
         if (
             self._wake is not None
             and self._caught_up
-            and now - self._last_activity >= _PRESSURE_QUIET
+            and now - self._activity.last >= _PRESSURE_QUIET
             and (self._rt.pressure or draining(self._rt, self.change_set, self._names))
         ):
             self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
@@ -391,7 +327,7 @@ class ChangeSetProcessor:
             # this ownership only drains the old shard, so it lets go once idle and its new shard's task goes on.
             if self._caught_up and (self._rt.pressure or draining(self._rt, self.change_set, self._names)):
                 limit = min(limit, _PRESSURE_QUIET)  # others wait for a slot: an idle change set gives way
-            idle = time.monotonic() - self._last_activity
+            idle = time.monotonic() - self._activity.last
             if idle < limit:
                 timeout = min(limit - idle, quiet) + 0.001
             elif not self._request_lock.locked():
