@@ -10,13 +10,13 @@ requests stream's limits that is :class:`~rebaser_core.errors.RebaserBusy` namin
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core.errors import BusyLimit, RebaserBusy, RebaserRefused, RebaserUnavailable
+from rebaser_core.pub_ack import read_pub_ack
 from rebaser_core.requester import Requester
 
 __all__ = [
@@ -90,7 +90,7 @@ def parse_pub_ack(data: bytes, subject: str, *, allow: tuple[int, ...] = ()) -> 
     """A JetStream publish ack as a dict (a refusal whose err_code is in ``allow`` included); a typed error for any
     other refusal."""
     try:
-        reply = json.loads(data)
+        reply = read_pub_ack(data)
     except ValueError:
         raise RebaserUnavailable(f"publish to {subject}: unreadable JetStream reply {data[:80]!r}") from None
     if not isinstance(reply, dict):

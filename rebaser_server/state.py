@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +38,7 @@ from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, Resp
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
+from rebaser_core.pub_ack import read_pub_ack
 from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
 from rebaser_core.requester import Requester, last_message
 from rebaser_core.settings import Settings
@@ -307,7 +307,7 @@ class ChangeSetHandle:
         reply = await self._requester.request(
             f"{prefix}{self.key}", value, timeout=self._timeout, headers={_EXPECTED_LAST: str(self.revision)}
         )
-        ack = json.loads(reply.data)
+        ack = read_pub_ack(reply.data)
         error = ack.get("error")
         if error is not None:
             if error.get("err_code") == _WRONG_LAST_SEQUENCE:
