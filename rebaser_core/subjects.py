@@ -21,7 +21,7 @@ keeps the names above, so a deployment of one stream is exactly what it always w
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -69,11 +69,18 @@ class Subjects:
 
     prefix: str | None = None
     shard: int = 0
+    # Made once: a client names a request's subject, its task's and its stream on every request.
+    _requests_head: str = field(init=False, repr=False, compare=False)
+    _tasks_head: str = field(init=False, repr=False, compare=False)
+    _requests_stream: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", validate_prefix(self.prefix))
         if self.shard < 0:
             raise InvalidSubject(f"shard {self.shard} must be >= 0")
+        object.__setattr__(self, "_requests_head", self._sharded("requests") + ".")
+        object.__setattr__(self, "_tasks_head", self._sharded("tasks") + ".")
+        object.__setattr__(self, "_requests_stream", self._shard_name(REQUESTS_STREAM))
 
     def for_shard(self, shard: int) -> Subjects:
         """The names of shard ``shard`` of this deployment (streams and request/task subjects differ per shard;
@@ -97,7 +104,7 @@ class Subjects:
     # -- stream, consumer and bucket names ------------------------------------------------------
     @property
     def requests_stream(self) -> str:
-        return self._shard_name(REQUESTS_STREAM)
+        return self._requests_stream
 
     @property
     def tasks_stream(self) -> str:
@@ -167,10 +174,10 @@ class Subjects:
 
     # -- per change set ---------------------------------------------------------------------------
     def requests(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
-        return self._sharded("requests", str(workspace_id), str(change_set_id))
+        return f"{self._requests_head}{workspace_id}.{change_set_id}"
 
     def task(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
-        return self._sharded("tasks", str(workspace_id), str(change_set_id), "process")
+        return f"{self._tasks_head}{workspace_id}.{change_set_id}.process"
 
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
