@@ -50,6 +50,7 @@ from rebaser_core.api import (
 )
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES, encode_batch
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
+from rebaser_core.deadlines import Deadlines
 from rebaser_core.errors import (
     ProtocolError,
     RebaserRefused,
@@ -137,6 +138,7 @@ class RebaserClient:
         self._inbox_prefix: str | None = None
         self._inbox_sub: Subscription | None = None
         self._inbox_lock = asyncio.Lock()
+        self._deadlines = Deadlines()  # of the calls awaiting their replies
         # request id -> (the caller's future, the request): a reply is checked against the request it answers
         self._waiting: dict[str, tuple[asyncio.Future[EnqueueUpdatesResponse], EnqueueUpdatesRequest]] = {}
 
@@ -419,7 +421,7 @@ class RebaserClient:
         self._waiting[rid] = (future, request)
         recorded: asyncio.Task[None] | None = None
         try:
-            async with asyncio.timeout(timeout):
+            async with self._deadlines.after(timeout):  # asyncio.timeout, on one timer for all calls
                 if await self._enqueue(request, f"{inbox}.{rid}") is Sent.DUPLICATE:
                     # The stream already held this request (a resend after a lost ack or a lost reply), so this
                     # publish will get no reply of its own, and the first one's may have gone where nobody listens
@@ -488,6 +490,8 @@ class RebaserClient:
             return await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
 
     async def _reply_inbox(self) -> str:
+        if self._inbox_prefix is not None:
+            return self._inbox_prefix  # every call but the first: no lock to take
         # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.
         async with self._inbox_lock:
             if self._inbox_prefix is None:
