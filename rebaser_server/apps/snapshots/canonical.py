@@ -55,19 +55,19 @@ def _encoder(sort_keys: bool) -> Callable[[Any], str]:
 _local = threading.local()
 
 
+def _thread_encoder(name: str, sort_keys: bool) -> Callable[[Any], str]:
+    encode: Callable[[Any], str] | None = getattr(_local, name, None)
+    if encode is None:
+        encode = _encoder(sort_keys)
+        setattr(_local, name, encode)
+    return encode
+
+
 def canonical(data: Any) -> bytes:
     """``json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()``"""
-    try:
-        encode: Callable[[Any], str] = _local.sorted
-    except AttributeError:
-        encode = _local.sorted = _encoder(sort_keys=True)
-    return encode(data).encode()
+    return _thread_encoder("sorted", True)(data).encode()
 
 
 def compact(data: Any) -> bytes:
     """``json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()``"""
-    try:
-        encode: Callable[[Any], str] = _local.unsorted
-    except AttributeError:
-        encode = _local.unsorted = _encoder(sort_keys=False)
-    return encode(data).encode()
+    return _thread_encoder("unsorted", False)(data).encode()
