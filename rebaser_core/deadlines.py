@@ -14,6 +14,7 @@ meanwhile (``Task.uncancel``); a cancellation from outside goes through as ``Can
 from __future__ import annotations
 
 import asyncio
+import math
 from types import TracebackType
 
 __all__ = ["Deadlines"]
@@ -30,6 +31,8 @@ class _Deadline:
         self._expired = False
 
     async def __aenter__(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("a deadline is entered once")  # as asyncio.timeout
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline must be used inside a task")
@@ -62,6 +65,10 @@ class Deadlines:
         self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
 
     def after(self, seconds: float) -> _Deadline:
+        """``asyncio.timeout(seconds)``; ``ValueError`` for NaN (no deadline could be compared with it, and one NaN
+        on the shared timer would keep every other deadline from firing)."""
+        if math.isnan(seconds):
+            raise ValueError("a timeout of NaN seconds")
         return _Deadline(self, asyncio.get_running_loop().time() + seconds)
 
     def __len__(self) -> int:

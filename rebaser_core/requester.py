@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,14 +60,15 @@ class Requester:
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
-        if sub is not None:
-            await sub.unsubscribe()
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
         callbacks, self._callbacks = self._callbacks, {}
-        for callback, _ in callbacks.values():  # no answer can reach them any more
+        # First: unsubscribing raises on a connection already closed or draining, and no answer can come either way.
+        for callback, _ in callbacks.values():
             _call(callback, nats.errors.ConnectionClosedError())
+        if sub is not None:
+            await sub.unsubscribe()
 
     async def request(
         self, subject: str, payload: bytes = b"", *, timeout: float, headers: dict[str, str] | None = None
@@ -98,6 +100,8 @@ class Requester:
 
     def _add(self, callback: Callable[[Answer], None], timeout: float) -> str:
         """A new reply token whose answer (or timeout) goes to ``callback``."""
+        if math.isnan(timeout):  # one NaN deadline would keep the shared timer from firing for any other call
+            raise ValueError("a timeout of NaN seconds")
         self._next += 1
         token = str(self._next)
         loop = asyncio.get_running_loop()

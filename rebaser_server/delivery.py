@@ -5,7 +5,9 @@ JetStream names each delivery in its reply (ack) subject: ``$JS.ACK.<stream>.<co
 ``Msg.metadata`` reads it into two frozen dataclasses and a ``datetime``; each request's handling needs three
 numbers of it (its stream sequence, how many requests wait behind it, when it was stored), and building nats-py's
 objects was 3 % of a daemon's time per request. This reads the same tokens as nats-py 2.16 (``Msg.Metadata.
-_from_reply``: the same forms accepted, the same ``NotJSMessageError`` otherwise), and only the three numbers.
+_from_reply``): the same forms, ``NotJSMessageError`` for any other, ``ValueError`` where a number is not one. It
+does not build the ``datetime`` nats-py makes of the stored-at time, so a time beyond year 9999, which nats-py
+refuses (``OSError``), is taken as it is (only the queue-wait metric reads it).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ __all__ = ["Delivery"]
 # the end is optional).
 _V1_TOKENS = 9
 _V2_MIN_TOKENS = 11
-# Index of (stream sequence, stored at, pending) in each form.
-_V1_FIELDS = (5, 7, 8)
-_V2_FIELDS = (7, 9, 10)
+# Index of the first number (delivered count; then stream and consumer sequence, stored at, pending) in each form.
+_V1_NUMBERS = 4
+_V2_NUMBERS = 6
 
 
 class Delivery:
@@ -47,15 +49,16 @@ class Delivery:
         tokens = reply.split(".")
         count = len(tokens)
         if count == _V1_TOKENS:
-            seq, stored, pending = _V1_FIELDS
+            first = _V1_NUMBERS
         elif count >= _V2_MIN_TOKENS:
-            seq, stored, pending = _V2_FIELDS
+            first = _V2_NUMBERS
         else:
             raise NotJSMessageError
         if tokens[0] != "$JS" or tokens[1] != "ACK":
             raise NotJSMessageError
-        # int() refuses what nats-py's int() refuses (ValueError): a subject with words where numbers belong.
-        return cls(int(tokens[seq]), int(tokens[pending]), int(tokens[stored]))
+        # int() of all five, as nats-py does (ValueError): a subject with words where numbers belong is refused.
+        _delivered, stream_seq, _consumer_seq, stored, pending = map(int, tokens[first : first + 5])
+        return cls(stream_seq, pending, stored)
 
     @property
     def stored_at(self) -> float:

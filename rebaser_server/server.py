@@ -22,6 +22,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js.errors import APIError
 
 from rebaser_core import nats_speedups
 from rebaser_core.errors import InvalidSubject
@@ -56,6 +57,27 @@ _FETCH_BATCH = 256
 # Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
 _SETUP_RETRY_FIRST = 0.2
 _SETUP_RETRY_MAX = 5.0
+
+
+def _unavailable(err: BaseException) -> bool:
+    """A failure that says NATS or JetStream is not available yet (no answer, no responder, no leader, no
+    connection), as opposed to a refusal that retrying cannot change."""
+    if isinstance(err, APIError):
+        return err.code == _SERVICE_UNAVAILABLE
+    return isinstance(err, _UNAVAILABLE)
+
+
+_UNAVAILABLE = (
+    TimeoutError
+    | ConnectionError
+    | nats.errors.NoRespondersError
+    | nats.errors.ConnectionClosedError
+    | nats.errors.ConnectionReconnectingError
+    | nats.errors.StaleConnectionError
+    | nats.errors.OutboundBufferLimitError
+    | nats.errors.NoServersError
+)
+_SERVICE_UNAVAILABLE = 503
 # While every slot is taken, how often the daemon looks whether other change sets wait for an owner.
 _PRESSURE_CHECK = 1.0
 # /status lists at most this many owned change sets by name (the count is always exact).
@@ -97,6 +119,7 @@ class Daemon:
         # Set when a change set lets go or has started: the pull loop may have room again.
         self._slot_freed = asyncio.Event()
         self._stopping = False
+        self._app_stopping = False  # shutdown has come to stopping the app (see _start_app)
         # One pull loop (_pull) per served shard: rebaser_server.shards.
         self.shards = ShardPullers(self.rt, self._pull, expires=_FETCH_TIMEOUT)
         self._sweeper_task: asyncio.Task[None] | None = None
@@ -155,14 +178,20 @@ class Daemon:
         deadline = None if timeout is None else loop.time() + timeout
         pause = _SETUP_RETRY_FIRST
         while not self._stopping:
+            app_step = False
             try:
                 await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
                 await rt.store.open()
+                if self._stopping:
+                    return  # shut down meanwhile: start no app that shutdown would not stop
+                app_step = True
                 await self._start_app()
                 return
             except (nats.errors.Error, TimeoutError, OSError) as err:
                 if deadline is not None and loop.time() + pause > deadline:
                     raise
+                if app_step and not _unavailable(err):
+                    raise  # the app's own refusal (a bad config, a file it cannot open): retrying cannot help
                 log.warning(
                     "JetStream set-up failed (%s: %s); retrying in %.1fs",
                     type(err).__name__,
@@ -180,6 +209,10 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await rt.app.stop()
             raise
+        if self._app_stopping:
+            # Shutdown came while the app started, and its stop of the app may have run before the start ended.
+            with contextlib.suppress(Exception):
+                await rt.app.stop()
 
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
@@ -424,6 +457,7 @@ class Daemon:
         if self._active:
             log.error("%d change sets did not finish handing back in time", len(self._active))
         await self.rt.keeper.stop()
+        self._app_stopping = True
         for what, stop in (("queries", self.queries.stop), ("app", self.rt.app.stop)):
             try:
                 async with asyncio.timeout(settings.nats_timeout):

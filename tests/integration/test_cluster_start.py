@@ -11,7 +11,9 @@ from pathlib import Path
 
 import nats
 import nats.errors
+import pytest
 from nats.aio.client import Client as NatsClient
+from nats.js.errors import APIError
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded import NatsCluster
@@ -68,7 +70,9 @@ class _StartsOnTheThirdTry(RecordingApp):
         self.calls.append("stop")
 
 
-async def test_an_app_start_that_times_out_is_retried_after_a_stop(nc: NatsClient, subject_prefix: str) -> None:
+async def test_an_app_start_that_times_out_is_retried_after_a_stop(
+    nc: NatsClient, subject_prefix: str
+) -> None:
     app = _StartsOnTheThirdTry()
     daemon = Daemon(nc, fast_settings(subject_prefix), app)
     try:
@@ -80,5 +84,36 @@ async def test_an_app_start_that_times_out_is_retried_after_a_stop(nc: NatsClien
                 WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
             )
             assert response.ok
+    finally:
+        await daemon.shutdown()
+
+
+class _RefusedApp(RecordingApp):
+    """An app whose store refuses its configuration: no retry can change that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def start(self, nc: NatsClient, settings: Settings) -> None:
+        self.calls.append("start")
+        raise APIError(
+            code=400, err_code=10058, description="stream name already in use with a different config"
+        )
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+
+async def test_an_app_start_refused_for_good_ends_the_start_at_once(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    app = _RefusedApp()
+    daemon = Daemon(nc, fast_settings(subject_prefix), app)
+    try:
+        with pytest.raises(APIError, match="different config"):
+            async with asyncio.timeout(30):
+                await daemon.start()  # no deadline: a refusal retried would never end
+        assert app.calls == ["start", "stop"]
     finally:
         await daemon.shutdown()

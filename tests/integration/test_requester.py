@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats
 import nats.errors
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -90,3 +91,27 @@ async def test_request_times_out_on_the_shared_timer_and_leaves_nothing(
         await expected
     assert reply_to.startswith("_INBOX.")
     await silent.unsubscribe()
+
+
+async def test_close_on_a_closed_connection_still_fails_what_waits(
+    nats_url: str, subject_prefix: str
+) -> None:
+    own = await nats.connect(nats_url)
+    requester = Requester(own)
+    answers: list[Answer] = []
+
+    async def ignore(msg: Msg) -> None:
+        return None
+
+    await own.subscribe(f"{subject_prefix}.silent", cb=ignore)
+    with pytest.raises(ValueError, match="NaN"):  # refused before it is sent: it would stall the shared timer
+        await requester.send(f"{subject_prefix}.silent", b"", timeout=float("nan"), on_answer=answers.append)
+    await requester.send(f"{subject_prefix}.silent", b"", timeout=30, on_answer=answers.append)
+    pending = asyncio.create_task(requester.request(f"{subject_prefix}.silent", timeout=30))
+    await wait_for(lambda: len(requester._callbacks) == 2, timeout=5, message="both pending")
+    await own.close()
+    with pytest.raises(nats.errors.Error):
+        await requester.close()  # unsubscribing fails on a closed connection: after what waits was told
+    assert len(answers) == 1 and isinstance(answers[0], nats.errors.ConnectionClosedError)
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await pending

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -98,3 +99,16 @@ async def test_nested_with_asyncio_timeout_the_earlier_one_wins() -> None:
             await loop.create_future()
     assert len(deadlines) == 0
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_nan_is_refused_and_a_deadline_is_entered_once() -> None:
+    deadlines = Deadlines()
+    with pytest.raises(ValueError, match="NaN"):
+        deadlines.after(math.nan)
+    deadline = deadlines.after(5)
+    async with deadline:
+        pass
+    with pytest.raises(RuntimeError):
+        async with deadline:
+            pass
+    assert len(deadlines) == 0

@@ -62,8 +62,18 @@ def test_what_is_no_delivery_is_refused_as_nats_py_refuses_it(reply: str | None)
         Msg.Metadata._from_reply(reply)  # type: ignore[arg-type]
 
 
-def test_words_where_numbers_belong_are_refused() -> None:
-    reply = "$JS.ACK.S.C.1.two.3.4.5"
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.S.C.one.2.3.4.5",  # the delivered count
+        "$JS.ACK.S.C.1.two.3.4.5",  # the stream sequence
+        "$JS.ACK.S.C.1.2.three.4.5",  # the consumer sequence
+        "$JS.ACK.S.C.1.2.3.four.5",  # the stored-at time
+        "$JS.ACK.S.C.1.2.3.4.five",  # pending
+        "$JS.ACK._.HASH.S.C.1.2.x.4.5",  # the form with a domain
+    ],
+)
+def test_words_where_numbers_belong_are_refused(reply: str) -> None:
     with pytest.raises(ValueError):
         Delivery.parse(reply)
     with pytest.raises(ValueError):
