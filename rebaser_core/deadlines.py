@@ -9,15 +9,71 @@ insert, leaving it a dict pop, and the timer fires about once per timeout, not o
 The semantics are ``asyncio.timeout``'s (Python 3.11): on expiry the task is cancelled, and the ``async with``
 raises ``TimeoutError`` if that cancellation is what ended the block and no other cancellation was asked for
 meanwhile (``Task.uncancel``); a cancellation from outside goes through as ``CancelledError``.
+
+The timer itself is :class:`Expiries`, which :class:`~rebaser_core.requester.Requester` uses for its calls too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable, Hashable
 from types import TracebackType
+from typing import Generic, TypeVar
 
-__all__ = ["Deadlines"]
+__all__ = ["Deadlines", "Expiries"]
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Expiries(Generic[K]):
+    """When each of many pending things times out, on one timer: ``add(key, when)`` (a time on the event loop's
+    clock), ``discard(key)`` once it is settled; ``on_due(key)`` is called, in the event loop, for each whose time
+    came first. The timer is armed for the earliest time or later: re-armed only for an earlier one, so with one
+    timeout for all it is made about once per timeout, and a pass over what is pending costs one firing."""
+
+    def __init__(self, on_due: Callable[[K], None]) -> None:
+        self._on_due = on_due
+        self._when: dict[K, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
+
+    def __len__(self) -> int:
+        return len(self._when)
+
+    def add(self, key: K, when: float) -> None:
+        """``ValueError`` for NaN: no time compares with it, and on the shared timer it would keep every other
+        time from firing."""
+        if math.isnan(when):
+            raise ValueError("a timeout of NaN seconds")
+        self._when[key] = when
+        timer, loop = self._timer, asyncio.get_running_loop()
+        # Also re-armed in another event loop than the timer's (a client used by one asyncio.run after another).
+        if timer is None or when < timer.when() or loop is not self._loop:
+            if timer is not None:
+                timer.cancel()
+            self._timer, self._loop = loop.call_at(when, self._fire), loop
+
+    def discard(self, key: K) -> None:
+        self._when.pop(key, None)
+
+    def clear(self) -> list[K]:
+        """Forget everything pending (no ``on_due`` for it) and return it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._when = list(self._when), {}
+        return pending
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for key in [key for key, when in self._when.items() if when <= now]:
+            del self._when[key]
+            self._on_due(key)
+        if self._when:
+            self._timer = loop.call_at(min(self._when.values()), self._fire)
 
 
 class _Deadline:
@@ -60,13 +116,10 @@ class Deadlines:
     """Deadlines of concurrent calls: ``async with deadlines.after(seconds):`` as ``asyncio.timeout(seconds)``."""
 
     def __init__(self) -> None:
-        self._active: dict[_Deadline, None] = {}  # entered, not yet left or expired
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
+        self._active: Expiries[_Deadline] = Expiries(_Deadline._expire)  # entered, not yet left or expired
 
     def after(self, seconds: float) -> _Deadline:
-        """``asyncio.timeout(seconds)``; ``ValueError`` for NaN (no deadline could be compared with it, and one NaN
-        on the shared timer would keep every other deadline from firing)."""
+        """``asyncio.timeout(seconds)``; ``ValueError`` for NaN (see :meth:`Expiries.add`)."""
         if math.isnan(seconds):
             raise ValueError("a timeout of NaN seconds")
         return _Deadline(self, asyncio.get_running_loop().time() + seconds)
@@ -75,25 +128,7 @@ class Deadlines:
         return len(self._active)
 
     def _enter(self, deadline: _Deadline) -> None:
-        self._active[deadline] = None
-        timer, loop = self._timer, asyncio.get_running_loop()
-        # Re-armed only for an earlier deadline: with one timeout for all, the timer is made about once per timeout.
-        # (And in another event loop than the timer's: a client used by one asyncio.run after another.)
-        if timer is None or deadline.when < timer.when() or loop is not self._loop:
-            if timer is not None:
-                timer.cancel()
-            self._timer, self._loop = loop.call_at(deadline.when, self._fire), loop
+        self._active.add(deadline, deadline.when)
 
     def _leave(self, deadline: _Deadline) -> None:
-        self._active.pop(deadline, None)
-
-    def _fire(self) -> None:
-        self._timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        due = [deadline for deadline in self._active if deadline.when <= now]
-        for deadline in due:
-            del self._active[deadline]
-            deadline._expire()
-        if self._active:
-            self._timer = loop.call_at(min(d.when for d in self._active), self._fire)
+        self._active.discard(deadline)

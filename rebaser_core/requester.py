@@ -4,8 +4,9 @@ nats-py's ``request`` makes every call a fresh random reply token (a NUID plus `
 a clean-up callback, and ``asyncio.wait_for`` (another future, a timer, a wrapper). On the paths that run once or
 twice per request that machinery was a measurable share of the daemon's and the client's CPU. Here one wildcard
 subscription takes every reply, tokens are a counter, and a call is one future (none for :meth:`Requester.send`).
-One timer per requester expires every call whose deadline has passed: a timer per call (a handle pushed on the
-event loop's heap, compared in Python, cancelled on the answer) was 1.5 % of a daemon's time. The semantics are
+One timer per requester expires every call whose deadline has passed (``rebaser_core.deadlines.Expiries``): a timer
+per call (a handle pushed on the event loop's heap, compared in Python, cancelled on the answer) was 1.5 % of a
+daemon's time. The semantics are
 nats-py's: ``TimeoutError`` (nats-py's, a ``TimeoutError`` too) after ``timeout``, ``NoRespondersError`` when
 nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.inline_subscription``).
 """
@@ -16,7 +17,6 @@ import asyncio
 import functools
 import json
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +25,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
 
+from rebaser_core.deadlines import Expiries
 from rebaser_core.inline_subscription import subscribe_inline
 
 __all__ = ["JS_API", "Answer", "Requester", "answered", "js_api", "last_message"]
@@ -46,10 +47,9 @@ class Requester:
         self._sub: Any = None
         self._start_lock = asyncio.Lock()
         self._next = 0
-        # Every unanswered call: token -> (what its answer goes to, deadline on the loop's clock), and the one timer
-        # that expires them (armed while any is unanswered, for the earliest deadline or later).
-        self._callbacks: dict[str, tuple[Callable[[Answer], None], float]] = {}
-        self._expiry: asyncio.TimerHandle | None = None
+        # Every unanswered call: token -> what its answer goes to; and when each times out, on one timer.
+        self._callbacks: dict[str, Callable[[Answer], None]] = {}
+        self._expiries: Expiries[str] = Expiries(self._timed_out)
 
     async def _start(self) -> None:
         async with self._start_lock:
@@ -60,12 +60,10 @@ class Requester:
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
+        self._expiries.clear()
         callbacks, self._callbacks = self._callbacks, {}
         # First: unsubscribing raises on a connection already closed or draining, and no answer can come either way.
-        for callback, _ in callbacks.values():
+        for callback in callbacks.values():
             _call(callback, nats.errors.ConnectionClosedError())
         if sub is not None:
             await sub.unsubscribe()
@@ -80,7 +78,7 @@ class Requester:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
             return await future
         finally:
-            self._callbacks.pop(token, None)
+            self._forget(token)
 
     async def send(
         self, subject: str, payload: bytes, *, timeout: float, on_answer: Callable[[Answer], None]
@@ -95,38 +93,25 @@ class Requester:
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token)
         except BaseException:
-            self._callbacks.pop(token, None)
+            self._forget(token)
             raise
 
     def _add(self, callback: Callable[[Answer], None], timeout: float) -> str:
         """A new reply token whose answer (or timeout) goes to ``callback``."""
-        if math.isnan(timeout):  # one NaN deadline would keep the shared timer from firing for any other call
-            raise ValueError("a timeout of NaN seconds")
         self._next += 1
         token = str(self._next)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        self._callbacks[token] = (callback, deadline)
-        # Re-armed only for a deadline earlier than the armed one: with one timeout for all, once per timeout.
-        expiry = self._expiry
-        if expiry is None or deadline < expiry.when():
-            if expiry is not None:
-                expiry.cancel()
-            self._expiry = loop.call_at(deadline, self._expire)
+        self._expiries.add(token, asyncio.get_running_loop().time() + timeout)  # ValueError for NaN
+        self._callbacks[token] = callback
         return token
 
-    def _expire(self) -> None:
-        """Time out every call whose deadline has passed; wake again for the earliest one left."""
-        self._expiry = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        due = [token for token, (_, deadline) in self._callbacks.items() if deadline <= now]
-        for token in due:
-            callback, _ = self._callbacks.pop(token)
+    def _forget(self, token: str) -> None:
+        self._callbacks.pop(token, None)
+        self._expiries.discard(token)
+
+    def _timed_out(self, token: str) -> None:
+        callback = self._callbacks.pop(token, None)
+        if callback is not None:
             _call(callback, nats.errors.TimeoutError())
-        if self._callbacks:
-            earliest = min(deadline for _, deadline in self._callbacks.values())
-            self._expiry = loop.call_at(earliest, self._expire)
 
     async def ready(self) -> None:
         """Subscribe the reply subject if not yet done (``request`` does it by itself; ``expect`` needs it done)."""
@@ -141,7 +126,7 @@ class Requester:
         token, future = self._register(timeout)
 
         def forget(_: asyncio.Future[Msg]) -> None:
-            self._callbacks.pop(token, None)
+            self._forget(token)
 
         future.add_done_callback(forget)
         return self._prefix + token, future
@@ -152,13 +137,15 @@ class Requester:
         return self._add(functools.partial(_settle, future), timeout), future
 
     def _on_reply(self, msg: Msg) -> None:
-        entry = self._callbacks.pop(msg.subject[len(self._prefix) :], None)
-        if entry is not None:
+        token = msg.subject[len(self._prefix) :]
+        callback = self._callbacks.pop(token, None)
+        if callback is not None:
+            self._expiries.discard(token)
             try:
                 answer: Answer = answered(msg)
             except nats.errors.NoRespondersError as err:
                 answer = err
-            _call(entry[0], answer)
+            _call(callback, answer)
 
 
 def _settle(future: asyncio.Future[Msg], answer: Answer) -> None:

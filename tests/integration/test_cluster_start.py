@@ -53,18 +53,18 @@ async def _start_three(cluster: NatsCluster, subject_prefix: str) -> None:
                 await nc.close()
 
 
-class _StartsOnTheThirdTry(RecordingApp):
-    """An app whose store is not answering yet: its first two starts time out, as a JetStream call does while a
-    stream leader is elected."""
+class _StartingApp(RecordingApp):
+    """An app whose starts fail with ``failures`` in turn, then succeed; it records its starts and stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, *failures: Exception) -> None:
         super().__init__()
         self.calls: list[str] = []
+        self._failures = list(failures)
 
     async def start(self, nc: NatsClient, settings: Settings) -> None:
         self.calls.append("start")
-        if self.calls.count("start") < 3:
-            raise nats.errors.TimeoutError
+        if self._failures:
+            raise self._failures.pop(0)
 
     async def stop(self) -> None:
         self.calls.append("stop")
@@ -73,7 +73,9 @@ class _StartsOnTheThirdTry(RecordingApp):
 async def test_an_app_start_that_times_out_is_retried_after_a_stop(
     nc: NatsClient, subject_prefix: str
 ) -> None:
-    app = _StartsOnTheThirdTry()
+    # Its store is not answering yet: the first two starts time out, as a JetStream call does while a stream leader
+    # is elected.
+    app = _StartingApp(nats.errors.TimeoutError(), nats.errors.TimeoutError())
     daemon = Daemon(nc, fast_settings(subject_prefix), app)
     try:
         async with asyncio.timeout(30):
@@ -88,27 +90,13 @@ async def test_an_app_start_that_times_out_is_retried_after_a_stop(
         await daemon.shutdown()
 
 
-class _RefusedApp(RecordingApp):
-    """An app whose store refuses its configuration: no retry can change that."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    async def start(self, nc: NatsClient, settings: Settings) -> None:
-        self.calls.append("start")
-        raise APIError(
-            code=400, err_code=10058, description="stream name already in use with a different config"
-        )
-
-    async def stop(self) -> None:
-        self.calls.append("stop")
-
-
 async def test_an_app_start_refused_for_good_ends_the_start_at_once(
     nc: NatsClient, subject_prefix: str
 ) -> None:
-    app = _RefusedApp()
+    # Its store refuses its configuration: no retry can change that.
+    app = _StartingApp(
+        APIError(code=400, err_code=10058, description="stream name already in use with a different config")
+    )
     daemon = Daemon(nc, fast_settings(subject_prefix), app)
     try:
         with pytest.raises(APIError, match="different config"):
