@@ -16,6 +16,12 @@ the script from each). Leases are long (``ack_wait`` 30 s, renewed every 5 s, as
 quiet period longer than the run, so nothing is released or taken over while counting: under valgrind everything
 runs some fifty times slower.
 
+``--cold N`` counts the cold path instead (the burst's work, one activation at a time in the count): warm-up and
+measure each send one request to fresh change sets (``N`` of them, all at once, in the measure), and the count
+runs until every one is released again (its consumer gone), with a quiet period of one second. It reports
+instructions per activation: take the task, read and write the record, create the consumer, apply and reply,
+release. Only ``--side worker``.
+
 ``--side client`` counts the client instead: the daemon or worker runs natively, and the load comes from a process
 of its own under callgrind (``RebaserClient``, or the hand-written loop's client), counted the same way.
 
@@ -115,13 +121,36 @@ async def _load(
         raise RuntimeError(f"{dep.impl}: {len(done.errors)} requests failed: {done.errors[:3]}")
 
 
+async def _activate(dep: Deployment, nc: nats.NATS, count: int) -> None:
+    """One request to each of ``count`` fresh change sets, all at once; done once every one was released."""
+    change_sets = [ChangeSetId.new() for _ in range(count)]
+
+    async def send(i: int, c: int) -> bool:
+        return await dep.send(change_sets[c], i)
+
+    done = await drive(send, list(range(count)), count)
+    if done.errors:
+        raise RuntimeError(f"{dep.impl}: {len(done.errors)} requests failed: {done.errors[:3]}")
+    async with asyncio.timeout(600):
+        while True:  # polled: the server announces no consumer's removal; -1 (no answer in time) asks again
+            if await dep.consumers(nc) == 0:
+                break
+            await asyncio.sleep(0.1)
+
+
 async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
     """Count the worker (``--side worker``) or a client process (``--side client``) over the same load."""
     nc = await nats.connect(bench.server.url)
     dep = Deployment(bench, impl, 1)
     client: asyncio.subprocess.Process | None = None
     try:
-        if args.side == "worker":
+        if args.cold:
+            await dep.start(nc)
+            counter = Counter(dep.procs[0].pid, out_dir)
+            await _activate(dep, nc, 20)
+            idle, idle_s = await counter.count(None, args.idle)
+            total, took = await counter.count(asyncio.ensure_future(_activate(dep, nc, args.cold)))
+        elif args.side == "worker":
             await dep.start(nc)
             counter = Counter(dep.procs[0].pid, out_dir)
             change_sets, plan = _plan(args)
@@ -148,10 +177,11 @@ async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Pa
         await dep.stop(nc)
         await nc.close()
     idle_rate = idle / idle_s
-    per_request = (total - idle_rate * took) / args.requests
+    units = args.cold or args.requests
+    per_request = (total - idle_rate * took) / units
     return {
         "per_request": per_request,
-        "raw": total / args.requests,
+        "raw": total / units,
         "idle_per_s": idle_rate,
         "seconds": took,
     }
@@ -216,7 +246,8 @@ async def serve_load(args: argparse.Namespace) -> int:
 
 
 async def main_async(args: argparse.Namespace, server: NatsServer, procs: Processes, out_dir: Path) -> int:
-    bench_args = parse_args(["--quiescent", "3600"])
+    # The warm count must see no release; the cold one counts releases a second after each change set's request.
+    bench_args = parse_args(["--quiescent", "1" if args.cold else "3600"])
     bench = Bench(bench_args, server, procs)
     bench.env["REBASER_ACK_WAIT"] = "30"
     bench.env["REBASER_PROGRESS_PERIOD"] = "5"
@@ -227,25 +258,29 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
         f"--callgrind-out-file={out_dir}/cg.%p",
     ]
     bench.ready_timeout = 600.0
+    unit = "activation" if args.cold else "request"
     results: dict[str, dict[str, float]] = {}
     for impl in [i.strip() for i in args.impl.split(",") if i.strip()]:
         print(f"[{time.strftime('%H:%M:%S')}] {impl}: the {args.side} under valgrind", flush=True)
         results[impl] = r = await measure(bench, impl, args, out_dir)
         print(
-            f"    {r['per_request'] / 1e6:.3f} M instructions per request ({r['raw'] / 1e6:.3f} M before taking off "
+            f"    {r['per_request'] / 1e6:.3f} M instructions per {unit} ({r['raw'] / 1e6:.3f} M before taking off "
             f"{r['idle_per_s'] / 1e6:.1f} M/s of idle work over {r['seconds']:.0f} s)",
             flush=True,
         )
     base = results.get("baseline")
-    print(
-        f"\n{args.side}: {args.requests} requests on {args.change_sets} warm change sets, {args.clients} clients, "
-        f"seed {args.seed}"
-    )
+    if args.cold:
+        print(f"\nworker: {args.cold} cold change sets, one request each, all at once")
+    else:
+        print(
+            f"\n{args.side}: {args.requests} requests on {args.change_sets} warm change sets, {args.clients} "
+            f"clients, seed {args.seed}"
+        )
     for impl, r in results.items():
         ratio = ""
         if base is not None and impl != "baseline":
             ratio = f"  {r['per_request'] / base['per_request']:.2f}x the hand-written loop"
-        print(f"  {impl:>9}: {r['per_request'] / 1e6:6.3f} M instructions per request{ratio}")
+        print(f"  {impl:>9}: {r['per_request'] / 1e6:6.3f} M instructions per {unit}{ratio}")
     return 0
 
 
@@ -268,9 +303,18 @@ def main() -> int:
         default="worker",
         help="which process to count (default: worker)",
     )
+    parser.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="count activations instead: N fresh change sets, one request each (worker side only)",
+    )
     parser.add_argument("--serve-load", nargs=2, metavar=("IMPL", "PREFIX"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cold and args.side != "worker":
+        parser.error("--cold counts the worker only")
     if args.serve_load:
         return asyncio.run(serve_load(args))
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
