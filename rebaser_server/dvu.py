@@ -16,6 +16,10 @@ __all__ = ["SerialDvu"]
 log = logging.getLogger(__name__)
 
 
+async def _never_run() -> None:
+    """The run of a stopped loop."""
+
+
 class SerialDvu:
     def __init__(
         self,
@@ -72,6 +76,10 @@ class SerialDvu:
         caller's to persist."""
         task, self._task = self._task, None
         self._stopped = True
+        # A stopped loop never calls run again. Let go of it: it is usually a method of the loop's owner, which
+        # holds the loop, and that cycle would keep the owner's whole change set alive until the cycle collector
+        # found it (a daemon lets thousands of change sets go in a burst).
+        self._run = _never_run
         if task is not None:
             task.cancel()
             # Bounded: an app step that ignores cancellation must not hold its change set's shutdown for ever.

@@ -41,6 +41,10 @@ class Activity:
         self.lull.set()
 
 
+def _ended(outcome: Outcome, delay: float, reason: str) -> None:
+    """The ``finish`` of a stopped change set's DVU runs."""
+
+
 class ChangeSetDvu:
     def __init__(
         self,
@@ -84,6 +88,9 @@ class ChangeSetDvu:
 
     async def stop(self, timeout: float) -> None:
         await self._loop.stop(timeout=timeout)
+        # Nothing is ended from here any more (a run left behind has nobody to end). ``finish`` is the processor's
+        # method, and the processor holds this object: without this the pair is freed only by the cycle collector.
+        self._finish = _ended
 
     async def _wait_for_turn(self) -> None:
         max_delay = self._rt.settings.dvu_max_delay
