@@ -127,8 +127,9 @@ def _untie(psub: Any) -> None:
     sets, with this and the DVU loop's cycle). ``_jsi = None`` is what a plain subscription has, and every use of it
     in nats-py, after unsubscribing, checks it first.
     """
-    inner = getattr(psub, "_sub", None)  # nats-py's PushSubscription wraps the Subscription it was made from
-    if getattr(psub, "_closed", False) and getattr(inner, "_jsi", None) is not None:
+    # nats-py's PushSubscription wraps the Subscription it was made from.
+    inner: Any = getattr(psub, "_sub", None)
+    if inner is not None and getattr(psub, "_closed", False) and getattr(inner, "_jsi", None) is not None:
         inner._jsi = None
 
 
