@@ -47,7 +47,7 @@ import nats
 
 from bench.bench import Bench, parse_args, tempfile_dir
 from bench.deployment import Deployment
-from bench.procs import Processes
+from bench.procs import Processes, cpu_seconds
 from bench.workload import drive
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId
@@ -143,13 +143,20 @@ async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Pa
     nc = await nats.connect(bench.server.url)
     dep = Deployment(bench, impl, 1)
     client: asyncio.subprocess.Process | None = None
+    server_per: float | None = None
     try:
         if args.cold:
             await dep.start(nc)
             counter = Counter(dep.procs[0].pid, out_dir)
             await _activate(dep, nc, 20)
+            # nats-server's CPU too (it runs natively): what each activation asks of it, less its idle rate.
+            server_pid = bench.server.pid or 0
+            server_0 = cpu_seconds(server_pid)
             idle, idle_s = await counter.count(None, args.idle)
+            server_1 = cpu_seconds(server_pid)
             total, took = await counter.count(asyncio.ensure_future(_activate(dep, nc, args.cold)))
+            server_2 = cpu_seconds(server_pid)
+            server_per = ((server_2 - server_1) - (server_1 - server_0) / idle_s * took) / args.cold
         elif args.side == "worker":
             await dep.start(nc)
             counter = Counter(dep.procs[0].pid, out_dir)
@@ -179,12 +186,15 @@ async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Pa
     idle_rate = idle / idle_s
     units = args.cold or args.requests
     per_request = (total - idle_rate * took) / units
-    return {
+    result = {
         "per_request": per_request,
         "raw": total / units,
         "idle_per_s": idle_rate,
         "seconds": took,
     }
+    if server_per is not None:
+        result["server_us"] = server_per * 1e6
+    return result
 
 
 async def _start_client(
@@ -280,7 +290,8 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
         ratio = ""
         if base is not None and impl != "baseline":
             ratio = f"  {r['per_request'] / base['per_request']:.2f}x the hand-written loop"
-        print(f"  {impl:>9}: {r['per_request'] / 1e6:6.3f} M instructions per {unit}{ratio}")
+        server = f"; nats-server {r['server_us']:.0f} µs of CPU each" if "server_us" in r else ""
+        print(f"  {impl:>9}: {r['per_request'] / 1e6:6.3f} M instructions per {unit}{ratio}{server}")
     return 0
 
 

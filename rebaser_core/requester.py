@@ -28,7 +28,7 @@ from nats.js.errors import APIError
 from rebaser_core.deadlines import Expiries
 from rebaser_core.inline_subscription import subscribe_inline
 
-__all__ = ["JS_API", "Answer", "Requester", "answered", "js_api", "last_message"]
+__all__ = ["JS_API", "Answer", "Requester", "answered", "js_api", "last_message", "last_message_direct"]
 
 log = logging.getLogger(__name__)
 
@@ -204,3 +204,33 @@ async def last_message(
         raise
     message: dict[str, Any] = answer["message"]
     return message
+
+
+_SEQUENCE_HEADER = "Nats-Sequence"
+_NOT_FOUND = "404"
+
+
+async def last_message_direct(
+    requester: Requester, stream: str, subject: str, *, timeout: float
+) -> Msg | None:
+    """The last message on ``subject`` by ``DIRECT.GET`` (the stored message itself, its headers parsed, with the
+    server's ``Nats-Sequence``), or None if the subject has none. Raises ``APIError`` for any other status.
+
+    A direct get costs the server a quarter of a ``STREAM.MSG.GET`` (no API request to route, no JSON and base64 to
+    write; measured 17 against 60 µs of nats-server CPU) and the caller no JSON and base64 to read. But it is
+    answered by any server that holds the stream, a replica too, which can lag behind the leader: use it only where
+    the stream has one replica (or where a stale answer is caught anyway). A stored message's own headers are the
+    sender's, so a found message is told from the server's status by the ``Nats-Sequence`` header the server adds
+    to every message it returns, never by a ``Status`` header alone.
+    """
+    request = b'{"last_by_subj":' + json.dumps(subject).encode() + b"}"
+    reply = await requester.request(f"{JS_API}.DIRECT.GET.{stream}", request, timeout=timeout)
+    headers = reply.headers or {}
+    if _SEQUENCE_HEADER in headers:
+        return reply
+    status = headers.get(_STATUS)
+    if status == _NOT_FOUND:
+        return None
+    raise APIError(
+        code=int(status) if status and status.isdigit() else None, description=headers.get("Description")
+    )

@@ -10,7 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
-from rebaser_core.requester import Requester, last_message
+from rebaser_core.requester import Requester, last_message, last_message_direct
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
@@ -119,10 +119,15 @@ class Runtime:
         names = subjects or self.subjects
         subject = names.requests(change_set.workspace_id, change_set.change_set_id)
         if from_leader:
-            # Over the light requester (this runs at every release): the leader answers STREAM.MSG.GET.
-            last = await last_message(
-                self.requester, names.requests_stream, subject, timeout=self.settings.nats_timeout
-            )
+            # Over the light requester (this runs at every release). With one replica only the leader can answer a
+            # direct get (a quarter of the server's work of the STREAM.MSG.GET the leader answers otherwise).
+            timeout = self.settings.nats_timeout
+            if self.settings.replicas == 1:
+                found = await last_message_direct(
+                    self.requester, names.requests_stream, subject, timeout=timeout
+                )
+                return found is not None
+            last = await last_message(self.requester, names.requests_stream, subject, timeout=timeout)
             return last is not None
         try:
             await self.js.get_last_msg(names.requests_stream, subject, direct=True)

@@ -40,7 +40,7 @@ from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
 from rebaser_core.pub_ack import read_pub_ack
 from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
-from rebaser_core.requester import Requester, last_message
+from rebaser_core.requester import Requester, last_message, last_message_direct
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
@@ -273,8 +273,11 @@ class ChangeSetHandle:
         revision: int,
         requester: Requester | None = None,
         timeout: float = 5.0,
+        *,
+        direct: bool = False,
     ) -> None:
         self._kv = kv
+        self._direct = direct  # records read by direct get (ChangeSetStore.direct_reads)
         self.key = key
         self.record = record
         self.revision = revision
@@ -318,7 +321,7 @@ class ChangeSetHandle:
     async def still_owner(self) -> bool:
         """True if the stored record is still the one this owner last wrote (or, if it wrote none yet, still the
         one it read: nobody else wrote either)."""
-        entry = await _read_last(self._kv, self.key, self._requester, self._timeout)
+        entry = await _read_last(self._kv, self.key, self._requester, self._timeout, direct=self._direct)
         if entry is None:
             return self.revision == 0
         return (entry.value is not None or not self.written) and entry.revision == self.revision
@@ -334,13 +337,15 @@ class _Entry:
         self.revision = revision
 
 
-async def _read_last(kv: KeyValue, key: str, requester: Requester | None, timeout: float) -> _Entry | None:
+async def _read_last(
+    kv: KeyValue, key: str, requester: Requester | None, timeout: float, *, direct: bool = False
+) -> _Entry | None:
     """The record's last entry, or None if the key never existed.
 
     ``KeyValue.get`` goes through nats-py's JetStream manager (a random reply token, ``wait_for``, the headers parsed
     by the email parser): 14 % of a daemon taking a new change set for each request, where acquire and release both
     read the record. Here it is one ``STREAM.MSG.GET`` of the key's last message over the light requester, read from
-    the stream leader like nats-py's (the bucket is not necessarily a direct-get one).
+    the stream leader like nats-py's; or, where ``direct`` (see ``ChangeSetStore.direct_reads``), one direct get.
     """
     if requester is None:
         try:
@@ -352,6 +357,14 @@ async def _read_last(kv: KeyValue, key: str, requester: Requester | None, timeou
         return _Entry(entry.value, int(entry.revision or 0))
     stream = getattr(kv, "_stream", None) or f"KV_{kv._name}"
     prefix = getattr(kv, "_pre", None) or f"$KV.{kv._name}."
+    if direct:
+        stored = await last_message_direct(requester, stream, prefix + key, timeout=timeout)
+        if stored is None:
+            return None
+        headers = stored.headers or {}
+        # A DEL or PURGE marker is an entry without a value, as nats-py reads it (KeyDeletedError).
+        gone = headers.get(_KV_OPERATION_HEADER) in ("DEL", "PURGE")
+        return _Entry(None if gone else stored.data, int(headers["Nats-Sequence"]))
     message = await last_message(requester, stream, prefix + key, timeout=timeout)
     if message is None:
         return None
@@ -362,6 +375,9 @@ async def _read_last(kv: KeyValue, key: str, requester: Requester | None, timeou
     )
     value = None if deleted else base64.b64decode(message.get("data") or "")
     return _Entry(value, int(message["seq"]))
+
+
+_KV_OPERATION_HEADER = "KV-Operation"
 
 
 def _kv_operation(headers: bytes) -> bytes | None:
@@ -387,6 +403,7 @@ class ChangeSetStore:
         self._settings = settings
         self._kv: KeyValue | None = None
         self._requester = requester  # commits go through it when given (the daemon's)
+        self.direct_reads = False
 
     async def open(self) -> None:
         name = self._settings.subjects.change_sets_bucket
@@ -397,8 +414,14 @@ class ChangeSetStore:
 
             storage = StorageType.FILE if self._settings.storage == "file" else StorageType.MEMORY
             self._kv = await self._js.create_key_value(
-                KeyValueConfig(bucket=name, history=1, storage=storage, replicas=self._settings.replicas)
+                KeyValueConfig(
+                    bucket=name, history=1, storage=storage, replicas=self._settings.replicas, direct=True
+                )
             )
+        # Records are read by direct get (a quarter of the server's work of a STREAM.MSG.GET: two reads per
+        # activation) where that answer can only come from the leader: a bucket that allows it, with one replica.
+        # A lagging replica's answer could tell a release it still owns a change set another daemon took.
+        self.direct_reads = bool(getattr(self._kv, "_direct", False)) and self._settings.replicas == 1
 
     @property
     def requester(self) -> Requester | None:
@@ -448,7 +471,9 @@ class ChangeSetStore:
         """
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
-            entry = await _read_last(self.kv, key, self._requester, self._settings.nats_timeout)
+            entry = await _read_last(
+                self.kv, key, self._requester, self._settings.nats_timeout, direct=self.direct_reads
+            )
             if entry is None or entry.value is None:  # never written, or deleted
                 if has_work is not None and not await has_work():
                     raise NothingToDo(
@@ -513,7 +538,15 @@ class ChangeSetStore:
         raise FencedError(f"could not take change set {key} over: it kept changing")
 
     def _handle(self, key: str, record: ChangeSetRecord, revision: int) -> ChangeSetHandle:
-        return ChangeSetHandle(self.kv, key, record, revision, self._requester, self._settings.nats_timeout)
+        return ChangeSetHandle(
+            self.kv,
+            key,
+            record,
+            revision,
+            self._requester,
+            self._settings.nats_timeout,
+            direct=self.direct_reads,
+        )
 
     @staticmethod
     def _key(change_set: ChangeSet) -> str:

@@ -1,17 +1,25 @@
-"""Reading a change set's record over the light requester: as nats-py reads it, deleted keys included."""
+"""Reading a change set's record over the light requester: as nats-py reads it, deleted keys included, by
+``STREAM.MSG.GET`` and by direct get; and the direct get itself, whose stored headers are the sender's."""
 
 from __future__ import annotations
 
+import nats.errors
+import pytest
 from nats.aio.client import Client as NatsClient
+from nats.js import api as js_api
+from nats.js.errors import APIError
 
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.requester import Requester
+from rebaser_core.requester import Requester, last_message_direct
 from rebaser_server.app import ChangeSet
 from rebaser_server.state import ChangeSetRecord, ChangeSetStore, TaskDelivery
 from rebaser_server.testing import fast_settings
 
 
-async def test_records_read_over_the_requester_match_nats_py(nc: NatsClient, subject_prefix: str) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-get", "msg-get"])
+async def test_records_read_over_the_requester_match_nats_py(
+    nc: NatsClient, subject_prefix: str, direct: bool
+) -> None:
     settings = fast_settings(subject_prefix)
     requester = Requester(nc)
     light, plain = (
@@ -20,6 +28,9 @@ async def test_records_read_over_the_requester_match_nats_py(nc: NatsClient, sub
     )
     await light.open()
     await plain.open()
+    # A bucket made now allows direct gets, and with one replica only its leader can answer them.
+    assert light.direct_reads is True
+    light.direct_reads = direct
     try:
         change_set = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
 
@@ -54,3 +65,31 @@ async def test_records_read_over_the_requester_match_nats_py(nc: NatsClient, sub
         assert await fresh.handle.still_owner()
     finally:
         await requester.close()
+
+
+async def test_a_direct_get_tells_a_stored_status_header_from_the_servers_status(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    js = nc.jetstream()
+    stream = f"{subject_prefix}_DIRECT"
+    await js.add_stream(
+        js_api.StreamConfig(name=stream, subjects=[f"{subject_prefix}.d.>"], allow_direct=True)
+    )
+    await js.add_stream(js_api.StreamConfig(name=f"{stream}_NO", subjects=[f"{subject_prefix}.n.>"]))
+    requester = Requester(nc)
+    try:
+        # Anyone able to publish a request chooses its headers: one that says "404" is still a stored message.
+        hostile = {"Status": "404", "Description": "Message Not Found"}
+        ack = await js.publish(f"{subject_prefix}.d.x", b"body", headers=hostile)
+        found = await last_message_direct(requester, stream, f"{subject_prefix}.d.x", timeout=5)
+        assert found is not None and found.data == b"body"
+        assert found.headers is not None and int(found.headers["Nats-Sequence"]) == ack.seq
+        assert await last_message_direct(requester, stream, f"{subject_prefix}.d.none", timeout=5) is None
+        with pytest.raises(APIError):  # the server's refusal, not "nothing there"
+            await last_message_direct(requester, stream, "", timeout=5)
+        with pytest.raises(nats.errors.NoRespondersError):  # a stream that does not allow direct gets
+            await last_message_direct(requester, f"{stream}_NO", f"{subject_prefix}.n.x", timeout=5)
+    finally:
+        await requester.close()
+        await js.delete_stream(stream)
+        await js.delete_stream(f"{stream}_NO")
