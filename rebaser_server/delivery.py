@@ -30,12 +30,13 @@ class Delivery:
     """One JetStream delivery: ``stream_seq``, ``num_pending`` (messages of the consumer still to deliver after
     it) and ``stored_ns`` (when the stream stored the message, nanoseconds since the epoch, server clock)."""
 
-    __slots__ = ("num_pending", "stored_ns", "stream_seq")
+    __slots__ = ("delivered", "num_pending", "stored_ns", "stream_seq")
 
-    def __init__(self, stream_seq: int, num_pending: int, stored_ns: int) -> None:
+    def __init__(self, stream_seq: int, num_pending: int, stored_ns: int, delivered: int = 1) -> None:
         self.stream_seq = stream_seq
         self.num_pending = num_pending
         self.stored_ns = stored_ns
+        self.delivered = delivered  # which delivery of the message this is (1: the first)
 
     @classmethod
     def of(cls, msg: Msg) -> Delivery:
@@ -57,8 +58,8 @@ class Delivery:
         if tokens[0] != "$JS" or tokens[1] != "ACK":
             raise NotJSMessageError
         # int() of all five, as nats-py does (ValueError): a subject with words where numbers belong is refused.
-        _delivered, stream_seq, _consumer_seq, stored, pending = map(int, tokens[first : first + 5])
-        return cls(stream_seq, pending, stored)
+        delivered, stream_seq, _consumer_seq, stored, pending = map(int, tokens[first : first + 5])
+        return cls(stream_seq, pending, stored, delivered)
 
     @property
     def stored_at(self) -> float:

@@ -355,7 +355,8 @@ class Daemon:
             return
         self.rt.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
-        log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
         processor = ChangeSetProcessor(
             self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
         )

@@ -44,6 +44,7 @@ from rebaser_core.requester import Requester, last_message, last_message_direct
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
+from rebaser_server.delivery import Delivery
 
 __all__ = [
     "Acquired",
@@ -247,8 +248,9 @@ class TaskDelivery:
 
     @classmethod
     def of(cls, msg: Msg) -> TaskDelivery:
-        meta = msg.metadata
-        return cls(int(meta.sequence.stream), int(meta.num_delivered))
+        # From the reply subject, as nats-py's ``msg.metadata`` reads it, without its dataclasses and datetime.
+        delivery = Delivery.of(msg)
+        return cls(delivery.stream_seq, delivery.delivered)
 
     def __str__(self) -> str:
         return f"({self.seq}, {self.count})"

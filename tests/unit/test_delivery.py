@@ -9,15 +9,16 @@ from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
 from rebaser_server.delivery import Delivery
+from rebaser_server.state import TaskDelivery
 
 _NUMBER = st.integers(min_value=0, max_value=2**64 - 1)
 _NAME = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789", min_size=1, max_size=12)
 
 
-def _nats_py(reply: str) -> tuple[int, int, int]:
+def _nats_py(reply: str) -> tuple[int, int, int, int]:
     meta = Msg.Metadata._from_reply(reply)
     stored_ns = round(meta.timestamp.timestamp() * 1e9)
-    return meta.sequence.stream, meta.num_pending, stored_ns
+    return meta.sequence.stream, meta.num_pending, stored_ns, meta.num_delivered
 
 
 @given(_NAME, _NAME, _NUMBER, _NUMBER, _NUMBER, _NUMBER, _NUMBER)
@@ -27,9 +28,9 @@ def test_the_form_without_a_domain(
     ns %= 2**62  # a datetime (nats-py's timestamp) ends in the year 9999
     reply = f"$JS.ACK.{stream}.{consumer}.{delivered}.{sseq}.{cseq}.{ns}.{pending}"
     d = Delivery.parse(reply)
-    assert (d.stream_seq, d.num_pending, d.stored_ns) == (sseq, pending, ns)
+    assert (d.stream_seq, d.num_pending, d.stored_ns, d.delivered) == (sseq, pending, ns, delivered)
     got = _nats_py(reply)
-    assert got[:2] == (sseq, pending)
+    assert got[:2] == (sseq, pending) and got[3] == delivered
     assert abs(got[2] - ns) < 1_000  # nats-py keeps microseconds
     assert d.stored_at == pytest.approx(ns / 1e9)
 
@@ -39,8 +40,8 @@ def test_the_form_without_a_domain(
 def test_the_form_with_a_domain(domain: str, tail: str) -> None:
     reply = f"$JS.ACK.{domain}.ACCHASH.REQUESTS.c1.3.1234.17.1700000000123456789.42{tail}"
     d = Delivery.parse(reply)
-    assert (d.stream_seq, d.num_pending, d.stored_ns) == (1234, 42, 1700000000123456789)
-    assert _nats_py(reply)[:2] == (1234, 42)
+    assert (d.stream_seq, d.num_pending, d.stored_ns, d.delivered) == (1234, 42, 1700000000123456789, 3)
+    assert _nats_py(reply)[:2] == (1234, 42) and _nats_py(reply)[3] == 3
 
 
 @pytest.mark.parametrize(
@@ -84,3 +85,11 @@ def test_of_reads_the_message_reply() -> None:
     msg = Msg(_client=None, subject="x", reply="$JS.ACK.S.C.1.9.3.4.0")  # type: ignore[arg-type]
     assert Delivery.of(msg).stream_seq == 9
     assert Delivery.of(msg).num_pending == 0
+
+
+@given(_NUMBER, _NUMBER)
+def test_a_task_delivery_is_read_as_nats_py_reads_it(delivered: int, sseq: int) -> None:
+    reply = f"$JS.ACK.TASKS.c.{delivered}.{sseq}.7.1700000000123456789.0"
+    msg = Msg(_client=None, subject="t", reply=reply)  # type: ignore[arg-type]
+    meta = msg.metadata
+    assert TaskDelivery.of(msg) == TaskDelivery(meta.sequence.stream, meta.num_delivered)
