@@ -209,7 +209,7 @@ async def serve(url: str, prefix: str, quiet: float) -> None:
     worker = Worker(nc, prefix, quiet)
     # The daemon's garbage-collector settings (rebaser_server.cli.tune_gc), so the yardstick gets them too; the same
     # variable turns them off for both (--daemon-env REBASER_GC_THRESHOLD=0).
-    threshold = int(os.environ.get("REBASER_GC_THRESHOLD", "25000"))
+    threshold = int(os.environ.get("REBASER_GC_THRESHOLD", "100000"))
     if threshold > 0:
         gc.collect()
         gc.freeze()

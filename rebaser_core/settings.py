@@ -132,7 +132,7 @@ class Settings(BaseModel):
         description="Recent request ids (with replies) remembered per change set to make re-apply a no-op.",
     )
     gc_threshold: int = Field(
-        25_000,
+        100_000,
         ge=0,
         le=100_000_000,
         description="The daemon process's generation-0 garbage-collection threshold (0: Python's own, 700); the "

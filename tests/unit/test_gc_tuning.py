@@ -37,7 +37,7 @@ def test_zero_leaves_the_collector_alone(restored_gc: None) -> None:
 
 
 def test_the_default_and_the_environment() -> None:
-    assert Settings().gc_threshold == 25_000
+    assert Settings().gc_threshold == 100_000
     assert Settings.from_env({"REBASER_GC_THRESHOLD": "0"}).gc_threshold == 0
 
 
