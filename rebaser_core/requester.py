@@ -217,11 +217,11 @@ async def last_message_direct(
     server's ``Nats-Sequence``), or None if the subject has none. Raises ``APIError`` for any other status.
 
     A direct get costs the server a quarter of a ``STREAM.MSG.GET`` (no API request to route, no JSON and base64 to
-    write; 13-17 against 53-63 µs of nats-server CPU, bench/server_ops.py) and the caller no JSON and base64 to read. But it is
-    answered by any server that holds the stream, a replica too, which can lag behind the leader: use it only where
-    the stream has one replica (or where a stale answer is caught anyway). A stored message's own headers are the
-    sender's, so a found message is told from the server's status by the ``Nats-Sequence`` header the server adds
-    to every message it returns, never by a ``Status`` header alone.
+    write: 13-17 against 53-63 µs of nats-server CPU, ``bench/server_ops.py``) and the caller no JSON and base64 to
+    read. But it is answered by any server that holds the stream, a replica too, which can lag behind the leader:
+    use it only where the stream has one replica (or where a stale answer is caught anyway). A stored message's
+    own headers are the sender's, so a found message is told from the server's status by the ``Nats-Sequence``
+    header the server adds to every message it returns, never by a ``Status`` header alone.
     """
     request = b'{"last_by_subj":' + json.dumps(subject).encode() + b"}"
     reply = await requester.request(f"{JS_API}.DIRECT.GET.{stream}", request, timeout=timeout)
