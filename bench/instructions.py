@@ -16,11 +16,12 @@ the script from each). Leases are long (``ack_wait`` 30 s, renewed every 5 s, as
 quiet period longer than the run, so nothing is released or taken over while counting: under valgrind everything
 runs some fifty times slower.
 
-``--cold N`` counts the cold path instead (the burst's work, one activation at a time in the count): warm-up and
-measure each send one request to fresh change sets (``N`` of them, all at once, in the measure), and the count
-runs until every one is released again (its consumer gone), with a quiet period of one second. It reports
-instructions per activation: take the task, read and write the record, create the consumer, apply and reply,
-release. Only ``--side worker``.
+``--cold N`` counts the cold path instead (the burst's work): warm-up and measure each send one request to fresh
+change sets (``N`` of them, all at once, in the measure, begun once counting is on), and the count runs until
+every one is released again (its consumer gone, its task acked), with a quiet period of one second. It reports
+instructions per activation (take the task, read and write the record, create the consumer, apply and reply,
+release) and nats-server's CPU per activation. Only ``--side worker``. The hand-written loop's figure is not
+comparable: it leaves its consumers for the server to reap, so its count runs on until they expire.
 
 ``--side client`` counts the client instead: the daemon or worker runs natively, and the load comes from a process
 of its own under callgrind (``RebaserClient``, or the hand-written loop's client), counted the same way.
@@ -32,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 if not __package__:
@@ -47,7 +50,7 @@ import nats
 
 from bench.bench import Bench, parse_args, tempfile_dir
 from bench.deployment import Deployment
-from bench.procs import Processes, cpu_seconds
+from bench.procs import Processes
 from bench.workload import drive
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId
@@ -73,12 +76,20 @@ class Counter:
                 f"callgrind_control {' '.join(args)} {self.pid}: {output.decode(errors='replace')}"
             )
 
-    async def count(self, work: asyncio.Future[object] | None, seconds: float = 0.0) -> tuple[int, float]:
-        """Instructions executed while ``work`` runs (or for ``seconds``), and for how long."""
+    async def count(
+        self,
+        work: asyncio.Future[object] | None,
+        seconds: float = 0.0,
+        start: Callable[[], Awaitable[object]] | None = None,
+    ) -> tuple[int, float]:
+        """Instructions executed while ``work`` runs (or ``start()``, begun once counting is on; or for
+        ``seconds``), and for how long."""
         await self._control("--zero")
         await self._control("--instr=on")
         began = time.perf_counter()
-        if work is not None:
+        if start is not None:
+            await start()
+        elif work is not None:
             await work
         else:
             await asyncio.sleep(seconds)
@@ -131,11 +142,27 @@ async def _activate(dep: Deployment, nc: nats.NATS, count: int) -> None:
     done = await drive(send, list(range(count)), count)
     if done.errors:
         raise RuntimeError(f"{dep.impl}: {len(done.errors)} requests failed: {done.errors[:3]}")
+    # Released: consumer deleted and task acked (the acked task leaves the work queue). Only the "anything queued?"
+    # checks of the last few releases can still be under way.
+    tasks_stream = dep.streams[1]
     async with asyncio.timeout(600):
-        while True:  # polled: the server announces no consumer's removal; -1 (no answer in time) asks again
-            if await dep.consumers(nc) == 0:
+        while True:  # polled: the server announces neither; -1 (no answer in time) asks again
+            if (
+                await dep.consumers(nc) == 0
+                and (await nc.jetstream().stream_info(tasks_stream)).state.messages == 0
+            ):
                 break
             await asyncio.sleep(0.1)
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` so far, in ns (``/proc/<pid>/task/*/schedstat``: nanoseconds, where
+    ``/proc/<pid>/stat`` counts 10 ms ticks)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(stat.read_text().split()[0])
+    return total
 
 
 async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
@@ -150,13 +177,16 @@ async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Pa
             counter = Counter(dep.procs[0].pid, out_dir)
             await _activate(dep, nc, 20)
             # nats-server's CPU too (it runs natively): what each activation asks of it, less its idle rate.
-            server_pid = bench.server.pid or 0
-            server_0 = cpu_seconds(server_pid)
+            server_pid = bench.server.pid
+            if server_pid is None:
+                raise RuntimeError("nats-server is not running")
+            server_0 = _cpu_ns(server_pid)
             idle, idle_s = await counter.count(None, args.idle)
-            server_1 = cpu_seconds(server_pid)
-            total, took = await counter.count(asyncio.ensure_future(_activate(dep, nc, args.cold)))
-            server_2 = cpu_seconds(server_pid)
-            server_per = ((server_2 - server_1) - (server_1 - server_0) / idle_s * took) / args.cold
+            server_1 = _cpu_ns(server_pid)
+            # Begun once counting is on: no activation starts uncounted.
+            total, took = await counter.count(None, start=lambda: _activate(dep, nc, args.cold))
+            server_2 = _cpu_ns(server_pid)
+            server_per = ((server_2 - server_1) - (server_1 - server_0) / idle_s * took) / args.cold / 1e9
         elif args.side == "worker":
             await dep.start(nc)
             counter = Counter(dep.procs[0].pid, out_dir)

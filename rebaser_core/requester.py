@@ -33,6 +33,8 @@ __all__ = ["JS_API", "Answer", "Requester", "answered", "js_api", "last_message"
 log = logging.getLogger(__name__)
 
 _STATUS = "Status"
+_SEQUENCE_HEADER = "Nats-Sequence"  # added by the server to every message a direct get returns
+_NOT_FOUND = "404"
 _NO_RESPONDERS = "503"
 
 # What ``Requester.send`` hands its callback: the answer, or why there is none (``TimeoutError``,
@@ -165,8 +167,17 @@ def _call(callback: Callable[[Answer], None], answer: Answer) -> None:
 
 
 def answered(msg: Msg) -> Msg:
-    """``msg``, unless it is the server's "no responders" status: then ``NoRespondersError``, as nats-py raises it."""
-    if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS and not msg.data:
+    """``msg``, unless it is the server's "no responders" status: then ``NoRespondersError``, as nats-py raises it.
+
+    A stored message that a direct get returns carries its sender's headers, a ``Status`` too; the server adds a
+    ``Nats-Sequence`` to it, which its own status replies never have."""
+    headers = msg.headers
+    if (
+        headers
+        and headers.get(_STATUS) == _NO_RESPONDERS
+        and not msg.data
+        and _SEQUENCE_HEADER not in headers
+    ):
         raise nats.errors.NoRespondersError
     return msg
 
@@ -204,10 +215,6 @@ async def last_message(
         raise
     message: dict[str, Any] = answer["message"]
     return message
-
-
-_SEQUENCE_HEADER = "Nats-Sequence"
-_NOT_FOUND = "404"
 
 
 async def last_message_direct(

@@ -129,8 +129,16 @@ def _untie(psub: Any) -> None:
     """
     # nats-py's PushSubscription wraps the Subscription it was made from.
     inner: Any = getattr(psub, "_sub", None)
-    if inner is not None and getattr(psub, "_closed", False) and getattr(inner, "_jsi", None) is not None:
-        inner._jsi = None
+    jsi = getattr(inner, "_jsi", None)
+    if jsi is None or not getattr(psub, "_closed", False):
+        return
+    # nats-py cancels these two in unsubscribe() only once the UNSUB went out; cancelled here in any case, or a
+    # heartbeat check left running with ``_jsi`` gone would recreate the consumer every few seconds for ever.
+    for name in ("_hbtask", "_fctask"):
+        task = getattr(jsi, name, None)
+        if task is not None:
+            task.cancel()
+    inner._jsi = None
 
 
 def _no_flow_control_polling(rt: Runtime, psub: Any) -> None:

@@ -32,7 +32,7 @@ class Delivery:
 
     __slots__ = ("delivered", "num_pending", "stored_ns", "stream_seq")
 
-    def __init__(self, stream_seq: int, num_pending: int, stored_ns: int, delivered: int = 1) -> None:
+    def __init__(self, stream_seq: int, num_pending: int, stored_ns: int, delivered: int) -> None:
         self.stream_seq = stream_seq
         self.num_pending = num_pending
         self.stored_ns = stored_ns
@@ -67,4 +67,7 @@ class Delivery:
         return self.stored_ns / 1e9
 
     def __repr__(self) -> str:
-        return f"Delivery(stream_seq={self.stream_seq}, num_pending={self.num_pending}, stored_ns={self.stored_ns})"
+        return (
+            f"Delivery(stream_seq={self.stream_seq}, num_pending={self.num_pending}, stored_ns={self.stored_ns}, "
+            f"delivered={self.delivered})"
+        )

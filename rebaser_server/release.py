@@ -3,9 +3,10 @@
 The order is the whole point (the quiescence race): the task is acked *first*, and only then is the stream asked
 "is any request of this change set still queued?". A request published before the ack made its client's task
 publish fail (a task still existed), so this check sees it and publishes a task for it; one published after the
-ack has its own task. The check reads from the stream leader (not a direct get, which a lagging replica may answer)
-and is retried, with the task publish, for up to ``nats_timeout``: giving up here leaves the request to the orphan
-sweep (one ``sweep_interval`` at worst), so it is worth trying hard.
+ack has its own task. The check reads from the stream leader (by direct get only where nobody else can answer
+one, rebaser_server.direct_reads: a lagging replica may miss the request) and is retried, with the task publish,
+for up to ``nats_timeout``: giving up here leaves the request to the orphan sweep (one ``sweep_interval`` at
+worst), so it is worth trying hard.
 """
 
 from __future__ import annotations

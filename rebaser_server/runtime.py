@@ -115,14 +115,15 @@ class Runtime:
         get, no consumer involved.
 
         A direct get may be answered by any replica, which can lag behind the leader: ``from_leader`` asks the
-        stream leader (where a decision must not miss a request just written, as after a release)."""
+        stream leader (where a decision must not miss a request just written, as after a release), by a direct get
+        where only the leader can answer one (rebaser_server.direct_reads)."""
         names = subjects or self.subjects
         subject = names.requests(change_set.workspace_id, change_set.change_set_id)
         if from_leader:
-            # Over the light requester (this runs at every release). With one replica only the leader can answer a
-            # direct get (a quarter of the server's work of the STREAM.MSG.GET the leader answers otherwise).
+            # Over the light requester (this runs at every release). By direct get (a quarter of the server's work)
+            # where only the leader can answer one (rebaser_server.direct_reads); else STREAM.MSG.GET, the leader's.
             timeout = self.settings.nats_timeout
-            if self.settings.replicas == 1:
+            if await self.store.direct_allowed(names.requests_stream):
                 found = await last_message_direct(
                     self.requester, names.requests_stream, subject, timeout=timeout
                 )

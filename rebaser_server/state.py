@@ -38,6 +38,7 @@ from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, Resp
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError, FencedError
+from rebaser_core.headers import get_header
 from rebaser_core.pub_ack import read_pub_ack
 from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
 from rebaser_core.requester import Requester, last_message, last_message_direct
@@ -45,6 +46,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
 from rebaser_server.delivery import Delivery
+from rebaser_server.direct_reads import DirectReads
 
 __all__ = [
     "Acquired",
@@ -61,6 +63,7 @@ _STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = 10071
 _KV_OPERATION = b"kv-operation"
+_KV_OPERATION_NAME = "KV-Operation"
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
@@ -276,10 +279,10 @@ class ChangeSetHandle:
         requester: Requester | None = None,
         timeout: float = 5.0,
         *,
-        direct: bool = False,
+        direct: DirectReads | None = None,
     ) -> None:
         self._kv = kv
-        self._direct = direct  # records read by direct get (ChangeSetStore.direct_reads)
+        self._direct = direct  # whether the record may be read by direct get (rebaser_server.direct_reads)
         self.key = key
         self.record = record
         self.revision = revision
@@ -323,7 +326,8 @@ class ChangeSetHandle:
     async def still_owner(self) -> bool:
         """True if the stored record is still the one this owner last wrote (or, if it wrote none yet, still the
         one it read: nobody else wrote either)."""
-        entry = await _read_last(self._kv, self.key, self._requester, self._timeout, direct=self._direct)
+        direct = self._direct is not None and await self._direct.allowed(_kv_stream(self._kv))
+        entry = await _read_last(self._kv, self.key, self._requester, self._timeout, direct=direct)
         if entry is None:
             return self.revision == 0
         return (entry.value is not None or not self.written) and entry.revision == self.revision
@@ -347,7 +351,7 @@ async def _read_last(
     ``KeyValue.get`` goes through nats-py's JetStream manager (a random reply token, ``wait_for``, the headers parsed
     by the email parser): 14 % of a daemon taking a new change set for each request, where acquire and release both
     read the record. Here it is one ``STREAM.MSG.GET`` of the key's last message over the light requester, read from
-    the stream leader like nats-py's; or, where ``direct`` (see ``ChangeSetStore.direct_reads``), one direct get.
+    the stream leader like nats-py's; or, where ``direct`` (rebaser_server.direct_reads), one direct get.
     """
     if requester is None:
         try:
@@ -357,7 +361,7 @@ async def _read_last(
         except KeyNotFoundError:
             return None
         return _Entry(entry.value, int(entry.revision or 0))
-    stream = getattr(kv, "_stream", None) or f"KV_{kv._name}"
+    stream = _kv_stream(kv)
     prefix = getattr(kv, "_pre", None) or f"$KV.{kv._name}."
     if direct:
         stored = await last_message_direct(requester, stream, prefix + key, timeout=timeout)
@@ -365,7 +369,7 @@ async def _read_last(
             return None
         headers = stored.headers or {}
         # A DEL or PURGE marker is an entry without a value, as nats-py reads it (KeyDeletedError).
-        gone = headers.get(_KV_OPERATION_HEADER) in ("DEL", "PURGE")
+        gone = get_header(headers, _KV_OPERATION_NAME) in ("DEL", "PURGE")
         return _Entry(None if gone else stored.data, int(headers["Nats-Sequence"]))
     message = await last_message(requester, stream, prefix + key, timeout=timeout)
     if message is None:
@@ -379,7 +383,8 @@ async def _read_last(
     return _Entry(value, int(message["seq"]))
 
 
-_KV_OPERATION_HEADER = "KV-Operation"
+def _kv_stream(kv: KeyValue) -> str:
+    return getattr(kv, "_stream", None) or f"KV_{kv._name}"
 
 
 def _kv_operation(headers: bytes) -> bytes | None:
@@ -405,7 +410,10 @@ class ChangeSetStore:
         self._settings = settings
         self._kv: KeyValue | None = None
         self._requester = requester  # commits go through it when given (the daemon's)
-        self.direct_reads = False
+        # Which streams the daemon may read by direct get (the bucket's, the requests streams'), asked of the server.
+        self.direct: DirectReads | None = (
+            None if requester is None else DirectReads(requester, settings.nats_timeout)
+        )
 
     async def open(self) -> None:
         name = self._settings.subjects.change_sets_bucket
@@ -417,13 +425,25 @@ class ChangeSetStore:
             storage = StorageType.FILE if self._settings.storage == "file" else StorageType.MEMORY
             self._kv = await self._js.create_key_value(
                 KeyValueConfig(
-                    bucket=name, history=1, storage=storage, replicas=self._settings.replicas, direct=True
+                    bucket=name,
+                    history=1,
+                    storage=storage,
+                    replicas=self._settings.replicas,
+                    # Only where the leader alone holds it: nats-py's own reads (KeyValue.get) go direct too then,
+                    # and with replicas a lagging one could answer them.
+                    direct=self._settings.replicas == 1,
                 )
             )
-        # Records are read by direct get (a quarter of the server's work of a STREAM.MSG.GET: two reads per
-        # activation) where that answer can only come from the leader: a bucket that allows it, with one replica.
-        # A lagging replica's answer could tell a release it still owns a change set another daemon took.
-        self.direct_reads = bool(getattr(self._kv, "_direct", False)) and self._settings.replicas == 1
+        if self.direct is not None:
+            self.direct.forget()  # (re)opened: after a reconnect the server may be another one
+
+    async def direct_allowed(self, stream: str | None = None) -> bool:
+        """May ``stream`` (default: the records bucket's) be read by direct get? Records are, where only the
+        leader can answer (rebaser_server.direct_reads): a lagging replica's answer could tell a release it still
+        owns a change set another daemon took."""
+        if self.direct is None:
+            return False
+        return await self.direct.allowed(stream or _kv_stream(self.kv))
 
     @property
     def requester(self) -> Requester | None:
@@ -474,7 +494,7 @@ class ChangeSetStore:
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
             entry = await _read_last(
-                self.kv, key, self._requester, self._settings.nats_timeout, direct=self.direct_reads
+                self.kv, key, self._requester, self._settings.nats_timeout, direct=await self.direct_allowed()
             )
             if entry is None or entry.value is None:  # never written, or deleted
                 if has_work is not None and not await has_work():
@@ -547,7 +567,7 @@ class ChangeSetStore:
             revision,
             self._requester,
             self._settings.nats_timeout,
-            direct=self.direct_reads,
+            direct=self.direct,
         )
 
     @staticmethod

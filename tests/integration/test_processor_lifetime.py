@@ -21,9 +21,12 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
-from rebaser_server.app import RebaserApp
+from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.apps.counter import CounterApp
 from rebaser_server.apps.snapshots import SnapshotApp
+from rebaser_server.hooks import Hooks
+from rebaser_server.processor import ChangeSetProcessor
+from rebaser_server.server import Daemon
 from rebaser_server.testing import fast_settings, running_daemon
 
 _CHANGE_SETS = 6
@@ -39,6 +42,18 @@ def no_cycle_collector() -> Iterator[None]:
         gc.enable()
 
 
+class _Processors(Hooks):
+    """Weak references to each change set's processor, taken when it has acquired the record (it is owned then)."""
+
+    def __init__(self) -> None:
+        self.daemon: Daemon | None = None
+        self.refs: list[weakref.ref[ChangeSetProcessor]] = []
+
+    async def checkpoint(self, name: str, change_set: ChangeSet) -> None:
+        if name == "acquired" and self.daemon is not None:
+            self.refs += [weakref.ref(p) for p in self.daemon._active.values() if p.change_set == change_set]
+
+
 @pytest.mark.parametrize("app", [CounterApp, SnapshotApp], ids=["counter", "snapshots"])
 async def test_a_released_change_set_is_freed_without_the_cycle_collector(
     nc: NatsClient,
@@ -47,9 +62,10 @@ async def test_a_released_change_set_is_freed_without_the_cycle_collector(
     app: type[RebaserApp],
     no_cycle_collector: None,
 ) -> None:
-    # Quiet for long enough to see every processor while it is owned, then let go.
-    settings = fast_settings(subject_prefix, quiescent_period=2.0)
-    async with running_daemon(nc, settings, app()) as daemon:
+    settings = fast_settings(subject_prefix)
+    processors = _Processors()
+    async with running_daemon(nc, settings, app(), hooks=processors) as daemon:
+        processors.daemon = daemon
         wk = WorkspacePk.new()
         responses = await asyncio.gather(
             *(
@@ -60,14 +76,13 @@ async def test_a_released_change_set_is_freed_without_the_cycle_collector(
             )
         )
         assert all(response.ok for response in responses)
-        processors = [weakref.ref(p) for p in daemon._active.values()]
-        assert len(processors) == _CHANGE_SETS, "every change set is still owned, in its quiet period"
+        assert len(processors.refs) == _CHANGE_SETS
         await wait_for(
             lambda: daemon.rt.stats.tasks_released >= _CHANGE_SETS, timeout=30, message="all released"
         )
         await wait_for(lambda: not daemon._active, timeout=10, message="every owning task ended")
         await wait_for(
-            lambda: all(ref() is None for ref in processors),
+            lambda: all(ref() is None for ref in processors.refs),
             timeout=10,
             message="every processor freed by reference counting",
         )

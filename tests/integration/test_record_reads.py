@@ -28,9 +28,10 @@ async def test_records_read_over_the_requester_match_nats_py(
     )
     await light.open()
     await plain.open()
-    # A bucket made now allows direct gets, and with one replica only its leader can answer them.
-    assert light.direct_reads is True
-    light.direct_reads = direct
+    # A bucket made now, with one replica, allows direct gets, and only its leader can answer them.
+    assert await light.direct_allowed() is True
+    if not direct:
+        light.direct = None  # every read by STREAM.MSG.GET
     try:
         change_set = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
 
@@ -78,12 +79,20 @@ async def test_a_direct_get_tells_a_stored_status_header_from_the_servers_status
     await js.add_stream(js_api.StreamConfig(name=f"{stream}_NO", subjects=[f"{subject_prefix}.n.>"]))
     requester = Requester(nc)
     try:
-        # Anyone able to publish a request chooses its headers: one that says "404" is still a stored message.
-        hostile = {"Status": "404", "Description": "Message Not Found"}
-        ack = await js.publish(f"{subject_prefix}.d.x", b"body", headers=hostile)
-        found = await last_message_direct(requester, stream, f"{subject_prefix}.d.x", timeout=5)
-        assert found is not None and found.data == b"body"
-        assert found.headers is not None and int(found.headers["Nats-Sequence"]) == ack.seq
+        # Anyone able to publish a request chooses its headers: one that says "404", or "503" with no body (nats-py's
+        # "no responders"), is still a stored message, and its own Nats-Sequence does not pass for the server's.
+        for i, (hostile, body) in enumerate(
+            [
+                ({"Status": "404", "Description": "Message Not Found"}, b"body"),
+                ({"Status": "503"}, b""),
+                ({"Nats-Sequence": "1"}, b"x"),
+            ]
+        ):
+            subject = f"{subject_prefix}.d.h{i}"
+            ack = await js.publish(subject, body, headers=hostile)
+            found = await last_message_direct(requester, stream, subject, timeout=5)
+            assert found is not None and found.data == body
+            assert found.headers is not None and int(found.headers["Nats-Sequence"]) == ack.seq
         assert await last_message_direct(requester, stream, f"{subject_prefix}.d.none", timeout=5) is None
         with pytest.raises(APIError):  # the server's refusal, not "nothing there"
             await last_message_direct(requester, stream, "", timeout=5)
@@ -93,3 +102,29 @@ async def test_a_direct_get_tells_a_stored_status_header_from_the_servers_status
         await requester.close()
         await js.delete_stream(stream)
         await js.delete_stream(f"{stream}_NO")
+
+
+async def test_a_bucket_made_without_direct_gets_is_read_from_its_leader(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix)
+    # As a deployment made before buckets allowed direct gets, or with replicas, has it.
+    await nc.jetstream().create_key_value(
+        js_api.KeyValueConfig(
+            bucket=settings.subjects.change_sets_bucket, history=1, storage=js_api.StorageType.MEMORY
+        )
+    )
+    requester = Requester(nc)
+    store = ChangeSetStore(nc.jetstream(), settings, requester)
+    await store.open()
+    try:
+        assert await store.direct_allowed() is False
+        change_set = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+
+        async def has_work() -> bool:
+            return True
+
+        acquired = await store.acquire(change_set, "a", {"n": 0}, TaskDelivery(1, 1), has_work=has_work)
+        assert await acquired.handle.still_owner()
+    finally:
+        await requester.close()
