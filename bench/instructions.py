@@ -20,8 +20,9 @@ runs some fifty times slower.
 change sets (``N`` of them, all at once, in the measure, begun once counting is on), and the count runs until
 every one is released again (its consumer gone, its task acked), with a quiet period of one second. It reports
 instructions per activation (take the task, read and write the record, create the consumer, apply and reply,
-release) and nats-server's CPU per activation. Only ``--side worker``. The hand-written loop's figure is not
-comparable: it leaves its consumers for the server to reap, so its count runs on until they expire.
+release). Only ``--side worker``. The hand-written loop's figure is not comparable: it leaves its consumers for the
+server to reap, so its count runs on until they expire. (nats-server's CPU per activation, read beside it, moved
+by a third from run to run; ``bench/server_ops.py`` measures the server's side per operation instead.)
 
 ``--side client`` counts the client instead: the daemon or worker runs natively, and the load comes from a process
 of its own under callgrind (``RebaserClient``, or the hand-written loop's client), counted the same way.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
 import re
 import shutil
@@ -155,38 +155,19 @@ async def _activate(dep: Deployment, nc: nats.NATS, count: int) -> None:
             await asyncio.sleep(0.1)
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU time of every thread of ``pid`` so far, in ns (``/proc/<pid>/task/*/schedstat``: nanoseconds, where
-    ``/proc/<pid>/stat`` counts 10 ms ticks)."""
-    total = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(stat.read_text().split()[0])
-    return total
-
-
 async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
     """Count the worker (``--side worker``) or a client process (``--side client``) over the same load."""
     nc = await nats.connect(bench.server.url)
     dep = Deployment(bench, impl, 1)
     client: asyncio.subprocess.Process | None = None
-    server_per: float | None = None
     try:
         if args.cold:
             await dep.start(nc)
             counter = Counter(dep.procs[0].pid, out_dir)
             await _activate(dep, nc, 20)
-            # nats-server's CPU too (it runs natively): what each activation asks of it, less its idle rate.
-            server_pid = bench.server.pid
-            if server_pid is None:
-                raise RuntimeError("nats-server is not running")
-            server_0 = _cpu_ns(server_pid)
             idle, idle_s = await counter.count(None, args.idle)
-            server_1 = _cpu_ns(server_pid)
             # Begun once counting is on: no activation starts uncounted.
             total, took = await counter.count(None, start=lambda: _activate(dep, nc, args.cold))
-            server_2 = _cpu_ns(server_pid)
-            server_per = ((server_2 - server_1) - (server_1 - server_0) / idle_s * took) / args.cold / 1e9
         elif args.side == "worker":
             await dep.start(nc)
             counter = Counter(dep.procs[0].pid, out_dir)
@@ -216,15 +197,12 @@ async def measure(bench: Bench, impl: str, args: argparse.Namespace, out_dir: Pa
     idle_rate = idle / idle_s
     units = args.cold or args.requests
     per_request = (total - idle_rate * took) / units
-    result = {
+    return {
         "per_request": per_request,
         "raw": total / units,
         "idle_per_s": idle_rate,
         "seconds": took,
     }
-    if server_per is not None:
-        result["server_us"] = server_per * 1e6
-    return result
 
 
 async def _start_client(
@@ -320,8 +298,7 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
         ratio = ""
         if base is not None and impl != "baseline":
             ratio = f"  {r['per_request'] / base['per_request']:.2f}x the hand-written loop"
-        server = f"; nats-server {r['server_us']:.0f} µs of CPU each" if "server_us" in r else ""
-        print(f"  {impl:>9}: {r['per_request'] / 1e6:6.3f} M instructions per {unit}{ratio}{server}")
+        print(f"  {impl:>9}: {r['per_request'] / 1e6:6.3f} M instructions per {unit}{ratio}")
     return 0
 
 
