@@ -1,4 +1,5 @@
-"""Which streams the daemon may read by direct get: those where only the stream's leader can answer one.
+"""Reading the last message on a subject as the stream leader has it: by direct get where only the leader can
+answer one, else by ``STREAM.MSG.GET`` (which the leader answers).
 
 A direct get costs nats-server a quarter of a ``STREAM.MSG.GET`` (``bench/server_ops.py``), and an activation makes
 three reads that must not miss a write (rebaser_core.requester.last_message_direct). But any server holding the
@@ -11,11 +12,13 @@ itself first, as ``alternates``). The answer is kept for a minute: a mirror made
 
 from __future__ import annotations
 
+import base64
 import time
 
-from rebaser_core.requester import Requester, js_api
+from rebaser_core.nats_speedups import parse_header_lines
+from rebaser_core.requester import Requester, js_api, last_message, last_message_direct
 
-__all__ = ["DirectReads", "single_answerer"]
+__all__ = ["DirectReads", "Stored", "single_answerer"]
 
 _RECHECK = 60.0  # seconds an answer is kept
 
@@ -32,6 +35,17 @@ def single_answerer(info: dict[str, object]) -> bool:
         and isinstance(alternates, list)
         and len(alternates) <= 1
     )
+
+
+class Stored:
+    """A stream's message as either read gives it: sequence, payload, headers (None if it has none)."""
+
+    __slots__ = ("data", "headers", "seq")
+
+    def __init__(self, seq: int, data: bytes, headers: dict[str, str] | None) -> None:
+        self.seq = seq
+        self.data = data
+        self.headers = headers
 
 
 class DirectReads:
@@ -54,6 +68,24 @@ class DirectReads:
             return False
         self._known[stream] = (allowed, now)
         return allowed
+
+    async def last_message(self, stream: str, subject: str, *, timeout: float) -> Stored | None:
+        """The last message on ``subject`` as the stream leader has it, or None if the subject has none."""
+        if await self.allowed(stream):
+            found = await last_message_direct(self._requester, stream, subject, timeout=timeout)
+            if found is None:
+                return None
+            assert found.headers is not None  # last_message_direct returns only messages with Nats-Sequence
+            return Stored(int(found.headers["Nats-Sequence"]), found.data, found.headers)
+        message = await last_message(self._requester, stream, subject, timeout=timeout)
+        if message is None:
+            return None
+        raw = message.get("hdrs")
+        return Stored(
+            int(message["seq"]),
+            base64.b64decode(message.get("data") or ""),
+            parse_header_lines(base64.b64decode(raw)) if raw else None,
+        )
 
     def forget(self) -> None:
         """Ask again at the next read (after a reconnect: the server may have been replaced)."""

@@ -10,10 +10,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
-from rebaser_core.requester import Requester, last_message, last_message_direct
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.direct_reads import DirectReads
 from rebaser_server.hooks import Hooks
 from rebaser_server.keeper import LeaseKeeper
 from rebaser_server.observe import Observer
@@ -89,12 +90,15 @@ class Runtime:
     keeper: LeaseKeeper = field(init=False)
     # Request-reply for the per-request hot paths (commits, purges): rebaser_core.requester.
     requester: Requester = field(init=False)
+    # Reads of a stream's last message as its leader has it (rebaser_server.direct_reads).
+    reads: DirectReads = field(init=False)
     # Shard 0's names, and everything shards share (dead letters, records, queries). Made once: every request
     # asks for them, and Settings.subjects builds (and validates) a new one each time.
     subjects: Subjects = field(init=False)
 
     def __post_init__(self) -> None:
         self.requester = self.store.requester or Requester(self.nc)
+        self.reads = self.store.reads or DirectReads(self.requester, self.settings.nats_timeout)
         self.subjects = self.settings.subjects
 
         def renewed() -> None:
@@ -120,15 +124,11 @@ class Runtime:
         names = subjects or self.subjects
         subject = names.requests(change_set.workspace_id, change_set.change_set_id)
         if from_leader:
-            # Over the light requester (this runs at every release). By direct get (a quarter of the server's work)
-            # where only the leader can answer one (rebaser_server.direct_reads); else STREAM.MSG.GET, the leader's.
-            timeout = self.settings.nats_timeout
-            if await self.store.direct_allowed(names.requests_stream):
-                found = await last_message_direct(
-                    self.requester, names.requests_stream, subject, timeout=timeout
-                )
-                return found is not None
-            last = await last_message(self.requester, names.requests_stream, subject, timeout=timeout)
+            # Over the light requester (this runs at every release), as the leader has it: by direct get where only
+            # the leader can answer one (a quarter of the server's work), else STREAM.MSG.GET.
+            last = await self.reads.last_message(
+                names.requests_stream, subject, timeout=self.settings.nats_timeout
+            )
             return last is not None
         try:
             await self.js.get_last_msg(names.requests_stream, subject, direct=True)

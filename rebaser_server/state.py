@@ -15,7 +15,6 @@ at-least-once delivery of requests safe:
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from rebaser_core.errors import DecodeError, FencedError
 from rebaser_core.headers import get_header
 from rebaser_core.pub_ack import read_pub_ack
 from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
-from rebaser_core.requester import Requester, last_message, last_message_direct
+from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet
@@ -62,8 +61,7 @@ _STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
 # The header a compare-and-set write carries, and the error JetStream answers when the key moved on.
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = 10071
-_KV_OPERATION = b"kv-operation"
-_KV_OPERATION_NAME = "KV-Operation"
+_KV_OPERATION = "KV-Operation"
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
@@ -279,10 +277,10 @@ class ChangeSetHandle:
         requester: Requester | None = None,
         timeout: float = 5.0,
         *,
-        direct: DirectReads | None = None,
+        reads: DirectReads | None = None,
     ) -> None:
         self._kv = kv
-        self._direct = direct  # whether the record may be read by direct get (rebaser_server.direct_reads)
+        self._reads = reads  # the record read as its stream leader has it (None: through nats-py's KeyValue)
         self.key = key
         self.record = record
         self.revision = revision
@@ -326,8 +324,7 @@ class ChangeSetHandle:
     async def still_owner(self) -> bool:
         """True if the stored record is still the one this owner last wrote (or, if it wrote none yet, still the
         one it read: nobody else wrote either)."""
-        direct = self._direct is not None and await self._direct.allowed(_kv_stream(self._kv))
-        entry = await _read_last(self._kv, self.key, self._requester, self._timeout, direct=direct)
+        entry = await _read_last(self._kv, self.key, self._reads, self._timeout)
         if entry is None:
             return self.revision == 0
         return (entry.value is not None or not self.written) and entry.revision == self.revision
@@ -343,17 +340,15 @@ class _Entry:
         self.revision = revision
 
 
-async def _read_last(
-    kv: KeyValue, key: str, requester: Requester | None, timeout: float, *, direct: bool = False
-) -> _Entry | None:
+async def _read_last(kv: KeyValue, key: str, reads: DirectReads | None, timeout: float) -> _Entry | None:
     """The record's last entry, or None if the key never existed.
 
     ``KeyValue.get`` goes through nats-py's JetStream manager (a random reply token, ``wait_for``, the headers parsed
     by the email parser): 14 % of a daemon taking a new change set for each request, where acquire and release both
-    read the record. Here it is one ``STREAM.MSG.GET`` of the key's last message over the light requester, read from
-    the stream leader like nats-py's; or, where ``direct`` (rebaser_server.direct_reads), one direct get.
+    read the record. Here it is one read over the light requester, as the stream leader has it: a direct get where
+    only the leader can answer one, else a ``STREAM.MSG.GET`` (rebaser_server.direct_reads).
     """
-    if requester is None:
+    if reads is None:
         try:
             entry = await kv.get(key)
         except KeyDeletedError as err:
@@ -361,39 +356,17 @@ async def _read_last(
         except KeyNotFoundError:
             return None
         return _Entry(entry.value, int(entry.revision or 0))
-    stream = _kv_stream(kv)
     prefix = getattr(kv, "_pre", None) or f"$KV.{kv._name}."
-    if direct:
-        stored = await last_message_direct(requester, stream, prefix + key, timeout=timeout)
-        if stored is None:
-            return None
-        headers = stored.headers or {}
-        # A DEL or PURGE marker is an entry without a value, as nats-py reads it (KeyDeletedError).
-        gone = get_header(headers, _KV_OPERATION_NAME) in ("DEL", "PURGE")
-        return _Entry(None if gone else stored.data, int(headers["Nats-Sequence"]))
-    message = await last_message(requester, stream, prefix + key, timeout=timeout)
-    if message is None:
+    stored = await reads.last_message(_kv_stream(kv), prefix + key, timeout=timeout)
+    if stored is None:
         return None
     # A DEL or PURGE marker is an entry without a value, as nats-py reads it (KeyDeletedError).
-    deleted = bool(message.get("hdrs")) and _kv_operation(base64.b64decode(message["hdrs"])) in (
-        b"DEL",
-        b"PURGE",
-    )
-    value = None if deleted else base64.b64decode(message.get("data") or "")
-    return _Entry(value, int(message["seq"]))
+    gone = get_header(stored.headers, _KV_OPERATION) in ("DEL", "PURGE")
+    return _Entry(None if gone else stored.data, stored.seq)
 
 
 def _kv_stream(kv: KeyValue) -> str:
     return getattr(kv, "_stream", None) or f"KV_{kv._name}"
-
-
-def _kv_operation(headers: bytes) -> bytes | None:
-    """The ``KV-Operation`` header's value in a raw NATS header block."""
-    for line in headers.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == _KV_OPERATION:
-            return value.strip()
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,8 +383,8 @@ class ChangeSetStore:
         self._settings = settings
         self._kv: KeyValue | None = None
         self._requester = requester  # commits go through it when given (the daemon's)
-        # Which streams the daemon may read by direct get (the bucket's, the requests streams'), asked of the server.
-        self.direct: DirectReads | None = (
+        # Reads of a stream's last message as its leader has it (records, and the requests streams' queued checks).
+        self.reads: DirectReads | None = (
             None if requester is None else DirectReads(requester, settings.nats_timeout)
         )
 
@@ -434,16 +407,8 @@ class ChangeSetStore:
                     direct=self._settings.replicas == 1,
                 )
             )
-        if self.direct is not None:
-            self.direct.forget()  # (re)opened: after a reconnect the server may be another one
-
-    async def direct_allowed(self, stream: str | None = None) -> bool:
-        """May ``stream`` (default: the records bucket's) be read by direct get? Records are, where only the
-        leader can answer (rebaser_server.direct_reads): a lagging replica's answer could tell a release it still
-        owns a change set another daemon took."""
-        if self.direct is None:
-            return False
-        return await self.direct.allowed(stream or _kv_stream(self.kv))
+        if self.reads is not None:
+            self.reads.forget()  # (re)opened: after a reconnect the server may be another one
 
     @property
     def requester(self) -> Requester | None:
@@ -493,9 +458,7 @@ class ChangeSetStore:
         """
         key = self._key(change_set)
         for _ in range(_ACQUIRE_ATTEMPTS):
-            entry = await _read_last(
-                self.kv, key, self._requester, self._settings.nats_timeout, direct=await self.direct_allowed()
-            )
+            entry = await _read_last(self.kv, key, self.reads, self._settings.nats_timeout)
             if entry is None or entry.value is None:  # never written, or deleted
                 if has_work is not None and not await has_work():
                     raise NothingToDo(
@@ -567,7 +530,7 @@ class ChangeSetStore:
             revision,
             self._requester,
             self._settings.nats_timeout,
-            direct=self.direct,
+            reads=self.reads,
         )
 
     @staticmethod

@@ -29,9 +29,14 @@ async def test_records_read_over_the_requester_match_nats_py(
     await light.open()
     await plain.open()
     # A bucket made now, with one replica, allows direct gets, and only its leader can answer them.
-    assert await light.direct_allowed() is True
+    assert light.reads is not None
+    assert await light.reads.allowed(light.kv._stream) is True
     if not direct:
-        light.direct = None  # every read by STREAM.MSG.GET
+
+        async def never(stream: str) -> bool:
+            return False
+
+        light.reads.allowed = never  # type: ignore[method-assign]  # every read by STREAM.MSG.GET
     try:
         change_set = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
 
@@ -118,7 +123,7 @@ async def test_a_bucket_made_without_direct_gets_is_read_from_its_leader(
     store = ChangeSetStore(nc.jetstream(), settings, requester)
     await store.open()
     try:
-        assert await store.direct_allowed() is False
+        assert store.reads is not None and await store.reads.allowed(store.kv._stream) is False
         change_set = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
 
         async def has_work() -> bool:
