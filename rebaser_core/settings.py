@@ -107,6 +107,13 @@ class Settings(BaseModel):
         description="Change sets one daemon takes on at once (record, consumer, until the first request arrives); "
         "further tasks wait in the server, where no lease runs out.",
     )
+    consumer_heartbeat: float = Field(
+        5.0,
+        ge=0.1,
+        le=3600,
+        description="Idle heartbeat of an owned change set's request consumer; one silent for two heartbeats "
+        "is replaced, starting after the last request taken.",
+    )
     retry_backoff: float = Field(1.0, gt=0, description="First redelivery delay after a retryable failure.")
     retry_backoff_max: float = Field(60.0, gt=0, description="Cap on the redelivery delay.")
     max_attempts: int = Field(

@@ -1,28 +1,49 @@
-"""The owned change set's ordered push consumer: created, bound to a callback, and deleted when let go.
+"""The owned change set's ordered push consumer: created, read in order, reset after a loss, deleted when let go.
 
 Created with ``CONSUMER.CREATE`` over the daemon's light requester (``rebaser_core.requester``) rather than nats-py's
-``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` (a dozen nested dataclasses) after a request
-with a random reply token and ``wait_for``: a change set is activated once per quiet period, and every activation
-paid for it. Only the consumer's name and ``num_pending`` are needed: the name to bind to, ``num_pending`` to know
-whether anything is queued. Then ``subscribe_bind`` makes it nats-py's ordered consumer (gap detection, resets,
-flow control).
+``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` after a request with a random reply token: a
+change set is activated once per quiet period, and every activation paid for it. Only the consumer's name and
+``num_pending`` are needed: the name to delete it by, ``num_pending`` to know whether anything is queued.
+
+Read by a subscription of its own rather than nats-py's ordered consumer (``subscribe_bind``), which gave every
+activation a subscription task and queue, an ordered-consumer state object and two more tasks (an idle-heartbeat
+check and a flow-control poll), all created, woken and cancelled per activation, and handed each message through a
+queue to the subscription's task. Here messages are read as nats-py reads them (``subscribe_inline``), checked
+in order (``ordering.Sequences``) and handled one at a time by a task that runs only while some wait. What nats-py
+did is kept, and made stricter:
+
+- a skipped consumer sequence, or a heartbeat naming another last sequence than ours, resets the consumer: a
+  new inbox and a new consumer that starts after the last stream sequence taken; the old one is deleted;
+- silence for two heartbeat periods resets it too, checked on the lease keeper's tick (``watch``), not by a task;
+- flow-control requests are answered once the messages before them are handled (``ordering.FlowReplies``), so
+  a slow change set's queue stays within the server's window instead of growing with the backlog;
+- a message on the inbox that is neither a delivery (``$JS.ACK`` reply) nor the server's status 100 is ignored,
+  and flow-control answers go only to ``$JS.FC.`` subjects: whoever can publish to the inbox cannot make the
+  daemon publish elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 from nats.js import api as nats_api
 
+from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.requester import js_api
 from rebaser_core.subjects import Subjects
+from rebaser_server.delivery import Delivery
+from rebaser_server.ordering import FlowReplies, Sequences
 from rebaser_server.runtime import Runtime
 
 __all__ = ["Created", "RequestConsumer"]
@@ -30,6 +51,12 @@ __all__ = ["Created", "RequestConsumer"]
 log = logging.getLogger(__name__)
 
 _BACKGROUND: set[asyncio.Task[Any]] = set()
+
+_ACK_PREFIX = "$JS.ACK."
+_FLOW_PREFIX = "$JS.FC."
+_CONTROL_STATUS = "100"
+
+Handler = Callable[[Msg, Delivery], Awaitable[None]]
 
 
 def in_background(coro: Coroutine[Any, Any, Any]) -> None:
@@ -55,110 +82,239 @@ class RequestConsumer:
     def __init__(self, rt: Runtime, names: Subjects, subject: str) -> None:
         self._rt = rt
         self._stream = names.requests_stream
-        self._config = _consumer_config(subject, rt.nc.new_inbox())
+        self._subject = subject
+        self._heartbeat = rt.settings.consumer_heartbeat
+        self._inbox = rt.nc.new_inbox()  # the current consumer's deliver subject; a reset makes a new one
         self._name: str | None = None
         self._sub: Any = None
+        self._handler: Handler | None = None
+        self._context: contextvars.Context | None = (
+            None  # the owner's (its trace span), for the handling tasks
+        )
+        self._seq = Sequences(now=time.monotonic())
+        self._flow = FlowReplies()
+        self._queue: deque[tuple[Msg, Delivery]] = deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._generation = 0  # bumped by every reset and by close: a slower reset's late answer is dropped
+        self._closed = False
+        self.resets = 0
+
+    @property
+    def inbox(self) -> str:
+        """The deliver subject of the consumer in use (tests forge messages on it)."""
+        return self._inbox
+
+    @property
+    def name(self) -> str | None:
+        return self._name
 
     async def create(self) -> Created:
-        rt = self._rt
-        config = dict(_config_template(), filter_subject=self._config.filter_subject)
-        config["deliver_subject"] = self._config.deliver_subject
-        request = {"stream_name": self._stream, "config": config}
-        answer = await js_api(
-            rt.requester, f"CONSUMER.CREATE.{self._stream}", request, timeout=rt.settings.nats_timeout
-        )
+        answer = await self._create(self._inbox, start=None)
         self._name = str(answer["name"])
         return Created(self._name, int(answer.get("num_pending") or 0))
 
-    async def bind(self, created: Created, cb: Callable[[Msg], Awaitable[None]]) -> None:
-        """Start delivering to ``cb``, one message at a time, as nats-py's ordered consumer."""
-        self._sub = await self._rt.js.subscribe_bind(
-            self._stream, self._config, created.name, cb=cb, ordered_consumer=True
-        )
-        _no_flow_control_polling(self._rt, self._sub)
+    async def bind(self, created: Created, handler: Handler) -> None:
+        """Start delivering to ``handler``, one message at a time, in stream order."""
+        self._handler = handler
+        # The handling task starts from nats-py's read loop; it runs in the owner's context instead (its take span
+        # is what each request's span links to), as nats-py's subscription task, started from here, did.
+        self._context = contextvars.copy_context()
+        self._seq.last_seen = time.monotonic()
+        # Nothing is delivered before this subscribes: a push consumer waits for interest on its deliver subject.
+        self._sub = await self._subscribe(self._inbox)
+
+    def watch(self, now: float) -> None:
+        """The lease keeper's tick: a bound consumer not heard from for two heartbeats is gone; replace it."""
+        if (
+            self._sub is not None
+            and not self._closed
+            and self._rt.nc.is_connected  # silence while cut off is the connection's, handled on reconnect
+            and self._seq.silent(now, self._heartbeat)
+        ):
+            self._reset("no message or heartbeat for two heartbeat periods")
 
     async def close(self) -> None:
+        self._closed = True
+        self._generation += 1
+        worker, self._worker = self._worker, None
+        if worker is not None and worker is not asyncio.current_task():
+            worker.cancel()  # as nats-py's unsubscribe cancels its subscription's task, a handler in hand with it
+        self._queue.clear()
+        self._flow.forget()
         sub, self._sub = self._sub, None
+        self._handler = self._context = None
         if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        # Unsubscribing leaves the server-side consumer until the server reaps it; delete it so the consumer
-        # count tracks active change sets. After a reset the ordered consumer has a new name.
-        name = getattr(sub, "_consumer", None) or self._name
-        self._name = None
-        _untie(sub)
+        name, self._name = self._name, None
         if name:
-            # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails).
+            # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails). Unsubscribing
+            # leaves the server-side consumer until then; deleting it keeps the consumer count to active change sets.
             in_background(self._delete(name))
+
+    # -- reading (in nats-py's read loop: quick, never waits) -----------------------------------------------------
+    def _on_message(self, inbox: str, msg: Msg) -> None:
+        if self._closed or inbox is not self._inbox:
+            return  # a replaced consumer's inbox, still subscribed for a moment
+        reply = msg.reply
+        if reply and reply.startswith(_ACK_PREFIX):
+            self._on_delivery(msg, reply)
+            return
+        headers = msg.headers
+        if msg.data or not headers or headers.get("Status") != _CONTROL_STATUS:
+            log.debug("%s: ignored a message on the consumer's inbox that is not the server's", self._subject)
+            return
+        description = headers.get("Description", "")
+        now = time.monotonic()
+        if description.startswith("Flow"):
+            self._seq.last_seen = now
+            if reply and reply.startswith(_FLOW_PREFIX) and self._flow.request(reply):
+                self._answer(reply)
+        elif description.startswith("Idle"):
+            # A heartbeat naming a stalled flow-control reply: the server lost our answer, or one is held (sent when
+            # its messages are handled; answering now would undo the hold).
+            stalled = headers.get("Nats-Consumer-Stalled")
+            if stalled and stalled.startswith(_FLOW_PREFIX) and not self._flow.holds(stalled):
+                self._answer(stalled)
+            if not self._seq.heartbeat(_number(headers.get("Nats-Last-Consumer")), now):
+                self._reset("a heartbeat names a delivery not taken")
+
+    def _on_delivery(self, msg: Msg, reply: str) -> None:
+        try:
+            delivery = Delivery.parse(reply)
+        except (NotJSMessageError, ValueError):
+            log.debug("%s: ignored a message with a malformed delivery subject", self._subject)
+            return
+        if not self._seq.take(delivery.consumer_seq, delivery.stream_seq, time.monotonic()):
+            self._reset(f"consumer sequence {delivery.consumer_seq} where {self._seq.expected} was next")
+            return
+        self._flow.received += 1
+        self._queue.append((msg, delivery))
+        if self._worker is None:
+            # A copy each time: a Context cannot be entered by two tasks at once (a cancelled one may still unwind).
+            context = None if self._context is None else self._context.copy()
+            self._worker = asyncio.create_task(self._handle_queued(), context=context)
+
+    def _answer(self, reply: str) -> None:
+        in_background(self._rt.nc.publish(reply))
+
+    # -- handling (one at a time, in order) ----------------------------------------------------------------------
+    async def _handle_queued(self) -> None:
+        # The only task that calls the handler, and only while deliveries wait: one at a time, so in stream order.
+        # It ends when the queue is empty and the next delivery starts another (no task idles per owned change set).
+        try:
+            while self._queue and self._handler is not None:
+                msg, delivery = self._queue.popleft()
+                try:
+                    await self._handler(msg, delivery)
+                except Exception:
+                    log.exception("%s: handling a request delivery failed", self._subject)
+                for reply in self._flow.done():
+                    self._answer(reply)
+        finally:
+            if self._worker is asyncio.current_task():
+                self._worker = None
+
+    # -- resets --------------------------------------------------------------------------------------------------
+    def _reset(self, why: str) -> None:
+        """Replace the consumer by one that starts after the last stream sequence taken (what is queued stays)."""
+        log.info("%s: resetting its request consumer: %s", self._subject, why)
+        self.resets += 1
+        self._rt.stats.consumer_resets += 1
+        self._generation += 1
+        old_sub, old_name = self._sub, self._name
+        self._inbox = self._rt.nc.new_inbox()
+        self._name = None
+        now = time.monotonic()
+        self._seq = self._seq.restart(now)
+        self._flow.forget()
+        start = self._seq.last_stream_seq + 1
+        in_background(self._recreate(self._generation, self._inbox, start, old_sub, old_name))
+
+    async def _recreate(
+        self, generation: int, inbox: str, start: int, old_sub: Any, old_name: str | None
+    ) -> None:
+        if old_sub is not None:
+            with contextlib.suppress(Exception):
+                await old_sub.unsubscribe()
+        if old_name:
+            in_background(self._delete(old_name))
+        sub = await self._subscribe(inbox)
+        if generation != self._generation:  # closed, or reset again meanwhile
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            return
+        self._sub = sub
+        try:
+            answer = await self._create(inbox, start=start)
+        except Exception as err:
+            # The silence check tries again two heartbeats on; the processor's own limits apply meanwhile.
+            log.warning("%s: recreating its request consumer failed: %r", self._subject, err)
+            return
+        if generation != self._generation:
+            in_background(self._delete(str(answer["name"])))
+            return
+        self._name = str(answer["name"])
+
+    # -- NATS and the JetStream API ------------------------------------------------------------------------------
+    async def _subscribe(self, inbox: str) -> Any:
+        # Messages carry the stream's subject, not the inbox they came by: each subscription's handler knows its own.
+        return await subscribe_inline(self._rt.nc, inbox, functools.partial(self._on_message, inbox))
+
+    async def _create(self, inbox: str, *, start: int | None) -> dict[str, Any]:
+        config = consumer_config(self._subject, inbox, heartbeat=self._heartbeat, start=start)
+        request = {"stream_name": self._stream, "config": config}
+        rt = self._rt
+        return await js_api(
+            rt.requester, f"CONSUMER.CREATE.{self._stream}", request, timeout=rt.settings.nats_timeout
+        )
 
     async def _delete(self, name: str) -> None:
         rt = self._rt
         await js_api(rt.requester, f"CONSUMER.DELETE.{self._stream}.{name}", timeout=rt.settings.nats_timeout)
 
 
+def _number(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return -1  # not a number: no sequence of ours, so the heartbeat check resets
+
+
+def consumer_config(subject: str, inbox: str, *, heartbeat: float, start: int | None) -> dict[str, Any]:
+    """The CONSUMER.CREATE config of a request consumer: from the first request queued, or from stream sequence
+    ``start`` (a reset)."""
+    config = dict(_config_template(), filter_subject=subject, deliver_subject=inbox)
+    config["idle_heartbeat"] = round(heartbeat * 1e9)
+    if start is not None:
+        config["deliver_policy"] = nats_api.DeliverPolicy.BY_START_SEQUENCE.value
+        config["opt_start_seq"] = start
+    return config
+
+
 @functools.cache
 def _config_template() -> dict[str, Any]:
-    """The CONSUMER.CREATE config of every request consumer but its two subjects: ``ConsumerConfig.as_dict`` (a
-    walk of its dataclass fields) was a tenth of an activation's CPU in a burst of new change sets."""
-    return _consumer_config("<filter>", "<deliver>").as_dict()
+    """Every request consumer's config but its subjects, heartbeat and start: ``ConsumerConfig.as_dict`` (a walk of
+    its dataclass fields) was a tenth of an activation's CPU in a burst of new change sets."""
+    return nats_config("<filter>", "<deliver>", heartbeat=5.0, start=None).as_dict()
 
 
-def _consumer_config(subject: str, deliver_subject: str) -> nats_api.ConsumerConfig:
+def nats_config(subject: str, inbox: str, *, heartbeat: float, start: int | None) -> nats_api.ConsumerConfig:
+    """The same config as nats-py's dataclass (what ``consumer_config`` must equal, field for field)."""
     return nats_api.ConsumerConfig(
         filter_subject=subject,
-        deliver_policy=nats_api.DeliverPolicy.ALL,
-        deliver_subject=deliver_subject,
+        deliver_policy=nats_api.DeliverPolicy.ALL
+        if start is None
+        else nats_api.DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=start,
+        deliver_subject=inbox,
         ack_policy=nats_api.AckPolicy.NONE,
         max_deliver=1,
         flow_control=True,
-        idle_heartbeat=5.0,
+        idle_heartbeat=heartbeat,
         mem_storage=True,
         num_replicas=1,
         inactive_threshold=30.0,
     )
-
-
-def _untie(psub: Any) -> None:
-    """Break the reference cycle of an unsubscribed nats-py ordered consumer (nats-py 2.16).
-
-    Its subscription and its ordered-consumer state (``_JSI``) point at each other, and the subscription holds our
-    callback, so an owned change set let go was freed only by the cycle collector, with everything it held: about
-    sixty objects per activation, left for the collector's walks (a tenth of a daemon's CPU in a burst of new change
-    sets, with this and the DVU loop's cycle). ``_jsi = None`` is what a plain subscription has, and every use of it
-    in nats-py, after unsubscribing, checks it first.
-    """
-    # nats-py's PushSubscription wraps the Subscription it was made from.
-    inner: Any = getattr(psub, "_sub", None)
-    jsi = getattr(inner, "_jsi", None)
-    if jsi is None or not getattr(psub, "_closed", False):
-        return
-    # nats-py cancels these two in unsubscribe() only once the UNSUB went out; cancelled here in any case, or a
-    # heartbeat check left running with ``_jsi`` gone would recreate the consumer every few seconds for ever.
-    for name in ("_hbtask", "_fctask"):
-        task = getattr(jsi, name, None)
-        if task is not None:
-            task.cancel()
-    inner._jsi = None
-
-
-def _no_flow_control_polling(rt: Runtime, psub: Any) -> None:
-    """Stop nats-py's flow-control task of an ordered consumer with a callback (ours).
-
-    nats-py starts, for every ordered consumer, a task that wakes four times a second to send a flow-control reply
-    put off until the messages before it are delivered. For a subscription with a callback it counts a message as
-    delivered when it is received, so it answers every flow-control request at once and that task never has
-    anything to send (nats-py 2.16); with thousands of owned change sets its wake-ups were thousands a second, idle
-    or not. Should a reply ever be put off (another nats-py version), it is sent at once, as nats-py does now. A
-    stalled consumer is also answered from its heartbeat, by nats-py, as before.
-    """
-    jsi = getattr(getattr(psub, "_sub", None), "_jsi", None)
-    task = getattr(jsi, "_fctask", None)
-    if jsi is None or task is None or not hasattr(jsi, "schedule_flow_control_response"):
-        return  # not the nats-py this was written for: leave it as it is
-    task.cancel()
-    jsi._fctask = None
-
-    def answer_now(reply: str) -> None:
-        in_background(rt.nc.publish(reply))
-
-    jsi.schedule_flow_control_response = answer_now

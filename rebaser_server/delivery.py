@@ -2,12 +2,12 @@
 
 JetStream names each delivery in its reply (ack) subject: ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
 <consumer seq>.<stored ns>.<pending>``, with a domain and an account hash after ``ACK`` in the newer form. nats-py's
-``Msg.metadata`` reads it into two frozen dataclasses and a ``datetime``; each request's handling needs three
-numbers of it (its stream sequence, how many requests wait behind it, when it was stored), and building nats-py's
-objects was 3 % of a daemon's time per request. This reads the same tokens as nats-py 2.16 (``Msg.Metadata.
-_from_reply``): the same forms, ``NotJSMessageError`` for any other, ``ValueError`` where a number is not one. It
-does not build the ``datetime`` nats-py makes of the stored-at time, so a time beyond year 9999, which nats-py
-refuses (``OSError``), is taken as it is (only the queue-wait metric reads it).
+``Msg.metadata`` reads it into two frozen dataclasses and a ``datetime``; each request's handling needs four
+numbers of it (its stream and consumer sequences, how many requests wait behind it, when it was stored), and
+building nats-py's objects was 3 % of a daemon's time per request. This reads the same tokens as nats-py 2.16
+(``Msg.Metadata._from_reply``): the same forms, ``NotJSMessageError`` for any other, ``ValueError`` where a number
+is not one. It does not build the ``datetime`` nats-py makes of the stored-at time, so a time beyond year 9999,
+which nats-py refuses (``OSError``), is taken as it is (only the queue-wait metric reads it).
 """
 
 from __future__ import annotations
@@ -28,15 +28,19 @@ _V2_NUMBERS = 6
 
 class Delivery:
     """One JetStream delivery: ``stream_seq``, ``num_pending`` (messages of the consumer still to deliver after
-    it) and ``stored_ns`` (when the stream stored the message, nanoseconds since the epoch, server clock)."""
+    it), ``stored_ns`` (when the stream stored the message, nanoseconds since the epoch, server clock) and
+    ``consumer_seq`` (the consumer's count of its deliveries: an ordered consumer's gap detector)."""
 
-    __slots__ = ("delivered", "num_pending", "stored_ns", "stream_seq")
+    __slots__ = ("consumer_seq", "delivered", "num_pending", "stored_ns", "stream_seq")
 
-    def __init__(self, stream_seq: int, num_pending: int, stored_ns: int, delivered: int) -> None:
+    def __init__(
+        self, stream_seq: int, num_pending: int, stored_ns: int, delivered: int, consumer_seq: int
+    ) -> None:
         self.stream_seq = stream_seq
         self.num_pending = num_pending
         self.stored_ns = stored_ns
         self.delivered = delivered  # which delivery of the message this is (1: the first)
+        self.consumer_seq = consumer_seq
 
     @classmethod
     def of(cls, msg: Msg) -> Delivery:
@@ -58,8 +62,8 @@ class Delivery:
         if tokens[0] != "$JS" or tokens[1] != "ACK":
             raise NotJSMessageError
         # int() of all five, as nats-py does (ValueError): a subject with words where numbers belong is refused.
-        delivered, stream_seq, _consumer_seq, stored, pending = map(int, tokens[first : first + 5])
-        return cls(stream_seq, pending, stored, delivered)
+        delivered, stream_seq, consumer_seq, stored, pending = map(int, tokens[first : first + 5])
+        return cls(stream_seq, pending, stored, delivered, consumer_seq)
 
     @property
     def stored_at(self) -> float:
@@ -69,5 +73,5 @@ class Delivery:
     def __repr__(self) -> str:
         return (
             f"Delivery(stream_seq={self.stream_seq}, num_pending={self.num_pending}, stored_ns={self.stored_ns}, "
-            f"delivered={self.delivered})"
+            f"delivered={self.delivered}, consumer_seq={self.consumer_seq})"
         )

@@ -177,6 +177,10 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
         "rebaser_reconnect_handbacks",
         "Owned change sets handed back after a reconnect.",
     ),
+    "consumer_resets": (
+        "rebaser_consumer_resets",
+        "Request consumers replaced after a lost delivery or two missed heartbeats.",
+    ),
     "tasks_deferred": (
         "rebaser_tasks_deferred",
         "New-shard tasks handed back while their change set's old shard still held work (a layout change).",

@@ -5,9 +5,8 @@ Life of a task (the daemon holds the change set's task delivery for all of it, u
 1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; join the
    daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the change
    set's DVU runs (``dvu_runs``).
-2. **Consume**: an ordered push consumer on the change set's request subject; its callback handles one request
-   at a time (nats-py awaits a subscription's callback before delivering the next message). Nothing is applied
-   unless the lease is held.
+2. **Consume**: an ordered push consumer on the change set's request subject (``consumer.py``) hands its requests
+   to ``_on_request`` one at a time, in stream order. Nothing is applied unless the lease is held.
 3. **Finish** with one outcome (see ``outcome.py``): quiet for ``quiescent_period`` -> release; retryable failure
    -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing.
 4. **Release** (the quiescence race): stop consuming, finish the DVU, ack the task, and only then ask "is any
@@ -195,7 +194,7 @@ class ChangeSetProcessor:
             self._activity.lull.clear()
         await self._consumer.bind(created, self._on_request)
 
-    async def _on_request(self, msg: Msg) -> None:
+    async def _on_request(self, msg: Msg, delivery: Delivery) -> None:
         self._started()
         if self._stopping:
             return  # left in the stream: the release check or the next owner will see it
@@ -207,9 +206,7 @@ class ChangeSetProcessor:
                 self._finish(Outcome.LEASE_LOST, reason="lease ran out before a request")
                 return
             assert self._handler is not None
-            delivery: Delivery | None = None
             try:
-                delivery = Delivery.of(msg)
                 unclean, self._unclean = self._unclean, False
                 # Metrics, log ids and the trace span of this request (rebaser_server.observe).
                 with self._rt.observe.request(msg, self.change_set, delivery.stored_at):
@@ -221,7 +218,7 @@ class ChangeSetProcessor:
                 self._activity.last = time.monotonic()
                 if self._wake_after_request:
                     self._wake_waiter()
-                self._caught_up = delivery is not None and delivery.num_pending == 0
+                self._caught_up = delivery.num_pending == 0
                 if self._caught_up:
                     self._activity.lull.set()
                 else:
@@ -284,6 +281,7 @@ class ChangeSetProcessor:
             self._finish(Outcome.LEASE_LOST, reason="lease ran out")
             self._steps.cancel(LeaseLost)
             return False
+        self._consumer.watch(now)  # a request consumer silent for two heartbeats is replaced
         if self._steps.overran(now, settings.handler_deadline):
             log.error(
                 "%s: a step overran handler_deadline (%.1fs); giving the task up",

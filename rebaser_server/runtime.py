@@ -61,6 +61,8 @@ class Stats:
     nats_reconnects: int = 0
     # Owned change sets handed back after a reconnect (their ordered consumers may be gone).
     reconnect_handbacks: int = 0
+    # Owned change sets' request consumers replaced after a lost delivery or a silence (consumer.py).
+    consumer_resets: int = 0
     # Wall clock: the last request answered, and the last write JetStream acknowledged (a purge of processed
     # requests; see trimmer.py).
     last_request_at: float | None = None

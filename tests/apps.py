@@ -102,6 +102,21 @@ class RecordingApp:
         return {**state, "dvu_runs": state["dvu_runs"] + 1}
 
 
+class GatedApp(RecordingApp):
+    """A ``RecordingApp`` that holds every request setting ``/gate`` until the test opens ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.held = 0  # requests that reached the gate
+
+    async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
+        if "/gate" in _controls(request):
+            self.held += 1
+            await self.gate.wait()
+        return await super().apply(change_set, state, request)
+
+
 async def applied(store: ChangeSetStore, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> list[str]:
     """The request ids a ``RecordingApp`` change set has applied, in order (committed state)."""
     record = await store.read(ChangeSet(workspace_id, change_set_id))

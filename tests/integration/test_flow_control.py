@@ -1,8 +1,9 @@
-"""An owned change set's ordered consumer answers JetStream's flow control without nats-py's polling task.
+"""An owned change set's ordered consumer answers JetStream's flow control, without a polling task.
 
-nats-py runs, per ordered consumer, a task that wakes four times a second to send put-off flow-control replies;
-with a callback subscription it never has one to send, so the daemon stops it (``consumer.py``). A backlog big
-enough to make the server ask for flow control must still drain, and no polling task may run meanwhile.
+nats-py's ordered consumer ran a task per consumer that woke four times a second to send put-off flow-control
+replies. The daemon's own consumer (``consumer.py``) answers a request when the deliveries before it are handled.
+A backlog big enough to make the server ask for flow control must drain, with no polling task, and a slow change
+set must hold the server to its window.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.apps import RecordingApp
+from tests.apps import GatedApp, RecordingApp
+from tests.integration.test_request_consumer import bound_consumer
 
 _REQUESTS = 48
 _VALUE = "x" * 400_000  # 48 x 400 kB: past the bytes the server lets a push consumer have outstanding
@@ -57,28 +59,29 @@ async def test_a_backlog_that_needs_flow_control_drains_without_the_polling_task
         await watch.unsubscribe()
 
 
-async def test_a_put_off_reply_is_sent_at_once_and_the_task_is_stopped(nc: NatsClient) -> None:
-    """Should nats-py ever put a flow-control reply off (it does not for callback subscriptions today), it goes out
-    at once instead of waiting for the stopped task."""
-    from types import SimpleNamespace
-
-    from rebaser_server.consumer import _no_flow_control_polling
-
-    answered: list[str] = []
-
-    async def on_reply(msg: Msg) -> None:
-        answered.append(msg.subject)
-
-    sub = await nc.subscribe("fc.test.reply", cb=on_reply)
-    polling = asyncio.create_task(asyncio.Event().wait())
-    jsi = SimpleNamespace(_fctask=polling, schedule_flow_control_response=lambda reply: None)
-    try:
-        _no_flow_control_polling(SimpleNamespace(nc=nc), SimpleNamespace(_sub=SimpleNamespace(_jsi=jsi)))  # type: ignore[arg-type]
-        assert jsi._fctask is None
-        await asyncio.wait({polling}, timeout=5)
-        assert polling.cancelled()
-        jsi.schedule_flow_control_response("fc.test.reply")
-        await wait_for(lambda: answered == ["fc.test.reply"], timeout=5, message="the reply sent")
-    finally:
-        polling.cancel()
-        await sub.unsubscribe()
+async def test_a_slow_change_set_holds_the_servers_flow_control_until_its_queue_is_handled(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    """The server stops sending once its flow-control request is unanswered; the daemon answers it only when the
+    deliveries before it are handled, so a change set whose app is slow buffers the server's window, not the
+    whole backlog."""
+    settings = fast_settings(subject_prefix, quiescent_period=30.0)
+    await ensure_streams(nc.jetstream(), settings)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    await client.enqueue_updates(wk, cs, [SetLiteral(path="/gate", value=True)])
+    for i in range(_REQUESTS):
+        await client.enqueue_updates(
+            wk, cs, [SetLiteral(path="/big", value=_VALUE), SetLiteral(path="/i", value=i)]
+        )
+    app = GatedApp()
+    async with running_daemon(nc, settings, app) as daemon:
+        await wait_for(lambda: app.held == 1, timeout=10, message="the first request in the app")
+        consumer = await bound_consumer(daemon)
+        await wait_for(lambda: len(consumer._flow) >= 1, timeout=20, message="a flow-control request held")
+        assert consumer._flow.received < _REQUESTS + 1, "the whole backlog was sent: nothing to hold"
+        app.gate.set()
+        await wait_for(
+            lambda: daemon.rt.stats.requests_applied >= _REQUESTS + 1,
+            timeout=60,
+            message="the backlog applied",
+        )

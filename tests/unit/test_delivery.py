@@ -29,6 +29,7 @@ def test_the_form_without_a_domain(
     reply = f"$JS.ACK.{stream}.{consumer}.{delivered}.{sseq}.{cseq}.{ns}.{pending}"
     d = Delivery.parse(reply)
     assert (d.stream_seq, d.num_pending, d.stored_ns, d.delivered) == (sseq, pending, ns, delivered)
+    assert d.consumer_seq == cseq
     got = _nats_py(reply)
     assert got[:2] == (sseq, pending) and got[3] == delivered
     assert abs(got[2] - ns) < 1_000  # nats-py keeps microseconds
@@ -41,6 +42,7 @@ def test_the_form_with_a_domain(domain: str, tail: str) -> None:
     reply = f"$JS.ACK.{domain}.ACCHASH.REQUESTS.c1.3.1234.17.1700000000123456789.42{tail}"
     d = Delivery.parse(reply)
     assert (d.stream_seq, d.num_pending, d.stored_ns, d.delivered) == (1234, 42, 1700000000123456789, 3)
+    assert d.consumer_seq == 17
     assert _nats_py(reply)[:2] == (1234, 42) and _nats_py(reply)[3] == 3
 
 
