@@ -274,9 +274,9 @@ class Daemon:
     async def _on_reconnect(self) -> None:
         """After a reconnect: streams back, owned change sets handed back, orphans swept.
 
-        A restarted nats-server has lost every memory-storage ordered consumer. nats-py would recreate one only after
-        two missed idle heartbeats (measured: about 18 s), and the daemon cannot cheaply tell which survived, so it
-        hands every owned change set back (finish the request in hand, nack the task) and takes them again with
+        A restarted nats-server has lost every memory-storage ordered consumer. Each would be replaced only after two
+        silent heartbeats (``consumer_heartbeat``: 10 s and more at the default; ``consumer.py``), and the daemon
+        cannot cheaply tell which survived, so it hands every owned change set back (finish the request in hand, nack the task) and takes them again with
         fresh consumers. A reconnect is rare; one re-acquire per owned change set is its whole cost.
         """
         rt = self.rt
