@@ -2,8 +2,9 @@
 
 Created with ``CONSUMER.CREATE`` over the daemon's light requester (``rebaser_core.requester``) rather than nats-py's
 ``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` after a request with a random reply token: a
-change set is activated once per quiet period, and every activation paid for it. Only the consumer's name and
-``num_pending`` are needed: the name to delete it by, ``num_pending`` to know whether anything is queued.
+change set is activated once per quiet period, and every activation paid for it. Only ``num_pending`` is needed, to
+know whether anything is queued. The consumer is named by the daemon (a random name), so every delivery can be
+checked against it from the first on.
 
 Read by a subscription of its own rather than nats-py's ordered consumer (``subscribe_bind``), which gave every
 activation a subscription task and queue, an ordered-consumer state object and two more tasks (an idle-heartbeat
@@ -14,12 +15,16 @@ did is kept, and made stricter:
 
 - a skipped consumer sequence, or a heartbeat naming another last sequence than ours, resets the consumer: a
   new inbox and a new consumer that starts after the last stream sequence taken; the old one is deleted;
-- silence for two heartbeat periods resets it too, checked on the lease keeper's tick (``watch``), not by a task;
-- flow-control requests are answered once the messages before them are handled (``ordering.FlowReplies``), so
-  a slow change set's queue stays within the server's window instead of growing with the backlog;
-- a message on the inbox that is neither a delivery (``$JS.ACK`` reply) nor the server's status 100 is ignored,
-  and flow-control answers go only to ``$JS.FC.`` subjects: whoever can publish to the inbox cannot make the
-  daemon publish elsewhere.
+- silence for more than two heartbeat periods resets it too, checked on the lease keeper's tick (``watch``), not
+  by a task;
+- a flow-control request is answered once the messages before it are handled (``ordering.FlowReplies``), so a
+  slow change set's queue stays within the server's window instead of growing with the backlog;
+- what comes on the inbox is checked before it is believed: a delivery must name this stream and this consumer
+  and a later stream sequence than the last taken; anything else that is not the server's status 100 is
+  dropped; flow-control answers go only to this stream's ``$JS.FC.`` subjects. This bounds what a publisher on
+  the inbox can do (a reset at most), not everything: one that reads the inbox can copy a delivery's subject, so
+  the daemon's inboxes must not be publishable by callers (``docs/nats-accounts.conf`` gives callers no such
+  right, and no ``$JS.ACK`` reply subjects).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
@@ -43,7 +49,7 @@ from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.requester import js_api
 from rebaser_core.subjects import Subjects
 from rebaser_server.delivery import Delivery
-from rebaser_server.ordering import FlowReplies, Sequences
+from rebaser_server.ordering import GAP, TAKEN, FlowReplies, Sequences
 from rebaser_server.runtime import Runtime
 
 __all__ = ["Created", "RequestConsumer"]
@@ -53,8 +59,10 @@ log = logging.getLogger(__name__)
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
 _ACK_PREFIX = "$JS.ACK."
-_FLOW_PREFIX = "$JS.FC."
 _CONTROL_STATUS = "100"
+# Reply subjects of the two forms (see delivery.py): the stream and consumer names are these tokens.
+_V1_TOKENS, _V1_NAMES = 9, 2
+_V2_MIN_TOKENS, _V2_NAMES = 11, 4
 
 Handler = Callable[[Msg, Delivery], Awaitable[None]]
 
@@ -84,8 +92,13 @@ class RequestConsumer:
         self._stream = names.requests_stream
         self._subject = subject
         self._heartbeat = rt.settings.consumer_heartbeat
-        self._inbox = rt.nc.new_inbox()  # the current consumer's deliver subject; a reset makes a new one
+        self._flow_prefix = f"$JS.FC.{self._stream}."
+        # The consumer in use: its deliver subject and name (a reset makes new ones), and the start of the reply
+        # subject of each of its deliveries (the form without a domain; the other is checked token by token).
+        self._inbox = rt.nc.new_inbox()
         self._name: str | None = None
+        self._ack_prefix = ""
+        self._named()
         self._sub: Any = None
         self._handler: Handler | None = None
         self._context: contextvars.Context | None = (
@@ -109,9 +122,9 @@ class RequestConsumer:
         return self._name
 
     async def create(self) -> Created:
-        answer = await self._create(self._inbox, start=None)
-        self._name = str(answer["name"])
-        return Created(self._name, int(answer.get("num_pending") or 0))
+        name = self._named() if self._name is None else self._name
+        answer = await self._create(name, self._inbox, start=None)
+        return Created(name, int(answer.get("num_pending") or 0))
 
     async def bind(self, created: Created, handler: Handler) -> None:
         """Start delivering to ``handler``, one message at a time, in stream order."""
@@ -124,14 +137,16 @@ class RequestConsumer:
         self._sub = await self._subscribe(self._inbox)
 
     def watch(self, now: float) -> None:
-        """The lease keeper's tick: a bound consumer not heard from for two heartbeats is gone; replace it."""
-        if (
-            self._sub is not None
-            and not self._closed
-            and self._rt.nc.is_connected  # silence while cut off is the connection's, handled on reconnect
-            and self._seq.silent(now, self._heartbeat)
-        ):
-            self._reset("no message or heartbeat for two heartbeat periods")
+        """The lease keeper's tick: a bound consumer not heard from for more than two heartbeats is gone; replace
+        it."""
+        if self._sub is None or self._closed:
+            return
+        if not self._rt.nc.is_connected:
+            # Silence while cut off is the connection's (the reconnect hands every change set back); counted from
+            # the reconnect on, or every owned change set would reset at the first tick after it.
+            self._seq.last_seen = now
+        elif self._seq.silent(now, self._heartbeat):
+            self._reset("no message or heartbeat for more than two heartbeat periods")
 
     async def close(self) -> None:
         self._closed = True
@@ -142,15 +157,17 @@ class RequestConsumer:
         self._queue.clear()
         self._flow.forget()
         sub, self._sub = self._sub, None
-        self._handler = self._context = None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
         name, self._name = self._name, None
-        if name:
-            # Off the critical path: nothing waits for it (and the server reaps it anyway if this fails). Unsubscribing
-            # leaves the server-side consumer until then; deleting it keeps the consumer count to active change sets.
-            in_background(self._delete(name))
+        self._handler = self._context = None
+        try:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        finally:
+            if name:
+                # Off the critical path: nothing waits for it (the server reaps it anyway if this fails). Deleting it
+                # keeps the consumer count to active change sets.
+                in_background(self._delete(name))
 
     # -- reading (in nats-py's read loop: quick, never waits) -----------------------------------------------------
     def _on_message(self, inbox: str, msg: Msg) -> None:
@@ -168,29 +185,49 @@ class RequestConsumer:
         now = time.monotonic()
         if description.startswith("Flow"):
             self._seq.last_seen = now
-            if reply and reply.startswith(_FLOW_PREFIX) and self._flow.request(reply):
+            if reply and reply.startswith(self._flow_prefix) and self._flow.request(reply):
                 self._answer(reply)
         elif description.startswith("Idle"):
-            # A heartbeat naming a stalled flow-control reply: the server lost our answer, or one is held (sent when
-            # its messages are handled; answering now would undo the hold).
+            # A heartbeat naming a stalled flow-control reply: the server lost our answer, or it is the one held
+            # (sent when its messages are handled; answering now would undo the hold).
             stalled = headers.get("Nats-Consumer-Stalled")
-            if stalled and stalled.startswith(_FLOW_PREFIX) and not self._flow.holds(stalled):
+            if stalled and stalled.startswith(self._flow_prefix) and not self._flow.holds(stalled):
                 self._answer(stalled)
             if not self._seq.heartbeat(_number(headers.get("Nats-Last-Consumer")), now):
                 self._reset("a heartbeat names a delivery not taken")
 
     def _on_delivery(self, msg: Msg, reply: str) -> None:
+        if not (reply.startswith(self._ack_prefix) or self._names_us(reply)):
+            log.debug("%s: ignored a delivery subject naming another stream or consumer", self._subject)
+            return
         try:
             delivery = Delivery.parse(reply)
         except (NotJSMessageError, ValueError):
             log.debug("%s: ignored a message with a malformed delivery subject", self._subject)
             return
-        if not self._seq.take(delivery.consumer_seq, delivery.stream_seq, time.monotonic()):
+        verdict = self._seq.take(delivery.consumer_seq, delivery.stream_seq, time.monotonic())
+        if verdict == TAKEN:
+            self._flow.received += 1
+            self._queue.append((msg, delivery))
+            self._start_handling()
+        elif verdict == GAP:
             self._reset(f"consumer sequence {delivery.consumer_seq} where {self._seq.expected} was next")
-            return
-        self._flow.received += 1
-        self._queue.append((msg, delivery))
-        if self._worker is None:
+        else:
+            log.debug(
+                "%s: ignored a delivery of stream sequence %d, not after the last taken",
+                self._subject,
+                delivery.stream_seq,
+            )
+
+    def _names_us(self, reply: str) -> bool:
+        """Whether ``reply`` (not of the form ``_ack_prefix`` covers) names this stream and consumer."""
+        tokens = reply.split(".")
+        count = len(tokens)
+        at = _V1_NAMES if count == _V1_TOKENS else _V2_NAMES if count >= _V2_MIN_TOKENS else -1
+        return at >= 0 and tokens[at] == self._stream and tokens[at + 1] == self._name
+
+    def _start_handling(self) -> None:
+        if self._worker is None and self._queue and not self._closed:
             # A copy each time: a Context cannot be entered by two tasks at once (a cancelled one may still unwind).
             context = None if self._context is None else self._context.copy()
             self._worker = asyncio.create_task(self._handle_queued(), context=context)
@@ -209,9 +246,13 @@ class RequestConsumer:
                     await self._handler(msg, delivery)
                 except Exception:
                     log.exception("%s: handling a request delivery failed", self._subject)
-                for reply in self._flow.done():
-                    self._answer(reply)
+                finally:
+                    reply = self._flow.done()  # also when the handler was cancelled: the delivery is over
+                    if reply is not None:
+                        self._answer(reply)
         finally:
+            # Ended by a cancellation escaping the handler: not restarted. Handing the next delivery on would apply
+            # it before the one cut short; the processor ends the task instead (retry: the next owner reads both).
             if self._worker is asyncio.current_task():
                 self._worker = None
 
@@ -224,15 +265,15 @@ class RequestConsumer:
         self._generation += 1
         old_sub, old_name = self._sub, self._name
         self._inbox = self._rt.nc.new_inbox()
-        self._name = None
+        name = self._named()
         now = time.monotonic()
         self._seq = self._seq.restart(now)
         self._flow.forget()
         start = self._seq.last_stream_seq + 1
-        in_background(self._recreate(self._generation, self._inbox, start, old_sub, old_name))
+        in_background(self._recreate(self._generation, name, self._inbox, start, old_sub, old_name))
 
     async def _recreate(
-        self, generation: int, inbox: str, start: int, old_sub: Any, old_name: str | None
+        self, generation: int, name: str, inbox: str, start: int, old_sub: Any, old_name: str | None
     ) -> None:
         if old_sub is not None:
             with contextlib.suppress(Exception):
@@ -246,27 +287,32 @@ class RequestConsumer:
             return
         self._sub = sub
         try:
-            answer = await self._create(inbox, start=start)
+            await self._create(name, inbox, start=start)
         except Exception as err:
             # The silence check tries again two heartbeats on; the processor's own limits apply meanwhile.
             log.warning("%s: recreating its request consumer failed: %r", self._subject, err)
             return
         if generation != self._generation:
-            in_background(self._delete(str(answer["name"])))
-            return
-        self._name = str(answer["name"])
+            in_background(self._delete(name))
 
     # -- NATS and the JetStream API ------------------------------------------------------------------------------
+    def _named(self) -> str:
+        """A new name for the consumer in use (random: not guessable from anything a caller sees)."""
+        self._name = name = secrets.token_hex(8)
+        self._ack_prefix = f"{_ACK_PREFIX}{self._stream}.{name}."
+        return name
+
     async def _subscribe(self, inbox: str) -> Any:
         # Messages carry the stream's subject, not the inbox they came by: each subscription's handler knows its own.
         return await subscribe_inline(self._rt.nc, inbox, functools.partial(self._on_message, inbox))
 
-    async def _create(self, inbox: str, *, start: int | None) -> dict[str, Any]:
+    async def _create(self, name: str, inbox: str, *, start: int | None) -> dict[str, Any]:
         config = consumer_config(self._subject, inbox, heartbeat=self._heartbeat, start=start)
+        config["name"] = name
         request = {"stream_name": self._stream, "config": config}
         rt = self._rt
         return await js_api(
-            rt.requester, f"CONSUMER.CREATE.{self._stream}", request, timeout=rt.settings.nats_timeout
+            rt.requester, f"CONSUMER.CREATE.{self._stream}.{name}", request, timeout=rt.settings.nats_timeout
         )
 
     async def _delete(self, name: str) -> None:
@@ -287,7 +333,7 @@ def consumer_config(subject: str, inbox: str, *, heartbeat: float, start: int | 
     """The CONSUMER.CREATE config of a request consumer: from the first request queued, or from stream sequence
     ``start`` (a reset)."""
     config = dict(_config_template(), filter_subject=subject, deliver_subject=inbox)
-    config["idle_heartbeat"] = round(heartbeat * 1e9)
+    config["idle_heartbeat"] = int(heartbeat * 1e9)  # as nats-py converts it
     if start is not None:
         config["deliver_policy"] = nats_api.DeliverPolicy.BY_START_SEQUENCE.value
         config["opt_start_seq"] = start

@@ -214,6 +214,14 @@ class ChangeSetProcessor:
                     await self._maybe_flush(delivery.num_pending)
             except Exception as err:
                 self._fail(err)
+            except asyncio.CancelledError:
+                # Not the consumer's close() (we would be stopping): a cancellation from inside a step. The request
+                # was cut short, so no later one may be handled before it: retry the task (the next owner reads both).
+                if not self._stopping:
+                    self._finish(
+                        Outcome.RETRY, self._rt.settings.retry_backoff, "a request's handling was cancelled"
+                    )
+                raise
             finally:
                 self._activity.last = time.monotonic()
                 if self._wake_after_request:

@@ -275,9 +275,10 @@ class Daemon:
         """After a reconnect: streams back, owned change sets handed back, orphans swept.
 
         A restarted nats-server has lost every memory-storage ordered consumer. Each would be replaced only after two
-        silent heartbeats (``consumer_heartbeat``: 10 s and more at the default; ``consumer.py``), and the daemon
-        cannot cheaply tell which survived, so it hands every owned change set back (finish the request in hand, nack the task) and takes them again with
-        fresh consumers. A reconnect is rare; one re-acquire per owned change set is its whole cost.
+        silent heartbeats (``consumer_heartbeat``: over 10 s at the default; ``consumer.py``), and the daemon cannot
+        cheaply tell which survived, so it hands every owned change set back (finish the request in hand, nack the
+        task) and takes them again with fresh consumers. A reconnect is rare; one re-acquire per owned change set is
+        its whole cost.
         """
         rt = self.rt
         rt.stats.nats_reconnects += 1

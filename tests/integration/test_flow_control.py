@@ -64,8 +64,10 @@ async def test_a_slow_change_set_holds_the_servers_flow_control_until_its_queue_
 ) -> None:
     """The server stops sending once its flow-control request is unanswered; the daemon answers it only when the
     deliveries before it are handled, so a change set whose app is slow buffers the server's window, not the
-    whole backlog."""
-    settings = fast_settings(subject_prefix, quiescent_period=30.0)
+    whole backlog. The server's own word that it stopped: an idle heartbeat naming the held request as stalled."""
+    settings = fast_settings(
+        subject_prefix, quiescent_period=30.0, handler_deadline=60.0, consumer_heartbeat=0.5
+    )
     await ensure_streams(nc.jetstream(), settings)
     wk, cs = WorkspacePk.new(), ChangeSetId.new()
     await client.enqueue_updates(wk, cs, [SetLiteral(path="/gate", value=True)])
@@ -77,7 +79,22 @@ async def test_a_slow_change_set_holds_the_servers_flow_control_until_its_queue_
     async with running_daemon(nc, settings, app) as daemon:
         await wait_for(lambda: app.held == 1, timeout=10, message="the first request in the app")
         consumer = await bound_consumer(daemon)
-        await wait_for(lambda: len(consumer._flow) >= 1, timeout=20, message="a flow-control request held")
+        stalled: list[str] = []
+
+        async def on_inbox(
+            msg: Msg,
+        ) -> None:  # a second subscriber on the consumer's inbox: it sees what the daemon sees
+            name = (msg.headers or {}).get("Nats-Consumer-Stalled")
+            if name and consumer._flow.holds(name):
+                stalled.append(name)
+
+        listener = await nc.subscribe(consumer.inbox, cb=on_inbox)
+        try:
+            await wait_for(
+                lambda: stalled, timeout=30, message="the server stalled on the held flow-control request"
+            )
+        finally:
+            await listener.unsubscribe()
         assert consumer._flow.received < _REQUESTS + 1, "the whole backlog was sent: nothing to hold"
         app.gate.set()
         await wait_for(

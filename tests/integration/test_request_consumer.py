@@ -7,19 +7,36 @@ to one per owned change set.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.api import EnqueueUpdatesRequest
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_core.testing import wait_for
+from rebaser_server.app import Applied, AppState, ChangeSet
 from rebaser_server.consumer import RequestConsumer
 from rebaser_server.server import Daemon
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import GatedApp, RecordingApp, applied
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _settings(prefix: str, **overrides: Any) -> Settings:
@@ -153,8 +170,10 @@ async def test_what_is_not_the_servers_is_ignored_and_flow_control_goes_only_to_
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     """A message on the inbox that is neither a delivery nor the server's status is dropped; a flow-control request
-    or a stalled heartbeat naming any subject but ``$JS.FC.`` is not answered (no reflection through the daemon)."""
+    or a stalled heartbeat naming any subject but this stream's ``$JS.FC.`` ones is not answered (no reflection
+    through the daemon, not even to another stream's consumers)."""
     settings, app = _settings(subject_prefix), RecordingApp()
+    stream = settings.subjects.requests_stream
     elsewhere: list[str] = []
     answered: list[str] = []
 
@@ -165,7 +184,8 @@ async def test_what_is_not_the_servers_is_ignored_and_flow_control_goes_only_to_
         answered.append(msg.subject)
 
     victim = await nc.subscribe("victim.>", cb=on_elsewhere)
-    server = await nc.subscribe("$JS.FC.forged.>", cb=on_answer)
+    other = await nc.subscribe("$JS.FC.OTHER_STREAM.>", cb=on_elsewhere)
+    server = await nc.subscribe(f"$JS.FC.{stream}.forged.>", cb=on_answer)
     try:
         async with running_daemon(nc, settings, app) as daemon:
             wk, cs = WorkspacePk.new(), ChangeSetId.new()
@@ -174,19 +194,22 @@ async def test_what_is_not_the_servers_is_ignored_and_flow_control_goes_only_to_
             consumer = await bound_consumer(daemon)
             inbox = consumer.inbox
             await nc.publish(inbox, b"not a delivery")
-            await nc.publish(inbox, b"bad numbers", reply="$JS.ACK.S.C.x.y.z.0.0")
+            await nc.publish(inbox, b"", reply="victim.reply")
             flow = {"Status": "100", "Description": "FlowControl Request"}
             await nc.publish(inbox, b"", reply="victim.flow", headers=flow)
+            await nc.publish(inbox, b"", reply="$JS.FC.OTHER_STREAM.x.1", headers=flow)
             stalled = {
                 "Status": "100",
                 "Description": "Idle Heartbeat",
                 "Nats-Consumer-Stalled": "victim.stall",
             }
             await nc.publish(inbox, b"", headers=stalled)  # no last consumer sequence: no reset either
-            await nc.publish(inbox, b"", reply="$JS.FC.forged.1", headers=flow)
+            await nc.publish(inbox, b"", reply=f"$JS.FC.{stream}.forged.1", headers=flow)
             # The daemon reads its inbox in order: once the last is answered, the others were read and dropped.
             await wait_for(
-                lambda: answered == ["$JS.FC.forged.1"], timeout=10, message="the server's subject answered"
+                lambda: answered == [f"$JS.FC.{stream}.forged.1"],
+                timeout=10,
+                message="the server's subject answered",
             )
             await nc.flush()
             assert elsewhere == []
@@ -194,8 +217,86 @@ async def test_what_is_not_the_servers_is_ignored_and_flow_control_goes_only_to_
             ids += await _enqueue(client, wk, cs, 1, "after")
             await _all_applied(daemon, wk, cs, ids)
     finally:
-        await victim.unsubscribe()
-        await server.unsubscribe()
+        for sub in (victim, other, server):
+            await sub.unsubscribe()
+
+
+async def test_a_client_cannot_send_a_delivery_subject(nc: NatsClient) -> None:
+    """Forging a delivery over the wire needs a ``$JS.ACK.`` reply subject, and nats-server refuses a client's
+    publish with one: what the tests below inject by hand cannot come from another client."""
+    got: list[str | None] = []
+
+    async def on_message(msg: Msg) -> None:
+        got.append(msg.reply or None)
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=on_message)
+    try:
+        await nc.publish(inbox, b"forged", reply="$JS.ACK.S.C.1.1.1.0.0")
+        await nc.publish(inbox, b"marker")
+        await wait_for(lambda: got, timeout=10, message="the marker delivered")
+        assert got == [None]  # the marker alone: the forged delivery was refused
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_deliveries_not_of_this_consumer_or_not_later_are_dropped(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    """Injected as if the server had sent them (the wire refuses them from clients): a delivery naming another
+    consumer or stream, and one with the next consumer sequence but an earlier stream sequence. None is applied,
+    none resets the consumer, and the change set goes on from where the server's deliveries left it."""
+    settings, app = _settings(subject_prefix), RecordingApp()
+    stream = settings.subjects.requests_stream
+    async with running_daemon(nc, settings, app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        ids = await _enqueue(client, wk, cs, 2, "before")
+        await _all_applied(daemon, wk, cs, ids)
+        consumer = await bound_consumer(daemon)
+        body = b"forged"
+        nxt, last = consumer._seq.expected, consumer._seq.last_stream_seq
+        for reply in (
+            f"$JS.ACK.{stream}.someone_else.1.{last + 1}.{nxt}.0.0",
+            f"$JS.ACK.OTHER_STREAM.{consumer.name}.1.{last + 1}.{nxt}.0.0",
+            f"$JS.ACK._.HASH.{stream}.someone_else.1.{last + 1}.{nxt}.0.0.tok",
+            f"$JS.ACK.{stream}.{consumer.name}.1.{last}.{nxt}.0.0",  # a replay of the last one
+            f"$JS.ACK.{stream}.{consumer.name}.1.1.{nxt}.0.0",
+        ):
+            consumer._on_message(
+                consumer.inbox, Msg(nc, subject=settings.subjects.requests(wk, cs), reply=reply, data=body)
+            )
+        assert consumer._flow.received == len(ids) and consumer.resets == 0
+        assert (consumer._seq.expected, consumer._seq.last_stream_seq) == (nxt, last)
+        ids += await _enqueue(client, wk, cs, 2, "after")
+        await _all_applied(daemon, wk, cs, ids)
+        assert sum(app.attempts.values()) == len(ids)
+
+
+async def test_a_consumer_replaced_by_a_reset_is_freed_with_its_change_set(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, no_cycle_collector: None
+) -> None:
+    """The reset path leaves no reference cycle: once the change set is released, its consumer is gone by
+    reference counting alone (the collector is off)."""
+    settings, app = fast_settings(subject_prefix), GatedApp()
+    async with running_daemon(nc, settings, app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        ids = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/gate", value=True)])]
+        await wait_for(lambda: app.held == 1, timeout=10, message="the first request in the app")
+        ref = weakref.ref(await bound_consumer(daemon))
+        heartbeat = {"Status": "100", "Description": "Idle Heartbeat", "Nats-Last-Consumer": "1000"}
+        await nc.publish(_alive(ref).inbox, b"", headers=heartbeat)
+        await wait_for(lambda: _alive(ref).resets == 1, timeout=10, message="the consumer reset")
+        await wait_for(lambda: _alive(ref)._sub is not None, timeout=10, message="the new inbox subscribed")
+        app.gate.set()
+        await _all_applied(daemon, wk, cs, ids)
+        await wait_for(lambda: not daemon._active, timeout=10, message="the change set released")
+        await wait_for(lambda: ref() is None, timeout=10, message="the replaced consumer freed")
+
+
+def _alive(ref: weakref.ref[RequestConsumer]) -> RequestConsumer:
+    consumer = ref()
+    assert consumer is not None
+    return consumer
 
 
 async def test_a_stored_request_that_looks_like_a_heartbeat_is_a_request(
@@ -219,3 +320,32 @@ async def test_a_stored_request_that_looks_like_a_heartbeat_is_a_request(
             timeout=10,
             message="the empty request refused",
         )
+
+
+class _CancelledOnceApp(RecordingApp):
+    """The first apply of a request setting ``/cancel_once`` ends in a cancellation from inside the app's step."""
+
+    async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
+        updates = getattr(request.updates, "updates", ())
+        if (
+            any(getattr(u, "path", None) == "/cancel_once" for u in updates)
+            and not self.attempts[str(request.id)]
+        ):
+            self.attempts[str(request.id)] += 1
+            raise asyncio.CancelledError
+        return await super().apply(change_set, state, request)
+
+
+async def test_a_request_cut_short_by_a_cancellation_is_not_overtaken(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    """A cancellation escaping a request's handling (not the consumer's close) must not let the requests queued
+    behind it go first: the task is retried, and the next activation applies all of them in order."""
+    settings, app = fast_settings(subject_prefix), _CancelledOnceApp()
+    async with running_daemon(nc, settings, app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        ids = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/cancel_once", value=True)])]
+        ids += await _enqueue(client, wk, cs, 3, "behind")
+        await _all_applied(daemon, wk, cs, ids)
+        assert app.attempts[str(ids[0])] == 2
+        assert daemon.stats.tasks_retried >= 1

@@ -5,15 +5,25 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rebaser_server.ordering import MISSED_HEARTBEATS, FlowReplies, Sequences
+from rebaser_server.ordering import GAP, MISSED_HEARTBEATS, STALE, TAKEN, FlowReplies, Sequences
 
 
 def test_deliveries_in_order_are_taken_and_a_skip_is_not() -> None:
     seq = Sequences(now=0.0)
-    assert seq.take(1, 10, 0.0) and seq.take(2, 11, 0.0)
-    assert not seq.take(4, 13, 0.0)  # consumer sequence 3 was lost
+    assert seq.take(1, 10, 0.0) == TAKEN and seq.take(2, 11, 0.0) == TAKEN
+    assert seq.take(4, 13, 0.0) == GAP  # consumer sequence 3 was lost
     assert (seq.expected, seq.last_stream_seq) == (3, 11)
-    assert not seq.take(2, 11, 0.0)  # a repeat is not taken either
+    assert seq.take(2, 11, 0.0) == GAP  # a repeat is not taken either
+
+
+def test_the_next_consumer_sequence_with_an_earlier_stream_sequence_is_dropped() -> None:
+    """Not the server's (its stream sequences only grow): neither taken nor a reason to reset, and the restart
+    point stays where the server's deliveries put it."""
+    seq = Sequences(now=0.0)
+    seq.take(1, 10, 0.0)
+    assert seq.take(2, 10, 0.0) == STALE and seq.take(2, 3, 0.0) == STALE
+    assert (seq.expected, seq.last_stream_seq) == (2, 10)
+    assert seq.take(2, 12, 0.0) == TAKEN
 
 
 def test_a_restart_starts_after_the_last_stream_sequence_taken() -> None:
@@ -22,7 +32,7 @@ def test_a_restart_starts_after_the_last_stream_sequence_taken() -> None:
     seq.take(2, 15, 0.0)
     fresh = seq.restart(5.0)
     assert (fresh.expected, fresh.last_stream_seq, fresh.last_seen) == (1, 15, 5.0)
-    assert fresh.take(1, 16, 5.0)
+    assert fresh.take(1, 16, 5.0) == TAKEN
 
 
 @given(st.lists(st.booleans(), min_size=1, max_size=60))
@@ -40,7 +50,7 @@ def test_whatever_is_lost_every_stream_sequence_is_taken_once_in_order(losses: l
             sent += 1
             if next(flags, False):
                 continue  # lost on the way
-            if not seq.take(sent, stream_seq, 0.0):
+            if seq.take(sent, stream_seq, 0.0) != TAKEN:
                 break
             taken.append(stream_seq)
         else:
@@ -73,13 +83,25 @@ def test_a_flow_control_reply_waits_for_the_deliveries_before_it() -> None:
     assert flow.request("fc.0")  # nothing received: answer now
     flow.received = 3
     assert not flow.request("fc.1")
-    flow.received = 5
-    assert not flow.request("fc.2")
-    assert flow.holds("fc.1") and len(flow) == 2
-    assert list(flow.done()) == [] and list(flow.done()) == []
-    assert list(flow.done()) == ["fc.1"]  # the third handled
-    assert list(flow.done()) == [] and list(flow.done()) == ["fc.2"]
-    assert len(flow) == 0 and flow.request("fc.3")
+    assert flow.holds("fc.1") and len(flow) == 1
+    assert flow.done() is None and flow.done() is None
+    assert flow.done() == "fc.1"  # the third handled
+    assert len(flow) == 0 and flow.done() is None
+    flow.received = 4
+    assert flow.request("fc.2")  # all four handled by now: answered at once
+
+
+def test_one_reply_is_held_the_newer_one() -> None:
+    """The server has one request outstanding per consumer: a newer one replaces what is held, so however many
+    requests come (forged ones too) one is held, due once every delivery received before it is handled."""
+    flow = FlowReplies()
+    flow.received = 2
+    for i in range(1000):
+        assert not flow.request(f"fc.{i}")
+    flow.received = 4
+    assert not flow.request("fc.last")
+    assert len(flow) == 1 and not flow.holds("fc.0")
+    assert [flow.done() for _ in range(4)] == [None, None, None, "fc.last"]
 
 
 def test_forget_drops_what_is_held() -> None:
@@ -88,4 +110,4 @@ def test_forget_drops_what_is_held() -> None:
     flow.request("fc.1")
     flow.forget()
     assert not flow.holds("fc.1")
-    assert list(flow.done()) == [] and list(flow.done()) == []
+    assert flow.done() is None and flow.done() is None
