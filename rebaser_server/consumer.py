@@ -101,9 +101,8 @@ class RequestConsumer:
         self._named()
         self._sub: Any = None
         self._handler: Handler | None = None
-        self._context: contextvars.Context | None = (
-            None  # the owner's (its trace span), for the handling tasks
-        )
+        # The owner's context (its trace span), for the handling tasks.
+        self._context: contextvars.Context | None = None
         self._seq = Sequences(now=time.monotonic())
         self._flow = FlowReplies()
         self._queue: deque[tuple[Msg, Delivery]] = deque()

@@ -1,4 +1,5 @@
 import asyncio
+import gc
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -76,3 +77,14 @@ def dump_asyncio_tasks(out: TextIO) -> None:
         print(f"---- {task.get_name()}: {task!r:.300}", file=out)
         task.print_stack(limit=30, file=out)
     out.flush()
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """The cycle collector off for the test: what it frees must be freed by reference counting alone."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

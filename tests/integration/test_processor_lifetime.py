@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -30,16 +29,6 @@ from rebaser_server.server import Daemon
 from rebaser_server.testing import fast_settings, running_daemon
 
 _CHANGE_SETS = 6
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class _Processors(Hooks):

@@ -8,12 +8,9 @@ to one per owned change set.
 from __future__ import annotations
 
 import asyncio
-import gc
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -27,16 +24,6 @@ from rebaser_server.consumer import RequestConsumer
 from rebaser_server.server import Daemon
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import GatedApp, RecordingApp, applied
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _settings(prefix: str, **overrides: Any) -> Settings:
@@ -75,6 +62,16 @@ async def _enqueue(
     client: RebaserClient, wk: WorkspacePk, cs: ChangeSetId, n: int, tag: str
 ) -> list[RequestId]:
     return [await client.enqueue_updates(wk, cs, [SetLiteral(path=f"/{tag}", value=i)]) for i in range(n)]
+
+
+async def _serving(
+    daemon: Daemon, client: RebaserClient, n: int, tag: str
+) -> tuple[WorkspacePk, ChangeSetId, list[RequestId], RequestConsumer]:
+    """A new change set owned by ``daemon``, ``n`` requests applied: its ids, its requests and its bound consumer."""
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    ids = await _enqueue(client, wk, cs, n, tag)
+    await _all_applied(daemon, wk, cs, ids)
+    return wk, cs, ids, await bound_consumer(daemon)
 
 
 async def _all_applied(daemon: Daemon, wk: WorkspacePk, cs: ChangeSetId, ids: list[RequestId]) -> None:
@@ -132,10 +129,7 @@ async def test_a_consumer_gone_from_the_server_is_replaced_after_two_silent_hear
     The lease keeper's tick sees the silence and replaces it where it left off."""
     settings, app = _settings(subject_prefix, consumer_heartbeat=0.2), RecordingApp()
     async with running_daemon(nc, settings, app) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        ids = await _enqueue(client, wk, cs, 3, "before")
-        await _all_applied(daemon, wk, cs, ids)
-        consumer = await bound_consumer(daemon)
+        wk, cs, ids, consumer = await _serving(daemon, client, 3, "before")
         old = consumer.name
         assert old is not None
         await nc.jetstream().delete_consumer(settings.subjects.requests_stream, old)
@@ -154,10 +148,7 @@ async def test_a_heartbeat_naming_a_later_delivery_resets_the_consumer(
     """A delivery lost at the tail is seen only in the next idle heartbeat's last consumer sequence."""
     settings, app = _settings(subject_prefix), RecordingApp()
     async with running_daemon(nc, settings, app) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        ids = await _enqueue(client, wk, cs, 2, "before")
-        await _all_applied(daemon, wk, cs, ids)
-        consumer = await bound_consumer(daemon)
+        wk, cs, ids, consumer = await _serving(daemon, client, 2, "before")
         heartbeat = {"Status": "100", "Description": "Idle Heartbeat", "Nats-Last-Consumer": "1000"}
         await nc.publish(consumer.inbox, b"", headers=heartbeat)
         await wait_for(lambda: consumer.resets == 1, timeout=10, message="the consumer reset")
@@ -188,10 +179,7 @@ async def test_what_is_not_the_servers_is_ignored_and_flow_control_goes_only_to_
     server = await nc.subscribe(f"$JS.FC.{stream}.forged.>", cb=on_answer)
     try:
         async with running_daemon(nc, settings, app) as daemon:
-            wk, cs = WorkspacePk.new(), ChangeSetId.new()
-            ids = await _enqueue(client, wk, cs, 1, "first")
-            await _all_applied(daemon, wk, cs, ids)
-            consumer = await bound_consumer(daemon)
+            wk, cs, ids, consumer = await _serving(daemon, client, 1, "first")
             inbox = consumer.inbox
             await nc.publish(inbox, b"not a delivery")
             await nc.publish(inbox, b"", reply="victim.reply")
@@ -249,10 +237,7 @@ async def test_deliveries_not_of_this_consumer_or_not_later_are_dropped(
     settings, app = _settings(subject_prefix), RecordingApp()
     stream = settings.subjects.requests_stream
     async with running_daemon(nc, settings, app) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        ids = await _enqueue(client, wk, cs, 2, "before")
-        await _all_applied(daemon, wk, cs, ids)
-        consumer = await bound_consumer(daemon)
+        wk, cs, ids, consumer = await _serving(daemon, client, 2, "before")
         body = b"forged"
         nxt, last = consumer._seq.expected, consumer._seq.last_stream_seq
         for reply in (
