@@ -111,8 +111,8 @@ class Settings(BaseModel):
         5.0,
         ge=0.1,
         le=3600,
-        description="Idle heartbeat of an owned change set's request consumer; one silent for two heartbeats "
-        "is replaced, starting after the last request taken.",
+        description="Idle heartbeat of an owned change set's request consumer; one silent for more than two "
+        "heartbeats is replaced, starting after the last request taken.",
     )
     retry_backoff: float = Field(1.0, gt=0, description="First redelivery delay after a retryable failure.")
     retry_backoff_max: float = Field(60.0, gt=0, description="Cap on the redelivery delay.")

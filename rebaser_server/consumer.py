@@ -38,7 +38,6 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -52,7 +51,7 @@ from rebaser_server.delivery import Delivery
 from rebaser_server.ordering import GAP, TAKEN, FlowReplies, Sequences
 from rebaser_server.runtime import Runtime
 
-__all__ = ["Created", "RequestConsumer"]
+__all__ = ["RequestConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +59,6 @@ _BACKGROUND: set[asyncio.Task[Any]] = set()
 
 _ACK_PREFIX = "$JS.ACK."
 _CONTROL_STATUS = "100"
-# Reply subjects of the two forms (see delivery.py): the stream and consumer names are these tokens.
-_V1_TOKENS, _V1_NAMES = 9, 2
-_V2_MIN_TOKENS, _V2_NAMES = 11, 4
 
 Handler = Callable[[Msg, Delivery], Awaitable[None]]
 
@@ -78,12 +74,6 @@ def in_background(coro: Coroutine[Any, Any, Any]) -> None:
             log.debug("background cleanup failed: %s", t.exception())
 
     task.add_done_callback(done)
-
-
-@dataclass(frozen=True, slots=True)
-class Created:
-    name: str
-    num_pending: int  # requests queued when it was created
 
 
 class RequestConsumer:
@@ -120,12 +110,12 @@ class RequestConsumer:
     def name(self) -> str | None:
         return self._name
 
-    async def create(self) -> Created:
-        name = self._named() if self._name is None else self._name
-        answer = await self._create(name, self._inbox, start=None)
-        return Created(name, int(answer.get("num_pending") or 0))
+    async def create(self) -> int:
+        """Create the consumer; the number of requests queued for it."""
+        answer = await self._create(self._name or self._named(), self._inbox, start=None)
+        return int(answer.get("num_pending") or 0)
 
-    async def bind(self, created: Created, handler: Handler) -> None:
+    async def bind(self, handler: Handler) -> None:
         """Start delivering to ``handler``, one message at a time, in stream order."""
         self._handler = handler
         # The handling task starts from nats-py's read loop; it runs in the owner's context instead (its take span
@@ -196,7 +186,7 @@ class RequestConsumer:
                 self._reset("a heartbeat names a delivery not taken")
 
     def _on_delivery(self, msg: Msg, reply: str) -> None:
-        if not (reply.startswith(self._ack_prefix) or self._names_us(reply)):
+        if not (reply.startswith(self._ack_prefix) or Delivery.names(reply) == (self._stream, self._name)):
             log.debug("%s: ignored a delivery subject naming another stream or consumer", self._subject)
             return
         try:
@@ -217,13 +207,6 @@ class RequestConsumer:
                 self._subject,
                 delivery.stream_seq,
             )
-
-    def _names_us(self, reply: str) -> bool:
-        """Whether ``reply`` (not of the form ``_ack_prefix`` covers) names this stream and consumer."""
-        tokens = reply.split(".")
-        count = len(tokens)
-        at = _V1_NAMES if count == _V1_TOKENS else _V2_NAMES if count >= _V2_MIN_TOKENS else -1
-        return at >= 0 and tokens[at] == self._stream and tokens[at + 1] == self._name
 
     def _start_handling(self) -> None:
         if self._worker is None and self._queue and not self._closed:

@@ -52,18 +52,20 @@ class Delivery:
         if not reply:
             raise NotJSMessageError
         tokens = reply.split(".")
-        count = len(tokens)
-        if count == _V1_TOKENS:
-            first = _V1_NUMBERS
-        elif count >= _V2_MIN_TOKENS:
-            first = _V2_NUMBERS
-        else:
-            raise NotJSMessageError
-        if tokens[0] != "$JS" or tokens[1] != "ACK":
+        first = _first_number(tokens)
+        if first is None or tokens[0] != "$JS" or tokens[1] != "ACK":
             raise NotJSMessageError
         # int() of all five, as nats-py does (ValueError): a subject with words where numbers belong is refused.
         delivered, stream_seq, consumer_seq, stored, pending = map(int, tokens[first : first + 5])
         return cls(stream_seq, pending, stored, delivered, consumer_seq)
+
+    @staticmethod
+    def names(reply: str) -> tuple[str, str] | None:
+        """The stream and consumer a delivery subject names (the two tokens before its numbers), or None if it is
+        of neither form."""
+        tokens = reply.split(".")
+        first = _first_number(tokens)
+        return None if first is None else (tokens[first - 2], tokens[first - 1])
 
     @property
     def stored_at(self) -> float:
@@ -75,3 +77,13 @@ class Delivery:
             f"Delivery(stream_seq={self.stream_seq}, num_pending={self.num_pending}, stored_ns={self.stored_ns}, "
             f"delivered={self.delivered}, consumer_seq={self.consumer_seq})"
         )
+
+
+def _first_number(tokens: list[str]) -> int | None:
+    """Where the numbers start in a delivery subject's tokens, by its form; None if it is of neither."""
+    count = len(tokens)
+    if count == _V1_TOKENS:
+        return _V1_NUMBERS
+    if count >= _V2_MIN_TOKENS:
+        return _V2_NUMBERS
+    return None

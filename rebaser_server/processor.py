@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from rebaser_core.errors import FencedError
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
-from rebaser_server.consumer import Created, RequestConsumer
+from rebaser_server.consumer import RequestConsumer
 from rebaser_server.delivery import Delivery
 from rebaser_server.dvu_runs import Activity, ChangeSetDvu
 from rebaser_server.group import CommitGroup
@@ -184,15 +184,15 @@ class ChangeSetProcessor:
             callback(self)
 
     # -- consuming ----------------------------------------------------------------------------------
-    async def _has_queued(self, consumer: asyncio.Future[Created]) -> bool:
-        return (await consumer).num_pending > 0
+    async def _has_queued(self, consumer: asyncio.Future[int]) -> bool:
+        return (await consumer) > 0
 
-    async def _bind(self, created: Created) -> None:
-        self._caught_up = created.num_pending == 0
-        log.debug("%s: consuming, %d requests queued", self.change_set, created.num_pending)
+    async def _bind(self, queued: int) -> None:
+        self._caught_up = queued == 0
+        log.debug("%s: consuming, %d requests queued", self.change_set, queued)
         if not self._caught_up:
             self._activity.lull.clear()
-        await self._consumer.bind(created, self._on_request)
+        await self._consumer.bind(self._on_request)
 
     async def _on_request(self, msg: Msg, delivery: Delivery) -> None:
         self._started()

@@ -95,3 +95,12 @@ def test_a_task_delivery_is_read_as_nats_py_reads_it(delivered: int, sseq: int) 
     msg = Msg(_client=None, subject="t", reply=reply)  # type: ignore[arg-type]
     meta = msg.metadata
     assert TaskDelivery.of(msg) == TaskDelivery(meta.sequence.stream, meta.num_delivered)
+
+
+def test_the_stream_and_consumer_a_delivery_subject_names() -> None:
+    assert Delivery.names("$JS.ACK.REQUESTS.c1.1.2.3.4.5") == ("REQUESTS", "c1")
+    assert Delivery.names("$JS.ACK.hub.ACCHASH.REQUESTS.c1.3.1234.17.1700000000123456789.42.tok") == (
+        "REQUESTS",
+        "c1",
+    )
+    assert Delivery.names("$JS.ACK.S.C.1.2.3.4") is None
