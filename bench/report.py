@@ -109,6 +109,12 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
 
 
+def _cpu_total(result: Result) -> float:
+    """CPU per request of every process of the run (server, daemons or workers, client), µs."""
+    groups = ("nats-server", "daemons", "client")
+    return sum(result.cpu_us_per_request.get(g, math.nan) for g in groups)
+
+
 def _pairs(report: Report, impl: str) -> list[tuple[str, Result, Result]]:
     """(label, the implementation's result, the baseline's result) per scenario."""
     base = {(r.daemons, r.change_sets): r for r in report.results if r.impl == "baseline"}
@@ -211,6 +217,16 @@ def summary_rows(report: Report) -> list[list[str]]:
                 None if limit is None else (lambda v, limit=limit: v <= limit),
             )
         )
+    # On a machine the benchmark keeps busy, throughput is bound by the CPU all processes spend per request: this is
+    # the ratio that bound allows (the hand-written total over the project's), to read beside the measured one.
+    rows.append(
+        _row(
+            "throughput ratio the CPU per request allows (no-op app: hand-written total ÷ project's total)",
+            "(shown)",
+            [(label, _ratio(_cpu_total(b), _cpu_total(r))) for label, r, b in noop],
+            None,
+        )
+    )
     scaling = []
     for impl in ("rebaser", "snapshots"):
         by = {(r.daemons, r.change_sets): r for r in report.results if r.impl == impl}

@@ -9,6 +9,10 @@ for the daemon and the hand-written loop alike:
 - a record read: ``STREAM.MSG.GET`` (the stream leader's answer, JSON with the message in base64) against a direct
   get (``DIRECT.GET``, the message itself);
 - a publish with a publish ack, and a compare-and-set one (``Nats-Expected-Last-Subject-Sequence``);
+- a request's publish as each side sends it: the hand-written client's (one ``Reply-To`` header) and
+  ``RebaserClient``'s (content type, message type, version, reply inbox, ``Nats-Expected-Stream`` and a
+  ``Nats-Msg-Id`` the stream remembers for its duplicate window, 120 s); and a task publish that the work queue
+  drops as a duplicate (every request after a change set's first);
 - a "nothing queued?" check (``STREAM.MSG.GET`` of a subject with no message);
 - an ordered push consumer's creation and deletion;
 - a confirmed progress ack (``+WPI`` with a reply subject, a lease renewal), a confirmed ``+ACK``, and a delete
@@ -33,6 +37,7 @@ import nats
 from nats.js import api
 
 from bench.procs import cpu_seconds
+from rebaser_core import headers as h
 from rebaser_core.embedded import NatsServer
 
 _IN_FLIGHT = 32
@@ -48,7 +53,7 @@ async def _measure(pid: int, name: str, op: Callable[[int], Awaitable[object]], 
     before = cpu_seconds(pid)
     await asyncio.gather(*(one(i) for i in range(count)))
     used = cpu_seconds(pid) - before
-    print(f"  {name:<48} {used / count * 1e6:6.0f} µs of nats-server CPU each", flush=True)
+    print(f"  {name:<52} {used / count * 1e6:6.0f} µs of nats-server CPU each", flush=True)
 
 
 async def run(server: NatsServer, count: int) -> None:
@@ -61,6 +66,9 @@ async def run(server: NatsServer, count: int) -> None:
         )
     )
     await js.add_stream(api.StreamConfig(name="RQ", subjects=["rq.>"], storage=file, allow_direct=True))
+    await js.add_stream(
+        api.StreamConfig(name="RD", subjects=["rd.>"], storage=file, allow_direct=True, duplicate_window=120)
+    )
     await js.add_stream(
         api.StreamConfig(name="T", subjects=["t.>"], storage=file, retention=api.RetentionPolicy.WORK_QUEUE)
     )
@@ -102,6 +110,25 @@ async def run(server: NatsServer, count: int) -> None:
         headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
         await nc.request(f"kv.c{i}", b"z" * 300, headers=headers, timeout=10)
 
+    async def request_plain(i: int) -> None:
+        headers = {"Reply-To": f"_INBOX.abcdefghijklmnopqrstuv.{i}"}
+        await nc.request(f"rd.p{i % 100}", b"q" * 60, headers=headers, timeout=10)
+
+    async def request_typed(i: int) -> None:
+        rid = f"01JF{i:022d}"
+        headers = {
+            h.CONTENT_TYPE: "application/cbor",
+            h.MESSAGE_TYPE: "EnqueueUpdatesRequest",
+            h.MESSAGE_VERSION: "1",
+            h.NATS_MSG_ID: rid,
+            h.REPLY_INBOX: f"_INBOX.abcdefghijklmnopqrstuv.{rid}",
+            "Nats-Expected-Stream": "RD",
+        }
+        await nc.request(f"rd.t{i % 100}", b"q" * 60, headers=headers, timeout=10)
+
+    async def task_duplicate(i: int) -> None:
+        await nc.request("t.dup", b"", headers={"Nats-Msg-Id": "dup"}, timeout=10)
+
     async def consumer(i: int) -> None:
         config = {
             "filter_subject": f"rq.s{i}",
@@ -138,6 +165,10 @@ async def run(server: NatsServer, count: int) -> None:
     await _measure(pid, "nothing queued?, DIRECT.GET", nothing_queued_direct, count)
     await _measure(pid, "publish, acked", publish, count)
     await _measure(pid, "compare-and-set publish, acked", compare_and_set, count)
+    await _measure(pid, "request publish, hand-written (Reply-To only)", request_plain, count)
+    await _measure(pid, "request publish, RebaserClient (6 headers, msg id)", request_typed, count)
+    await nc.request("t.dup", b"", headers={"Nats-Msg-Id": "dup"}, timeout=10)
+    await _measure(pid, "task publish, dropped as a duplicate", task_duplicate, count)
     await _measure(pid, "ordered consumer created and deleted", consumer, max(1, count // 3))
     await _measure(pid, "lease renewal (+WPI, confirmed)", renew, count)
     await _measure(pid, "delete by sequence (STREAM.MSG.DELETE)", delete, count)

@@ -90,7 +90,10 @@ class Settings(BaseModel):
         description="A silent owner loses its task after this long: how long a dead daemon's change sets stall.",
     )
     progress_period: float = Field(
-        0.5, gt=0, description="How often a live owner renews its lease (a confirmed progress ack)."
+        0.5,
+        gt=0,
+        description="How often a live owner with work in hand renews its lease (a confirmed progress ack); an idle "
+        "one renews once its lease has two periods or less left.",
     )
     quiescent_period: float = Field(
         300.0, gt=0, description="Release a change set after this long without work."
