@@ -75,10 +75,9 @@ async def test_an_idle_change_set_keeps_its_lease_with_fewer_renewals(
             lambda: processor.lease.renewals >= renewed + 3, timeout=30, message="three idle renewals"
         )
         assert daemon.stats.leases_lost == 0
-        assert passes >= 2 * (processor.lease.renewals - renewed), (
-            passes,
-            processor.lease.renewals - renewed,
-        )
+        # Busy, every pass renews (as many renewals as passes); idle, about one pass in three.
+        idle_renewals = processor.lease.renewals - renewed
+        assert passes >= 1.5 * idle_renewals, (passes, idle_renewals)
         # Still this ownership's: the next request is answered without another activation.
         response = await client.enqueue_updates_with_reply(
             wk, cs, [SetLiteral(path="/x", value=2)], timeout=30
