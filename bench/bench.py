@@ -99,6 +99,9 @@ class Bench:
         # runs them under valgrind, which starts them tens of times slower).
         self.wrap: list[str] = []
         self.ready_timeout = 60.0
+        if args.cprofile is not None:
+            args.cprofile.mkdir(parents=True, exist_ok=True)
+            self.wrap = [sys.executable, "-m", "bench.cprof", str(args.cprofile.resolve())]
 
     def print_gc_stats(self, prefix: str) -> None:
         """With ``--gc-stats``: the collector's figures of each daemon (or worker) of the deployment ``prefix``."""
@@ -316,6 +319,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gc-stats",
         action="store_true",
         help="print the garbage collector's runs, time, longest pause and peak memory of each daemon",
+    )
+    parser.add_argument(
+        "--cprofile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run every daemon and worker under cProfile, one DIR/MODULE.PID.prof each (bench/cprof.py)",
     )
     parser.add_argument("--max-in-flight", type=int, default=1024, help="the rebaser client's max_in_flight")
     parser.add_argument(

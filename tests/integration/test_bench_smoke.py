@@ -24,6 +24,7 @@ ROWS = (
     "burst (20 change sets x 1): drain time ÷ hand-written",
     "daemon CPU per request ÷ hand-written",
     "client CPU per request ÷ hand-written",
+    "throughput ratio the CPU per request allows",
     "2 daemons ÷ 1 daemon (throughput)",
     "DVU burst (20 requests on one change set), natural DVU cost",
     "DVU burst (20 requests on one change set), 10x DVU cost",
@@ -46,6 +47,17 @@ def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
     assert "not measured" not in page
     assert "WRONG" not in page  # the DVU burst's final state is the serial one
     assert "python bench/bench.py --per-change-set 4" in page  # the command that produced it
+
+
+def test_bench_profiles_its_daemons_and_shows_the_profile(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    args = ["--impl", "rebaser", "--daemons", "1", "--change-sets", "2", "--per-change-set", "3"]
+    args += ["--burst", "0", "--dvu-requests", "0", "--clients", "2", "--quiescent", "0.5"]
+    _run("bench.py", [*args, "--cprofile", str(profiles)], timeout=100)
+    (profile,) = profiles.glob("rebaser_server.*.prof")  # written when the daemon stopped (SIGTERM)
+    shown = _run("cprof.py", ["--show", str(profile), "--per", "6", "--top", "50"], timeout=60).stdout
+    assert "most time of their own" in shown
+    assert "processor.py" in shown and "_on_request" in shown, shown  # the project's request path is in it
 
 
 def _begin_marker() -> str:
