@@ -62,9 +62,8 @@ def _show(path: Path, per: float | None, top: int) -> None:
     def rows(keys: list[tuple[str, int, str]]) -> None:
         print(f"  {'calls':>9} {'per req':>8} {'own s':>7} {'incl. s':>8}  function")
         for key in keys:
-            _, calls, own, incl, _ = entries[
-                key
-            ]  # (primitive calls, all calls, ...): recursive ones count too
+            # (primitive calls, all calls, ...): the recursive ones count too.
+            _, calls, own, incl, _ = entries[key]
             ratio = f"{calls / per:8.2f}" if per else f"{'':>8}"
             file, line, name = key
             where = f"{Path(file).name}:{line}({name})" if line else name
