@@ -110,9 +110,9 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _cpu_total(result: Result) -> float:
-    """CPU per request of every process of the run (server, daemons or workers, client), µs."""
-    groups = ("nats-server", "daemons", "client")
-    return sum(result.cpu_us_per_request.get(g, math.nan) for g in groups)
+    """CPU per request of every process group the run measured (server, daemons or workers, client), µs."""
+    cpu = result.cpu_us_per_request
+    return sum(cpu.values()) if cpu else math.nan
 
 
 def _pairs(report: Report, impl: str) -> list[tuple[str, Result, Result]]:
