@@ -62,23 +62,22 @@ STOPPING = "the daemon answering stopped; ask again"
 async def settled_now(
     rt: Runtime, change_set: ChangeSet, query_id: RequestId, record: ChangeSetRecord | None
 ) -> WaitSettledResponse:
-    """The change set's settled facts as of now, given its record (from the requests and the tasks stream)."""
+    """The change set's settled facts as of now, given its record as last seen (read again before saying settled)."""
     wk, cs = change_set.workspace_id, change_set.change_set_id
-    applied = record.applied_seq if record else 0
     # The change set's shard, and while the layout changes its old shard too (docs/operations.md). The record's
     # watermark counts in the stream of the shard it names; in another shard nothing stored is processed yet.
     shards = [rt.shard_subjects(change_set)]
     old = rt.layout.old_shard_of(wk, cs)
     if old is not None:
         shards.append(rt.subjects.for_shard(old))
-    queued = owned = False
+    last: dict[int, int] = {}  # shard -> the last request stored for the change set there
+    owned = False
     for names in shards:
-        watermark = applied if record is not None and record.shard == names.shard else 0
         # Both from the stream leader, not a direct get a lagging replica may answer: a request the caller stored
         # just before asking, or a task just taken, must be seen.
         try:
-            last = await rt.js.get_last_msg(names.requests_stream, names.requests(wk, cs))
-            queued = queued or int(last.seq or 0) > watermark
+            msg = await rt.js.get_last_msg(names.requests_stream, names.requests(wk, cs))
+            last[names.shard] = int(msg.seq or 0)
         except NotFoundError:
             pass
         try:
@@ -86,18 +85,36 @@ async def settled_now(
             owned = True
         except NotFoundError:
             pass
+    response = _judge(change_set, query_id, record, last, owned)
+    if response.settled:
+        # The record given was read (or delivered) before the streams were looked at: in between, its owner may have
+        # processed a request, deleted it and let a DVU become due (a request gone from the stream is not queued,
+        # but the stale record knows of no DVU), or finished the DVU and let the change set go (the task acked
+        # after the DVU's commit). Only a record read after the look at the streams tells; read it again rather
+        # than call settled what is not. A request stored after that look is one the caller did not wait for.
+        bucket = rt.subjects.change_sets_bucket
+        record = await _record(rt, bucket, Subjects.change_set_key(wk, cs))
+        response = _judge(change_set, query_id, record, last, owned)
+    return response
+
+
+def _judge(
+    change_set: ChangeSet,
+    query_id: RequestId,
+    record: ChangeSetRecord | None,
+    last: dict[int, int],
+    owned: bool,
+) -> WaitSettledResponse:
+    """Settled or not, from the last request stored per shard, whether a task exists, and the record."""
+    applied = record.applied_seq if record else 0
+    queued = any(
+        seq > (applied if record is not None and record.shard == shard else 0) for shard, seq in last.items()
+    )
     dvu = bool(record and record.dvu_pending)
-    if dvu and not owned:
-        # The record was read before the task was looked for: its owner may have finished the DVU and let the
-        # change set go in between (the task acked after the DVU's commit). Read it again rather than call a
-        # finished DVU pending.
-        record = await rt.store.read(change_set)
-        dvu = bool(record and record.dvu_pending)
-        applied = record.applied_seq if record else 0
     return WaitSettledResponse(
         id=query_id,
-        workspace_id=wk,
-        change_set_id=cs,
+        workspace_id=change_set.workspace_id,
+        change_set_id=change_set.change_set_id,
         settled=not queued and (not dvu or not owned),
         queued=queued,
         dvu_pending=dvu,

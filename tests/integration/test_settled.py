@@ -7,12 +7,14 @@ import asyncio
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.js.errors import NotFoundError
 
 from rebaser_client import RebaserClient, RebaserRefused, RebaserTimeout, SetLiteral
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.metrics import render
+from rebaser_server.settled import settled_now
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.apps import RecordingApp
 
@@ -46,6 +48,38 @@ async def test_wait_returns_only_after_the_dvu_ran(
         assert app.dvu_runs[str(ChangeSet(wk, cs))] >= 1
         record = await daemon.rt.store.read(ChangeSet(wk, cs))
         assert record is not None and not record.dvu_pending and record.state["dvu_runs"] >= 1
+
+
+async def test_a_record_seen_before_its_request_was_processed_is_read_again(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # The race CI met: the wait read the record (none yet), the owner then committed the request (DVU due) and
+    # deleted it, and the wait found no request left: settled, with the DVU still to run. Replayed here in order.
+    app = RecordingApp()
+    app.dvu_gate = asyncio.Event()  # the DVU stays due, the change set owned
+    async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        change_set = ChangeSet(wk, cs)
+        names = daemon.rt.shard_subjects(change_set)
+        before = await daemon.rt.store.read(
+            change_set
+        )  # as the wait saw it: before the request was processed
+        assert before is None
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
+
+        async def request_deleted() -> bool:
+            try:
+                await daemon.rt.js.get_last_msg(names.requests_stream, names.requests(wk, cs))
+            except NotFoundError:
+                return True
+            return False
+
+        await wait_for(request_deleted, message="the processed request deleted")
+        answer = await settled_now(daemon.rt, change_set, RequestId.new(), before)
+        assert not answer.settled and answer.dvu_pending and answer.owned and answer.applied_seq >= 1
+        app.dvu_gate.set()
+        assert (await client.wait_settled(wk, cs, timeout=20)).settled
+        assert app.dvu_runs[str(change_set)] >= 1
 
 
 async def test_a_change_set_with_nothing_going_on_is_settled_at_once(
