@@ -90,10 +90,7 @@ class Settings(BaseModel):
         description="A silent owner loses its task after this long: how long a dead daemon's change sets stall.",
     )
     progress_period: float = Field(
-        0.5,
-        gt=0,
-        description="How often a live owner with work in hand renews its lease (a confirmed progress ack); an idle "
-        "one renews once its lease has two periods or less left.",
+        0.5, gt=0, description="How often a live owner renews its lease (a confirmed progress ack)."
     )
     quiescent_period: float = Field(
         300.0, gt=0, description="Release a change set after this long without work."
@@ -203,11 +200,13 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _progress_below_ack_wait(self) -> Settings:
-        # The lease must be renewed before ack_wait less its margin; two renewals fit in that, so one lost or slow
-        # renewal does not cost the task.
-        if self.progress_period > 0.4 * self.ack_wait:
+        # A confirmed renewal extends the lease from the renewal confirmed before it (rebaser_server/lease.py), so
+        # a lease runs ack_wait less its margin (0.2 x) from a renewal sent a period before the last one. Two more
+        # renewals must fit in what is left (0.8 x ack_wait - period >= 2 x period), so one lost or slow renewal
+        # does not cost the task: at most a quarter of ack_wait.
+        if self.progress_period > 0.25 * self.ack_wait:
             raise ValueError(
-                "progress_period must be at most 0.4 x ack_wait (two lease renewals per ack_wait)"
+                "progress_period must be at most 0.25 x ack_wait (two lease renewals in what a renewal leaves)"
             )
         if self.retry_backoff > self.retry_backoff_max:
             raise ValueError("retry_backoff must not exceed retry_backoff_max")

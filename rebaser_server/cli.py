@@ -277,9 +277,7 @@ async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | No
 @tunable("concurrency", int, "Change sets this daemon owns at once.")
 @tunable("quiescent_period", float, "Seconds of quiet before a change set is released.")
 @tunable("ack_wait", float, "Seconds after which a silent owner loses its task (a dead daemon's stall).")
-@tunable(
-    "progress_period", float, "Seconds between lease renewals with work in hand (at most 0.4 x ack-wait)."
-)
+@tunable("progress_period", float, "Seconds between lease renewals (at most 0.25 x ack-wait).")
 @tunable("handler_deadline", float, "Seconds one apply or DVU step may run before it counts as wedged.")
 @click.option(
     "--data-dir",

@@ -5,13 +5,7 @@ fresh reply token, a future, a timeout timer) every ``progress_period``, then a 
 owned that was two thousand requests and wake-ups a second, a large share of a daemon's CPU. Here one task sends
 every renewal as a plain publish whose reply subject names it (``<inbox>.<n>``), and one subscription takes the
 confirmations. The rules of ``lease.py`` do not change: a renewal counts only if its confirmation arrives while the
-lease is still held, and then extends it from the renewal's *send* time.
-
-A change set with work in hand is renewed on every pass. An idle one (caught up, nothing in hand: most owned change
-sets, each held for its quiescent period) only once its lease has two periods or less left: the renewal sent then,
-and the next pass's if that one is lost or slow, each still have a period or more to be confirmed in, the rule
-``Settings`` checks for ``progress_period`` (two renewals per lease). With the default settings that is one renewal
-a second instead of two: half the server's and the daemon's work for every change set held while quiet.
+lease is still held, and then extends it from the *send* time of the renewal confirmed before it.
 
 The same loop is the watchdog: it wakes at least every ``progress_period``, and sooner when a lease is about to run
 out, and asks each watched change set to check its lease and its running step (``Watched.watch``).
@@ -47,10 +41,6 @@ class Watched(Protocol):
 
     def watch(self, now: float) -> bool:
         """Check lease and steps; False once the change set needs no more renewals (it is finishing)."""
-        ...
-
-    def idle(self) -> bool:
-        """Nothing in hand (no request, commit or step under way, nothing queued): renewed only when due."""
         ...
 
 
@@ -93,7 +83,7 @@ class LeaseKeeper:
         return len(self._watched)
 
     def add(self, watched: Watched) -> None:
-        """Watch ``watched``; its lease is renewed on the loop's next pass (then as :meth:`_due` says).
+        """Watch ``watched``; its lease is renewed on the loop's next pass (then every ``progress_period``).
 
         Not at once: a lease starts with the delivery's whole ``ack_wait`` (see lease.py), more than a period, and
         a change set that lets go before the next pass (a burst of one-request change sets) needs no renewal."""
@@ -141,15 +131,8 @@ class LeaseKeeper:
         for key, watched in list(self._watched.items()):
             if not watched.watch(now):
                 self.remove(watched)
-            elif self._due(key, watched, now):
+            elif now - self._last_sent.get(key, -math.inf) >= 0.5 * self._period:  # new ones have none
                 await self._renew(watched, now)
-
-    def _due(self, key: int, watched: Watched, now: float) -> bool:
-        """Renew ``watched`` on this pass: every pass if it has work in hand (new ones have no renewal sent yet), if
-        idle once its lease has at most two periods left (see the module docstring)."""
-        if now - self._last_sent.get(key, -math.inf) < 0.5 * self._period:
-            return False
-        return not watched.idle() or watched.lease.remaining() <= 2 * self._period
 
     async def _renew(self, watched: Watched, now: float) -> None:
         lease = watched.lease

@@ -308,17 +308,6 @@ class ChangeSetProcessor:
             self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
         return True
 
-    def idle(self) -> bool:
-        """For the lease keeper: caught up, and no request, commit or app step under way (the commit lock also
-        covers a DVU run's commit; its app step is a step)."""
-        handle = self._handle
-        return (
-            self._caught_up
-            and not self._request_lock.locked()
-            and not self._steps.running
-            and not (handle is not None and handle.lock.locked())
-        )
-
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:
         # Stop taking requests at once: after a failure the next request must not overtake the failed one.

@@ -74,11 +74,6 @@ class Steps:
             raise LeaseLost()
         return result  # type: ignore[return-value]
 
-    @property
-    def running(self) -> bool:
-        """A step is under way (it suspended and has not ended)."""
-        return bool(self._running)
-
     def overran(self, now: float, deadline: float) -> bool:
         """A running step began more than ``deadline`` seconds before ``now`` (it is wedged)."""
         return any(now - began > deadline for began in self._running.values())

@@ -1,5 +1,6 @@
 """``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page; the
-instruction count (``bench/instructions.py``) runs and reports.
+instruction count (``bench/instructions.py``) and the progress-ack probe (``bench/progress_ack_probe.py``) run and
+report.
 
 Tiny loads (a few dozen requests), so it finishes in seconds; no figure is asserted (timing belongs in the
 benchmark itself, on a machine of its own), only that every row of the page is there and nothing failed.
@@ -91,3 +92,9 @@ def _run(script: str, args: list[str], *, timeout: float) -> subprocess.Complete
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def test_progress_ack_probe_runs_and_reports_both_ways() -> None:
+    # One trial each way on a 3-node cluster: that it runs and reports, not what the server did.
+    proc = _run("progress_ack_probe.py", ["--trials", "1"], timeout=120)
+    assert "step-down at once:" in proc.stdout and "step-down after:" in proc.stdout, proc.stdout

@@ -165,7 +165,11 @@ def _free_port() -> int:
         (("--app", "no_such_module:App"), {}, "cannot load --app no_such_module:App"),
         (("--app", "rebaser_server:Nope"), {}, "has no attribute 'Nope'"),
         ((), {"REBASER_READY_MAX_BACKLOG": "lots"}, "bad setting: ready_max_backlog"),
-        (("--ack-wait", "1", "--progress-period", "1"), {}, "progress_period must be at most 0.4 x ack_wait"),
+        (
+            ("--ack-wait", "1", "--progress-period", "1"),
+            {},
+            "progress_period must be at most 0.25 x ack_wait",
+        ),
         ((), {"REBASER_ACK_WAIT": "soon"}, "'soon' is not a valid float"),
     ],
     ids=[

@@ -35,7 +35,7 @@ def test_defaults() -> None:
     assert s.max_active_change_sets == 10_000
     assert s.ack_wait == 2.5
     assert s.progress_period == 0.5
-    assert s.progress_period <= 0.4 * s.ack_wait
+    assert s.progress_period <= 0.25 * s.ack_wait
     assert s.nats_timeout == 5.0
     assert s.lease_margin == 0.5
     assert s.quiescent_period == 300.0
@@ -59,18 +59,19 @@ def test_settings_are_frozen_and_refuse_unknown_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    ("progress_period", "ack_wait"), [(30.0, 30.0), (31.0, 30.0), (2.0, 1.0), (0.5, 1.0), (0.41, 1.0)]
+    ("progress_period", "ack_wait"),
+    [(30.0, 30.0), (31.0, 30.0), (2.0, 1.0), (0.5, 1.0), (0.4, 1.0), (0.26, 1.0), (1.0, 2.5)],
 )
-def test_progress_period_over_two_renewals_per_ack_wait_is_refused(
+def test_progress_period_over_two_renewals_per_lease_is_refused(
     progress_period: float, ack_wait: float
 ) -> None:
-    with pytest.raises(ValidationError, match=r"progress_period must be at most 0\.4 x ack_wait"):
+    with pytest.raises(ValidationError, match=r"progress_period must be at most 0\.25 x ack_wait"):
         Settings(progress_period=progress_period, ack_wait=ack_wait)
 
 
-def test_progress_period_of_two_renewals_per_ack_wait_is_accepted() -> None:
-    s = Settings(progress_period=0.4, ack_wait=1.0)
-    assert (s.progress_period, s.ack_wait) == (0.4, 1.0)
+def test_progress_period_of_two_renewals_per_lease_is_accepted() -> None:
+    s = Settings(progress_period=0.25, ack_wait=1.0)
+    assert (s.progress_period, s.ack_wait) == (0.25, 1.0)
 
 
 def test_a_long_ack_wait_with_the_default_progress_period() -> None:
