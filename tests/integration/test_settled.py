@@ -61,9 +61,8 @@ async def test_a_record_seen_before_its_request_was_processed_is_read_again(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         change_set = ChangeSet(wk, cs)
         names = daemon.rt.shard_subjects(change_set)
-        before = await daemon.rt.store.read(
-            change_set
-        )  # as the wait saw it: before the request was processed
+        # The record as the wait saw it: before the request was processed.
+        before = await daemon.rt.store.read(change_set)
         assert before is None
         await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
 
