@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,62 +45,50 @@ async def _trial(nc: nats.NATS, n: int, ack_wait: float, at_once: bool) -> str:
     sub = await js.pull_subscribe_bind(_CONSUMER, _STREAM)
     try:
         await js.publish(f"probe.{n}", b"x")
-        msg = await _first(sub)
+        # The first trial after a step-down waits out the election it started.
+        msg = await _next(sub, time.monotonic() + 30)
+        if msg is None:
+            raise RuntimeError("the probe's message was never delivered")
         await asyncio.sleep(ack_wait / 2)
-        inbox = nc.new_inbox()
-        confirmed: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        reply_sub = await nc.subscribe(inbox, cb=_setter(confirmed), max_msgs=1)
         sent = time.monotonic()
-        await nc.publish(str(msg.reply), b"+WPI", reply=inbox)
+        # Tasks run in the order made: the progress ack is published first, the step-down (at once) right behind it.
+        renewal = asyncio.ensure_future(nc.request(str(msg.reply), b"+WPI", timeout=5))
         if at_once:
             stepdown = asyncio.ensure_future(nc.request(_STEPDOWN, b"", timeout=10))
         try:
-            answer = await asyncio.wait_for(confirmed, 5)
-            ok = not (answer.headers and "Status" in answer.headers)
-        except TimeoutError:
+            await renewal
+            ok = True
+        except (
+            TimeoutError,
+            nats.errors.Error,
+        ):  # no answer, or a status (no responders): nothing was promised
             ok = False
         if not at_once:
             await asyncio.sleep(0.3)
             stepdown = asyncio.ensure_future(nc.request(_STEPDOWN, b"", timeout=10))
         await stepdown
-        await reply_sub.unsubscribe()
         # The first delivery after the step-down: wait past the renewal's ack_wait and a leader's first look.
-        until = sent + ack_wait + 2.5
-        while (left := until - time.monotonic()) > 0:
-            try:
-                again = (await sub.fetch(1, timeout=max(0.05, min(left, 1.0))))[0]
-            except (TimeoutError, nats.errors.Error):
-                await asyncio.sleep(0.05)  # no message yet, or no consumer leader yet (409, 503)
-                continue
-            redelivered = time.monotonic()
-            await again.term()
-            if not ok:
-                return "unconfirmed"
-            return "lost" if redelivered < sent + ack_wait - _SLACK else "honoured"
-        await msg.term()
-        return "none"
+        again = await _next(sub, sent + ack_wait + 2.5)
+        if again is None:
+            await msg.term()
+            return "none"
+        redelivered = time.monotonic()
+        await again.term()
+        if not ok:
+            return "unconfirmed"
+        return "lost" if redelivered < sent + ack_wait - _SLACK else "honoured"
     finally:
         await sub.unsubscribe()
 
 
-async def _first(sub: Any) -> Msg:
-    """The next message, waiting out the election the last trial's step-down started."""
-    deadline = time.monotonic() + 30
-    while True:
+async def _next(sub: Any, until: float) -> Msg | None:
+    """The next message delivered before ``until`` (monotonic), or None."""
+    while (left := until - time.monotonic()) > 0:
         try:
-            return (await sub.fetch(1, timeout=2))[0]
+            return (await sub.fetch(1, timeout=max(0.05, min(left, 1.0))))[0]
         except (TimeoutError, nats.errors.Error):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-
-
-def _setter(future: asyncio.Future[Msg]) -> Callable[[Msg], Awaitable[None]]:
-    async def on_msg(msg: Msg) -> None:
-        if not future.done():
-            future.set_result(msg)
-
-    return on_msg
+            await asyncio.sleep(0.05)  # no message yet, or no consumer leader yet (409, 503)
+    return None
 
 
 async def _probe(urls: list[str], trials: int, ack_wait: float) -> int:

@@ -59,10 +59,21 @@ _KV_OPERATION = "KV-Operation"  # DEL or PURGE on a deleted record
 STOPPING = "the daemon answering stopped; ask again"
 
 
+class Unread:
+    """No record seen yet: ``settled_now`` reads it, after looking at the streams."""
+
+
+UNREAD = Unread()
+
+
 async def settled_now(
-    rt: Runtime, change_set: ChangeSet, query_id: RequestId, record: ChangeSetRecord | None
+    rt: Runtime,
+    change_set: ChangeSet,
+    query_id: RequestId,
+    record: ChangeSetRecord | Unread | None = UNREAD,
 ) -> WaitSettledResponse:
-    """The change set's settled facts as of now, given its record as last seen (read again before saying settled)."""
+    """The change set's settled facts as of now, given its record as last seen (read again before saying settled),
+    or none seen yet (read once, after the streams)."""
     wk, cs = change_set.workspace_id, change_set.change_set_id
     # The change set's shard, and while the layout changes its old shard too (docs/operations.md). The record's
     # watermark counts in the stream of the shard it names; in another shard nothing stored is processed yet.
@@ -85,17 +96,17 @@ async def settled_now(
             owned = True
         except NotFoundError:
             pass
-    response = _judge(change_set, query_id, record, last, owned)
-    if response.settled:
-        # The record given was read (or delivered) before the streams were looked at: in between, its owner may have
-        # processed a request, deleted it and let a DVU become due (a request gone from the stream is not queued,
-        # but the stale record knows of no DVU), or finished the DVU and let the change set go (the task acked
-        # after the DVU's commit). Only a record read after the look at the streams tells; read it again rather
-        # than call settled what is not. A request stored after that look is one the caller did not wait for.
-        bucket = rt.subjects.change_sets_bucket
-        record = await _record(rt, bucket, Subjects.change_set_key(wk, cs))
+    if not isinstance(record, Unread):
         response = _judge(change_set, query_id, record, last, owned)
-    return response
+        if not response.settled:
+            return response
+    # A record given was read (or delivered) before the streams were looked at: in between, its owner may have
+    # processed a request, deleted it and let a DVU become due (a request gone from the stream is not queued, but
+    # the stale record knows of no DVU), or finished the DVU and let the change set go (the task acked after the
+    # DVU's commit). Only a record read after the look at the streams tells; read it again rather than call settled
+    # what is not. A request stored after that look is one the caller did not wait for.
+    fresh = await _record(rt, rt.subjects.change_sets_bucket, Subjects.change_set_key(wk, cs))
+    return _judge(change_set, query_id, fresh, last, owned)
 
 
 def _judge(
@@ -185,7 +196,7 @@ class SettledWaits:
         response: WaitSettledResponse | None = None
         try:
             # Most waits find the change set settled already: answer those without setting up a watch.
-            response = await settled_now(rt, change_set, request.id, await _record(rt, bucket, key))
+            response = await settled_now(rt, change_set, request.id)
             if response.settled or request.timeout <= 0:
                 await self._answer(reply, response, content_type)
                 return
@@ -200,10 +211,9 @@ class SettledWaits:
             recheck = _RECHECK
             while True:
                 changed.clear()
-                # Until the watch has delivered (the record may not exist), read it; a write after the read is
-                # delivered by the watch anyway.
-                record = latest[0] if latest else await _record(rt, bucket, key)
-                response = await settled_now(rt, change_set, request.id, record)
+                # Until the watch has delivered (the record may not exist), settled_now reads it; a write after the
+                # read is delivered by the watch anyway.
+                response = await settled_now(rt, change_set, request.id, latest[0] if latest else UNREAD)
                 remaining = deadline - time.monotonic()
                 if response.settled or remaining <= 0:
                     break
