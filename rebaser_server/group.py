@@ -15,6 +15,7 @@ when the group ends, committed or not.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,7 +30,24 @@ from rebaser_server.trimmer import Trimmer
 if TYPE_CHECKING:
     from opentelemetry import trace
 
-__all__ = ["CommitGroup"]
+__all__ = ["GROUP_MAX", "GROUP_MAX_WAIT", "CommitGroup", "commit_now"]
+
+log = logging.getLogger(__name__)
+
+# A group is committed when nothing more is waiting, when it holds GROUP_MAX requests, or GROUP_MAX_WAIT seconds
+# after it could have been (the processor's timer). Its size is also capped at half the idempotency window (see
+# Trimmer: every processed request still in the stream must stay within the window).
+GROUP_MAX = 32
+GROUP_MAX_WAIT = 0.005
+
+
+def commit_now(size: int, waiting: int, *, one_by_one: bool, idempotency_window: int) -> bool:
+    """After a request is staged in a group of ``size`` with ``waiting`` more requests already behind it: commit
+    now, or let the group grow (and commit soon, by timer)? ``one_by_one`` after an unclean takeover: the request
+    that killed the last owner may sit anywhere in its uncommitted group, and committing one by one puts the blame
+    (the suspect count) on the right one."""
+    return one_by_one or not waiting or size >= min(GROUP_MAX, idempotency_window // 2)
+
 
 _OUTCOME_COUNTERS = {"success": "requests_ok", "conflicts": "requests_conflict", "error": "requests_error"}
 
@@ -127,6 +145,20 @@ class CommitGroup:
                 self._notify_dvu()
         finally:
             self.abandon()
+
+    async def settle(self, *, owned: bool) -> None:
+        """At the end of an ownership: commit and answer what the open group holds; drop it if the change set may
+        no longer be ``owned`` (fenced, lease lost). A failed commit is logged: its requests stay in the stream and
+        are processed again by the next owner."""
+        if not self.open:
+            return
+        if not owned:
+            self.abandon()
+            return
+        try:
+            await self.flush()
+        except Exception as err:
+            log.warning("%s: committing the last group failed: %r", self._change_set, err)
 
     def abandon(self) -> None:
         """Drop the group without committing (fenced, or shutting down after a failure)."""

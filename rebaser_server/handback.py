@@ -12,12 +12,20 @@ processed it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-__all__ = ["HANDBACK_TIMEOUT", "hand_back", "nak_payload"]
+if TYPE_CHECKING:  # lease.py imports this module (nak_payload)
+    from rebaser_server.lease import Lease
+    from rebaser_server.state import ChangeSetHandle
+
+__all__ = ["HANDBACK_TIMEOUT", "hand_back", "mark_handed_back", "nak_payload"]
 
 # Any positive delay is stored; this one is too short to matter.
 _MIN_DELAY = 0.001
@@ -39,3 +47,15 @@ def nak_payload(delay: float | None = None) -> bytes:
     """The ``-NAK`` for redelivery after ``delay`` seconds (None: at once), stored by the server (see above)."""
     nanos = int(max(delay or 0.0, _MIN_DELAY) * 1e9)
     return b"-NAK " + json.dumps({"delay": nanos}).encode()
+
+
+async def mark_handed_back(handle: ChangeSetHandle | None, lease: Lease, timeout: float) -> None:
+    """Tell the change set's next owner that this hand-back is deliberate (not a crash), so it counts no attempt
+    against the first queued request. Best effort, while the lease holds and for at most ``timeout``: if it fails,
+    the next owner counts one."""
+    if handle is None or not lease.held():
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(min(timeout, max(0.001, lease.remaining()))):
+            async with handle.lock:
+                await handle.commit(replace(handle.record, handed_back=True))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["LeaseLost", "Outcome", "Retry", "TaskResult", "Wedged"]
+from rebaser_core.errors import FencedError
+
+__all__ = ["LeaseLost", "Outcome", "Retry", "TaskResult", "Wedged", "failed"]
 
 
 class Outcome(enum.Enum):
@@ -47,3 +49,18 @@ class Wedged(Exception):
 
 class LeaseLost(Exception):
     """The lease on the task ran out: stop at once, touch nothing."""
+
+
+def failed(err: Exception, retry_backoff: float) -> TaskResult:
+    """How a task ends after ``err`` while one of its requests was processed: the typed failures end it their own
+    way; anything else (NATS or KV trouble, a bug) is retried after ``retry_backoff``, the request still first in
+    line."""
+    if isinstance(err, FencedError):
+        return TaskResult(Outcome.FENCED, reason=str(err))
+    if isinstance(err, LeaseLost):
+        return TaskResult(Outcome.LEASE_LOST, reason="lease ran out during a step")
+    if isinstance(err, Retry):
+        return TaskResult(Outcome.RETRY, err.delay, str(err))
+    if isinstance(err, Wedged):
+        return TaskResult(Outcome.WEDGED, reason="request handler overran handler_deadline")
+    return TaskResult(Outcome.RETRY, retry_backoff, f"{type(err).__name__}: {err}")

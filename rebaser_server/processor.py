@@ -22,7 +22,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -33,11 +32,13 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.consumer import RequestConsumer
 from rebaser_server.delivery import Delivery
 from rebaser_server.dvu_runs import Activity, ChangeSetDvu
-from rebaser_server.group import CommitGroup
+from rebaser_server.group import GROUP_MAX_WAIT, CommitGroup, commit_now
+from rebaser_server.handback import mark_handed_back
 from rebaser_server.handling import RequestHandler
 from rebaser_server.lease import Lease
 from rebaser_server.migration import draining
-from rebaser_server.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged
+from rebaser_server.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged, failed
+from rebaser_server.quiet import look, may_give_way
 from rebaser_server.release import release
 from rebaser_server.runtime import Runtime
 from rebaser_server.state import ChangeSetHandle, StaleDelivery, TaskDelivery
@@ -47,15 +48,6 @@ from rebaser_server.trimmer import Trimmer
 __all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
 
 log = logging.getLogger(__name__)
-
-
-# A commit group is committed when nothing more is waiting, when it holds this many requests, or after this long.
-# Its size is also capped at half the idempotency window (see Trimmer: every processed request still in the
-# stream must stay within the window).
-_GROUP_MAX = 32
-_GROUP_MAX_WAIT = 0.005
-# Under pressure (the daemon is full and other change sets wait for an owner), a change set idle this long lets go.
-_PRESSURE_QUIET = 1.0
 
 
 class ChangeSetProcessor:
@@ -234,32 +226,24 @@ class ChangeSetProcessor:
 
     def _fail(self, err: Exception) -> None:
         """End the task after a failure while processing; an open commit group is settled by ``_finish_task``."""
-        if isinstance(err, FencedError):
-            self._finish(Outcome.FENCED, reason=str(err))
-        elif isinstance(err, LeaseLost):
-            self._finish(Outcome.LEASE_LOST, reason="lease ran out during a step")
-        elif isinstance(err, Retry):
-            self._finish(Outcome.RETRY, err.delay, str(err))
-        elif isinstance(err, Wedged):
-            self._finish(Outcome.WEDGED, reason="request handler overran handler_deadline")
-        else:
-            # Infrastructure trouble (NATS, KV): the request stays first in line; retry the task later.
-            if isinstance(err, nats.errors.Error | TimeoutError):
-                log.warning("%s: NATS trouble while processing a request: %r", self.change_set, err)
-            else:
-                log.error("%s: processing a request failed", self.change_set, exc_info=err)
-            self._finish(Outcome.RETRY, self._rt.settings.retry_backoff, f"{type(err).__name__}: {err}")
+        if isinstance(err, nats.errors.Error | TimeoutError):
+            # Infrastructure trouble (NATS, KV): the request stays first in line; the task is retried later.
+            log.warning("%s: NATS trouble while processing a request: %r", self.change_set, err)
+        elif not isinstance(err, FencedError | LeaseLost | Retry | Wedged):
+            # Not one of the typed ways a task ends (fenced, lease lost, retry, wedged): a bug, say.
+            log.error("%s: processing a request failed", self.change_set, exc_info=err)
+        result = failed(err, self._rt.settings.retry_backoff)
+        self._finish(result.outcome, result.delay, result.reason)
 
     async def _maybe_flush(self, waiting: int) -> None:
         """Commit now unless more requests are already waiting (``waiting`` of them behind this one) and the group
         has room (then soon, by timer)."""
         assert self._commits is not None
-        # After an unclean takeover, no group commit: the request that killed the last owner may sit anywhere in
-        # its uncommitted group, and committing one by one puts the blame (the suspect count) on the right one.
-        if (
-            self._suspect_mode
-            or not waiting
-            or len(self._commits) >= min(_GROUP_MAX, self._rt.settings.idempotency_window // 2)
+        if commit_now(
+            len(self._commits),
+            waiting,
+            one_by_one=self._suspect_mode,
+            idempotency_window=self._rt.settings.idempotency_window,
         ):
             await self._commits.flush()
         elif self._flush_timer is None or self._flush_timer.done():
@@ -267,7 +251,7 @@ class ChangeSetProcessor:
 
     async def _flush_soon(self) -> None:
         # The next request may be slow to arrive (flow control, a consumer reset): do not let replies wait for it.
-        await asyncio.sleep(_GROUP_MAX_WAIT)
+        await asyncio.sleep(GROUP_MAX_WAIT)
         async with self._request_lock:
             if self._commits is not None and self._commits.open:
                 try:
@@ -301,12 +285,17 @@ class ChangeSetProcessor:
             return False
         if (
             self._wake is not None
-            and self._caught_up
-            and now - self._activity.last >= _PRESSURE_QUIET
-            and (self._rt.pressure or draining(self._rt, self.change_set, self._names))
+            and may_give_way(now - self._activity.last, caught_up=self._caught_up)
+            and self._giving_way()
         ):
             self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
         return True
+
+    def _giving_way(self) -> bool:
+        """Others wait for a slot (the daemon is full), or the change set's shard moved (the layout changed, looked
+        at every time: it may change while owned): this ownership then only drains the old shard, and lets go once
+        idle so that its new shard's task goes on."""
+        return self._rt.pressure or draining(self._rt, self.change_set, self._names)
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:
@@ -323,34 +312,27 @@ class ChangeSetProcessor:
             wake.set_result(None)
 
     async def _wait_for_outcome(self) -> None:
-        quiet = self._rt.settings.quiescent_period
+        settings = self._rt.settings
         while not self._result.done():
-            # Before the consumer has caught up, a gap is slow delivery (a busy machine, flow control), not a quiet
-            # change set: releasing then would only cost a re-take. Give up on it only after nats_timeout (a stalled
-            # consumer; the release check hands the queued requests to a fresh activation).
-            limit = quiet if self._caught_up else max(2 * quiet, self._rt.settings.nats_timeout)
-            # The change set's shard moved (the layout changed, looked at every time: it may change while owned):
-            # this ownership only drains the old shard, so it lets go once idle and its new shard's task goes on.
-            if self._caught_up and (self._rt.pressure or draining(self._rt, self.change_set, self._names)):
-                limit = min(limit, _PRESSURE_QUIET)  # others wait for a slot: an idle change set gives way
-            idle = time.monotonic() - self._activity.last
-            if idle < limit:
-                timeout = min(limit - idle, quiet) + 0.001
-            elif not self._request_lock.locked():
-                self._finish(
-                    Outcome.RELEASED, reason="quiescent" if limit == quiet else "others wait for a slot"
-                )
+            # The quiet rule (quiet.py): release now, or when to look again.
+            step = look(
+                time.monotonic() - self._activity.last,
+                quiescent_period=settings.quiescent_period,
+                nats_timeout=settings.nats_timeout,
+                caught_up=self._caught_up,
+                giving_way=self._caught_up and self._giving_way(),
+                request_in_hand=self._request_lock.locked(),
+            )
+            if step.release is not None:
+                self._finish(Outcome.RELEASED, reason=step.release)
                 return
-            else:
-                # Idle for long enough, but a request is in hand (its step waits for something): look again when
-                # it ends (_on_request wakes us), not in a spin until then.
-                self._wake_after_request = True
-                timeout = quiet
-            # Look again when the limit is reached, or sooner if woken: by the outcome, or by the watchdog once
-            # pressure or a drain shortens the limit (watch). It used to look every second, which with thousands
-            # of owned change sets was thousands of wake-ups a second for nothing.
+            # Look again then, or sooner if woken: by the outcome, by the end of the request in hand
+            # (after_request), or by the watchdog once pressure or a drain shortens the limit (watch). It used to
+            # look every second, which with thousands of owned change sets was thousands of wake-ups a second for
+            # nothing.
+            self._wake_after_request = step.after_request
             self._wake = wake = asyncio.get_running_loop().create_future()
-            await asyncio.wait({wake}, timeout=timeout)
+            await asyncio.wait({wake}, timeout=step.wait)
             self._wake, self._wake_after_request = None, False
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
@@ -364,7 +346,10 @@ class ChangeSetProcessor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 async with self._request_lock:
-                    await self._settle_group(result)
+                    if self._commits is not None:
+                        await self._commits.settle(
+                            owned=result.outcome not in (Outcome.FENCED, Outcome.LEASE_LOST)
+                        )
         await self._consumer.close()
         if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
             with contextlib.suppress(TimeoutError):
@@ -372,35 +357,8 @@ class ChangeSetProcessor:
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
         await self._trimmer.flush(settings.nats_timeout)
         if result.outcome.hands_back:
-            await self._mark_handed_back()
+            await mark_handed_back(self._handle, self.lease, settings.nats_timeout)
         if result.outcome is not Outcome.RELEASED:
             return result
         assert self._handle is not None
         return await release(self._rt, self.change_set, self._handle, self.lease, self._names)
-
-    async def _settle_group(self, result: TaskResult) -> None:
-        """Commit and answer what an open group holds, unless we no longer own the change set."""
-        commits = self._commits
-        if commits is None or not commits.open:
-            return
-        if result.outcome in (Outcome.FENCED, Outcome.LEASE_LOST):
-            commits.abandon()
-            return
-        try:
-            await commits.flush()
-        except Exception as err:
-            # Its requests stay in the stream and are processed again by the next owner.
-            log.warning("%s: committing the last group failed: %r", self.change_set, err)
-
-    async def _mark_handed_back(self) -> None:
-        """Tell the next owner this handover is deliberate (not a crash), so it counts no attempt against the first
-        queued request. Best effort: if it fails, the next owner counts one."""
-        handle = self._handle
-        if handle is None or not self.lease.held():
-            return
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(
-                min(self._rt.settings.nats_timeout, max(0.001, self.lease.remaining()))
-            ):
-                async with handle.lock:
-                    await handle.commit(replace(handle.record, handed_back=True))
