@@ -1,5 +1,6 @@
 """Micro-benchmarks of the per-message work that needs no server: decoding a request, a reply and a change-set
-record, and encoding a record. ``python bench/micro.py`` prints microseconds per call (best of 5 repeats).
+record, encoding a record, and the built-in app's pure work for one request on a small and a large snapshot.
+``python bench/micro.py`` prints microseconds per call (best of 5 repeats).
 
 These are the figures quoted in docs/BENCHMARKS.md for the decoding steps; the end-to-end ratios come from
 ``bench/bench.py``.
@@ -29,6 +30,9 @@ from rebaser_core.api import (
     SuccessStatus,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_server.apps.snapshots.app import _rebased
+from rebaser_server.apps.snapshots.limits import Limits
+from rebaser_server.apps.snapshots.model import Attribute, Snapshot
 from rebaser_server.metrics import RequestMetrics
 from rebaser_server.state import ChangeSetRecord
 
@@ -61,6 +65,27 @@ def _publisher(send_publish: object, headers: dict[str, str]) -> object:
 
 def _per_call(fn: object, number: int) -> float:
     return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6  # type: ignore[arg-type]
+
+
+def _app_step(attributes: int) -> tuple[str, object]:
+    """The built-in app's work for one request of one literal onto a snapshot of ``attributes`` attributes: the
+    rebase, the settle (nothing downstream), the encoding and the content address (``SnapshotApp.apply`` without
+    its I/O). The same snapshot each time, as a change set's current one is between its requests."""
+    snapshot = Snapshot(
+        {
+            f"/a{i}": Attribute(value={"x": i, "name": f"attribute {i}", "tags": ["a", "b"]})
+            for i in range(attributes)
+        }
+    )
+    updates = [SetLiteral(path="/a0", value=5)]
+    limits = Limits()
+
+    def step() -> None:
+        _, data = _rebased(snapshot, updates, limits)
+        Snapshot.address_of(data)
+
+    name = f"the built-in app's step, a snapshot of {attributes:,} attribute{'s' if attributes > 1 else ''}"
+    return f"{name} ({len(snapshot.encode()):,} B)", step
 
 
 def main() -> None:
@@ -123,6 +148,8 @@ def main() -> None:
         ),
         (f"decode a record, 64 replies ({len(data)} B)", lambda: ChangeSetRecord.decode(data), 2_000),
         ("encode that record", record.encode, 20_000),
+        (*_app_step(1), 20_000),
+        (*_app_step(1000), 200),
     ]
     for name, fn, number in rows:
         print(f"{_per_call(fn, number):8.1f} us  {name}")

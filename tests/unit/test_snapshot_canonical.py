@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rebaser_server.apps.snapshots.canonical import canonical, compact
+from rebaser_server.apps.snapshots.canonical import canonical, canonical_str, compact
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -26,6 +26,12 @@ _OPTIONS: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False, "al
 def test_the_same_bytes_as_json_dumps(value: Any) -> None:
     assert canonical(value) == json.dumps(value, sort_keys=True, **_OPTIONS).encode()
     assert compact(value) == json.dumps(value, **_OPTIONS).encode()
+
+
+@given(st.text())
+def test_a_string_alone_is_encoded_as_the_encoder_encodes_it(text: str) -> None:
+    assert canonical_str(text) == json.dumps(text, **_OPTIONS)
+    assert canonical_str(text).encode() == canonical(text)
 
 
 @pytest.mark.parametrize("bad", [math.nan, [1, math.inf], {"a": -math.inf}])

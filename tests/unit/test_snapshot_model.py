@@ -5,6 +5,8 @@ Pure model tests: no NATS.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
+from rebaser_server.apps.snapshots.canonical import canonical
 from rebaser_server.apps.snapshots.dvu import dependent_values_update, settled_without_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.model import (
@@ -249,6 +252,33 @@ def test_the_address_changes_when_the_content_changes() -> None:
         settle(ok(s, fn("/f", "identity", "/a"))).address,
     }
     assert len(addresses) == 7
+
+
+def test_an_attribute_keeps_its_text_and_stays_a_plain_value() -> None:
+    """The kept JSON text (what encoding and versions are made from) is the canonical form, never part of the value,
+    and never carried over to a changed copy."""
+    attribute = Attribute(value={"b": [1, "é"], "a": None}, function="sum", args=("/x",), stale=True)
+    fresh = Attribute(value={"b": [1, "é"], "a": None}, function="sum", args=("/x",), stale=True)
+    text = attribute.json_text()
+    assert text == canonical(attribute.to_json()).decode()
+    assert attribute.json_text() is text  # kept
+    assert attribute == fresh  # equal to one that has not made it yet
+    one = Attribute(value=1)
+    one.json_text()
+    assert hash(one) == hash(Attribute(value=1))
+    assert attribute.version == hashlib.sha256(canonical(attribute.to_json())).hexdigest()[:16]
+    changed = dataclasses.replace(attribute, stale=False)
+    assert changed.json_text() == canonical(changed.to_json()).decode() != text
+    assert "_json" not in repr(attribute)
+
+
+@given(st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=6))
+def test_a_snapshot_encodes_as_the_canonical_form_of_its_json_however_often(values: dict[str, Any]) -> None:
+    snapshot = Snapshot({path: Attribute(value=value) for path, value in values.items()}, frozenset(values))
+    expected = canonical(snapshot.to_json())
+    assert snapshot.encode() == expected
+    assert snapshot.encode() == expected  # from the kept texts
+    assert Snapshot.decode(expected).encode() == expected
 
 
 def test_encode_decode_round_trip_preserves_the_address() -> None:

@@ -13,7 +13,7 @@ from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.apps.snapshots.app import EMPTY
-from rebaser_server.apps.snapshots.model import Snapshot
+from rebaser_server.apps.snapshots.model import Attribute, Snapshot
 from rebaser_server.apps.snapshots.objects import ObjectCorrupt
 from rebaser_server.apps.snapshots.store import SnapshotStore
 
@@ -130,3 +130,29 @@ async def test_a_record_copy_that_does_not_match_its_address_is_refused() -> Non
     assert (await store.get(Snapshot.address_of(good), good)).attributes == {}
     with pytest.raises(ObjectCorrupt):
         await store.get(Snapshot.address_of(b"something else"), good)
+
+
+class _CountingWriter:
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    async def put_once(self, name: str, data: bytes) -> bool:
+        self.writes.append(name)
+        return True
+
+
+async def test_the_store_remembers_a_bounded_number_of_written_addresses() -> None:
+    """A snapshot written again costs no round trip while its address is remembered; at most ``cache_size`` are
+    (a large change set writes a new snapshot per group, and a daemon runs for months)."""
+    store = SnapshotStore(cast(Any, None), Settings(), cache_size=2)
+    writer = _CountingWriter()
+    store._snapshots, store._writer = cast(Any, object()), cast(Any, writer)
+    a, b, c = (Snapshot({"/n": Attribute(value=i)}) for i in range(3))
+    for snapshot in (a, b, a):
+        await store.put(snapshot)
+    assert writer.writes == [a.address, b.address]  # a's second put wrote nothing
+    await store.put(c)  # forgets b, the least recently put
+    await store.put(a)
+    await store.put(b)
+    assert writer.writes == [a.address, b.address, c.address, b.address]
+    assert len(store._written) == 2

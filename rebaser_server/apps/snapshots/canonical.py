@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["canonical", "compact"]
+__all__ = ["canonical", "canonical_str", "compact"]
 
 
 def _encoder(sort_keys: bool) -> Callable[[Any], str]:
@@ -71,3 +71,9 @@ def canonical(data: Any) -> bytes:
 def compact(data: Any) -> bytes:
     """``json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()``"""
     return _thread_encoder("unsorted", False)(data).encode()
+
+
+def canonical_str(text: str) -> str:
+    """``canonical(text).decode()`` for a string (a snapshot's paths), without the encoder's round trip: the same C
+    function the encoder calls for every string it meets."""
+    return json.encoder.encode_basestring(text)

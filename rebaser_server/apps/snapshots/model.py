@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rebaser_core.api import Conflict, Remove, SetFunction, SetLiteral, Update
-from rebaser_server.apps.snapshots.canonical import canonical
+from rebaser_server.apps.snapshots.canonical import canonical, canonical_str
 
 __all__ = [
     "Attribute",
@@ -56,6 +56,11 @@ class Attribute:
     args: tuple[str, ...] = ()
     error: str | None = None  # set when computing the value failed (cycle, bad input, unknown function)
     stale: bool = False  # a function whose value awaits the next dependent values update
+    # Its canonical JSON text, made the first time it is needed (json_text). A snapshot is encoded whole on every
+    # request that changes it, and most of its attributes are the same objects as in the snapshot before: with the
+    # text kept, only the changed ones are encoded again. Immutable, so it never goes stale; not part of the value
+    # (equality and hashing ignore it), and ``replace`` makes a new one.
+    _json: str | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def is_function(self) -> bool:
@@ -82,10 +87,19 @@ class Attribute:
             stale=bool(data.get("stale", False)),
         )
 
+    def json_text(self) -> str:
+        """``_canonical(self.to_json()).decode()``, kept once made (see ``_json``)."""
+        text = self._json
+        if text is None:
+            text = _canonical(self.to_json()).decode()
+            # A frozen dataclass: set the way its __init__ does. Two threads racing here store equal texts.
+            object.__setattr__(self, "_json", text)
+        return text
+
     @property
     def version(self) -> str:
         """Changes exactly when the attribute (definition, value or error) changes."""
-        return _hash(self.to_json(), 16)
+        return hashlib.sha256(self.json_text().encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -109,11 +123,12 @@ class Snapshot:
         )
 
     def encode(self) -> bytes:
-        """The canonical JSON form, ``_canonical(self.to_json())`` byte for byte, but built one attribute at a time:
-        one ``json.dumps`` of a whole large snapshot would hold the GIL, and so stall the event loop even from a
-        worker thread."""
+        """The canonical JSON form, ``_canonical(self.to_json())`` byte for byte, but built one attribute at a time
+        from each attribute's kept text (``Attribute.json_text``): one ``json.dumps`` of a whole large snapshot
+        would hold the GIL, and so stall the event loop even from a worker thread, and would encode again every
+        attribute the request did not change."""
         attributes = ",".join(
-            f"{_canonical(path).decode()}:{_canonical(attribute.to_json()).decode()}"
+            f"{canonical_str(path)}:{attribute.json_text()}"
             for path, attribute in sorted(self.attributes.items())
         )
         return f'{{"attributes":{{{attributes}}},"roots":{_canonical(sorted(self.roots)).decode()}}}'.encode()
@@ -164,8 +179,10 @@ def _conflicts(
     """``expectations``: (path, expected version, whether an expectation was given at all)."""
     found = []
     for path, expected, given in expectations:
+        if not given:
+            continue  # no version to compare: its own is a hash, not worth computing for nothing
         actual = snapshot.version(path)
-        if given and expected != actual:
+        if expected != actual:
             found.append(
                 Conflict(
                     path=path,

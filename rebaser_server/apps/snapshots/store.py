@@ -35,7 +35,8 @@ CACHE_SIZE = 16_384
 once (a miss costs a read from the object store); the byte bound below is what keeps memory in check."""
 
 CACHE_BYTES = 256 * 1024 * 1024
-"""The snapshot cache holds at most this many bytes of snapshots (their encoded size; in memory they take more)."""
+"""The snapshot cache holds at most this many bytes of snapshots (their encoded size; in memory they take more:
+the decoded objects, and each attribute's kept JSON text, about the encoded size again)."""
 
 
 async def open_object_store(js: JetStreamContext, name: str, settings: Settings) -> ObjectStore:
@@ -71,7 +72,11 @@ class SnapshotStore:
         self._cache_size = cache_size
         self._cache_bytes = cache_bytes
         self._cached_bytes = 0
-        self._written: set[str] = set()
+        # Addresses this store wrote (or found stored), so a snapshot written again (a change set back to an
+        # earlier state) costs no round trip. At most cache_size of them, the newest: a large change set writes a
+        # new snapshot per group, and a set of every one of them grew for as long as the daemon ran. Forgetting
+        # one costs only the write's "stored already?" check.
+        self._written: OrderedDict[str, None] = OrderedDict()
 
     async def open(self) -> None:
         subjects = self._settings.subjects
@@ -108,7 +113,9 @@ class SnapshotStore:
         if data is None:
             data = snapshot.encode()
         address = Snapshot.address_of(data)
-        if address not in self._written:
+        if address in self._written:
+            self._written.move_to_end(address)
+        else:
             if self._writer is not None:
                 await self._writer.put_once(address, data)  # written unless stored already, in one go
             else:
@@ -116,7 +123,9 @@ class SnapshotStore:
                     await self._snapshots.get_info(address)
                 except NotFoundError:
                     await self._snapshots.put(address, data)
-            self._written.add(address)
+            self._written[address] = None
+            if len(self._written) > self._cache_size:
+                self._written.popitem(last=False)
         self.remember(address, snapshot, len(data))
         return address
 
