@@ -34,7 +34,7 @@ from rebaser_server.apps.snapshots.app import _rebased
 from rebaser_server.apps.snapshots.limits import Limits
 from rebaser_server.apps.snapshots.model import Attribute, Snapshot
 from rebaser_server.metrics import RequestMetrics
-from rebaser_server.state import ChangeSetRecord
+from rebaser_server.record import ChangeSetRecord
 
 
 class _Recorder:

@@ -1,6 +1,6 @@
 """The recent replies a change-set record keeps, one CBOR item each: how they are written and read back.
 
-The daemon writes them (``rebaser_server.state``) and the admin commands read them (``rebaser_client``), so the
+The daemon writes them (``rebaser_server.record``) and the admin commands read them (``rebaser_client``), so the
 format is defined once, here. A record keeps the last ``idempotency_window`` replies and the whole record is
 written at every commit, so an entry's size is paid at every commit of its change set while it is kept:
 

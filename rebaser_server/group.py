@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 from rebaser_core.api import EnqueueUpdatesResponse
 from rebaser_server.app import ChangeSet, CommitHooks
+from rebaser_server.record import ChangeSetRecord
 from rebaser_server.replies import UNCHECKED, Unchecked, send_reply
 from rebaser_server.runtime import Runtime
-from rebaser_server.state import ChangeSetHandle, ChangeSetRecord
+from rebaser_server.state import ChangeSetHandle
 from rebaser_server.trimmer import Trimmer
 
 if TYPE_CHECKING:

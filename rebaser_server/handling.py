@@ -31,9 +31,9 @@ from rebaser_core.headers import check_msg_id
 from rebaser_server.app import ChangeSet
 from rebaser_server.group import CommitGroup
 from rebaser_server.outcome import LeaseLost, Retry, Wedged
+from rebaser_server.record import ChangeSetRecord
 from rebaser_server.replies import dead_letter, reply_inbox, request_id_of
 from rebaser_server.runtime import Runtime
-from rebaser_server.state import ChangeSetRecord
 
 __all__ = ["RequestHandler"]
 

@@ -39,8 +39,8 @@ from rebaser_core.api import (
 from rebaser_core.ids import RequestId
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
+from rebaser_server.record import ChangeSetRecord
 from rebaser_server.runtime import Runtime
-from rebaser_server.state import ChangeSetRecord
 
 __all__ = ["SettledWaits", "settled_now"]
 

@@ -23,8 +23,8 @@ from rebaser_core.connect import connection_state
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.hooks import CHECKPOINTS, Hooks
+from rebaser_server.record import ChangeSetRecord
 from rebaser_server.server import Daemon
-from rebaser_server.state import ChangeSetRecord
 
 __all__ = ["CheckpointGate", "RecordingHooks", "describe_state", "fast_settings", "running_daemon"]
 

@@ -112,7 +112,7 @@ def test_the_scan_accepts_everything_the_encoder_writes(value: object) -> None:
 
 
 def test_change_set_record_with_shared_references_is_refused() -> None:
-    from rebaser_server.state import ChangeSetRecord
+    from rebaser_server.record import ChangeSetRecord
 
     good = ChangeSetRecord(epoch=1, owner="o", state={"a": [1, 2]}).encode()
     assert ChangeSetRecord.decode(good).state == {"a": [1, 2]}

@@ -12,7 +12,8 @@ from nats.js.errors import APIError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.requester import Requester, last_message_direct
 from rebaser_server.app import ChangeSet
-from rebaser_server.state import ChangeSetRecord, ChangeSetStore, TaskDelivery
+from rebaser_server.record import ChangeSetRecord
+from rebaser_server.state import ChangeSetStore, TaskDelivery
 from rebaser_server.testing import fast_settings
 
 

@@ -31,7 +31,7 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_server.state import ChangeSetRecord
+from rebaser_server.record import ChangeSetRecord
 
 WK, CS = WorkspacePk.new(), ChangeSetId.new()
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -20,8 +20,8 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_server import state
-from rebaser_server.state import ChangeSetRecord
+from rebaser_server import record as record_form
+from rebaser_server.record import ChangeSetRecord
 
 
 def _full_record() -> ChangeSetRecord:
@@ -40,7 +40,7 @@ def _full_record() -> ChangeSetRecord:
 def test_a_full_record_reads_back_exactly_without_a_python_walk() -> None:
     record = _full_record()
     data = record.encode()
-    with mock.patch.object(state, "scan_item", wraps=cbor_scan.scan_item) as scan:
+    with mock.patch.object(record_form, "scan_item", wraps=cbor_scan.scan_item) as scan:
         back = ChangeSetRecord.decode(data)
     assert back == record and back.encode() == data  # the reply entries are the very bytes written
     assert scan.call_count == 0
@@ -95,7 +95,9 @@ def test_a_recorded_reply_reads_back_as_the_status_given(status: ResponseStatus)
     )
     record = ChangeSetRecord(epoch=1, owner="o", state={}).with_reply(str(rid), response, 64)
     back = ChangeSetRecord.decode(record.encode())
-    bounded = state.bounded_status(status, max(state.REPLY_MIN_BYTES, state.RECENT_REPLIES_MAX_BYTES // 64))
+    bounded = record_form.bounded_status(
+        status, max(record_form.REPLY_MIN_BYTES, record_form.RECENT_REPLIES_MAX_BYTES // 64)
+    )
     assert back.recorded_status(str(rid)) == bounded
     view = RecordView.decode(record.encode())  # the admin commands read the same entries
     assert [(r.request_id, r.kind) for r in view.recent] == [(str(rid), status.kind)]

@@ -19,7 +19,7 @@ from rebaser_core.api.enqueue_updates_response import (
     MAX_STATUS_BYTES,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_server.state import ChangeSetRecord
+from rebaser_server.record import ChangeSetRecord
 
 NATS_MAX_PAYLOAD = 1024 * 1024
 
