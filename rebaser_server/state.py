@@ -10,6 +10,8 @@ at-least-once delivery of requests safe:
 - **Idempotency.** A commit also records the request id and its reply (the last ``idempotency_window`` of them).
   A request delivered again (its delete failed, or the owner crashed between commit and delete) is answered from
   the record instead of being applied twice.
+
+The record's form (its fields, encoding and decoding) is ``rebaser_server.record``; this module reads and commits it.
 """
 
 from __future__ import annotations
