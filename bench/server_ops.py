@@ -15,8 +15,17 @@ for the daemon and the hand-written loop alike:
   drops as a duplicate (every request after a change set's first);
 - a "nothing queued?" check (``STREAM.MSG.GET`` of a subject with no message);
 - an ordered push consumer's creation and deletion;
-- a confirmed progress ack (``+WPI`` with a reply subject, a lease renewal), a confirmed ``+ACK``, and a delete
+- a progress ack (``+WPI``, a lease renewal) with a reply subject, which the server confirms, and one without (what
+  the confirmation itself costs), a confirmed ``+ACK``, and a delete
   by sequence (``STREAM.MSG.DELETE``).
+
+``--removal C[,C...]`` then prices the ways processed requests and consumers can be removed, on a fresh requests-like
+stream with ``C`` idle ordered consumers on other subjects (every owned change set has one):
+
+- a delete by sequence per message, against a filtered purge (``STREAM.PURGE`` with ``filter`` and ``seq``) that
+  removes 1, 4 or 16 messages at once: a purge visits every consumer of the stream, so its price grows with ``C``;
+- an ordered consumer's creation, its deletion (``CONSUMER.DELETE``), and the alternative of unsubscribing and
+  letting the server reap it after a 1 s ``inactive_threshold``.
 
 Single figures move by 10-20 % from run to run on a shared 2-core machine; compare operations within one run.
 """
@@ -29,6 +38,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -39,6 +49,7 @@ from nats.js import api
 from bench.procs import cpu_seconds
 from rebaser_core import headers as h
 from rebaser_core.embedded import NatsServer
+from rebaser_server.consumer import consumer_config
 
 _IN_FLIGHT = 32
 
@@ -52,7 +63,10 @@ async def _measure(pid: int, name: str, op: Callable[[int], Awaitable[object]], 
 
     before = cpu_seconds(pid)
     await asyncio.gather(*(one(i) for i in range(count)))
-    used = cpu_seconds(pid) - before
+    _report(name, cpu_seconds(pid) - before, count)
+
+
+def _report(name: str, used: float, count: int) -> None:
     print(f"  {name:<52} {used / count * 1e6:6.0f} µs of nats-server CPU each", flush=True)
 
 
@@ -130,19 +144,7 @@ async def run(server: NatsServer, count: int) -> None:
         await nc.request("t.dup", b"", headers={"Nats-Msg-Id": "dup"}, timeout=10)
 
     async def consumer(i: int) -> None:
-        config = {
-            "filter_subject": f"rq.s{i}",
-            "deliver_policy": "all",
-            "deliver_subject": nc.new_inbox(),
-            "ack_policy": "none",
-            "max_deliver": 1,
-            "flow_control": True,
-            "idle_heartbeat": 5_000_000_000,
-            "mem_storage": True,
-            "num_replicas": 1,
-            "inactive_threshold": 30_000_000_000,
-        }
-        request = json.dumps({"stream_name": "RQ", "config": config}).encode()
+        request = _consumer_request(f"rq.s{i}", nc.new_inbox())
         created = await nc.request("$JS.API.CONSUMER.CREATE.RQ", request, timeout=10)
         name = json.loads(created.data)["name"]
         await nc.request(f"$JS.API.CONSUMER.DELETE.RQ.{name}", b"", timeout=10)
@@ -171,8 +173,114 @@ async def run(server: NatsServer, count: int) -> None:
     await _measure(pid, "task publish, dropped as a duplicate", task_duplicate, count)
     await _measure(pid, "ordered consumer created and deleted", consumer, max(1, count // 3))
     await _measure(pid, "lease renewal (+WPI, confirmed)", renew, count)
+    before = cpu_seconds(pid)
+    for i in range(count):
+        await nc.publish(tasks[i].reply, b"+WPI")
+        if i % _IN_FLIGHT == _IN_FLIGHT - 1:
+            await nc.flush()  # a round trip per 32, as many in flight as the others
+    await nc.flush()  # the server has read them all once it answers this
+    name = "lease renewal (+WPI, not confirmed)"
+    print(
+        f"  {name:<52} {(cpu_seconds(pid) - before) / count * 1e6:6.0f} µs of nats-server CPU each",
+        flush=True,
+    )
     await _measure(pid, "delete by sequence (STREAM.MSG.DELETE)", delete, count)
     await _measure(pid, "task ack (+ACK, confirmed)", ack, count)
+    await nc.close()
+
+
+def _consumer_request(subject: str, inbox: str, inactive_threshold: float | None = None) -> bytes:
+    """The daemon's CONSUMER.CREATE body for a change set's request consumer (rebaser_server.consumer), on stream
+    RQ; with another ``inactive_threshold`` if given."""
+    config = consumer_config(subject, inbox, heartbeat=5.0, start=None)
+    if inactive_threshold is not None:
+        config["inactive_threshold"] = int(inactive_threshold * 1e9)
+    return json.dumps({"stream_name": "RQ", "config": config}).encode()
+
+
+def _deleting(nc: Any, seqs: list[int]) -> Callable[[int], Awaitable[object]]:
+    async def delete(i: int) -> None:
+        request = b'{"seq":%d,"no_erase":true}' % seqs[i]
+        await nc.request("$JS.API.STREAM.MSG.DELETE.RQ", request, timeout=10)
+
+    return delete
+
+
+def _purging(nc: Any, groups: list[tuple[str, int]]) -> Callable[[int], Awaitable[object]]:
+    async def purge(g: int) -> None:
+        subject, last = groups[g]
+        request = json.dumps({"filter": subject, "seq": last + 1}).encode()
+        await nc.request("$JS.API.STREAM.PURGE.RQ", request, timeout=10)
+
+    return purge
+
+
+async def removal(server: NatsServer, count: int, consumers: int) -> None:
+    """Deletes against filtered purges, and a consumer's deletion against its reaping, with ``consumers`` idle
+    consumers on the stream (see the module docstring)."""
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    await js.add_stream(
+        api.StreamConfig(
+            name="RQ", subjects=["rq.>"], storage=api.StorageType.FILE, max_consumers=consumers + count + 100
+        )
+    )
+    idle = [nc.new_inbox() for _ in range(consumers)]
+    for i, inbox in enumerate(idle):
+        await nc.subscribe(inbox)
+        await nc.request(
+            "$JS.API.CONSUMER.CREATE.RQ", _consumer_request(f"rq.idle{i}", inbox, 300), timeout=10
+        )
+    pid = server.pid or 0
+    print(f"nats-server CPU to remove processed requests, {consumers} idle consumers on the stream:")
+    subjects = 200
+    for k in (1, 4, 16):
+        n = max(k, count // k * k)
+        seqs = [(await js.publish(f"rq.s{i % subjects}", b"q" * 200)).seq for i in range(n)]
+
+        if k == 1:
+            await _measure(pid, "delete by sequence, a message", _deleting(nc, seqs), n)
+        # k consecutive messages of one subject, removed by one purge below the last one's sequence.
+        groups = []
+        for g in range(n // k):
+            subject = f"rq.p{g % subjects}"
+            last = 0
+            for _ in range(k):
+                last = (await js.publish(subject, b"q" * 200)).seq
+            groups.append((subject, last))
+
+        await _measure(pid, f"filtered purge of {k} messages (per purge)", _purging(nc, groups), len(groups))
+
+    half = max(1, count // 2)
+    # The first half is deleted by the API, the second unsubscribed and left for the server to reap (1 s).
+    made: dict[int, tuple[str, Any]] = {}
+
+    async def create(i: int) -> None:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        threshold = None if i < half else 1.0  # the daemon's own (30 s), or 1 s for the server to reap
+        answer = await nc.request(
+            "$JS.API.CONSUMER.CREATE.RQ", _consumer_request(f"rq.c{i}", inbox, threshold), timeout=10
+        )
+        made[i] = (json.loads(answer.data)["name"], sub)
+
+    await _measure(pid, "ordered consumer created", create, 2 * half)
+
+    async def delete_consumer(i: int) -> None:
+        await nc.request(f"$JS.API.CONSUMER.DELETE.RQ.{made[i][0]}", b"", timeout=10)
+
+    await _measure(pid, "ordered consumer deleted (CONSUMER.DELETE)", delete_consumer, half)
+    for i in range(half):
+        await made[i][1].unsubscribe()
+    before = cpu_seconds(pid)
+    for i in range(half, 2 * half):
+        await made[i][1].unsubscribe()
+    await nc.flush()
+    for _ in range(600):  # reaped after about a second; 60 s at most
+        if (await js.stream_info("RQ")).state.consumer_count <= consumers:
+            break
+        await asyncio.sleep(0.1)
+    _report("ordered consumer unsubscribed and reaped (1 s threshold)", cpu_seconds(pid) - before, half)
     await nc.close()
 
 
@@ -181,9 +289,18 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--count", type=int, default=3000, help="operations of each kind")
+    parser.add_argument(
+        "--removal",
+        default="",
+        metavar="C[,C...]",
+        help="also price deletes, filtered purges and consumer removal with C idle consumers on the stream",
+    )
     args = parser.parse_args()
     with NatsServer(host="127.0.0.1") as server:
         asyncio.run(run(server, args.count))
+    for consumers in (int(c) for c in args.removal.split(",") if c):
+        with NatsServer(host="127.0.0.1") as server:
+            asyncio.run(removal(server, args.count, consumers))
     return 0
 
 

@@ -1,6 +1,6 @@
 """``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page; the
-instruction count (``bench/instructions.py``) and the progress-ack probe (``bench/progress_ack_probe.py``) run and
-report.
+instruction count (``bench/instructions.py``), the progress-ack probe (``bench/progress_ack_probe.py``) and the
+server's price per operation (``bench/server_ops.py``) run and report.
 
 Tiny loads (a few dozen requests), so it finishes in seconds; no figure is asserted (timing belongs in the
 benchmark itself, on a machine of its own), only that every row of the page is there and nothing failed.
@@ -98,3 +98,19 @@ def test_progress_ack_probe_runs_and_reports_both_ways() -> None:
     # One trial each way on a 3-node cluster: that it runs and reports, not what the server did.
     proc = _run("progress_ack_probe.py", ["--trials", "1"], timeout=120)
     assert "step-down at once:" in proc.stdout and "step-down after:" in proc.stdout, proc.stdout
+
+
+def test_server_ops_prices_every_operation_and_every_way_of_removal() -> None:
+    # A few of each, with a few idle consumers: that every operation runs and is reported, not what it costs.
+    proc = _run("server_ops.py", ["--count", "24", "--removal", "3"], timeout=120)
+    for operation in (
+        "record read, DIRECT.GET",
+        "compare-and-set publish, acked",
+        "lease renewal (+WPI, confirmed)",
+        "3 idle consumers on the stream",
+        "delete by sequence, a message",
+        "filtered purge of 16 messages (per purge)",
+        "ordered consumer deleted (CONSUMER.DELETE)",
+        "ordered consumer unsubscribed and reaped (1 s threshold)",
+    ):
+        assert operation in proc.stdout, proc.stdout
