@@ -155,10 +155,6 @@ async def run(server: NatsServer, count: int) -> None:
     async def ack(i: int) -> None:
         await nc.request(tasks[i].reply, b"+ACK", timeout=10)
 
-    async def delete(i: int) -> None:
-        request = json.dumps({"seq": i + 1, "no_erase": True}).encode()
-        await nc.request("$JS.API.STREAM.MSG.DELETE.RQ", request, timeout=10)
-
     pid = server.pid or 0
     print(f"nats-server CPU per operation, {count} of each, {_IN_FLIGHT} in flight:")
     await _measure(pid, "record read, STREAM.MSG.GET", msg_get, count)
@@ -179,12 +175,10 @@ async def run(server: NatsServer, count: int) -> None:
         if i % _IN_FLIGHT == _IN_FLIGHT - 1:
             await nc.flush()  # a round trip per 32, as many in flight as the others
     await nc.flush()  # the server has read them all once it answers this
-    name = "lease renewal (+WPI, not confirmed)"
-    print(
-        f"  {name:<52} {(cpu_seconds(pid) - before) / count * 1e6:6.0f} µs of nats-server CPU each",
-        flush=True,
+    _report("lease renewal (+WPI, not confirmed)", cpu_seconds(pid) - before, count)
+    await _measure(
+        pid, "delete by sequence (STREAM.MSG.DELETE)", _deleting(nc, list(range(1, count + 1))), count
     )
-    await _measure(pid, "delete by sequence (STREAM.MSG.DELETE)", delete, count)
     await _measure(pid, "task ack (+ACK, confirmed)", ack, count)
     await nc.close()
 
@@ -199,6 +193,8 @@ def _consumer_request(subject: str, inbox: str, inactive_threshold: float | None
 
 
 def _deleting(nc: Any, seqs: list[int]) -> Callable[[int], Awaitable[object]]:
+    """An operation for :func:`_measure`: the ``i``-th one deletes stream sequence ``seqs[i]`` of stream RQ."""
+
     async def delete(i: int) -> None:
         request = b'{"seq":%d,"no_erase":true}' % seqs[i]
         await nc.request("$JS.API.STREAM.MSG.DELETE.RQ", request, timeout=10)
@@ -207,6 +203,9 @@ def _deleting(nc: Any, seqs: list[int]) -> Callable[[int], Awaitable[object]]:
 
 
 def _purging(nc: Any, groups: list[tuple[str, int]]) -> Callable[[int], Awaitable[object]]:
+    """An operation for :func:`_measure`: the ``g``-th one purges subject ``groups[g][0]`` up to and including
+    sequence ``groups[g][1]``."""
+
     async def purge(g: int) -> None:
         subject, last = groups[g]
         request = json.dumps({"filter": subject, "seq": last + 1}).encode()
@@ -225,12 +224,10 @@ async def removal(server: NatsServer, count: int, consumers: int) -> None:
             name="RQ", subjects=["rq.>"], storage=api.StorageType.FILE, max_consumers=consumers + count + 100
         )
     )
-    idle = [nc.new_inbox() for _ in range(consumers)]
-    for i, inbox in enumerate(idle):
-        await nc.subscribe(inbox)
-        await nc.request(
-            "$JS.API.CONSUMER.CREATE.RQ", _consumer_request(f"rq.idle{i}", inbox, 300), timeout=10
-        )
+    for i in range(consumers):
+        inbox = nc.new_inbox()
+        await nc.subscribe(inbox)  # interest on its deliver subject: active, never reaped
+        await nc.request("$JS.API.CONSUMER.CREATE.RQ", _consumer_request(f"rq.idle{i}", inbox), timeout=10)
     pid = server.pid or 0
     print(f"nats-server CPU to remove processed requests, {consumers} idle consumers on the stream:")
     subjects = 200
