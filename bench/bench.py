@@ -61,7 +61,7 @@ from rebaser_core.api import SetFunction, SetLiteral, SuccessStatus, Update  # n
 from rebaser_core.embedded import NatsServer  # noqa: E402
 from rebaser_core.ids import ChangeSetId, WorkspacePk  # noqa: E402
 from rebaser_core.subjects import Subjects  # noqa: E402
-from rebaser_server.record import ChangeSetRecord  # noqa: E402
+from rebaser_server.record.model import ChangeSetRecord  # noqa: E402
 
 DVU_APPS = {"natural": "rebaser_server.apps.snapshots:SnapshotApp", "10x": "bench.apps:CostlyDvuApp"}
 

@@ -3,24 +3,24 @@ and how to send one request to them and read what JetStream holds for them."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import secrets
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import nats.errors
 from nats.aio.client import Client
 
 from bench.baseline import BaselineClient, names, setup_streams
+from bench.procs import Processes
 from rebaser_client import RebaserClient
 from rebaser_core.api import SetLiteral, SuccessStatus
-from rebaser_core.ids import ChangeSetId
+from rebaser_core.embedded import NatsServer
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
-
-if TYPE_CHECKING:
-    from bench.bench import Bench
 
 # "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
 # "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
@@ -30,10 +30,24 @@ APPS = {
 }
 
 
+class Harness(Protocol):
+    """What a deployment uses of the run that holds it (``bench.bench.Bench``): its server, processes and knobs."""
+
+    args: argparse.Namespace
+    server: NatsServer
+    procs: Processes
+    env: dict[str, str]
+    wrap: list[str]
+    ready_timeout: float
+    workspace: WorkspacePk
+
+    def next_index(self) -> int: ...
+
+
 class Deployment:
     """One implementation's daemons or workers on a fresh prefix, and a function sending one request."""
 
-    def __init__(self, bench: Bench, impl: str, daemons: int, app: str | None = None) -> None:
+    def __init__(self, bench: Harness, impl: str, daemons: int, app: str | None = None) -> None:
         self.bench, self.impl, self.daemons = bench, impl, daemons
         self.app = app or APPS.get(impl, "")
         self.prefix = f"b{bench.next_index()}{impl[0]}{secrets.token_hex(3)}"

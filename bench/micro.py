@@ -33,8 +33,8 @@ from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_server.apps.snapshots.app import _rebased
 from rebaser_server.apps.snapshots.limits import Limits
 from rebaser_server.apps.snapshots.model import Attribute, Snapshot
-from rebaser_server.metrics import RequestMetrics
-from rebaser_server.record import ChangeSetRecord
+from rebaser_server.ops.metrics import RequestMetrics
+from rebaser_server.record.model import ChangeSetRecord
 
 
 class _Recorder:

@@ -1,5 +1,5 @@
 """Can a *confirmed* progress ack be lost when a replicated consumer's leader steps down? (A NATS fact the lease
-rests on: ``rebaser_server/lease.py``.)
+rests on: ``rebaser_server/task/lease.py``.)
 
 ``python bench/progress_ack_probe.py [--trials N] [--ack-wait S]`` starts a 3-node cluster on loopback, an R3
 work-queue stream and a durable pull consumer with ``ack_wait`` S (2 s), and per trial: pulls a message, sends a

@@ -49,7 +49,7 @@ from nats.js import api
 from bench.procs import cpu_seconds
 from rebaser_core import headers as h
 from rebaser_core.embedded import NatsServer
-from rebaser_server.consumer import consumer_config
+from rebaser_server.changeset.consumer import consumer_config
 
 _IN_FLIGHT = 32
 
@@ -184,7 +184,8 @@ async def run(server: NatsServer, count: int) -> None:
 
 
 def _consumer_request(subject: str, inbox: str, inactive_threshold: float | None = None) -> bytes:
-    """The daemon's CONSUMER.CREATE body for a change set's request consumer (rebaser_server.consumer), on stream
+    """The daemon's CONSUMER.CREATE body for a change set's request consumer
+    (rebaser_server.changeset.consumer), on stream
     RQ; with another ``inactive_threshold`` if given."""
     config = consumer_config(subject, inbox, heartbeat=5.0, start=None)
     if inactive_threshold is not None:

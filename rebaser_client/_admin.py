@@ -5,9 +5,10 @@ Read-only, and every call has a deadline (the JetStream context's timeout). Resu
 them into tables or JSON is ``_admin_format``'s job. Lists are bounded (``limit``): a deployment may hold millions
 of queued requests, and an operator's command must answer in seconds.
 
-The change-set record is the daemons' own (``rebaser_server/state.py``); the client never imports the server, so
+The change-set record is the daemons' own (``rebaser_server/record/store.py``); the client never imports the server, so
 :class:`RecordView` decodes the few fields an operator needs, tolerantly (a field it does not know is ignored, a
-missing one has its default). ``tests/unit/test_admin_format.py`` checks it reads what ``ChangeSetRecord`` writes.
+missing one has its default). ``tests/unit/client/test_admin_format.py`` checks it reads what
+``ChangeSetRecord`` writes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ A change runs in three steps, each safe to interrupt and to run again:
    new N and the old one as ``previous`` (compare-and-set: two admins cannot interleave). Clients route new requests
    by the new N within a second; daemons serve the old and the new shards.
 2. **Drain**: wait until no change set has a request or a task left in a shard that is no longer its own. Meanwhile
-   every daemon applies the old shard's requests of a change set before its new shard's (rebaser_server.migration).
+   every daemon applies the old shard's requests of a change set before its new shard's
+   (rebaser_server.changeset.migration).
 3. **Settle**: write the layout without ``previous``; delete the streams of removed shards once they are empty;
    spread the shards' leaders over the servers.
 

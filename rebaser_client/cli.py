@@ -191,15 +191,6 @@ def new_id(count: int) -> None:
         click.echo(str(RequestId.new()))
 
 
-@main.command("dev-cluster", add_help_option=False, context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def dev_cluster(args: tuple[str, ...]) -> None:
-    """A local cluster without Docker: 3 NATS nodes, N daemons (see --help)."""
-    from rebaser_server.devcluster import command  # the server's side, loaded only for this command
-
-    command.main(list(args), prog_name="rebaser dev-cluster")
-
-
 def _fail(err: RebaserError) -> click.ClickException:
     return click.ClickException(f"{type(err).__name__}: {err}")
 

@@ -13,7 +13,7 @@ that showed in every profile of the daemon and the client:
   (``\\s`` matches exactly what ``str.isspace`` accepts, every code point checked in the tests).
 
 Both produce exactly what nats-py's own do (same bytes on the wire, same header dicts, same errors:
-``tests/unit/test_nats_speedups.py`` compares them), so :func:`install` only changes speed. It sets the two as
+``tests/unit/core/test_nats_speedups.py`` compares them), so :func:`install` only changes speed. It sets the two as
 attributes of the one connection object (nats-py looks both up through ``self``), never on nats-py's class, and it
 does nothing unless that connection's class still has the methods this was written against: another nats-py
 release keeps its own code.

@@ -1,6 +1,6 @@
 """The recent replies a change-set record keeps, one CBOR item each: how they are written and read back.
 
-The daemon writes them (``rebaser_server.record``) and the admin commands read them (``rebaser_client``), so the
+The daemon writes them (``rebaser_server.record.model``) and the admin commands read them (``rebaser_client``), so the
 format is defined once, here. A record keeps the last ``idempotency_window`` replies and the whole record is
 written at every commit, so an entry's size is paid at every commit of its change set while it is kept:
 
@@ -9,7 +9,7 @@ written at every commit, so an entry's size is paid at every commit of its chang
 
 Records written before this format kept every entry as ``[request id, status]`` (a success too); those are still
 read. With the default window of 64, the replies of a full record take 2.0 KiB instead of 5.0 when the app gives no
-snapshot address, 6.0 instead of 9.1 with the built-in app's (``tests/unit/test_record_format.py``).
+snapshot address, 6.0 instead of 9.1 with the built-in app's (``tests/unit/record/test_record_format.py``).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ class Requester:
         """Publish a request whose answer goes to ``on_answer`` (called once, in nats-py's read loop: it must be
         quick and must not wait): the reply, or nats-py's ``TimeoutError`` after ``timeout``, or
         ``NoRespondersError``. Unlike :meth:`request` it takes no future, task or timer of its own: the deletes of
-        processed requests, one per request, use it (rebaser_server.trimmer). Returns once the request is sent."""
+        processed requests, one per request, use it (rebaser_server.changeset.trimmer). Returns once the
+        request is sent."""
         if self._sub is None:
             await self._start()
         token = self._add(on_answer, timeout)

@@ -200,7 +200,7 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _progress_below_ack_wait(self) -> Settings:
-        # A confirmed renewal extends the lease from the renewal confirmed before it (rebaser_server/lease.py), so
+        # A confirmed renewal extends the lease from the renewal confirmed before it (rebaser_server/task/lease.py), so
         # a lease runs ack_wait less its margin (0.2 x) from a renewal sent a period before the last one. Two more
         # renewals must fit in what is left (0.8 x ack_wait - period >= 2 x period), so one lost or slow renewal
         # does not cost the task: at most a quarter of ack_wait.

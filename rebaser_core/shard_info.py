@@ -1,6 +1,6 @@
 """What each shard looks like in JetStream (leader, backlog, consumers), and spreading shard leaders over servers.
 
-Shared by the daemon's ``/status`` (rebaser_server.health) and ``rebaser streams show``.
+Shared by the daemon's ``/status`` (rebaser_server.ops.health) and ``rebaser streams show``.
 
 One stream is served by its leader: all of its writes and the tasks consumer's deliveries go through one server. N
 shards only add throughput if their leaders sit on different servers, and JetStream elects leaders without

@@ -2,7 +2,7 @@
 
 Client and daemon use the OpenTelemetry API only; whether spans are recorded and where they go is the
 application's choice (an SDK ``TracerProvider``; the daemon sets one up from the standard ``OTEL_*`` variables, see
-``rebaser_server.tracing``). Without one every call here is a cheap no-op and no header is added, and a peer that
+``rebaser_server.ops.tracing``). Without one every call here is a cheap no-op and no header is added, and a peer that
 sends no trace headers is served all the same: its request starts a trace of its own.
 """
 

@@ -1,3 +1,3 @@
-from rebaser_server.cli import main
+from rebaser_server.cli.main import main
 
 main()

@@ -29,10 +29,10 @@ from rebaser_core.ids import RequestId
 from rebaser_core.settings import Settings
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
-from rebaser_server.state import ChangeSetStore
+from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.testing import describe_state
-from tests.integration.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
-from tests.proxy import TcpProxy
+from tests.support.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
+from tests.support.proxy import TcpProxy
 
 # Seconds of faults per scenario in the long (``slow``) runs: ``REBASER_CHAOS_SECONDS=300 make chaos`` for a
 # bigger battery. The per-test timeout follows it.
@@ -489,7 +489,7 @@ async def test_cluster_node_kills(
 
 
 async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
-    """Every KV write of every daemon fails for a while (tests/kv_faults.py): half never arrive, half land with
+    """Every KV write of every daemon fails for a while (tests/support/kv_faults.py): half never arrive, half land with
     their answer lost. Commits, takeovers and hand-backs all meet it; nothing may be applied twice."""
     switch = tmp_path / "kv-faults"
 

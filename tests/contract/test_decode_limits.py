@@ -17,7 +17,7 @@ from rebaser_core.api import (
 from rebaser_core.api.codec import MAX_BODY_BYTES, MAX_DEPTH, MAX_ITEMS, decode_body
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from tests.hostile import request_bomb, shared_bomb
+from tests.support.hostile import request_bomb, shared_bomb
 
 CBOR = ContentType.CBOR
 
@@ -112,7 +112,7 @@ def test_the_scan_accepts_everything_the_encoder_writes(value: object) -> None:
 
 
 def test_change_set_record_with_shared_references_is_refused() -> None:
-    from rebaser_server.record import ChangeSetRecord
+    from rebaser_server.record.model import ChangeSetRecord
 
     good = ChangeSetRecord(epoch=1, owner="o", state={"a": [1, 2]}).encode()
     assert ChangeSetRecord.decode(good).state == {"a": [1, 2]}

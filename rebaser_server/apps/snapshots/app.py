@@ -63,7 +63,7 @@ from rebaser_server.apps.snapshots.model import (
     rebase,
 )
 from rebaser_server.apps.snapshots.store import OFF_LOOP_BYTES, SnapshotStore
-from rebaser_server.state import ChangeSetStore
+from rebaser_server.record.store import ChangeSetStore
 
 __all__ = ["SnapshotApp"]
 

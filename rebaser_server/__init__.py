@@ -1,0 +1,40 @@
+"""rebaser's daemon: applies each change set's requests strictly one at a time, in order, by exactly one daemon.
+
+The public face is this module: the daemon, the application contract and the daemon's configuration. Everything
+else is reached through the sub-packages below, whose ``__init__`` says what each owns and what it may import.
+
+The layers, top to bottom (a package imports only packages below it; ``make lint`` checks it with import-linter,
+see the ``[tool.importlinter]`` contracts in ``pyproject.toml``)::
+
+    cli          rebaser-server: flags, config file, signals
+    devtools     demo, dev cluster, dev load          testing    test tools, the pytest plugin
+    daemon       the process: task pullers per shard, admission, orphan sweep, shutdown
+    queries      get, fork, reply, settled: any daemon answers them, for any change set
+    changeset    the life of one owned change set: consume, decide, carry out, DVU, let go
+    ops          metrics, logs, traces, health: reads the daemon through a Protocol of its own
+    record       the change set's record in KV: its form, the store, the fence
+    task         owning a task delivery: lease, keeper, hand-back
+    app          the application contract (apps/ holds the built-in applications)
+
+``rebaser_core`` (the wire contract, settings, subjects) sits below all of them; ``rebaser_client`` and this
+package never import each other.
+"""
+
+from rebaser_core.settings import Settings
+from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView, RebaserApp, load_app
+from rebaser_server.changeset.hooks import Hooks
+from rebaser_server.daemon.config import ServerConfig
+from rebaser_server.daemon.daemon import Daemon
+
+__all__ = [
+    "AppState",
+    "Applied",
+    "ChangeSet",
+    "ChangeSetView",
+    "Daemon",
+    "Hooks",
+    "RebaserApp",
+    "ServerConfig",
+    "Settings",
+    "load_app",
+]

@@ -1,0 +1,27 @@
+"""The life of one owned change set: from its task taken to its task acked or handed back.
+
+The processor (:mod:`~rebaser_server.changeset.processor`) runs the lifecycle: acquire the record (fencing every
+earlier owner), consume the change set's requests in stream order through one ordered push consumer
+(:mod:`~rebaser_server.changeset.consumer`, bookkeeping in :mod:`~rebaser_server.changeset.ordering`), run the
+dependent values updates (:mod:`~rebaser_server.changeset.dvu`, :mod:`~rebaser_server.changeset.dvu_runs`) and
+let go when quiet (:mod:`~rebaser_server.changeset.quiet`, :mod:`~rebaser_server.changeset.release`).
+
+One request's path, decide then act:
+
+1. the consumer hands the delivery to ``ChangeSetProcessor._on_request``;
+2. :class:`~rebaser_server.changeset.handling.RequestHandler` reads it against the group's record and returns a
+   :class:`~rebaser_server.changeset.decisions.Decision` (applied, replayed, refused with a dead letter, an
+   attempt to count, or retry); it sends, writes and commits nothing;
+3. :class:`~rebaser_server.changeset.postprocess.PostProcess` stages the decision in the open commit group
+   (:mod:`~rebaser_server.changeset.group`) and decides when the group is carried out: it is the only place that
+   flushes;
+4. a flush carries out the group's decisions in order: dead letters, the record's commit, the replies
+   (:mod:`~rebaser_server.changeset.replies`), the removal of the processed requests
+   (:mod:`~rebaser_server.changeset.trimmer`), the counters, the DVU notification.
+
+How a task ends is :mod:`~rebaser_server.changeset.outcome`; the order across a shard layout change is
+:mod:`~rebaser_server.changeset.migration`; app steps run under the lease in :mod:`~rebaser_server.changeset.steps`.
+
+May import: ``rebaser_core``, :mod:`rebaser_server.app`, :mod:`rebaser_server.task`,
+:mod:`rebaser_server.record` and :mod:`rebaser_server.ops`.
+"""

@@ -1,0 +1,363 @@
+"""One change set, owned: consume its requests in order, one at a time, then let it go safely.
+
+Life of a task (the daemon holds the change set's task delivery for all of it, under a :class:`Lease`):
+
+1. **Acquire**: bump the record's epoch (fences every earlier owner) unless the delivery is stale; join the
+   daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the change
+   set's DVU runs (``dvu_runs``).
+2. **Consume**: an ordered push consumer on the change set's request subject (``consumer.py``) hands its requests
+   to ``_on_request`` one at a time, in stream order. Nothing is applied unless the lease is held.
+3. **Finish** with one outcome (see ``outcome.py``): quiet for ``quiescent_period`` -> release; retryable failure
+   -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing.
+4. **Release** (the quiescence race): stop consuming, finish the DVU, ack the task, and only then ask "is any
+   request still queued?". A request published before the ack either made its client's task publish fail (a task
+   still existed) and is seen by that check, or its task publish comes after the ack and succeeds. Either way it
+   gets a task; no window strands it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from rebaser_core.errors import FencedError
+from rebaser_core.subjects import Subjects
+from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.consumer import RequestConsumer
+from rebaser_server.changeset.dvu_runs import Activity, ChangeSetDvu
+from rebaser_server.changeset.group import GROUP_MAX_WAIT, CommitGroup, commit_now
+from rebaser_server.changeset.handling import RequestHandler
+from rebaser_server.changeset.migration import draining
+from rebaser_server.changeset.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged, failed
+from rebaser_server.changeset.quiet import look, may_give_way
+from rebaser_server.changeset.release import mark_handed_back, release
+from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.steps import Steps
+from rebaser_server.changeset.trimmer import Trimmer
+from rebaser_server.record.store import ChangeSetHandle, StaleDelivery, TaskDelivery
+from rebaser_server.task.delivery import Delivery
+from rebaser_server.task.lease import Lease
+
+__all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
+
+log = logging.getLogger(__name__)
+
+
+class ChangeSetProcessor:
+    def __init__(
+        self,
+        rt: Runtime,
+        change_set: ChangeSet,
+        task_msg: Msg,
+        *,
+        pulled_at: float,
+        subjects: Subjects | None = None,
+        on_started: Callable[[ChangeSetProcessor], None] | None = None,
+    ) -> None:
+        self._rt = rt
+        # Called once the cold path is over (the daemon's admission): the first request delivered, or nothing queued.
+        # Not once it is handled: an app slow or wedged on it must not keep the daemon from taking other change sets.
+        self._on_started = on_started
+        # The shard the task came from: its requests are read, purged and checked there.
+        self._names = subjects or rt.subjects
+        self.change_set = change_set
+        self._task_msg = task_msg
+        settings = rt.settings
+        self.lease = Lease(
+            rt.nc,
+            task_msg,
+            ack_wait=settings.ack_wait,
+            margin=settings.lease_margin,
+            since=pulled_at,
+            requester=rt.requester,
+        )
+        self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
+        self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
+        self._wake: asyncio.Future[None] | None = None  # resolved to make _wait_for_outcome look again
+        self._wake_after_request = False  # ... and that when the request in hand ends
+        self._stopping = False
+        # Held while one request is processed; release takes it to wait for the request in hand.
+        self._request_lock = asyncio.Lock()
+        self._handle: ChangeSetHandle | None = None
+        # Taken over from an owner that died or froze: count an attempt against the first request, and commit
+        # every request on its own for the rest of this ownership (see _maybe_flush).
+        self._unclean = False
+        self._suspect_mode = False
+        # The change set's ordered consumer (consumer.py).
+        self._consumer = RequestConsumer(rt, self._names, self._subject)
+        self._caught_up = False
+        # When the last request was handled, and whether one waits: read by the DVU runs (a due one runs in a lull,
+        # so a burst of requests shares few) and by the release.
+        self._activity = Activity()
+        # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
+        self._steps = Steps(self.lease)
+        self._trimmer = Trimmer(rt, change_set, self._names)
+        self._commits: CommitGroup | None = None  # created once the change set's record is acquired
+        self._handler: RequestHandler | None = None
+        self._flush_timer: asyncio.Task[None] | None = None
+        self._dvu = ChangeSetDvu(
+            rt, change_set, steps=self._steps, lease=self.lease, activity=self._activity, finish=self._finish
+        )
+
+    # -- public -------------------------------------------------------------------------------------
+    @property
+    def subjects(self) -> Subjects:
+        """The names of the shard this change set's task came from."""
+        return self._names
+
+    def interrupt(self) -> None:
+        """Graceful shutdown: finish the request in hand (bounded), then hand the task back."""
+        self._finish(Outcome.INTERRUPTED, reason="shutdown")
+
+    async def run(self) -> TaskResult:
+        rt = self._rt
+        if not self.lease.held():
+            # Delivered before this process was paused (it sat in the pull buffer): the server may have given the
+            # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
+            return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
+        # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
+        rt.keeper.add(self)
+        # The change set's consumer is created while its record is read and bumped (one round trip fewer before
+        # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
+        # num_pending also tells a task with nothing to do (no record, nothing queued).
+        consumer = asyncio.ensure_future(self._consumer.create())
+        try:
+            try:
+                acquired = await rt.store.acquire(
+                    self.change_set,
+                    rt.owner,
+                    rt.app.initial_state(self.change_set),
+                    TaskDelivery.of(self._task_msg),
+                    shard=self._names.shard,
+                    has_work=lambda: self._has_queued(consumer),
+                )
+            except StaleDelivery as err:
+                return TaskResult(Outcome.STALE, reason=str(err))
+            except FencedError as err:
+                return TaskResult(Outcome.RETRY, rt.settings.retry_backoff, str(err))
+            if not self.lease.held():
+                return TaskResult(Outcome.LEASE_LOST, reason="lease ran out while acquiring")
+            self._handle, self._unclean = acquired.handle, acquired.unclean
+            self._suspect_mode = acquired.unclean
+            if self._unclean:
+                rt.stats.unclean_takeovers += 1
+            self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
+            self._handler = RequestHandler(rt, self.change_set, self._commits, self._steps.run)
+            await rt.hooks.checkpoint("acquired", self.change_set)
+            self._dvu.start(self._handle)
+            await self._bind(await consumer)
+            if self._caught_up:
+                self._started()
+                # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
+                # release is: a request published meanwhile is found by the check after the ack.
+                self._finish(Outcome.RELEASED, reason="nothing queued")
+            await self._wait_for_outcome()
+            return await self._finish_task(self._result.result())
+        finally:
+            rt.keeper.remove(self)
+            await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
+            if not consumer.done():
+                # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
+                await asyncio.wait({consumer})
+            if not consumer.cancelled():
+                consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
+            await self._consumer.close()
+
+    def _started(self) -> None:
+        callback, self._on_started = self._on_started, None
+        if callback is not None:
+            callback(self)
+
+    # -- consuming ----------------------------------------------------------------------------------
+    async def _has_queued(self, consumer: asyncio.Future[int]) -> bool:
+        return (await consumer) > 0
+
+    async def _bind(self, queued: int) -> None:
+        self._caught_up = queued == 0
+        log.debug("%s: consuming, %d requests queued", self.change_set, queued)
+        if not self._caught_up:
+            self._activity.lull.clear()
+        await self._consumer.bind(self._on_request)
+
+    async def _on_request(self, msg: Msg, delivery: Delivery) -> None:
+        self._started()
+        if self._stopping:
+            return  # left in the stream: the release check or the next owner will see it
+        async with self._request_lock:
+            if self._stopping:
+                return
+            if not self.lease.held():
+                # Paused or cut off past the lease: another daemon may own the change set now. Apply nothing.
+                self._finish(Outcome.LEASE_LOST, reason="lease ran out before a request")
+                return
+            assert self._handler is not None
+            try:
+                unclean, self._unclean = self._unclean, False
+                # Metrics, log ids and the trace span of this request (rebaser_server.ops.observe).
+                with self._rt.observe.request(msg, self.change_set, delivery.stored_at):
+                    await self._handler.handle(msg, delivery.stream_seq, unclean=unclean)
+                    await self._maybe_flush(delivery.num_pending)
+            except Exception as err:
+                self._fail(err)
+            except asyncio.CancelledError:
+                # Not the consumer's close() (we would be stopping): a cancellation from inside a step. The request
+                # was cut short, so no later one may be handled before it: retry the task (the next owner reads both).
+                if not self._stopping:
+                    self._finish(
+                        Outcome.RETRY, self._rt.settings.retry_backoff, "a request's handling was cancelled"
+                    )
+                raise
+            finally:
+                self._activity.last = time.monotonic()
+                if self._wake_after_request:
+                    self._wake_waiter()
+                self._caught_up = delivery.num_pending == 0
+                if self._caught_up:
+                    self._activity.lull.set()
+                else:
+                    self._activity.lull.clear()
+
+    def _fail(self, err: Exception) -> None:
+        """End the task after a failure while processing; an open commit group is settled by ``_finish_task``."""
+        if isinstance(err, nats.errors.Error | TimeoutError):
+            # Infrastructure trouble (NATS, KV): the request stays first in line; the task is retried later.
+            log.warning("%s: NATS trouble while processing a request: %r", self.change_set, err)
+        elif not isinstance(err, FencedError | LeaseLost | Retry | Wedged):
+            # Not one of the typed ways a task ends (fenced, lease lost, retry, wedged): a bug, say.
+            log.error("%s: processing a request failed", self.change_set, exc_info=err)
+        result = failed(err, self._rt.settings.retry_backoff)
+        self._finish(result.outcome, result.delay, result.reason)
+
+    async def _maybe_flush(self, waiting: int) -> None:
+        """Commit now unless more requests are already waiting (``waiting`` of them behind this one) and the group
+        has room (then soon, by timer)."""
+        assert self._commits is not None
+        if commit_now(
+            len(self._commits),
+            waiting,
+            one_by_one=self._suspect_mode,
+            idempotency_window=self._rt.settings.idempotency_window,
+        ):
+            await self._commits.flush()
+        elif self._flush_timer is None or self._flush_timer.done():
+            self._flush_timer = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        # The next request may be slow to arrive (flow control, a consumer reset): do not let replies wait for it.
+        await asyncio.sleep(GROUP_MAX_WAIT)
+        async with self._request_lock:
+            if self._commits is not None and self._commits.open:
+                try:
+                    await self._commits.flush()
+                except Exception as err:
+                    self._fail(err)
+
+    # -- watchdog and keep-alive --------------------------------------------------------------------
+    def watch(self, now: float) -> bool:
+        """The watchdog, called by the daemon's lease keeper at least every progress_period (and when the lease is
+        due to run out): stop everything once the lease runs out, give the task up if a step wedges. False once no
+        more renewals are wanted."""
+        settings, lease = self._rt.settings, self.lease
+        # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
+        # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
+        if lease.remaining() <= 0:
+            log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
+            self._rt.stats.leases_lost += 1
+            self._finish(Outcome.LEASE_LOST, reason="lease ran out")
+            self._steps.cancel(LeaseLost)
+            return False
+        self._consumer.watch(now)  # a request consumer silent for two heartbeats is replaced
+        if self._steps.overran(now, settings.handler_deadline):
+            log.error(
+                "%s: a step overran handler_deadline (%.1fs); giving the task up",
+                self.change_set,
+                settings.handler_deadline,
+            )
+            self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
+            self._steps.cancel(Wedged)
+            return False
+        if (
+            self._wake is not None
+            and may_give_way(now - self._activity.last, caught_up=self._caught_up)
+            and self._giving_way()
+        ):
+            self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
+        return True
+
+    def _giving_way(self) -> bool:
+        """Others wait for a slot (the daemon is full), or the change set's shard moved (the layout changed, looked
+        at every time: it may change while owned): this ownership then only drains the old shard, and lets go once
+        idle so that its new shard's task goes on."""
+        return self._rt.pressure or draining(self._rt, self.change_set, self._names)
+
+    # -- finishing ----------------------------------------------------------------------------------
+    def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:
+        # Stop taking requests at once: after a failure the next request must not overtake the failed one.
+        self._stopping = True
+        if not self._result.done():
+            self._result.set_result(TaskResult(outcome, delay, reason))
+        self._wake_waiter()
+
+    def _wake_waiter(self) -> None:
+        """Make ``_wait_for_outcome`` look again now (an outcome, or the watchdog saw pressure or a drain)."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _wait_for_outcome(self) -> None:
+        settings = self._rt.settings
+        while not self._result.done():
+            # The quiet rule (quiet.py): release now, or when to look again.
+            step = look(
+                time.monotonic() - self._activity.last,
+                quiescent_period=settings.quiescent_period,
+                nats_timeout=settings.nats_timeout,
+                caught_up=self._caught_up,
+                giving_way=self._caught_up and self._giving_way(),
+                request_in_hand=self._request_lock.locked(),
+            )
+            if step.release is not None:
+                self._finish(Outcome.RELEASED, reason=step.release)
+                return
+            # Look again then, or sooner if woken: by the outcome, by the end of the request in hand
+            # (after_request), or by the watchdog once pressure or a drain shortens the limit (watch). It used to
+            # look every second, which with thousands of owned change sets was thousands of wake-ups a second for
+            # nothing.
+            self._wake_after_request = step.after_request
+            self._wake = wake = asyncio.get_running_loop().create_future()
+            await asyncio.wait({wake}, timeout=step.wait)
+            self._wake, self._wake_after_request = None, False
+
+    async def _finish_task(self, result: TaskResult) -> TaskResult:
+        settings = self._rt.settings
+        self._stopping = True
+        grace = (
+            settings.shutdown_grace if result.outcome is Outcome.INTERRUPTED else settings.handler_deadline
+        )
+        # Let the request in hand finish (a wedged step was cancelled, so that one ends at once); its commit is
+        # fenced anyway if we lost the change set meanwhile.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                async with self._request_lock:
+                    if self._commits is not None:
+                        await self._commits.settle(
+                            owned=result.outcome not in (Outcome.FENCED, Outcome.LEASE_LOST)
+                        )
+        await self._consumer.close()
+        if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
+        await self._trimmer.flush(settings.nats_timeout)
+        if result.outcome.hands_back:
+            await mark_handed_back(self._handle, self.lease, settings.nats_timeout)
+        if result.outcome is not Outcome.RELEASED:
+            return result
+        assert self._handle is not None
+        return await release(self._rt, self.change_set, self._handle, self.lease, self._names)

@@ -1,0 +1,93 @@
+"""Letting a quiet change set go: ack the task, then make sure nothing queued is left without one.
+
+The order is the whole point (the quiescence race): the task is acked *first*, and only then is the stream asked
+"is any request of this change set still queued?". A request published before the ack made its client's task
+publish fail (a task still existed), so this check sees it and publishes a task for it; one published after the
+ack has its own task. The check reads from the stream leader (by direct get only where nobody else can answer
+one, rebaser_server.record.direct_reads: a lagging replica may miss the request) and is retried, with the task publish,
+for up to ``nats_timeout``: giving up here leaves the request to the orphan sweep (one ``sweep_interval`` at
+worst), so it is worth trying hard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import publish_task
+from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.outcome import Outcome, TaskResult
+from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.record.store import ChangeSetHandle
+from rebaser_server.task.lease import Lease
+
+__all__ = ["mark_handed_back", "release"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_PAUSE = 0.1
+
+
+async def release(
+    rt: Runtime,
+    change_set: ChangeSet,
+    handle: ChangeSetHandle,
+    lease: Lease,
+    subjects: Subjects | None = None,
+) -> TaskResult:
+    if not await handle.still_owner():
+        # Acking now could delete the task of the daemon that took over (a late ack is still accepted).
+        return TaskResult(Outcome.FENCED, reason="lost ownership before release")
+    await rt.hooks.checkpoint("stopped_consuming", change_set)
+    if not await lease.ack(timeout=rt.settings.nats_timeout):
+        # Not sent (the lease ran out) or not confirmed: the task may or may not still exist. The check below is
+        # still right either way: a task publish while one exists is refused, which is harmless.
+        log.warning("%s: release ack not confirmed; checking for queued requests anyway", change_set)
+    await rt.hooks.checkpoint("task_acked", change_set)
+    await _task_for_queued(rt, change_set, subjects or rt.subjects)
+    return TaskResult(Outcome.RELEASED, reason="quiescent")
+
+
+async def _task_for_queued(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> None:
+    """If a request of the change set is still queued in the shard it was owned from, make sure it has a task
+    there (retried within nats_timeout)."""
+    task = subjects.task(change_set.workspace_id, change_set.change_set_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + rt.settings.nats_timeout
+    while True:
+        try:
+            if await rt.queued(change_set, from_leader=True, subjects=subjects):
+                created = await publish_task(
+                    rt.nc, task, timeout=max(0.1, deadline - loop.time()), requester=rt.requester
+                )
+                log.info(
+                    "%s: request arrived during release; task %s",
+                    change_set,
+                    "republished" if created else "already present",
+                )
+            return
+        except Exception as err:  # NATS trouble of any kind (RebaserError, NotFoundError, timeouts)
+            if loop.time() >= deadline:
+                rt.stats.release_checks_failed += 1
+                log.warning(
+                    "%s: checking for requests queued during release failed (%s); the orphan sweep will find them",
+                    change_set,
+                    err,
+                )
+                return
+            await asyncio.sleep(_RETRY_PAUSE)
+
+
+async def mark_handed_back(handle: ChangeSetHandle | None, lease: Lease, timeout: float) -> None:
+    """Tell the change set's next owner that this hand-back is deliberate (not a crash), so it counts no attempt
+    against the first queued request. Best effort, while the lease holds and for at most ``timeout``: if it fails,
+    the next owner counts one."""
+    if handle is None or not lease.held():
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(min(timeout, max(0.001, lease.remaining()))):
+            async with handle.lock:
+                await handle.commit(replace(handle.record, handed_back=True))

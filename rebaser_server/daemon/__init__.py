@@ -1,0 +1,11 @@
+"""The daemon process: take tasks from the shared consumer, run one processor per owned change set, shut down.
+
+- :mod:`~rebaser_server.daemon.daemon`: :class:`Daemon`, the wiring, admission and shutdown;
+- :mod:`~rebaser_server.daemon.puller`, :mod:`~rebaser_server.daemon.shards`: one pull loop per served shard,
+  following the cluster's shard layout;
+- :mod:`~rebaser_server.daemon.sweeper`, :mod:`~rebaser_server.daemon.junk`: the orphan sweep, and messages on
+  malformed subjects;
+- :mod:`~rebaser_server.daemon.config`: :class:`ServerConfig`, what a daemon process is started with.
+
+May import: everything below it (:mod:`rebaser_server.queries` and down).
+"""

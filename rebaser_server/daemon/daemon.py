@@ -1,0 +1,482 @@
+"""The daemon: take tasks from the shared consumer, run one processor per owned change set, shut down cleanly.
+
+Back-pressure starts here: the daemon only fetches as many tasks as it has free slots (``Settings.concurrency``);
+with every slot taken it stops pulling, and waiting tasks stay in the stream, not in memory.
+
+A NATS outage is survived in place: the pull loop waits for the connection instead of queueing pull requests into
+nats-py's reconnect buffer, and after every reconnect the daemon re-ensures its streams, hands its owned change sets
+back (see :meth:`Daemon._on_reconnect`) and sweeps for orphaned requests at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.errors import APIError
+
+from rebaser_core import nats_speedups
+from rebaser_core.errors import InvalidSubject
+from rebaser_core.ids import RequestId
+from rebaser_core.layout import Layout
+from rebaser_core.requester import Requester
+from rebaser_core.settings import Settings
+from rebaser_core.streams import ensure_streams
+from rebaser_core.subjects import Subjects
+from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.changeset.hooks import Hooks
+from rebaser_server.changeset.migration import old_shard_busy
+from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, TaskResult
+from rebaser_server.changeset.runtime import Runtime, Stats
+from rebaser_server.daemon.puller import TaskPuller
+from rebaser_server.daemon.shards import ShardPullers
+from rebaser_server.daemon.sweeper import Sweeper
+from rebaser_server.ops.health import ConnectionWatch, StatusReporter
+from rebaser_server.ops.observe import Observer
+from rebaser_server.ops.status import status_of
+from rebaser_server.queries.service import QueryService
+from rebaser_server.record.store import ChangeSetStore, NothingToDo, TaskDelivery
+from rebaser_server.task.handback import hand_back
+
+__all__ = ["Daemon"]
+
+log = logging.getLogger(__name__)
+
+# A pending pull request is answered within this long even when idle, so shutdown never waits longer to stop
+# pulling (and never leaves a pull request open that could hand us a task after we stopped).
+_FETCH_TIMEOUT = 1.0
+# Tasks asked for per pull request (at most the free slots). Each is handed out as it arrives (puller.py), so a
+# large batch stalls nobody; it only saves round trips when many change sets become active at once.
+_FETCH_BATCH = 256
+# Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
+_SETUP_RETRY_FIRST = 0.2
+_SETUP_RETRY_MAX = 5.0
+
+
+def _unavailable(err: BaseException) -> bool:
+    """A failure that says NATS or JetStream is not available yet (no answer, no responder, no leader, no
+    connection), as opposed to a refusal that retrying cannot change."""
+    if isinstance(err, APIError):
+        return err.code == _SERVICE_UNAVAILABLE
+    return isinstance(err, _UNAVAILABLE)
+
+
+_UNAVAILABLE = (
+    TimeoutError
+    | ConnectionError
+    | nats.errors.NoRespondersError
+    | nats.errors.ConnectionClosedError
+    | nats.errors.ConnectionReconnectingError
+    | nats.errors.StaleConnectionError
+    | nats.errors.OutboundBufferLimitError
+    | nats.errors.NoServersError
+)
+_SERVICE_UNAVAILABLE = 503
+# While every slot is taken, how often the daemon looks whether other change sets wait for an owner.
+_PRESSURE_CHECK = 1.0
+# While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
+_RECONNECT_POLL = 0.1
+# A new-shard task whose change set still has work in its old shard (a layout change) is handed back for this long.
+_DEFER_DELAY = 0.25
+
+
+class Daemon:
+    """One rebaser daemon on an open NATS connection.
+
+    ``await daemon.start()`` sets up streams, the tasks consumer, the change-set store and the app, then pulls
+    tasks in the background; ``await daemon.shutdown()`` hands every owned change set back and stops.
+    """
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        settings: Settings,
+        app: RebaserApp,
+        *,
+        owner: str | None = None,
+        hooks: Hooks | None = None,
+        sweep: bool = True,
+    ) -> None:
+        nats_speedups.install(nc)  # every request delivery, reply and commit carries headers
+        js = nc.jetstream(timeout=settings.nats_timeout)
+        owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
+        store = ChangeSetStore(js, settings, Requester(nc))
+        self.rt = Runtime(nc, js, settings, app, store, owner, hooks or Hooks())
+        self.sweeper = Sweeper(self.rt)
+        self.queries = QueryService(self.rt)
+        self._sweep = sweep
+        self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
+        # Change sets taken but not yet started (see _pull): their processors, and when each was taken (monotonic).
+        self._starting: dict[ChangeSetProcessor, float] = {}
+        # Set when a change set lets go or has started: the pull loop may have room again.
+        self._slot_freed = asyncio.Event()
+        self._stopping = False
+        self._app_stopping = False  # shutdown has come to stopping the app (see _start_app)
+        # One pull loop (_pull) per served shard: rebaser_server.daemon.shards.
+        self.shards = ShardPullers(self.rt, self._pull, expires=_FETCH_TIMEOUT)
+        self._sweeper_task: asyncio.Task[None] | None = None
+        self.watch = ConnectionWatch(nc)
+        self.health = StatusReporter(nc, settings, self.watch, layout=lambda: self.rt.layout)
+        self._watch_task: asyncio.Task[None] | None = None
+        self.stopped = asyncio.Event()
+
+    # -- what operations code reads (rebaser_server.ops.view.DaemonView) ---------------------------------
+    @property
+    def owner(self) -> str:
+        return self.rt.owner
+
+    @property
+    def settings(self) -> Settings:
+        return self.rt.settings
+
+    @property
+    def layout(self) -> Layout:
+        return self.rt.layout
+
+    @property
+    def served_shards(self) -> list[int]:
+        return self.shards.shards
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def settled_waits(self) -> int:
+        return self.queries.settled.held
+
+    @property
+    def observe(self) -> Observer:
+        return self.rt.observe
+
+    @property
+    def stats(self) -> Stats:
+        return self.rt.stats
+
+    @property
+    def owned(self) -> list[ChangeSet]:
+        return [p.change_set for p in self._active.values()]
+
+    @property
+    def starting(self) -> int:
+        """Owned change sets still in their cold path (record, consumer, first request delivered): see ``_pull``."""
+        return len(self._starting)
+
+    async def start(self, *, timeout: float | None = None) -> None:
+        """Set up streams, consumer, store and app, then serve. While NATS or JetStream is not available yet (a
+        cluster still forming, a stream leader being elected) set-up is retried with backoff, for ``timeout``
+        seconds (None: for ever), each failure one log line."""
+        rt = self.rt
+        await self._set_up(timeout)
+        if self._stopping:
+            return  # shut down while starting (a signal): start nothing
+        await self.queries.start()
+        await rt.keeper.start()
+        if self._stopping:
+            return  # shut down meanwhile: take no task
+        await self.shards.start()
+        if self._sweep:
+            self._sweeper_task = asyncio.create_task(self.sweeper.run(), name="rebaser orphan sweep")
+        self._watch_task = asyncio.create_task(self.watch.run(self._on_reconnect), name="rebaser NATS watch")
+        log.info(
+            "rebaser daemon %s serving (prefix=%s, concurrency=%d, shards %s of %d, %s)",
+            rt.owner,
+            rt.settings.prefix,
+            rt.settings.concurrency,
+            self.shards.shards,
+            rt.layout.streams,
+            rt.layout.mode,
+        )
+
+    async def _set_up(self, timeout: float | None) -> None:
+        # Every daemon does this at start-up, often all at once: on a fresh cluster nats-server leaves the losing
+        # concurrent stream creates unanswered (a timeout), and a stream leader still being elected leaves any
+        # JetStream call unanswered, the app's own (the snapshot app opens an object store) included. So a failure
+        # here is retried, not fatal. Retrying is safe: each step is create-or-update, and an app whose start failed
+        # is stopped (releasing what it opened) before it is started again.
+        rt = self.rt
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = _SETUP_RETRY_FIRST
+        while not self._stopping:
+            app_step = False
+            try:
+                await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
+                await rt.store.open()
+                if self._stopping:
+                    return  # shut down meanwhile: start no app that shutdown would not stop
+                app_step = True
+                await self._start_app()
+                return
+            except (nats.errors.Error, TimeoutError, OSError) as err:
+                if deadline is not None and loop.time() + pause > deadline:
+                    raise
+                if app_step and not _unavailable(err):
+                    raise  # the app's own refusal (a bad config, a file it cannot open): retrying cannot help
+                log.warning(
+                    "JetStream set-up failed (%s: %s); retrying in %.1fs",
+                    type(err).__name__,
+                    err or "no answer",
+                    pause,
+                )
+                await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+                pause = min(pause * 2, _SETUP_RETRY_MAX)
+
+    async def _start_app(self) -> None:
+        rt = self.rt
+        try:
+            await rt.app.start(rt.nc, rt.settings)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await rt.app.stop()
+            raise
+        if self._app_stopping:
+            # Shutdown came while the app started, and its stop of the app may have run before the start ended.
+            with contextlib.suppress(Exception):
+                await rt.app.stop()
+
+    async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
+        """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
+        settings = self.rt.settings
+        while not self._stopping:
+            free = settings.concurrency - len(self._active)
+            if free <= 0:
+                # Every slot is taken: stop pulling until a change set is released. Meanwhile, if other change sets
+                # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
+                # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default).
+                freed = await self._wait_for_slot()
+                self.rt.pressure = not freed and await self._others_waiting()
+                continue
+            self.rt.pressure = False
+            # Admission: at most start_concurrency change sets in their cold path (record read and bumped, consumer
+            # created, first request delivered) at once. Pulling every task a burst offers made the daemon start
+            # thousands at once: each of their round trips queued behind all the others', lease confirmations came
+            # back after the leases had run out, and whole pull batches were redelivered and taken again. A task
+            # not yet pulled waits in the server, where its lease has not started.
+            room = self._start_room()
+            if room <= 0:
+                await self._wait_for_slot()
+                continue
+            if not self.rt.nc.is_connected:
+                # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
+                await asyncio.sleep(_RECONNECT_POLL)
+                continue
+            try:
+                # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
+                # it before then, which bounds its lease from below (see lease.py).
+                async for msg, pulled_at in sub.pull(min(free, room, _FETCH_BATCH)):
+                    if self._stopping or len(self._active) >= settings.concurrency:
+                        # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
+                        # hand it straight back.
+                        with contextlib.suppress(Exception):
+                            await hand_back(self.rt.nc, msg)
+                    else:
+                        await self._take(msg, pulled_at, subjects)
+            except Exception as err:
+                if self._stopping:
+                    break
+                log.warning("fetching tasks failed (%s); retrying", err)
+                await asyncio.sleep(_FETCH_TIMEOUT)
+                continue
+
+    async def _others_waiting(self) -> bool:
+        """Do change sets wait for an owner (tasks the shared consumer has not delivered yet)? From the health
+        facts, which are cached: at most one consumer-info call a second however often this is asked."""
+        try:
+            facts, stale = await self.health.facts()
+        except Exception:
+            return False
+        if stale:
+            return False
+        # Only shards this daemon pulls: in pinned mode another daemon's waiting tasks are not ours to make room for.
+        served = set(self.shards.shards)
+        return any(s["tasks_waiting"] for s in facts.shards if s["shard"] in served)
+
+    async def _on_reconnect(self) -> None:
+        """After a reconnect: streams back, owned change sets handed back, orphans swept.
+
+        A restarted nats-server has lost every memory-storage ordered consumer. Each would be replaced only after two
+        silent heartbeats (``consumer_heartbeat``: over 10 s at the default; ``consumer.py``), and the daemon cannot
+        cheaply tell which survived, so it hands every owned change set back (finish the request in hand, nack the
+        task) and takes them again with fresh consumers. A reconnect is rare; one re-acquire per owned change set is
+        its whole cost.
+        """
+        rt = self.rt
+        rt.stats.nats_reconnects += 1
+        if self._stopping:
+            return
+        log.warning("reconnected to NATS: handing back %d owned change sets", len(self._active))
+        for processor in list(self._active.values()):
+            rt.stats.reconnect_handbacks += 1
+            processor.interrupt()
+        try:
+            # A memory-storage deployment loses streams, consumer and bucket in a restart; elsewhere a no-op.
+            await ensure_streams(rt.js, rt.settings, shards=rt.layout.shards, streams=rt.layout.streams)
+            await rt.store.open()
+        except Exception as err:
+            log.warning(
+                "re-ensuring streams after a reconnect failed (%s); the status page shows what is missing",
+                err,
+            )
+        if self._sweep:
+            # A release cut short by the outage may have acked its task without its "anything queued?" check.
+            with contextlib.suppress(Exception):
+                await self.sweeper.sweep_once()
+
+    def alive(self) -> str | None:
+        """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""
+        if not self._stopping and self.shards.stopped_unexpectedly():
+            return "a task puller has stopped"
+        if not self._stopping and self._watch_task is not None and self._watch_task.done():
+            return "the NATS watch has stopped"
+        if not self._stopping and self.shards.shards and not self.rt.keeper.running:
+            return "the lease keeper has stopped"
+        return None
+
+    async def status(self) -> dict[str, Any]:
+        """Everything ``/status`` shows (:func:`rebaser_server.ops.status.status_of`)."""
+        return await status_of(self)
+
+    async def _take(self, msg: Msg, pulled_at: float, subjects: Subjects) -> None:
+        try:
+            parsed = subjects.parse_task(msg.subject)
+        except InvalidSubject as err:
+            log.error("dropping malformed task %r: %s", msg.subject, err)
+            await msg.term()
+            return
+        self.rt.stats.tasks_taken += 1
+        change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
+        processor = ChangeSetProcessor(
+            self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
+        )
+        self._starting[processor] = time.monotonic()
+        # The take's trace span lasts as long as the task (rebaser_server.ops.observe).
+        task = self.rt.observe.own(
+            change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
+        )
+        self._active[task] = processor
+
+    async def _own(self, processor: ChangeSetProcessor) -> None:
+        stats = self.rt.stats
+        try:
+            try:
+                # Order across a layout change: what is queued in the change set's old shard goes first.
+                busy = await old_shard_busy(self.rt, processor.change_set, processor.subjects)
+                if busy is not None:
+                    stats.tasks_deferred += 1
+                    result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
+                else:
+                    result = await processor.run()
+            except NothingToDo:
+                # An empty task (no request queued, no record): taking it would create a record nothing removes.
+                stats.tasks_dropped += 1
+                await processor.lease.term()
+                return
+            except (TimeoutError, nats.errors.Error) as err:
+                # NATS trouble (a leader election, an outage): expected in operation, one line, no traceback.
+                log.warning("%s: task failed on NATS (%r); it will be retried", processor.change_set, err)
+                result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
+            except Exception as err:
+                log.exception("%s: task failed", processor.change_set)
+                result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
+            log.debug("%s: task %s (%s)", processor.change_set, result.outcome.value, result.reason)
+            outcome = result.outcome
+            if outcome.hands_back:
+                # Only while the lease is held: a late nak would take the task from the daemon that has it now.
+                await processor.lease.nak(delay=result.delay if outcome is Outcome.RETRY else None)
+            counter = {
+                Outcome.RELEASED: "tasks_released",
+                Outcome.FENCED: "tasks_fenced",  # the new owner holds the task: neither ack nor nak it
+                Outcome.LEASE_LOST: "tasks_lease_lost",
+                Outcome.STALE: "tasks_stale",
+                Outcome.RETRY: "tasks_retried",
+                Outcome.INTERRUPTED: "tasks_interrupted",
+                Outcome.WEDGED: "tasks_wedged",
+            }[outcome]
+            setattr(stats, counter, getattr(stats, counter) + 1)
+        finally:
+            self._active.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._starting.pop(processor, None)  # ended before it started (stale, lease lost, NATS trouble)
+            self._slot_freed.set()
+
+    def _started(self, processor: ChangeSetProcessor) -> None:
+        """``processor`` is past its cold path: one more change set may be taken on."""
+        self._starting.pop(processor, None)
+        self._slot_freed.set()
+
+    def _start_room(self) -> int:
+        """How many more change sets may start now. One starting for longer than ``ack_wait`` counts as started:
+        whatever holds its first request back (a consumer that never delivers) must not hold admission for ever."""
+        settings = self.rt.settings
+        if len(self._starting) >= settings.start_concurrency:
+            too_old = time.monotonic() - settings.ack_wait
+            for processor in [p for p, since in self._starting.items() if since < too_old]:
+                del self._starting[processor]
+        return settings.start_concurrency - len(self._starting)
+
+    async def _wait_for_slot(self) -> bool:
+        """Until a change set lets go or starts (True), or ``_PRESSURE_CHECK`` passes (False)."""
+        self._slot_freed.clear()
+        freed = asyncio.ensure_future(self._slot_freed.wait())
+        await asyncio.wait({freed}, timeout=_PRESSURE_CHECK)
+        freed.cancel()
+        return self._slot_freed.is_set()
+
+    async def shutdown(self) -> None:
+        """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.
+
+        Every step is bounded (a NATS call that never answers, or an app that ignores cancellation, must not keep
+        the daemon from stopping): at most about ``_FETCH_TIMEOUT * 4 + shutdown_grace + 5 + 2 * nats_timeout``.
+        """
+        if self._stopping:
+            await self.stopped.wait()
+            return
+        self._stopping = True
+        self._slot_freed.set()
+        settings = self.rt.settings
+        # Each puller may finish its fetch; then it is stopped, and what it fetched but never took is handed back.
+        await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
+        self.sweeper.stop()
+        for background in (self._sweeper_task, self._watch_task):
+            if background is not None:
+                await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)
+        for processor in list(self._active.values()):
+            processor.interrupt()
+        if self._active:
+            await asyncio.wait(set(self._active), timeout=settings.shutdown_grace + 5.0)
+        if self._active:
+            log.error("%d change sets did not finish handing back in time", len(self._active))
+        await self.rt.keeper.stop()
+        self._app_stopping = True
+        for what, stop in (("queries", self.queries.stop), ("app", self.rt.app.stop)):
+            try:
+                async with asyncio.timeout(settings.nats_timeout):
+                    await stop()
+            except Exception as err:
+                log.warning("stopping the %s failed: %r", what, err)
+        self.stopped.set()
+        log.info("rebaser daemon %s stopped", self.rt.owner)
+
+
+async def _stop_task(task: asyncio.Task[Any], *, grace: float, after_cancel: float) -> None:
+    """Let ``task`` end by itself within ``grace``, else cancel it and wait at most ``after_cancel`` more."""
+    if grace > 0:
+        await asyncio.wait({task}, timeout=grace)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=after_cancel)
+    if not task.done():
+        log.error(
+            "%s did not stop within %.1fs of being cancelled; left behind", task.get_name(), after_cancel
+        )

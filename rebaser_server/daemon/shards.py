@@ -1,0 +1,163 @@
+"""Which shards this daemon serves, one task puller per shard, following the cluster's layout.
+
+``shared`` (the default): every daemon pulls every shard's tasks consumer; a task is still delivered to one daemon
+only (the consumer is a work queue), so exclusivity needs no assignment. ``pinned`` (the seed runbook's): daemon
+``i`` of ``R`` serves shards ``i, i+R, i+2R, ...``; a shard whose daemon is down is served by nobody, its change
+sets wait (their tasks stay queued, nothing is lost) and ``/status`` and ``rebaser streams show`` name it, until
+that daemon is back (docs/operations.md, "a shard without a daemon").
+
+While the layout changes (``Layout.previous``) the daemon also serves the shards that drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from rebaser_core.errors import LayoutMismatch
+from rebaser_core.layout import Layout, ordinal_from_hostname, pinned_shards
+from rebaser_core.layout_store import LayoutFollower, init_layout
+from rebaser_core.settings import Settings
+from rebaser_core.streams import ensure_streams
+from rebaser_core.subjects import Subjects
+from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.daemon.puller import TaskPuller
+from rebaser_server.task.handback import hand_back
+
+__all__ = ["ShardPullers", "replica_index", "served_shards"]
+
+log = logging.getLogger(__name__)
+
+PullLoop = Callable[[TaskPuller, Subjects], Coroutine[Any, Any, None]]
+
+
+def replica_index(settings: Settings, hostname: str | None = None) -> int:
+    """Pinned mode: this daemon's index, from ``--replica-index`` or the hostname's StatefulSet ordinal."""
+    if settings.replica_index is not None:
+        return settings.replica_index
+    name = hostname if hostname is not None else socket.gethostname()
+    ordinal = ordinal_from_hostname(name)
+    if ordinal is None:
+        raise LayoutMismatch(
+            f"pinned mode needs this daemon's index: pass --replica-index, or run it under a hostname ending in "
+            f"-<ordinal> (rebaser-2 is 2); the hostname is {name!r}"
+        )
+    return ordinal
+
+
+def served_shards(layout: Layout, settings: Settings, hostname: str | None = None) -> list[int]:
+    """The shards this daemon pulls tasks from under ``layout``."""
+    if layout.mode == "shared":
+        return list(layout.shards)
+    if settings.daemons is None:
+        raise LayoutMismatch("pinned mode needs --daemons R (how many daemons share the shards)")
+    index = replica_index(settings, hostname)
+    pinned_shards(index, settings.daemons, layout.streams)  # refuses R > N and an index outside 0..R-1
+    # Round robin over every shard that may hold work, so draining shards have a daemon too.
+    return [k for k in layout.shards if k % settings.daemons == index]
+
+
+@dataclass
+class _Puller:
+    shard: int
+    sub: TaskPuller
+    task: asyncio.Task[None]
+
+
+class ShardPullers:
+    """One pull loop (the daemon's ``_pull``) per served shard; started, changed and stopped with the layout."""
+
+    def __init__(self, rt: Runtime, pull: PullLoop, *, expires: float, hostname: str | None = None) -> None:
+        self._rt = rt
+        self._pull = pull
+        self._expires = expires  # of each pull request (rebaser_server.daemon.puller)
+        self._hostname = hostname
+        self._pullers: dict[int, _Puller] = {}
+        self._follower: LayoutFollower | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def shards(self) -> list[int]:
+        return sorted(self._pullers)
+
+    async def set_up(self) -> Layout:
+        """Read (or create) the layout, check this daemon's flags against it, and ensure every shard's streams."""
+        rt, settings = self._rt, self._rt.settings
+        layout = await init_layout(
+            rt.js,
+            rt.subjects,
+            streams=settings.streams,
+            mode=settings.assignment,
+            who="this daemon",
+            replicas=settings.replicas,
+            storage=settings.storage,
+        )
+        served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
+        await ensure_streams(rt.js, settings, shards=layout.shards, streams=layout.streams)
+        rt.layout = layout
+        return layout
+
+    async def start(self) -> None:
+        await self._apply(self._rt.layout)
+        self._follower = LayoutFollower(
+            self._rt.js, self._rt.subjects, self._rt.layout, on_change=self._on_change
+        )
+        self._follower.start()
+
+    async def _on_change(self, _old: Layout, new: Layout) -> None:
+        rt = self._rt
+        try:
+            await ensure_streams(rt.js, rt.settings, shards=new.shards, streams=new.streams)
+        except Exception as err:
+            log.warning("ensuring the streams of the new layout failed (%s); serving what exists", err)
+        rt.layout = new
+        try:
+            await self._apply(new)
+        except LayoutMismatch as err:
+            # E.g. pinned with more daemons than the new number of streams: keep serving what we served.
+            log.error("cannot follow the new layout: %s", err)
+
+    async def _apply(self, layout: Layout) -> None:
+        async with self._lock:
+            wanted = set(served_shards(layout, self._rt.settings, self._hostname))
+            for shard in sorted(set(self._pullers) - wanted):
+                await self._stop_one(self._pullers.pop(shard))
+            for shard in sorted(wanted - set(self._pullers)):
+                subjects = self._rt.subjects.for_shard(shard)
+                sub = TaskPuller(
+                    self._rt.nc, subjects.tasks_stream, subjects.tasks_consumer, expires=self._expires
+                )
+                task = asyncio.create_task(self._pull(sub, subjects), name=f"rebaser task puller {shard}")
+                self._pullers[shard] = _Puller(shard, sub, task)
+            log.info("serving shards %s of %d (%s)", sorted(wanted), layout.streams, layout.mode)
+
+    async def _stop_one(self, puller: _Puller, grace: float = 0.0) -> None:
+        if grace > 0:
+            await asyncio.wait({puller.task}, timeout=grace)
+        if not puller.task.done():
+            puller.task.cancel()
+            await asyncio.wait({puller.task}, timeout=2.0)
+        with contextlib.suppress(Exception):
+            await puller.sub.stop()
+        for msg in puller.sub.leftovers():  # delivered, never taken: hand back at once
+            with contextlib.suppress(Exception):
+                await hand_back(self._rt.nc, msg)
+
+    def stopped_unexpectedly(self) -> bool:
+        return any(p.task.done() for p in self._pullers.values())
+
+    async def stop(self, grace: float) -> None:
+        """Stop following the layout and every puller (each may finish its fetch within ``grace``)."""
+        if self._follower is not None:
+            await self._follower.stop()
+        pullers = list(self._pullers.values())
+        self._pullers.clear()
+        if pullers and grace > 0:
+            await asyncio.wait({p.task for p in pullers}, timeout=grace)
+        for puller in pullers:
+            await self._stop_one(puller)

@@ -1,0 +1,110 @@
+"""The orphan sweep: every queued request must have a task.
+
+A request can be left without a task if its client died between publishing the request and the task, or if a task
+publish failed for any other reason. Every ``sweep_interval`` (with jitter, so daemons spread out) the sweeper
+lists the change sets that have queued requests and those that have a task, and publishes a task for each
+difference. That bounds how long any request can be stranded to about one interval. Two stream-info calls per
+sweep; nothing per request. Messages on malformed subjects, which nobody will ever consume, are removed
+(``junk.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.subjects import ParsedSubject, Subjects
+from rebaser_core.tasks import publish_task
+from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.daemon.junk import JunkRemover
+
+__all__ = ["Sweeper"]
+
+log = logging.getLogger(__name__)
+
+
+def _parse_all(
+    parse: Callable[[str], ParsedSubject], names: dict[str, int] | None
+) -> tuple[set[ParsedSubject], dict[str, str]]:
+    """The change sets named by well-formed subjects, and the malformed subjects with why."""
+    parsed, malformed = set(), {}
+    for name in names or {}:
+        try:
+            parsed.add(parse(name))
+        except InvalidSubject as err:
+            malformed[name] = str(err)
+    return parsed, malformed
+
+
+class Sweeper:
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self.sweeps = 0
+        self.orphans_found = 0
+        self.junk = JunkRemover(rt)
+        # The loop's own stop flag: nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11,
+        # and a sweep loop stopped only by it would go on sweeping after its daemon stopped.
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End ``run`` after the sweep in hand (call before cancelling it)."""
+        self._stopped = True
+
+    async def sweep_once(self) -> int:
+        """Publish a task for every change set with queued requests and no task, in every shard (each shard's
+        requests get their task in the same shard); return how many."""
+        found = 0
+        failed: Exception | None = None
+        for shard in self._rt.layout.shards:
+            try:
+                found += await self._sweep_shard(self._rt.subjects.for_shard(shard))
+            except (
+                Exception
+            ) as err:  # one shard's trouble (its leader being elected) must not skip the others
+                log.warning("orphan sweep of shard %d failed: %s", shard, err)
+                failed = err
+        self.sweeps += 1
+        self.orphans_found += found
+        if found:
+            log.warning("orphan sweep: published tasks for %d change sets with queued requests", found)
+        if failed is not None:
+            raise failed
+        return found
+
+    async def _sweep_shard(self, subjects: Subjects) -> int:
+        rt = self._rt
+        requests = await rt.js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
+        queued, junk = _parse_all(subjects.parse_requests, requests.state.subjects)
+        if junk:
+            await self.junk.remove(subjects.requests_stream, junk, dead_letter=True)
+        tasks = await rt.js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
+        tasked, junk = _parse_all(subjects.parse_task, tasks.state.subjects)
+        if junk:
+            await self.junk.remove(subjects.tasks_stream, junk, dead_letter=False)
+        found = 0
+        for change_set in sorted(queued - tasked, key=str):
+            if await self._publish(subjects, change_set):
+                found += 1
+        return found
+
+    async def _publish(self, subjects: Subjects, change_set: ParsedSubject) -> bool:
+        subject = subjects.task(change_set.workspace_id, change_set.change_set_id)
+        try:
+            return await publish_task(self._rt.nc, subject)
+        except RebaserError as err:
+            log.warning("orphan sweep: task publish for %s failed: %s", subject, err)
+            return False
+
+    async def run(self) -> None:
+        interval = self._rt.settings.sweep_interval
+        while not self._stopped:
+            await asyncio.sleep(interval * random.uniform(0.75, 1.25))
+            if self._stopped:
+                return
+            try:
+                await self.sweep_once()
+            except Exception:
+                log.exception("orphan sweep failed; trying again next interval")

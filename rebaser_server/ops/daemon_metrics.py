@@ -1,0 +1,163 @@
+"""The daemon's counters and gauges for ``/metrics``, read at scrape time through
+:class:`~rebaser_server.ops.view.DaemonView`.
+
+The daemon counts everything in its ``Stats`` and knows its backlog from
+:class:`~rebaser_server.ops.health.StatusReporter`; :class:`DaemonCollector` reads those when Prometheus scrapes,
+instead of mirroring every ``+= 1`` into a second set of counters, so the request path stays as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rebaser_server.ops.view import DaemonView
+
+__all__ = ["STATS_METRICS", "DaemonCollector"]
+
+
+# Stats field -> (metric name without _total, help). Fields mapped elsewhere are listed in _STATS_ELSEWHERE.
+STATS_METRICS: dict[str, tuple[str, str]] = {
+    "tasks_taken": ("rebaser_tasks_taken", "Change-set tasks taken (each one an ownership of a change set)."),
+    "tasks_released": ("rebaser_tasks_released", "Change sets released after going quiet (task acked)."),
+    "unclean_takeovers": (
+        "rebaser_takeovers",
+        "Change sets taken over from an owner that died or froze (no hand-back).",
+    ),
+    "tasks_fenced": ("rebaser_fenced", "Tasks ended because another daemon had taken the change set over."),
+    "request_commits": (
+        "rebaser_request_commits",
+        "Record commits for requests (fewer than requests: groups).",
+    ),
+    "requests_retried": ("rebaser_requests_retried", "Retryable request failures (the request stays first)."),
+    "dead_letter_failures": ("rebaser_dead_letter_failures", "Dead-letter copies given up."),
+    "delete_failures": ("rebaser_delete_failures", "Failed purges of processed requests."),
+    "lease_renewals": ("rebaser_lease_renewals", "Confirmed progress acks renewing a task lease."),
+    "leases_lost": ("rebaser_leases_lost", "Task leases that ran out while owned."),
+    "release_checks_failed": (
+        "rebaser_release_checks_failed",
+        "Releases whose 'anything queued?' check failed (the orphan sweep covers them).",
+    ),
+    "dvu_runs": ("rebaser_dvu_runs", "Dependent-values-update runs committed."),
+    "dvu_failures": ("rebaser_dvu_failures", "Dependent-values-update runs that failed."),
+    "nats_reconnects": ("rebaser_nats_reconnects", "Reconnects to NATS."),
+    "reconnect_handbacks": (
+        "rebaser_reconnect_handbacks",
+        "Owned change sets handed back after a reconnect.",
+    ),
+    "consumer_resets": (
+        "rebaser_consumer_resets",
+        "Request consumers replaced after a lost delivery or two missed heartbeats.",
+    ),
+    "tasks_deferred": (
+        "rebaser_tasks_deferred",
+        "New-shard tasks handed back while their change set's old shard still held work (a layout change).",
+    ),
+}
+_REQUEST_OUTCOMES = {
+    "requests_ok": "ok",
+    "requests_conflict": "conflict",
+    "requests_error": "error",
+    "requests_dead_lettered": "dead_lettered",
+    "requests_replayed": "replayed",
+}
+_TASK_OUTCOMES = {
+    "tasks_released": "released",
+    "tasks_retried": "retry",
+    "tasks_interrupted": "interrupted",
+    "tasks_wedged": "wedged",
+    "tasks_fenced": "fenced",
+    "tasks_lease_lost": "lease_lost",
+    "tasks_stale": "stale",
+    "tasks_dropped": "dropped",
+}
+# Task outcomes that nack the task (Outcome.hands_back).
+_NACKS = ("tasks_retried", "tasks_interrupted", "tasks_wedged")
+# Stats fields shown otherwise (or only on /status): requests_applied is the sum of ok, conflict and error.
+_STATS_ELSEWHERE = frozenset(
+    {*_REQUEST_OUTCOMES, *_TASK_OUTCOMES, "requests_applied", "last_request_at", "last_publish_at"}
+)
+
+
+class DaemonCollector(Collector):
+    """Counters and gauges read from the daemon at scrape time."""
+
+    def __init__(self, daemon: DaemonView) -> None:
+        self._daemon = daemon
+
+    def collect(self) -> Iterator[Metric]:
+        daemon = self._daemon
+        stats = daemon.stats.as_dict()
+
+        def count(field: str) -> float:
+            return float(stats.get(field) or 0)
+
+        requests = CounterMetricFamily(
+            "rebaser_requests",
+            "Requests handled, by outcome: ok, conflict, error (applied, by the reply's status), dead_lettered, "
+            "replayed (answered from the record). A permanent app failure counts as error and dead_lettered.",
+            labels=["outcome"],
+        )
+        for field, outcome in _REQUEST_OUTCOMES.items():
+            requests.add_metric([outcome], count(field))
+        yield requests
+
+        tasks = CounterMetricFamily(
+            "rebaser_task_outcomes", "How owned change-set tasks ended, by outcome.", labels=["outcome"]
+        )
+        for field, outcome in _TASK_OUTCOMES.items():
+            tasks.add_metric([outcome], count(field))
+        yield tasks
+        yield CounterMetricFamily(
+            "rebaser_task_nacks",
+            "Tasks handed back with a nack (retry, shutdown or reconnect, wedged step).",
+            value=sum(count(f) for f in _NACKS),
+        )
+        for field, (name, documentation) in STATS_METRICS.items():
+            yield CounterMetricFamily(name, documentation, value=count(field))
+
+        settings = daemon.settings
+        yield GaugeMetricFamily(
+            "rebaser_owned_change_sets", "Change sets this daemon owns now.", value=len(daemon.owned)
+        )
+        yield GaugeMetricFamily(
+            "rebaser_concurrency", "Change sets this daemon may own at once.", value=settings.concurrency
+        )
+        yield GaugeMetricFamily(
+            "rebaser_starting_change_sets",
+            "Change sets this daemon took on whose first request has not yet arrived (at most start_concurrency).",
+            value=daemon.starting,
+        )
+        yield GaugeMetricFamily(
+            "rebaser_nats_connected", "1 while connected to NATS.", value=float(daemon.health.watch.connected)
+        )
+        yield GaugeMetricFamily(
+            "rebaser_settled_waits",
+            "Settled queries this daemon holds now (each until its change set settles or it times out).",
+            value=daemon.settled_waits,
+        )
+        last = stats.get("last_request_at")
+        if last is not None:
+            yield GaugeMetricFamily(
+                "rebaser_last_request_timestamp_seconds", "When the last request was answered.", value=last
+            )
+
+        # The backlog as last fetched from JetStream (the /metrics handler refreshes it first, at most once a
+        # second); a number JetStream did not give is left out rather than shown as 0.
+        facts, stale = daemon.health.last_facts()
+        for name, documentation, value in (
+            ("rebaser_tasks_waiting", "Change sets waiting for an owner.", facts.tasks_waiting),
+            ("rebaser_tasks_unacked", "Change sets owned, cluster-wide.", facts.tasks_unacked),
+            ("rebaser_requests_waiting", "Requests in the requests stream.", facts.requests_waiting),
+            ("rebaser_requests_waiting_bytes", "Bytes in the requests stream.", facts.requests_bytes),
+            ("rebaser_dead_letters", "Messages in the dead-letter stream.", facts.dead_letters),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(name, documentation, value=value)
+        yield GaugeMetricFamily(
+            "rebaser_backlog_stale",
+            "1 when the backlog gauges are the last known (NATS is down).",
+            value=float(stale),
+        )

@@ -1,0 +1,49 @@
+"""The ``/status`` document of one daemon; ``ready`` and ``not_ready`` in it are what ``/readyz`` answers from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rebaser_server.ops.view import DaemonView
+
+__all__ = ["STATUS_MAX_OWNED", "status_of"]
+
+# /status lists at most this many owned change sets by name (the count is always exact).
+STATUS_MAX_OWNED = 100
+
+
+async def status_of(daemon: DaemonView) -> dict[str, Any]:
+    """Everything ``/status`` shows."""
+    health, settings, layout = daemon.health, daemon.settings, daemon.layout
+    facts, stale = await health.facts()
+    owned = daemon.owned
+    reasons = health.not_ready(facts, stale, stopping=daemon.stopping, owned=len(owned))
+    stats = daemon.stats.as_dict()
+    return {
+        "owner": daemon.owner,
+        "prefix": settings.prefix,
+        "layout": {
+            "streams": layout.streams,
+            "mode": layout.mode,
+            "previous": layout.previous,
+            "epoch": layout.epoch,
+            "served_shards": list(daemon.served_shards),
+        },
+        "ready": not reasons,
+        "not_ready": reasons,
+        "alive": daemon.alive() is None,
+        "stopping": daemon.stopping,
+        "nats": health.connection(),
+        "owned": {
+            "count": len(owned),
+            "concurrency": settings.concurrency,
+            "starting": daemon.starting,
+            "start_concurrency": settings.start_concurrency,
+            "change_sets": [str(cs) for cs in owned[:STATUS_MAX_OWNED]],
+        },
+        "jetstream": health.facts_dict(facts, stale),
+        "settled_waits": daemon.settled_waits,
+        "last_request_at": stats["last_request_at"],
+        "last_publish_at": stats["last_publish_at"],
+        "stats": dict(stats),
+    }

@@ -1,0 +1,64 @@
+"""What operations code reads of a daemon: a small Protocol, so that ``ops`` never imports the daemon.
+
+The daemon (:class:`rebaser_server.daemon.Daemon`) satisfies it; a test can hand the health endpoint or the
+metrics collector anything else that does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from rebaser_core.layout import Layout
+from rebaser_core.settings import Settings
+from rebaser_server.app import ChangeSet
+from rebaser_server.ops.health import StatusReporter
+from rebaser_server.ops.observe import Observer
+
+__all__ = ["Counters", "DaemonView"]
+
+
+class Counters(Protocol):
+    """A daemon's counters (``Stats``), read as a mapping of field to value."""
+
+    def as_dict(self) -> Mapping[str, float | int | None]: ...
+
+
+class DaemonView(Protocol):
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def served_shards(self) -> Sequence[int]: ...
+
+    @property
+    def stats(self) -> Counters: ...
+
+    @property
+    def owned(self) -> Sequence[ChangeSet]: ...
+
+    @property
+    def starting(self) -> int:
+        """Owned change sets still in their cold path."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def settled_waits(self) -> int:
+        """Settled queries held now."""
+
+    @property
+    def health(self) -> StatusReporter: ...
+
+    @property
+    def observe(self) -> Observer: ...
+
+    def alive(self) -> str | None:
+        """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""

@@ -1,0 +1,191 @@
+"""Request/reply queries about change sets (``get``, ``fork``, ``reply``, ``settled``), answered by any daemon of a
+queue group.
+
+They read committed records and never take a change set's task: a ``get`` shows the state as of the last commit,
+and a ``fork`` creates a record that does not exist yet (refused if it does), so neither races the owner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rebaser_core import headers as h
+from rebaser_core.api import (
+    FORK_CHANGE_SET_REQUEST,
+    FORK_CHANGE_SET_RESPONSE,
+    GET_CHANGE_SET_REQUEST,
+    GET_CHANGE_SET_RESPONSE,
+    GET_REPLY_REQUEST,
+    GET_REPLY_RESPONSE,
+    WAIT_SETTLED_REQUEST,
+    WAIT_SETTLED_RESPONSE,
+    ContentType,
+    ForkChangeSetResponse,
+    GetChangeSetResponse,
+    GetReplyResponse,
+    VersionedMessage,
+    WaitSettledResponse,
+)
+from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
+from rebaser_core.inbox import check_reply_inbox
+from rebaser_server.app import ChangeSet, SupportsQueries
+from rebaser_server.changeset.replies import request_id_of
+from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.queries.settled import SettledWaits
+
+__all__ = ["QueryService"]
+
+log = logging.getLogger(__name__)
+
+QUEUE_GROUP = "rebaser-queries"
+
+
+class QueryService:
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._sub: Subscription | None = None
+        self.settled = SettledWaits(rt)  # held ``settled`` queries (rebaser_server/queries/settled.py)
+
+    async def start(self) -> None:
+        self._sub = await self._rt.nc.subscribe(
+            self._rt.subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            await sub.unsubscribe()
+        await self.settled.stop()
+
+    async def _on_query(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            check_reply_inbox(msg.reply, self._rt.settings.reply_inbox_prefix, self._rt.subjects)
+        except InvalidReplyInbox as err:
+            log.warning("not answering query on %s: %s", msg.subject[:200], err)
+            return
+        operation = msg.subject.split(".")[-3]
+        query = _QUERIES.get(operation)
+        if query is None:
+            log.warning("unknown query %s", msg.subject)
+            return
+        request_codec, response_codec, response_cls = query
+        try:
+            change_set = self._parse(msg.subject, operation)
+            ids: dict[str, Any] = {
+                "workspace_id": change_set.workspace_id,
+                "change_set_id": change_set.change_set_id,
+            }
+            try:
+                request = request_codec.decode(msg.headers, msg.data)
+            except ProtocolError as err:
+                response = response_cls(
+                    id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
+                )
+            else:
+                if operation == "settled":  # answered later, from a task of its own
+                    self.settled.start(msg.reply, change_set, request, _content_type(msg.headers))
+                    return
+                handler = {"get": self._get, "fork": self._fork, "reply": self._reply}[operation]
+                try:
+                    response = await handler(change_set, request, ids)
+                except Exception as err:
+                    # A corrupt record, a snapshot that cannot be read, NATS trouble: the caller gets the reason
+                    # now instead of waiting out its timeout for an answer that never comes.
+                    log.warning("query %s on %s failed: %r", operation, change_set, err)
+                    response = response_cls(id=request.id, **ids, error=f"{type(err).__name__}: {err}"[:1024])
+        except InvalidSubject as err:
+            log.warning("refusing query on %s: %s", msg.subject, err)
+            return  # no ids to answer with; the caller times out with its own deadline
+        except Exception:
+            log.exception("query on %s failed", msg.subject)
+            return
+        content_type = _content_type(msg.headers)
+        headers, body = response_codec.encode(response, content_type)
+        limit = self._rt.nc.max_payload
+        if len(body) + h.header_block_size(headers) > limit:
+            # NATS would refuse to send it and the caller would only time out: say why instead.
+            error = (
+                f"the reply ({len(body)} bytes) exceeds the NATS max_payload of {limit} bytes; "
+                "ask for one path at a time"
+            )
+            response = response_cls(id=response.id, **ids, error=error)
+            headers, body = response_codec.encode(response, content_type)
+        await self._rt.nc.publish(msg.reply, body, headers=headers)
+
+    def _parse(self, subject: str, operation: str) -> ChangeSet:
+        parsed = self._rt.subjects.parse_api(subject, operation)
+        return ChangeSet(parsed.workspace_id, parsed.change_set_id)
+
+    async def _get(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> GetChangeSetResponse:
+        record = await self._rt.store.read(change_set)
+        if record is None:
+            return GetChangeSetResponse(id=request.id, **ids, exists=False)
+        app = self._rt.app
+        if not isinstance(app, SupportsQueries):
+            return GetChangeSetResponse(
+                id=request.id,
+                **ids,
+                dvu_pending=record.dvu_pending,
+                error="this daemon's app cannot describe its state",
+            )
+        view = await app.describe(change_set, record.state, request.path)
+        return GetChangeSetResponse(
+            id=request.id,
+            **ids,
+            snapshot_address=view.snapshot_address,
+            dvu_pending=record.dvu_pending,
+            values=view.values,
+            versions=view.versions,
+            errors=view.errors,
+            forked_from=view.forked_from,
+        )
+
+    async def _reply(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> GetReplyResponse:
+        record = await self._rt.store.read(change_set)
+        status = None if record is None else record.recorded_status(str(request.request_id))
+        return GetReplyResponse(
+            id=request.id, **ids, request_id=request.request_id, found=status is not None, status=status
+        )
+
+    async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
+        app = self._rt.app
+        if not isinstance(app, SupportsQueries):
+            return ForkChangeSetResponse(
+                id=request.id, **ids, error="this daemon's app cannot fork change sets"
+            )
+        source = ChangeSet(change_set.workspace_id, request.from_change_set_id)
+        source_record = await self._rt.store.read(source)
+        if source_record is None:
+            return ForkChangeSetResponse(
+                id=request.id, **ids, error=f"change set {request.from_change_set_id} does not exist"
+            )
+        state = app.fork(change_set, source, source_record.state)
+        if not await self._rt.store.create(change_set, f"fork of {source}", state):
+            return ForkChangeSetResponse(
+                id=request.id, **ids, error=f"change set {change_set} already exists"
+            )
+        view = await app.describe(change_set, state, None)
+        return ForkChangeSetResponse(id=request.id, **ids, snapshot_address=view.snapshot_address)
+
+
+# operation -> (request codec, reply codec, reply class: built with ``error`` when the request cannot be decoded)
+_QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any]]] = {
+    "get": (GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, GetChangeSetResponse),
+    "fork": (FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, ForkChangeSetResponse),
+    "reply": (GET_REPLY_REQUEST, GET_REPLY_RESPONSE, GetReplyResponse),
+    "settled": (WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, WaitSettledResponse),
+}
+
+
+def _content_type(headers: Mapping[str, str] | None) -> ContentType:
+    try:
+        return ContentType.parse(h.get_header(headers, h.CONTENT_TYPE) or ContentType.CBOR.value)
+    except Unsupported:
+        return ContentType.JSON

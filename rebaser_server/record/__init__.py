@@ -1,0 +1,10 @@
+"""The change set's record: its committed state, the fence, the idempotency memory, read and written in KV.
+
+- :mod:`~rebaser_server.record.model`: the record's form (fields, encoding, decoding of untrusted bytes,
+  remembered replies), free of NATS;
+- :mod:`~rebaser_server.record.store`: the store and the per-ownership handle that reads it and commits it by
+  compare-and-set (the fence: a commit by an owner whose epoch was bumped fails);
+- :mod:`~rebaser_server.record.direct_reads`: reads of a stream's last message as its leader has it.
+
+May import: ``rebaser_core``, :mod:`rebaser_server.app` and :mod:`rebaser_server.task`.
+"""

@@ -1,0 +1,201 @@
+"""A change set's record as it is stored: its fields, and the recent replies that make redelivery idempotent.
+
+The record is one value of the ``REBASER_CHANGE_SETS`` KV bucket (``rebaser_server.record.store`` reads and commits it);
+this module is only its form: what it holds, how it is encoded and decoded (read back as untrusted bytes, bounded
+before decoding), and how a reply is remembered in it. No NATS here.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import cbor2
+from pydantic import TypeAdapter
+
+from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, ResponseStatus, SuccessStatus
+from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
+from rebaser_core.api.enqueue_updates_response import bounded_status
+from rebaser_core.errors import DecodeError
+from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
+from rebaser_server.app import AppState
+
+__all__ = ["RECENT_REPLIES_MAX_BYTES", "REPLY_MIN_BYTES", "ChangeSetRecord", "reply_entry"]
+
+_STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
+
+# Records are written by daemons, but they are read back as untrusted bytes all the same: a record holding CBOR
+# shared references (28/29) would expand exponentially in the decoder. Their size is bounded by the bucket.
+_RECORD_LIMITS = CborLimits(max_depth=128)
+
+# The recent replies of a record share this budget (the record must fit in one NATS message, 1 MiB by default), so
+# each is stored within RECENT_REPLIES_MAX_BYTES / idempotency_window, but at least REPLY_MIN_BYTES (the default
+# window of 64 gets 8 KiB each). A reply answered again from the record may so list fewer conflicts than the first.
+RECENT_REPLIES_MAX_BYTES = 512 * 1024
+REPLY_MIN_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSetRecord:
+    epoch: int
+    owner: str
+    state: AppState
+    dvu_pending: bool = False
+    # request id -> the CBOR item [request id, reply status], encoded once: the record is written on every commit
+    # and these entries are spliced into it as they are. Oldest first; bounded by Settings.idempotency_window.
+    recent: Mapping[str, bytes] = field(default_factory=dict)
+    # request id -> retryable failures so far
+    attempts: Mapping[str, int] = field(default_factory=dict)
+    # Stream sequence of the last request processed (applied, answered from the record, or dead-lettered). A
+    # request at or below it is never applied again, whether or not its id is still in ``recent`` and whether or
+    # not purging it from the stream succeeded: exactly-once does not depend on the purge.
+    applied_seq: int = 0
+    # The task delivery that owns the change set: the task message's stream sequence and its delivery count. A
+    # delivery that is not newer than this one is stale (it sat in a paused daemon's buffer) and must not take over.
+    task_seq: int = 0
+    task_delivery: int = 0
+    # Set when an owner handed the task back on purpose (nack: shutdown, retry, wedged step). A takeover of the same
+    # task message without it means the owner died or froze holding it.
+    handed_back: bool = False
+    # (stream sequence, takeovers) of the first queued request after unclean takeovers: a request that kills or
+    # freezes every daemon that applies it is dead-lettered after ``max_attempts`` of them.
+    suspect: tuple[int, int] | None = None
+    # The shard whose streams ``applied_seq``, ``task_seq`` and ``suspect`` count in (sequences are per stream).
+    # Taken from another shard after a layout change, they start over (see ChangeSetStore.acquire).
+    shard: int = 0
+
+    def encode(self) -> bytes:
+        """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
+        head = {
+            "v": 4,  # 4: success replies in the compact form (rebaser_core.recent_replies)
+            "epoch": self.epoch,
+            "owner": self.owner,
+            "state": self.state,
+            "dvu_pending": self.dvu_pending,
+            "attempts": dict(self.attempts),
+            "applied_seq": self.applied_seq,
+            "task": [self.task_seq, self.task_delivery],
+            "handed_back": self.handed_back,
+            "suspect": list(self.suspect) if self.suspect else None,
+            "shard": self.shard,
+        }
+        return (
+            bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> ChangeSetRecord:
+        try:
+            # Read at every activation, and a record holds its recent replies: the Python walk of 5 KB took 0.3 ms.
+            # Without a byte that could start a tag nothing can expand, and the decoder bounds the depth itself.
+            if not (DECODER_BOUNDS_DEPTH and untagged(data)):
+                scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)
+        except ValueError as err:
+            raise DecodeError(f"change-set record is not valid: {err}") from None
+        try:
+            raw, recent = _decode_parts(data)
+        except (cbor2.CBORDecodeError, ValueError, EOFError, TypeError) as err:
+            raise DecodeError(f"change-set record is not valid: {err}") from None
+        return cls(
+            epoch=int(raw["epoch"]),
+            owner=str(raw["owner"]),
+            state=raw["state"],
+            dvu_pending=bool(raw.get("dvu_pending", False)),
+            recent=recent,
+            attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
+            applied_seq=int(raw.get("applied_seq", 0)),
+            task_seq=int(raw.get("task", (0, 0))[0]),
+            task_delivery=int(raw.get("task", (0, 0))[1]),
+            handed_back=bool(raw.get("handed_back", False)),
+            suspect=(int(suspect[0]), int(suspect[1])) if (suspect := raw.get("suspect")) else None,
+            shard=int(raw.get("shard", 0)),
+        )
+
+    def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
+        """The reply already given to ``request`` if it was processed (then it must not be applied again)."""
+        status = self.recorded_status(str(request.id))
+        if status is None:
+            return None
+        return EnqueueUpdatesResponse(
+            id=request.id,
+            workspace_id=request.workspace_id,
+            change_set_id=request.change_set_id,
+            status=status,
+        )
+
+    def recorded_status(self, request_id: str) -> ResponseStatus | None:
+        """The status of the reply recorded for ``request_id``, if the record still holds it."""
+        raw = self.recent.get(request_id)
+        if raw is None:
+            return None
+        return _STATUS.validate_python(entry_status(cbor2.loads(raw)))
+
+    def with_reply(
+        self, request_id: str, response: EnqueueUpdatesResponse, window: int, **changes: Any
+    ) -> ChangeSetRecord:
+        """This record with ``response`` remembered for ``request_id`` (and ``changes`` to other fields)."""
+        recent = dict(self.recent)
+        recent.pop(request_id, None)
+        recent[request_id] = reply_entry(request_id, response.status, window)
+        while len(recent) > window:
+            del recent[next(iter(recent))]
+        attempts = (
+            {k: v for k, v in self.attempts.items() if k != request_id} if self.attempts else self.attempts
+        )
+        return replace(self, recent=recent, attempts=attempts, **changes)
+
+
+def reply_entry(request_id: str, status: ResponseStatus, window: int) -> bytes:
+    """A recent reply as the record stores it (``rebaser_core.recent_replies``), the status bounded so that
+    ``window`` of them fit in the record."""
+    if type(status) is SuccessStatus:
+        # The commonest reply, and never cut: written without pydantic, in the compact form.
+        return success_entry(request_id, status.updates_performed, status.snapshot_address)
+    bounded = bounded_status(status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window))
+    return status_entry(request_id, bounded.model_dump(mode="json"))
+
+
+def _decode_parts(data: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The record's fields, and its recent replies as their own encoded bytes (spliced back as they are by
+    ``encode``): each entry is sliced out of ``data`` by the decoder's position, not encoded again."""
+    stream = io.BytesIO(data)
+    decoder = cbor2.CBORDecoder(stream)
+    raw = decoder.decode()
+    head = _array_head(data, stream.tell())
+    if head is None:  # not the array encode() writes (an indefinite one, say): decode and encode each entry
+        return raw, {entry_request_id(item): bytes(cbor2.dumps(item)) for item in decoder.decode()}
+    count, start = head
+    stream.seek(start)
+    recent: dict[str, bytes] = {}
+    for _ in range(count):
+        rid = entry_request_id(decoder.decode())
+        end = stream.tell()
+        recent[rid] = data[start:end]
+        start = end
+    return raw, recent
+
+
+def _array_head(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(items, offset of the first) of the definite-length CBOR array at ``pos``; None if it is not one."""
+    if pos >= len(data):
+        return None
+    initial = data[pos]
+    if 0x80 <= initial <= 0x97:
+        return initial & 0x1F, pos + 1
+    size = {0x98: 1, 0x99: 2, 0x9A: 4}.get(initial)
+    if size is None or pos + 1 + size > len(data):
+        return None
+    return int.from_bytes(data[pos + 1 : pos + 1 + size], "big"), pos + 1 + size
+
+
+def _cbor_array_header(length: int) -> bytes:
+    """The head of a CBOR array (major type 4) of ``length`` items."""
+    if length < 24:
+        return bytes([0x80 | length])
+    if length < 0x100:
+        return bytes([0x98, length])
+    if length < 0x10000:
+        return bytes([0x99]) + length.to_bytes(2, "big")
+    return bytes([0x9A]) + length.to_bytes(4, "big")

@@ -1,0 +1,116 @@
+"""A daemon's hold on one task delivery: for how long it can be *sure* nobody else holds the change set.
+
+JetStream redelivers an unacked task ``ack_wait`` after the last progress ack it received, and it honours a late
+ack or nak from an older delivery (it would take the task from its new holder). Holding a message is therefore no
+proof of ownership; time is. Two facts bound it from below, both measured on this process's monotonic clock
+(which keeps running while the process is paused, so a SIGSTOP or a long GC pause counts against the lease):
+
+- **Delivery.** The task was delivered in answer to a pull request sent no earlier than ``since``, so the server
+  cannot redeliver it before ``since + ack_wait``.
+- **Renewal.** A progress ack (``+WPI``) sent with a reply subject is answered by the server once it was applied
+  (by the consumer's leader). One sent at ``t`` and answered while the lease still held proves that leader's timer
+  restarted no earlier than ``t``. (nats-py's ``in_progress()`` is fire-and-forget, which proves nothing.) The daemon's
+  :class:`~rebaser_server.task.keeper.LeaseKeeper` sends them.
+- **But a confirmed renewal can still be lost.** A replicated consumer's leader answers a progress ack as soon as
+  it has *proposed* the new timer to its followers, not once they hold it (nats-server ``consumer.go``:
+  ``processAck`` calls ``progressUpdate``, then ``sendAckReply``). If that leader steps down (or dies) just then,
+  the new leader has the timer of the renewal before, and looks at its pending tasks 0.5-1.5 s after its election:
+  it redelivers as if the last renewal had never been sent. Seen in the leader step-down chaos run (a task
+  redelivered while its owner, holding a lease from a confirmed renewal, was still applying) and measured by
+  ``bench/progress_ack_probe.py``: with the step-down sent right behind the progress ack, 13 and 8 of 20 confirmed
+  renewals were lost in two runs; sent 0.3 s after the confirmation, none of 20. So a confirmation extends the
+  lease from the *previous* confirmed renewal's send time (the delivery's, for the first one): that renewal was
+  confirmed a period or more earlier, time enough to be replicated. A single leader change loses at most the
+  proposals of its last moments, at most one renewal per lease.
+
+The lease is *held* while that bound, less a ``margin``, lies in the future. The margin covers what happens after
+the check: an ack or nak in flight, a step that must be cancelled. A daemon applies nothing, and never acks or naks
+the delivery, unless the lease is held: a paused, partitioned or slow daemon stops on its own, and its late ack can
+no longer take the task from the daemon that took over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from rebaser_core.requester import Requester
+from rebaser_server.task.handback import nak_payload
+
+__all__ = ["Lease"]
+
+
+class Lease:
+    def __init__(
+        self,
+        nc: NatsClient,
+        msg: Msg,
+        *,
+        ack_wait: float,
+        margin: float,
+        since: float,
+        requester: Requester | None = None,
+    ) -> None:
+        self._nc = nc
+        self._requester = requester  # the daemon's light request-reply, for the confirmed ack or nak
+        self._msg = msg
+        self._ack_wait = ack_wait
+        self._margin = margin
+        self._expires = since + ack_wait  # monotonic: the earliest the server may redeliver the task
+        # Send time of the last confirmed renewal (the pull's, before the first): the next confirmation extends the
+        # lease from here, not from its own send time (see the module docstring).
+        self._last_confirmed = since
+        self.renewals = 0
+
+    def remaining(self) -> float:
+        """Seconds the lease is still held (negative once lost)."""
+        return self._expires - self._margin - time.monotonic()
+
+    def held(self) -> bool:
+        return self.remaining() > 0 and bool(self._nc.is_connected)
+
+    @property
+    def reply_subject(self) -> str:
+        """Where progress acks, acks and nacks of this delivery go."""
+        return str(self._msg.reply)
+
+    def confirmed(self, sent: float) -> bool:
+        """The server answered a progress ack sent at ``sent`` (monotonic), and the lease is still held now: extend
+        it from the renewal confirmed before this one, which by now the server's followers hold too (a consumer
+        leader change may lose this one: see the module docstring). A confirmation that arrives after the lease ran
+        out proves nothing (the server may have redelivered the task before it applied the progress ack). The
+        sending is ``keeper.py``'s."""
+        if self.remaining() <= 0:
+            return False
+        self._expires = max(self._expires, min(self._last_confirmed, sent) + self._ack_wait)
+        self._last_confirmed = max(self._last_confirmed, sent)
+        self.renewals += 1
+        return True
+
+    async def ack(self, timeout: float) -> bool:
+        """Ack (confirmed) if the lease is held; False if it was not sent or not confirmed."""
+        return await self._settle(b"+ACK", timeout)
+
+    async def nak(self, delay: float | None = None) -> bool:
+        """Hand the task back (redelivered after ``delay``) if the lease is held."""
+        return await self._settle(nak_payload(delay), max(0.001, min(self.remaining(), 5.0)))
+
+    async def term(self) -> bool:
+        """Remove the task for good (it can have no work) if the lease is held."""
+        return await self._settle(b"+TERM", max(0.001, min(self.remaining(), 5.0)))
+
+    async def _settle(self, payload: bytes, timeout: float) -> bool:
+        if not self.held():
+            return False
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            timeout = min(timeout, self.remaining())
+            if self._requester is not None:
+                await self._requester.request(self._msg.reply, payload, timeout=timeout)
+            else:
+                await self._nc.request(self._msg.reply, payload, timeout=timeout)
+            return True
+        return False

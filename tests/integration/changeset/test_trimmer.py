@@ -1,0 +1,83 @@
+"""Removing processed requests: a few by sequence, more by one purge; gone is done; a failed removal is retried."""
+
+from __future__ import annotations
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.hooks import Hooks
+from rebaser_server.changeset.trimmer import Trimmer
+from rebaser_server.testing import fast_settings, running_daemon
+from tests.support.apps import RecordingApp
+
+
+class Removals(Hooks):
+    def __init__(self) -> None:
+        self.failing = False
+
+    async def checkpoint(self, name: str, change_set: ChangeSet) -> None:
+        if name == "purging" and self.failing:
+            raise RuntimeError("removal refused (injected fault)")
+
+
+async def _stored(nc: NatsClient, stream: str, subject: str) -> set[int]:
+    """Sequences of the messages on ``subject`` still in ``stream``."""
+    js = nc.jetstream()
+    info = await js.stream_info(stream, subjects_filter=subject)
+    if not (info.state.subjects or {}).get(subject):
+        return set()
+    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True)
+    seqs: set[int] = set()
+    try:
+        while len(seqs) < info.state.subjects[subject]:
+            msg = await sub.next_msg(timeout=5)
+            seqs.add(msg.metadata.sequence.stream)
+    finally:
+        await sub.unsubscribe()
+    return seqs
+
+
+# The two stores answer a delete of a message already gone differently (see trimmer._gone).
+@pytest.mark.parametrize("storage", ["memory", "file"])
+async def test_removal_by_sequence_by_purge_and_after_a_failure(
+    nc: NatsClient, subject_prefix: str, storage: str
+) -> None:
+    settings = fast_settings(subject_prefix, idempotency_window=64, storage=storage)
+    hooks = Removals()
+    # No task is ever published for this change set, so the daemon never consumes it: only the trimmer removes.
+    async with running_daemon(nc, settings, RecordingApp(), hooks=hooks, sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        change_set = ChangeSet(wk, cs)
+        subject, stream = settings.subjects.requests(wk, cs), settings.subjects.requests_stream
+        js = nc.jetstream()
+        seqs = [(await js.publish(subject, f"{i}".encode())).seq for i in range(20)]
+        trimmer = Trimmer(daemon.rt, change_set)
+
+        # A few: exactly those are deleted; an earlier message on the subject is left alone (no purge below).
+        await trimmer.processed(seqs[1:3])
+        await trimmer.flush(5)
+        assert await _stored(nc, stream, subject) == {seqs[0], *seqs[3:]}
+
+        # A message already gone (removed by an earlier owner's late purge) counts as removed, not as a failure.
+        await trimmer.processed([seqs[1], seqs[3]])
+        await trimmer.flush(5)
+        assert await _stored(nc, stream, subject) == {seqs[0], *seqs[4:]}
+        assert daemon.stats.delete_failures == 0
+
+        # A failed removal keeps its sequences; the next one removes them too.
+        hooks.failing = True
+        await trimmer.processed([seqs[4]])
+        await trimmer.flush(5)
+        assert daemon.stats.delete_failures == 1
+        assert seqs[4] in await _stored(nc, stream, subject)
+        hooks.failing = False
+        await trimmer.processed([seqs[5]])
+        await trimmer.flush(5)
+        assert await _stored(nc, stream, subject) == {seqs[0], *seqs[6:]}
+
+        # Many at once: one purge below the last, which covers everything earlier on the subject.
+        await trimmer.processed(seqs[6:16])
+        await trimmer.flush(5)
+        assert await _stored(nc, stream, subject) == set(seqs[16:])

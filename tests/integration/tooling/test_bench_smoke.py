@@ -1,0 +1,116 @@
+"""``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page; the
+instruction count (``bench/instructions.py``), the progress-ack probe (``bench/progress_ack_probe.py``) and the
+server's price per operation (``bench/server_ops.py``) run and report.
+
+Tiny loads (a few dozen requests), so it finishes in seconds; no figure is asserted (timing belongs in the
+benchmark itself, on a machine of its own), only that every row of the page is there and nothing failed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+ROWS = (
+    "no-op app throughput ÷ hand-written",
+    "built-in app throughput ÷ hand-written",
+    "no-op app cold p99 ÷ hand-written cold p99",
+    "no-op app cold p99 ÷ its own warm p99",
+    "burst (20 change sets x 1): drain time ÷ hand-written",
+    "daemon CPU per request ÷ hand-written",
+    "client CPU per request ÷ hand-written",
+    "throughput ratio the CPU per request allows",
+    "2 daemons ÷ 1 daemon (throughput)",
+    "DVU burst (20 requests on one change set), natural DVU cost",
+    "DVU burst (20 requests on one change set), 10x DVU cost",
+)
+
+
+def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(
+        "# Benchmarks\n\nkept above\n\n<!-- bench:begin (old) -->\n<!-- bench:end -->\n\nkept below\n"
+    )
+    doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
+    args = ["--per-change-set", "4", "--change-sets", "10", "--daemons", "1,2", "--burst", "20"]
+    args += ["--dvu-requests", "20", "--quiescent", "0.5", "--clients", "8", "--doc", str(doc)]
+    _run("bench.py", args, timeout=100)
+    page = doc.read_text()
+    assert "kept above" in page and "kept below" in page  # hand-written notes survive a rewrite
+    for row in ROWS:
+        assert f"| {row}" in page, f"missing row {row!r} in:\n{page}"
+    assert "not measured" not in page
+    assert "WRONG" not in page  # the DVU burst's final state is the serial one
+    assert "python bench/bench.py --per-change-set 4" in page  # the command that produced it
+
+
+def test_bench_profiles_its_daemons_and_shows_the_profile(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    args = ["--impl", "rebaser", "--daemons", "1", "--change-sets", "2", "--per-change-set", "3"]
+    args += ["--burst", "0", "--dvu-requests", "0", "--clients", "2", "--quiescent", "0.5"]
+    _run("bench.py", [*args, "--cprofile", str(profiles)], timeout=100)
+    (profile,) = profiles.glob("rebaser_server.*.prof")  # written when the daemon stopped (SIGTERM)
+    shown = _run("cprof.py", ["--show", str(profile), "--per", "6", "--top", "50"], timeout=60).stdout
+    assert "most time of their own" in shown
+    assert "processor.py" in shown and "_on_request" in shown, shown  # the project's request path is in it
+
+
+def _begin_marker() -> str:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.report import BEGIN
+    finally:
+        sys.path.remove(str(ROOT))
+    return BEGIN
+
+
+@pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind (callgrind_control)")
+@pytest.mark.parametrize("side", ["worker", "client"])
+def test_instruction_count_runs_and_reports_per_request(side: str) -> None:
+    # A handful of requests under valgrind: that it counts and reports, not what it counts.
+    args = ["--impl", "rebaser", "--requests", "20", "--change-sets", "2", "--clients", "2", "--idle", "0.5"]
+    args += ["--side", side]
+    proc = _run("instructions.py", args, timeout=300)
+    report = proc.stdout.splitlines()[-1]
+    assert report.strip().startswith("rebaser:") and "M instructions per request" in report, proc.stdout
+
+
+def _run(script: str, args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script>`` with ``args``; it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_progress_ack_probe_runs_and_reports_both_ways() -> None:
+    # One trial each way on a 3-node cluster: that it runs and reports, not what the server did.
+    proc = _run("progress_ack_probe.py", ["--trials", "1"], timeout=120)
+    assert "step-down at once:" in proc.stdout and "step-down after:" in proc.stdout, proc.stdout
+
+
+def test_server_ops_prices_every_operation_and_every_way_of_removal() -> None:
+    # A few of each, with a few idle consumers: that every operation runs and is reported, not what it costs.
+    proc = _run("server_ops.py", ["--count", "24", "--removal", "3"], timeout=120)
+    for operation in (
+        "record read, DIRECT.GET",
+        "compare-and-set publish, acked",
+        "lease renewal (+WPI, confirmed)",
+        "3 idle consumers on the stream",
+        "delete by sequence, a message",
+        "filtered purge of 16 messages (per purge)",
+        "ordered consumer deleted (CONSUMER.DELETE)",
+        "ordered consumer unsubscribed and reaped (1 s threshold)",
+    ):
+        assert operation in proc.stdout, proc.stdout
