@@ -40,15 +40,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 from nats.js import api as nats_api
 
 from rebaser_core.inline_subscription import subscribe_inline
-from rebaser_core.requester import js_api
+from rebaser_core.requester import Requester, js_api
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
+from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.ordering import GAP, TAKEN, FlowReplies, Sequences
-from rebaser_server.changeset.runtime import Runtime
 from rebaser_server.task.delivery import Delivery
 
 __all__ = ["RequestConsumer"]
@@ -77,15 +79,27 @@ def in_background(coro: Coroutine[Any, Any, Any]) -> None:
 
 
 class RequestConsumer:
-    def __init__(self, rt: Runtime, names: Subjects, subject: str) -> None:
-        self._rt = rt
+    def __init__(
+        self,
+        names: Subjects,
+        subject: str,
+        *,
+        nc: NatsClient,
+        requester: Requester,
+        settings: Settings,
+        stats: Stats,
+    ) -> None:
+        self._nc = nc
+        self._requester = requester
+        self._timeout = settings.nats_timeout
+        self._stats = stats
         self._stream = names.requests_stream
         self._subject = subject
-        self._heartbeat = rt.settings.consumer_heartbeat
+        self._heartbeat = settings.consumer_heartbeat
         self._flow_prefix = f"$JS.FC.{self._stream}."
         # The consumer in use: its deliver subject and name (a reset makes new ones), and the start of the reply
         # subject of each of its deliveries (the form without a domain; the other is checked token by token).
-        self._inbox = rt.nc.new_inbox()
+        self._inbox = nc.new_inbox()
         self._name: str | None = None
         self._ack_prefix = ""
         self._named()
@@ -130,7 +144,7 @@ class RequestConsumer:
         it."""
         if self._sub is None or self._closed:
             return
-        if not self._rt.nc.is_connected:
+        if not self._nc.is_connected:
             # Silence while cut off is the connection's (the reconnect hands every change set back); counted from
             # the reconnect on, or every owned change set would reset at the first tick after it.
             self._seq.last_seen = now
@@ -215,7 +229,7 @@ class RequestConsumer:
             self._worker = asyncio.create_task(self._handle_queued(), context=context)
 
     def _answer(self, reply: str) -> None:
-        in_background(self._rt.nc.publish(reply))
+        in_background(self._nc.publish(reply))
 
     # -- handling (one at a time, in order) ----------------------------------------------------------------------
     async def _handle_queued(self) -> None:
@@ -243,10 +257,10 @@ class RequestConsumer:
         """Replace the consumer by one that starts after the last stream sequence taken (what is queued stays)."""
         log.info("%s: resetting its request consumer: %s", self._subject, why)
         self.resets += 1
-        self._rt.stats.consumer_resets += 1
+        self._stats.consumer_resets += 1
         self._generation += 1
         old_sub, old_name = self._sub, self._name
-        self._inbox = self._rt.nc.new_inbox()
+        self._inbox = self._nc.new_inbox()
         name = self._named()
         now = time.monotonic()
         self._seq = self._seq.restart(now)
@@ -286,20 +300,18 @@ class RequestConsumer:
 
     async def _subscribe(self, inbox: str) -> Any:
         # Messages carry the stream's subject, not the inbox they came by: each subscription's handler knows its own.
-        return await subscribe_inline(self._rt.nc, inbox, functools.partial(self._on_message, inbox))
+        return await subscribe_inline(self._nc, inbox, functools.partial(self._on_message, inbox))
 
     async def _create(self, name: str, inbox: str, *, start: int | None) -> dict[str, Any]:
         config = consumer_config(self._subject, inbox, heartbeat=self._heartbeat, start=start)
         config["name"] = name
         request = {"stream_name": self._stream, "config": config}
-        rt = self._rt
         return await js_api(
-            rt.requester, f"CONSUMER.CREATE.{self._stream}.{name}", request, timeout=rt.settings.nats_timeout
+            self._requester, f"CONSUMER.CREATE.{self._stream}.{name}", request, timeout=self._timeout
         )
 
     async def _delete(self, name: str) -> None:
-        rt = self._rt
-        await js_api(rt.requester, f"CONSUMER.DELETE.{self._stream}.{name}", timeout=rt.settings.nats_timeout)
+        await js_api(self._requester, f"CONSUMER.DELETE.{self._stream}.{name}", timeout=self._timeout)
 
 
 def _number(value: str | None) -> int | None:

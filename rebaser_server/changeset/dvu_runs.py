@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from rebaser_core.errors import FencedError
-from rebaser_server.app import ChangeSet, CommitHooks
+from rebaser_core.settings import Settings
+from rebaser_server.app import ChangeSet, CommitHooks, RebaserApp
+from rebaser_server.changeset.context import Report
 from rebaser_server.changeset.dvu import SerialDvu
 from rebaser_server.changeset.outcome import LeaseLost, Outcome, Wedged
-from rebaser_server.changeset.runtime import Runtime
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.record.store import ChangeSetHandle
 from rebaser_server.task.lease import Lease
@@ -48,15 +49,19 @@ def _ended(outcome: Outcome, delay: float, reason: str) -> None:
 class ChangeSetDvu:
     def __init__(
         self,
-        rt: Runtime,
         change_set: ChangeSet,
         *,
+        app: RebaserApp,
+        settings: Settings,
+        report: Report,
         steps: Steps,
         lease: Lease,
         activity: Activity,
         finish: Callable[[Outcome, float, str], None],
     ) -> None:
-        self._rt = rt
+        self._app = app
+        self._max_delay = settings.dvu_max_delay
+        self._report = report
         self._change_set = change_set
         self._steps = steps
         self._lease = lease
@@ -65,7 +70,6 @@ class ChangeSetDvu:
         self._handle: ChangeSetHandle | None = None
         self._took = 0.0  # how long the last run took, and when it ended (monotonic)
         self._ended = 0.0
-        settings = rt.settings
         self._loop = SerialDvu(
             self._run,
             name=f"dvu {change_set}",
@@ -93,7 +97,7 @@ class ChangeSetDvu:
         self._finish = _ended
 
     async def _wait_for_turn(self) -> None:
-        max_delay = self._rt.settings.dvu_max_delay
+        max_delay = self._max_delay
         activity = self._activity
         # A costly DVU must not run in every short lull of a steady stream of requests: after a run that took d
         # seconds, requests get at least d (at most dvu_max_delay) before the next one starts, so DVU runs take at
@@ -119,24 +123,24 @@ class ChangeSetDvu:
         handle = self._handle
         assert handle is not None
         await self._wait_for_turn()
-        rt, change_set = self._rt, self._change_set
+        report, change_set = self._report, self._change_set
         started = time.monotonic()
         try:
             # The DVU run's trace span (rebaser_server.ops.observe).
-            async with handle.lock, rt.observe.dvu(change_set):
+            async with handle.lock, report.observe.dvu(change_set):
                 if not self._lease.held():
                     raise LeaseLost()
                 record = handle.record
-                hooks = CommitHooks.of(rt.app)
+                hooks = CommitHooks.of(self._app)
                 try:
-                    state = await self._steps.run(rt.app.dependent_values_update(change_set, record.state))
+                    state = await self._steps.run(self._app.dependent_values_update(change_set, record.state))
                     # What the state points to is written before the record that points to it is committed.
                     await hooks.before_commit(change_set, state)
                     await handle.commit(replace(handle.record, state=state, dvu_pending=False))
                 except BaseException:
                     hooks.abandoned(change_set)
                     raise
-            rt.stats.dvu_runs += 1
+            report.stats.dvu_runs += 1
             self._ended = time.monotonic()
             self._took = self._ended - started
         except FencedError as err:
@@ -146,5 +150,5 @@ class ChangeSetDvu:
         except Wedged:
             self._finish(Outcome.WEDGED, 0.0, "dependent values update overran handler_deadline")
         except Exception:
-            rt.stats.dvu_failures += 1
+            report.stats.dvu_failures += 1
             raise

@@ -1,10 +1,21 @@
-"""Group commit: requests applied in memory, committed together, answered after the commit.
+"""Group commit: requests decided in memory, committed together, answered after the commit.
 
 When more requests of the change set are already waiting (the ordered consumer says so), committing each one
-separately costs one JetStream round trip per request. Instead the processor *stages* each outcome here and
-commits once for the group: when nothing more is waiting, when the group is full, or after a few milliseconds.
-Nothing is answered and nothing is purged from the stream before its commit, so a crash loses nothing that was
-acknowledged to anyone: the uncommitted requests are simply processed again by the next owner.
+separately costs one JetStream round trip per request. Instead each request's decision is *staged* here and the
+group is carried out at once: when nothing more is waiting, when the group is full, or after a few milliseconds
+(the post-process step decides when: :mod:`~rebaser_server.changeset.postprocess`).
+
+:meth:`CommitGroup.flush` carries out the group's decisions, in this order:
+
+1. the **dead letters** (before the commit: a crash in between leaves the requests unprocessed, and the next owner
+   copies them again, deduplicated by their stream sequence; after it, a crash would lose the copies);
+2. the record's **commit** (compare-and-set: fenced if another owner took over);
+3. the **counters**, then the **replies** (never before the commit, so no reply announces what a crash could undo);
+4. the **removal** of the processed requests from the stream (:mod:`~rebaser_server.changeset.trimmer`);
+5. the **DVU** notification, if an applied request made one due.
+
+A crash loses nothing that was acknowledged to anyone: the uncommitted requests are simply processed again by the
+next owner.
 
 While a group is open it holds the change set's commit lock, so a DVU run can never interleave with it.
 
@@ -20,10 +31,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rebaser_core.api import EnqueueUpdatesResponse
 from rebaser_server.app import ChangeSet, CommitHooks
-from rebaser_server.changeset.replies import UNCHECKED, Unchecked, send_reply
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Report
+from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.changeset.replies import Replies
 from rebaser_server.changeset.trimmer import Trimmer
 from rebaser_server.record.model import ChangeSetRecord
 from rebaser_server.record.store import ChangeSetHandle
@@ -36,7 +47,7 @@ __all__ = ["GROUP_MAX", "GROUP_MAX_WAIT", "CommitGroup", "commit_now"]
 log = logging.getLogger(__name__)
 
 # A group is committed when nothing more is waiting, when it holds GROUP_MAX requests, or GROUP_MAX_WAIT seconds
-# after it could have been (the processor's timer). Its size is also capped at half the idempotency window (see
+# after it could have been (the post-process step's timer). Its size is also capped at half the idempotency window (see
 # Trimmer: every processed request still in the stream must stay within the window).
 GROUP_MAX = 32
 GROUP_MAX_WAIT = 0.005
@@ -54,103 +65,104 @@ _OUTCOME_COUNTERS = {"success": "requests_ok", "conflicts": "requests_conflict",
 
 
 class CommitGroup:
+    """The open group of one owned change set: staged decisions, carried out together by :meth:`flush`."""
+
     def __init__(
         self,
-        rt: Runtime,
         change_set: ChangeSet,
         handle: ChangeSetHandle,
+        *,
+        commit_hooks: CommitHooks,
         trimmer: Trimmer,
+        replies: Replies,
+        report: Report,
         notify_dvu: Callable[[], None],
     ) -> None:
-        self._rt = rt
         self._change_set = change_set
         self._handle = handle
+        self._commit_hooks = commit_hooks
         self._trimmer = trimmer
+        self._replies = replies
+        self._report = report
         self._notify_dvu = notify_dvu
-        self._hooks = CommitHooks.of(rt.app)
         self._staged: ChangeSetRecord | None = None
-        self._replies: list[tuple[dict[str, str], EnqueueUpdatesResponse, str | Unchecked | None]] = []
-        self._dvu = False
-        self._applied = 0
-        self._seqs: list[int] = []  # stream sequences of the staged requests (removed after the commit)
-        self._outcomes: list[str] = []  # reply kinds of the applied requests, counted once committed
+        self._decisions: list[Decision] = []
         # Spans of the staged requests (only while tracing is on), for the commit span's parent and links.
         self._traces: list[trace.SpanContext] = []
         self.open = False
 
     def __len__(self) -> int:
-        return len(self._seqs)
+        """Requests staged that leave the stream once committed."""
+        return sum(1 for d in self._decisions if d.processed)
 
     @property
     def base(self) -> ChangeSetRecord:
-        """The record as of everything staged so far (what the next request is applied to)."""
+        """The record as of everything staged so far (what the next request is decided against)."""
         return self._staged or self._handle.record
 
     async def begin(self) -> None:
+        """Open the group (if it is not open): it holds the change set's commit lock until it ends."""
         if not self.open:
             await self._handle.lock.acquire()
             self.open = True
 
-    def stage(
-        self,
-        seq: int,
-        headers: dict[str, str],
-        response: EnqueueUpdatesResponse | None,
-        record: ChangeSetRecord | None = None,
-        *,
-        dvu: bool = False,
-        applied: bool = False,
-        inbox: str | Unchecked | None = UNCHECKED,
-    ) -> None:
-        """Add one processed request: its new record (if it changed one), its reply (to ``inbox`` if the handler
-        checked it already), whether a DVU is due."""
-        if record is not None:
-            self._staged = record
-        if response is not None:
-            self._replies.append((headers, response, inbox))
-        if seq:
-            self._seqs.append(seq)
-        self._dvu = self._dvu or dvu
-        self._applied += applied
-        if applied and response is not None:
-            self._outcomes.append(response.status.kind)
-        traced = self._rt.observe.staged()
+    def stage(self, decision: Decision) -> None:
+        """Add one request's decision to the group."""
+        if decision.record is not None:
+            self._staged = decision.record
+        self._decisions.append(decision)
+        traced = self._report.observe.staged()
         if traced is not None and (not self._traces or self._traces[-1] != traced):
             self._traces.append(traced)
 
     async def flush(self) -> None:
-        """Commit what is staged, then answer and purge the group. Raises FencedError if fenced; on any failure
-        the group is dropped (its requests stay in the stream and will be processed again)."""
+        """Carry out the staged decisions (the order is in the module's docstring). Raises FencedError if fenced;
+        on any failure the group is dropped (its requests stay in the stream and are processed again)."""
         if not self.open:
             return
         try:
-            rt = self._rt
+            report, change_set, decisions = self._report, self._change_set, self._decisions
+            for decision in decisions:
+                if decision.dead_letter is not None:
+                    await self._replies.dead_letter(decision.msg, decision.seq, decision.dead_letter)
             if self._staged is not None:
-                with rt.observe.commit(self._change_set, self._traces):
-                    await self._hooks.before_commit(self._change_set, self._staged.state)
+                with report.observe.commit(change_set, self._traces):
+                    await self._commit_hooks.before_commit(change_set, self._staged.state)
                     await self._handle.commit(self._staged)
-                rt.stats.request_commits += 1
-            await rt.hooks.checkpoint("applied", self._change_set)
-            for headers, response, inbox in self._replies:
-                await send_reply(rt, headers, response, inbox)
-            if self._seqs:
-                await self._trimmer.processed(self._seqs)
-            rt.stats.requests_applied += self._applied
-            for kind in self._outcomes:
-                counter = _OUTCOME_COUNTERS[kind]
-                setattr(rt.stats, counter, getattr(rt.stats, counter) + 1)
-            rt.stats.last_request_at = time.time()
-            if self._dvu:
+                report.stats.request_commits += 1
+            await report.hooks.checkpoint("applied", change_set)
+            self._count(decisions)
+            for decision in decisions:
+                if decision.response is not None:
+                    await self._replies.send(decision.headers, decision.response, decision.inbox)
+            seqs = [d.seq for d in decisions if d.processed]
+            if seqs:
+                await self._trimmer.processed(seqs)
+            if any(d.dvu for d in decisions):
                 # The DVU run joins the trace of the group's last request (tracing on).
-                rt.observe.dvu_due(self._change_set, self._traces[-1] if self._traces else None)
+                report.observe.dvu_due(change_set, self._traces[-1] if self._traces else None)
                 self._notify_dvu()
         finally:
             self.abandon()
 
+    def _count(self, decisions: list[Decision]) -> None:
+        stats = self._report.stats
+        for decision in decisions:
+            if decision.kind is Kind.APPLIED:
+                stats.requests_applied += 1
+                if decision.response is not None:
+                    counter = _OUTCOME_COUNTERS[decision.response.status.kind]
+                    setattr(stats, counter, getattr(stats, counter) + 1)
+            elif decision.kind is Kind.REPLAYED:
+                stats.requests_replayed += 1
+            elif decision.kind is Kind.RETRY:
+                stats.requests_retried += 1
+        stats.last_request_at = time.time()
+
     async def settle(self, *, owned: bool) -> None:
-        """At the end of an ownership: commit and answer what the open group holds; drop it if the change set may
-        no longer be ``owned`` (fenced, lease lost). A failed commit is logged: its requests stay in the stream and
-        are processed again by the next owner."""
+        """At the end of an ownership: carry out what the open group holds; drop it if the change set may no longer
+        be ``owned`` (fenced, lease lost). A failed commit is logged: its requests stay in the stream and are
+        processed again by the next owner."""
         if not self.open:
             return
         if not owned:
@@ -162,14 +174,12 @@ class CommitGroup:
             log.warning("%s: committing the last group failed: %r", self._change_set, err)
 
     def abandon(self) -> None:
-        """Drop the group without committing (fenced, or shutting down after a failure)."""
+        """Drop the group without carrying it out (fenced, or shutting down after a failure)."""
         if not self.open:
             return
         # Also after a commit (prepare_commit then kept nothing) and when nothing was staged: a step's result may
         # have been discarded (lease lost) with nothing staged, and the app must not keep it for ever.
-        self._hooks.abandoned(self._change_set)
-        self._staged, self._replies, self._seqs, self._dvu, self._applied = None, [], [], False, 0
-        self._outcomes = []
-        self._traces = []
+        self._commit_hooks.abandoned(self._change_set)
+        self._staged, self._decisions, self._traces = None, [], []
         self.open = False
         self._handle.lock.release()

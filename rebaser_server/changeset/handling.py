@@ -1,20 +1,23 @@
-"""One request of an owned change set: decide what it is, apply it at most once, stage its outcome for the commit.
+"""One request of an owned change set: decide what it comes to, applying it at most once. Nothing is carried out
+here: the handler returns a :class:`~rebaser_server.changeset.decisions.Decision`, and the post-process step
+(:mod:`~rebaser_server.changeset.postprocess`) stages it for the commit.
 
-Every request ends in exactly one staged outcome, committed with the group (see ``group.py``):
+Every request comes to exactly one decision, taken against the record as of everything staged before it:
 
 - **already processed** (its stream sequence is at or below the record's ``applied_seq``): never applied again;
-  answered from the record if the reply is still there;
-- **suspect** (first in line after the owner died or froze holding the task, ``max_attempts`` times): dead-lettered;
-- **undecodable or not for this change set**: dead-lettered with an error reply;
-- **replayed** (its id is in the record: a client resent it): answered from the record;
-- otherwise **applied**; a permanent failure is dead-lettered with an error reply, a retryable one is counted and
-  raises :class:`Retry` (the request stays first in line).
+  answered from the record if the reply is still there (REPLAYED);
+- **suspect** (first in line after the owner died or froze holding the task): one more attempt counted (COUNTED),
+  or, at ``max_attempts``, refused with a dead letter (REFUSED);
+- **undecodable or not for this change set**: refused with an error reply and a dead letter (REFUSED);
+- **replayed** (its id is in the record: a client resent it): answered from the record (REPLAYED);
+- otherwise **applied** (APPLIED); a permanent failure is an error reply with a dead letter, a retryable one counts
+  an attempt (RETRY, the request stays first in line) until ``max_attempts``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -28,14 +31,15 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
 from rebaser_core.headers import check_msg_id
-from rebaser_server.app import ChangeSet
-from rebaser_server.changeset.group import CommitGroup
+from rebaser_core.settings import Settings
+from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.outcome import LeaseLost, Retry, Wedged
-from rebaser_server.changeset.replies import dead_letter, reply_inbox, request_id_of
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.replies import request_id_of
+from rebaser_server.ops.observe import Observer
 from rebaser_server.record.model import ChangeSetRecord
 
-__all__ = ["RequestHandler"]
+__all__ = ["RequestHandler", "processed"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,33 +58,43 @@ def processed_fields(record: ChangeSetRecord, seq: int) -> dict[str, Any]:
 
 
 class RequestHandler:
-    def __init__(self, rt: Runtime, change_set: ChangeSet, commits: CommitGroup, step: Step[Any]) -> None:
-        self._rt = rt
+    """Decides each request of one change set.
+
+    ``step`` runs an app call under the lease (:mod:`~rebaser_server.changeset.steps`); ``inbox_of`` reads and
+    checks a request's reply inbox (:meth:`~rebaser_server.changeset.replies.Replies.inbox`).
+    """
+
+    def __init__(
+        self,
+        change_set: ChangeSet,
+        *,
+        app: RebaserApp,
+        settings: Settings,
+        observe: Observer,
+        step: Step[Any],
+        inbox_of: Callable[[Mapping[str, str] | None], str | None],
+    ) -> None:
         self._change_set = change_set
-        self._commits = commits
+        self._app = app
+        self._max_attempts = settings.max_attempts
+        self._window = settings.idempotency_window
+        self._backoff, self._backoff_max = settings.retry_backoff, settings.retry_backoff_max
+        self._observe = observe
         self._step = step
+        self._inbox_of = inbox_of
 
-    async def group(self) -> CommitGroup:
-        """The open commit group (opened now if none): it holds the commit lock until flushed."""
-        await self._commits.begin()
-        return self._commits
-
-    async def handle(self, msg: Msg, seq: int, *, unclean: bool) -> None:
-        """Stage the outcome of one request, the delivery of stream sequence ``seq``. ``unclean``: the first request
-        after an unclean takeover."""
+    async def decide(self, msg: Msg, seq: int, record: ChangeSetRecord, *, unclean: bool) -> Decision:
+        """What the request delivered at stream sequence ``seq`` comes to, against ``record`` (the record as of
+        everything staged before it). ``unclean``: the first request after an unclean takeover."""
         headers = msg.headers or {}
-        group = await self.group()
-        if seq <= group.base.applied_seq:
-            # Processed before, but still in the stream (its purge failed, or the owner died before purging).
-            self._rt.stats.requests_replayed += 1
-            group.stage(seq, headers, self._recorded_reply(group.base, msg))
-            return
-        if unclean and await self._suspect_exhausted(msg, seq):
-            return
-        group = await self.group()
+        if seq <= record.applied_seq:
+            # Processed before, but still in the stream (its removal failed, or the owner died before removing it).
+            return Decision(Kind.REPLAYED, seq, msg, response=self._recorded_reply(record, msg))
+        if unclean:
+            return self._suspect(msg, seq, record)
         try:
             # An inbox we may not publish to refuses the request (InvalidReplyInbox); checked once, used by the reply.
-            inbox = reply_inbox(self._rt, headers)
+            inbox = self._inbox_of(headers)
             request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
             check_msg_id(headers, str(request.id))
             if (request.workspace_id, request.change_set_id) != (
@@ -91,19 +105,12 @@ class RequestHandler:
                     f"request for {request.workspace_id}/{request.change_set_id} was published on {msg.subject}"
                 )
         except (ProtocolError, UnprocessableError) as err:
-            # Undecodable or not ours: never blocks the change set. Dead-letter it; the error reply (and its removal
-            # from the stream) go out with the group, so a purge never runs ahead of an uncommitted group.
-            reason = f"{type(err).__name__}: {err}"
-            await dead_letter(self._rt, msg, seq, reason)
-            group.stage(seq, headers, self._error_response(headers, reason), processed(group.base, seq))
-            return
-        response = group.base.reply_for(request)
+            # Undecodable or not ours: never blocks the change set.
+            return self._refused(msg, seq, record, f"{type(err).__name__}: {err}")
+        response = record.reply_for(request)
         if response is not None:
-            self._rt.stats.requests_replayed += 1
-            group.stage(seq, headers, response, processed(group.base, seq), inbox=inbox)
-            return
-        response, record, dvu = await self._apply(group, request, msg, seq)
-        group.stage(seq, headers, response, record, dvu=dvu, applied=True, inbox=inbox)
+            return Decision(Kind.REPLAYED, seq, msg, processed(record, seq), response, inbox)
+        return await self._apply(record, request, msg, seq, inbox)
 
     def _recorded_reply(self, record: ChangeSetRecord, msg: Msg) -> EnqueueUpdatesResponse | None:
         try:
@@ -111,55 +118,53 @@ class RequestHandler:
         except (ProtocolError, UnprocessableError, ValueError):
             return None  # it was dead-lettered (and answered) when it was processed
 
-    async def _suspect_exhausted(self, msg: Msg, seq: int) -> bool:
-        """Count one more unclean takeover against the first queued request; dead-letter it past max_attempts.
-
-        Counted (committed) *before* it is applied: if applying it kills or freezes this daemon too, the next owner
-        sees the count. Costs one write, and only after an unclean takeover.
-        """
-        group = await self.group()
-        base = group.base
+    def _suspect(self, msg: Msg, seq: int, record: ChangeSetRecord) -> Decision:
+        """One more unclean takeover counted against the first queued request; refused past max_attempts."""
         # Attempts that died with their daemon so far (this takeover is the count-th in a row).
-        count = base.suspect[1] + 1 if base.suspect and base.suspect[0] == seq else 1
-        if count >= self._rt.settings.max_attempts:
+        count = record.suspect[1] + 1 if record.suspect and record.suspect[0] == seq else 1
+        if count >= self._max_attempts:
             reason = (
                 f"gave up after {count} attempts: every daemon that took this request died or froze "
                 "before finishing it"
             )
             log.error("%s: request seq %d %s", self._change_set, seq, reason)
-            await dead_letter(self._rt, msg, seq, reason)
-            headers = msg.headers or {}
-            group.stage(seq, headers, self._error_response(headers, reason), processed(base, seq))
-            return True
-        group.stage(0, {}, None, replace(base, suspect=(seq, count)))
-        await group.flush()
-        return False
+            return self._refused(msg, seq, record, reason)
+        return Decision(Kind.COUNTED, seq, msg, replace(record, suspect=(seq, count)))
+
+    def _refused(self, msg: Msg, seq: int, record: ChangeSetRecord, reason: str) -> Decision:
+        headers = msg.headers or {}
+        response = EnqueueUpdatesResponse(
+            id=request_id_of(headers),
+            workspace_id=self._change_set.workspace_id,
+            change_set_id=self._change_set.change_set_id,
+            status=ErrorStatus(message=reason, retryable=False),
+        )
+        return Decision(Kind.REFUSED, seq, msg, processed(record, seq), response, dead_letter=reason)
 
     async def _apply(
-        self, group: CommitGroup, request: EnqueueUpdatesRequest, msg: Msg, seq: int
-    ) -> tuple[EnqueueUpdatesResponse, ChangeSetRecord, bool]:
-        """Apply one request to the group's record; return its reply, the record to stage (the request marked
-        processed in it) and whether a DVU is due. A retryable failure commits the group with the attempt counted,
-        then raises ``Retry``."""
-        rt, settings, record, rid = self._rt, self._rt.settings, group.base, str(request.id)
+        self, record: ChangeSetRecord, request: EnqueueUpdatesRequest, msg: Msg, seq: int, inbox: str | None
+    ) -> Decision:
+        """Apply one request to ``record``: its reply, and the record with the new state and the request marked
+        processed; or, after a retryable failure, the attempt to count."""
+        rid = str(request.id)
         try:
-            with rt.observe.phase("rebaser.apply"):
-                applied = await self._step(rt.app.apply(self._change_set, record.state, request))
+            with self._observe.phase("rebaser.apply"):
+                applied = await self._step(self._app.apply(self._change_set, record.state, request))
         except UnprocessableError as err:
             reason = f"{type(err).__name__}: {err}"  # the §9 form of every error reply
         except (FencedError, LeaseLost):
             raise
         except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
             attempts = record.attempts.get(rid, 0) + 1
-            if attempts < settings.max_attempts:
+            if attempts < self._max_attempts:
                 # Not its sequence: the failed request must stay in the stream, first in line.
-                group.stage(0, {}, None, replace(record, attempts={**record.attempts, rid: attempts}))
-                await group.flush()  # what came before is answered; this request stays first in line
-                rt.stats.requests_retried += 1
+                counted = replace(record, attempts={**record.attempts, rid: attempts})
                 if isinstance(err, Wedged):
-                    raise
-                delay = min(settings.retry_backoff * 2 ** (attempts - 1), settings.retry_backoff_max)
-                raise Retry(delay, f"attempt {attempts} of request {rid} failed: {err}") from err
+                    return Decision(Kind.RETRY, seq, msg, counted, error=err)
+                delay = min(self._backoff * 2 ** (attempts - 1), self._backoff_max)
+                retry = Retry(delay, f"attempt {attempts} of request {rid} failed: {err}")
+                retry.__cause__ = err
+                return Decision(Kind.RETRY, seq, msg, counted, error=retry)
             reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}"
         else:
             response = EnqueueUpdatesResponse(
@@ -173,29 +178,19 @@ class RequestHandler:
             staged = record.with_reply(
                 rid,
                 response,
-                settings.idempotency_window,
+                self._window,
                 state=applied.state,
                 dvu_pending=record.dvu_pending or applied.dvu,
                 **processed_fields(record, seq),
             )
-            return response, staged, applied.dvu
-        # Permanent failure: record the error reply (so a redelivery is answered, not re-run), then dead-letter.
+            return Decision(Kind.APPLIED, seq, msg, staged, response, inbox, dvu=applied.dvu)
+        # Permanent failure: the error reply is recorded (so a redelivery is answered, not re-run) and the request
+        # dead-lettered.
         response = EnqueueUpdatesResponse(
             id=request.id,
             workspace_id=request.workspace_id,
             change_set_id=request.change_set_id,
             status=ErrorStatus(message=reason, retryable=False),
         )
-        await dead_letter(rt, msg, seq, reason)
-        staged = record.with_reply(
-            rid, response, settings.idempotency_window, **processed_fields(record, seq)
-        )
-        return response, staged, False
-
-    def _error_response(self, headers: dict[str, str], reason: str) -> EnqueueUpdatesResponse:
-        return EnqueueUpdatesResponse(
-            id=request_id_of(headers),
-            workspace_id=self._change_set.workspace_id,
-            change_set_id=self._change_set.change_set_id,
-            status=ErrorStatus(message=reason, retryable=False),
-        )
+        staged = record.with_reply(rid, response, self._window, **processed_fields(record, seq))
+        return Decision(Kind.APPLIED, seq, msg, staged, response, inbox, dead_letter=reason)

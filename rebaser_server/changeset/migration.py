@@ -20,46 +20,50 @@ from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
 from rebaser_core.layout_store import open_layout, read_layout
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Nats
 
 __all__ = ["draining", "old_shard_busy"]
 
 
-def draining(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> bool:
-    """Is ``subjects`` (the shard a task came from) no longer the change set's shard? Then its owner only drains."""
-    return rt.layout.shard_of(change_set.workspace_id, change_set.change_set_id) != subjects.shard
+def draining(layout: Layout, change_set: ChangeSet, subjects: Subjects) -> bool:
+    """Is ``subjects`` (the shard a task came from) no longer the change set's shard by ``layout``? Then its owner
+    only drains."""
+    return layout.shard_of(change_set.workspace_id, change_set.change_set_id) != subjects.shard
 
 
-async def old_shard_busy(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> str | None:
-    """Why a task of the change set's new shard must wait for its old shard; None when it may go on."""
+async def old_shard_busy(
+    nats: Nats, settings: Settings, layout: Layout, change_set: ChangeSet, subjects: Subjects
+) -> str | None:
+    """Why a task of the change set's new shard must wait for its old shard; None when it may go on. ``layout``:
+    this daemon's copy of the cluster's shard layout."""
     wk, cs = change_set.workspace_id, change_set.change_set_id
-    layout = rt.layout
-    if draining(rt, change_set, subjects):
+    if draining(layout, change_set, subjects):
         # By this daemon's copy of the layout the task is an old shard's. But the copy is up to a poll behind:
         # under a change it has not seen yet (6 -> 2), a task from the change set's *new* shard (an existing
         # shard) looks just like that, and treating it as the drain would apply the new requests before the old.
         # Ask the cluster before letting it go first (rare: only tasks outside their change set's shard).
-        layout = await _current_layout(rt)
+        layout = await _current_layout(nats, settings.subjects, layout)
         if layout.shard_of(wk, cs) != subjects.shard:
             return None  # this task is the old shard's: it is the one that drains
     old = layout.old_shard_of(wk, cs)
     if old is None:
         return None
-    names = rt.subjects.for_shard(old)
-    if await rt.queued(change_set, from_leader=True, subjects=names):
+    names = settings.subjects.for_shard(old)
+    if await nats.queued(change_set, from_leader=True, subjects=names, timeout=settings.nats_timeout):
         # Make sure the old requests have a task (refused as a duplicate if they have one: harmless), so the wait
         # is for the old shard's owner, never for the orphan sweep.
         await publish_task(
-            rt.nc,
+            nats.nc,
             names.task(change_set.workspace_id, change_set.change_set_id),
-            timeout=rt.settings.nats_timeout,
+            timeout=settings.nats_timeout,
         )
         return f"requests still queued in its old shard {old}"
     try:
-        await rt.js.get_last_msg(
+        await nats.js.get_last_msg(
             names.tasks_stream, names.task(change_set.workspace_id, change_set.change_set_id), direct=False
         )
     except NotFoundError:
@@ -67,8 +71,9 @@ async def old_shard_busy(rt: Runtime, change_set: ChangeSet, subjects: Subjects)
     return f"its old shard {old} still has a task (its owner is finishing)"
 
 
-async def _current_layout(rt: Runtime) -> Layout:
-    """The cluster's layout now (NATS errors propagate: the task is then retried, never taken on a guess)."""
-    kv = await open_layout(rt.js, rt.subjects)
-    found = None if kv is None else await read_layout(kv, rt.subjects)
-    return rt.layout if found is None else found[0]
+async def _current_layout(nats: Nats, subjects: Subjects, known: Layout) -> Layout:
+    """The cluster's layout now (``known`` if none is stored; NATS errors propagate: the task is then retried,
+    never taken on a guess)."""
+    kv = await open_layout(nats.js, subjects)
+    found = None if kv is None else await read_layout(kv, subjects)
+    return known if found is None else found[0]

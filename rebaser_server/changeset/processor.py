@@ -6,7 +6,8 @@ Life of a task (the daemon holds the change set's task delivery for all of it, u
    daemon's lease keeper (confirmed progress acks that renew the lease, and the watchdog) and start the change
    set's DVU runs (``dvu_runs``).
 2. **Consume**: an ordered push consumer on the change set's request subject (``consumer.py``) hands its requests
-   to ``_on_request`` one at a time, in stream order. Nothing is applied unless the lease is held.
+   to ``_on_request`` one at a time, in stream order. Nothing is applied unless the lease is held. Each request is
+   decided (``handling.py``) and the decision carried out by the post-process step (``postprocess.py``).
 3. **Finish** with one outcome (see ``outcome.py``): quiet for ``quiescent_period`` -> release; retryable failure
    -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing.
 4. **Release** (the quiescence race): stop consuming, finish the DVU, ack the task, and only then ask "is any
@@ -22,60 +23,82 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from rebaser_core.errors import FencedError
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_server.app import ChangeSet
+from rebaser_server.app import ChangeSet, CommitHooks, RebaserApp
 from rebaser_server.changeset.consumer import RequestConsumer
+from rebaser_server.changeset.context import Nats, Placement, Report
+from rebaser_server.changeset.decisions import Kind
 from rebaser_server.changeset.dvu_runs import Activity, ChangeSetDvu
-from rebaser_server.changeset.group import GROUP_MAX_WAIT, CommitGroup, commit_now
+from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
 from rebaser_server.changeset.migration import draining
 from rebaser_server.changeset.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged, failed
+from rebaser_server.changeset.postprocess import PostProcess
 from rebaser_server.changeset.quiet import look, may_give_way
 from rebaser_server.changeset.release import mark_handed_back, release
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.replies import Replies
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
-from rebaser_server.record.store import ChangeSetHandle, StaleDelivery, TaskDelivery
+from rebaser_server.record.store import ChangeSetHandle, ChangeSetStore, StaleDelivery, TaskDelivery
 from rebaser_server.task.delivery import Delivery
+from rebaser_server.task.keeper import LeaseKeeper
 from rebaser_server.task.lease import Lease
 
-__all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
+__all__ = ["ChangeSetProcessor", "Outcome", "Owning", "TaskResult"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Owning:
+    """What every owned change set of one daemon uses, made once by the daemon. The processor passes on to each
+    piece below it only what that piece uses."""
+
+    nats: Nats
+    settings: Settings
+    app: RebaserApp
+    store: ChangeSetStore  # the change sets' records
+    owner: str  # this daemon's name in the records it acquires
+    keeper: LeaseKeeper  # renews every owned change set's lease, runs their watchdog
+    replies: Replies
+    report: Report
+    placement: Placement
 
 
 class ChangeSetProcessor:
     def __init__(
         self,
-        rt: Runtime,
+        owning: Owning,
         change_set: ChangeSet,
         task_msg: Msg,
         *,
         pulled_at: float,
-        subjects: Subjects | None = None,
+        subjects: Subjects,
         on_started: Callable[[ChangeSetProcessor], None] | None = None,
     ) -> None:
-        self._rt = rt
+        self._owning = owning
+        nats, settings, report = owning.nats, owning.settings, owning.report
         # Called once the cold path is over (the daemon's admission): the first request delivered, or nothing queued.
         # Not once it is handled: an app slow or wedged on it must not keep the daemon from taking other change sets.
         self._on_started = on_started
         # The shard the task came from: its requests are read, purged and checked there.
-        self._names = subjects or rt.subjects
+        self._names = subjects
         self.change_set = change_set
         self._task_msg = task_msg
-        settings = rt.settings
         self.lease = Lease(
-            rt.nc,
+            nats.nc,
             task_msg,
             ack_wait=settings.ack_wait,
             margin=settings.lease_margin,
             since=pulled_at,
-            requester=rt.requester,
+            requester=nats.requester,
         )
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
@@ -86,23 +109,45 @@ class ChangeSetProcessor:
         self._request_lock = asyncio.Lock()
         self._handle: ChangeSetHandle | None = None
         # Taken over from an owner that died or froze: count an attempt against the first request, and commit
-        # every request on its own for the rest of this ownership (see _maybe_flush).
+        # every request on its own for the rest of this ownership (PostProcess, one_by_one).
         self._unclean = False
-        self._suspect_mode = False
         # The change set's ordered consumer (consumer.py).
-        self._consumer = RequestConsumer(rt, self._names, self._subject)
+        self._consumer = RequestConsumer(
+            self._names,
+            self._subject,
+            nc=nats.nc,
+            requester=nats.requester,
+            settings=settings,
+            stats=report.stats,
+        )
         self._caught_up = False
         # When the last request was handled, and whether one waits: read by the DVU runs (a due one runs in a lull,
         # so a burst of requests shares few) and by the release.
         self._activity = Activity()
         # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
         self._steps = Steps(self.lease)
-        self._trimmer = Trimmer(rt, change_set, self._names)
-        self._commits: CommitGroup | None = None  # created once the change set's record is acquired
-        self._handler: RequestHandler | None = None
-        self._flush_timer: asyncio.Task[None] | None = None
+        self._trimmer = Trimmer(
+            change_set, self._names, requester=nats.requester, settings=settings, report=report
+        )
+        # Created once the change set's record is acquired: the post-process step (and its commit group).
+        self._post: PostProcess | None = None
+        self._handler = RequestHandler(
+            change_set,
+            app=owning.app,
+            settings=settings,
+            observe=report.observe,
+            step=self._steps.run,
+            inbox_of=owning.replies.inbox,
+        )
         self._dvu = ChangeSetDvu(
-            rt, change_set, steps=self._steps, lease=self.lease, activity=self._activity, finish=self._finish
+            change_set,
+            app=owning.app,
+            settings=settings,
+            report=report,
+            steps=self._steps,
+            lease=self.lease,
+            activity=self._activity,
+            finish=self._finish,
         )
 
     # -- public -------------------------------------------------------------------------------------
@@ -116,23 +161,24 @@ class ChangeSetProcessor:
         self._finish(Outcome.INTERRUPTED, reason="shutdown")
 
     async def run(self) -> TaskResult:
-        rt = self._rt
+        owning = self._owning
+        settings, report = owning.settings, owning.report
         if not self.lease.held():
             # Delivered before this process was paused (it sat in the pull buffer): the server may have given the
             # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
             return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
         # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
-        rt.keeper.add(self)
+        owning.keeper.add(self)
         # The change set's consumer is created while its record is read and bumped (one round trip fewer before
         # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
         # num_pending also tells a task with nothing to do (no record, nothing queued).
         consumer = asyncio.ensure_future(self._consumer.create())
         try:
             try:
-                acquired = await rt.store.acquire(
+                acquired = await owning.store.acquire(
                     self.change_set,
-                    rt.owner,
-                    rt.app.initial_state(self.change_set),
+                    owning.owner,
+                    owning.app.initial_state(self.change_set),
                     TaskDelivery.of(self._task_msg),
                     shard=self._names.shard,
                     has_work=lambda: self._has_queued(consumer),
@@ -140,16 +186,29 @@ class ChangeSetProcessor:
             except StaleDelivery as err:
                 return TaskResult(Outcome.STALE, reason=str(err))
             except FencedError as err:
-                return TaskResult(Outcome.RETRY, rt.settings.retry_backoff, str(err))
+                return TaskResult(Outcome.RETRY, settings.retry_backoff, str(err))
             if not self.lease.held():
                 return TaskResult(Outcome.LEASE_LOST, reason="lease ran out while acquiring")
             self._handle, self._unclean = acquired.handle, acquired.unclean
-            self._suspect_mode = acquired.unclean
             if self._unclean:
-                rt.stats.unclean_takeovers += 1
-            self._commits = CommitGroup(rt, self.change_set, self._handle, self._trimmer, self._dvu.notify)
-            self._handler = RequestHandler(rt, self.change_set, self._commits, self._steps.run)
-            await rt.hooks.checkpoint("acquired", self.change_set)
+                report.stats.unclean_takeovers += 1
+            group = CommitGroup(
+                self.change_set,
+                self._handle,
+                commit_hooks=CommitHooks.of(owning.app),
+                trimmer=self._trimmer,
+                replies=owning.replies,
+                report=report,
+                notify_dvu=self._dvu.notify,
+            )
+            self._post = PostProcess(
+                group,
+                lock=self._request_lock,
+                one_by_one=acquired.unclean,
+                idempotency_window=settings.idempotency_window,
+                on_failure=self._fail,
+            )
+            await report.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start(self._handle)
             await self._bind(await consumer)
             if self._caught_up:
@@ -160,8 +219,8 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
-            rt.keeper.remove(self)
-            await self._dvu.stop(timeout=self._rt.settings.nats_timeout)
+            owning.keeper.remove(self)
+            await self._dvu.stop(timeout=settings.nats_timeout)
             if not consumer.done():
                 # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
                 await asyncio.wait({consumer})
@@ -196,13 +255,23 @@ class ChangeSetProcessor:
                 # Paused or cut off past the lease: another daemon may own the change set now. Apply nothing.
                 self._finish(Outcome.LEASE_LOST, reason="lease ran out before a request")
                 return
-            assert self._handler is not None
+            post = self._post
+            assert post is not None
             try:
                 unclean, self._unclean = self._unclean, False
                 # Metrics, log ids and the trace span of this request (rebaser_server.ops.observe).
-                with self._rt.observe.request(msg, self.change_set, delivery.stored_at):
-                    await self._handler.handle(msg, delivery.stream_seq, unclean=unclean)
-                    await self._maybe_flush(delivery.num_pending)
+                with self._owning.report.observe.request(msg, self.change_set, delivery.stored_at):
+                    # Decide, then carry out; an attempt counted against a suspect request (COUNTED) is on record
+                    # before the request is decided again, as a clean one.
+                    while True:
+                        record = await post.open()
+                        decision = await self._handler.decide(
+                            msg, delivery.stream_seq, record, unclean=unclean
+                        )
+                        await post.carry_out(decision, delivery.num_pending)
+                        if decision.kind is not Kind.COUNTED:
+                            break
+                        unclean = False
             except Exception as err:
                 self._fail(err)
             except asyncio.CancelledError:
@@ -210,7 +279,9 @@ class ChangeSetProcessor:
                 # was cut short, so no later one may be handled before it: retry the task (the next owner reads both).
                 if not self._stopping:
                     self._finish(
-                        Outcome.RETRY, self._rt.settings.retry_backoff, "a request's handling was cancelled"
+                        Outcome.RETRY,
+                        self._owning.settings.retry_backoff,
+                        "a request's handling was cancelled",
                     )
                 raise
             finally:
@@ -231,44 +302,20 @@ class ChangeSetProcessor:
         elif not isinstance(err, FencedError | LeaseLost | Retry | Wedged):
             # Not one of the typed ways a task ends (fenced, lease lost, retry, wedged): a bug, say.
             log.error("%s: processing a request failed", self.change_set, exc_info=err)
-        result = failed(err, self._rt.settings.retry_backoff)
+        result = failed(err, self._owning.settings.retry_backoff)
         self._finish(result.outcome, result.delay, result.reason)
-
-    async def _maybe_flush(self, waiting: int) -> None:
-        """Commit now unless more requests are already waiting (``waiting`` of them behind this one) and the group
-        has room (then soon, by timer)."""
-        assert self._commits is not None
-        if commit_now(
-            len(self._commits),
-            waiting,
-            one_by_one=self._suspect_mode,
-            idempotency_window=self._rt.settings.idempotency_window,
-        ):
-            await self._commits.flush()
-        elif self._flush_timer is None or self._flush_timer.done():
-            self._flush_timer = asyncio.create_task(self._flush_soon())
-
-    async def _flush_soon(self) -> None:
-        # The next request may be slow to arrive (flow control, a consumer reset): do not let replies wait for it.
-        await asyncio.sleep(GROUP_MAX_WAIT)
-        async with self._request_lock:
-            if self._commits is not None and self._commits.open:
-                try:
-                    await self._commits.flush()
-                except Exception as err:
-                    self._fail(err)
 
     # -- watchdog and keep-alive --------------------------------------------------------------------
     def watch(self, now: float) -> bool:
         """The watchdog, called by the daemon's lease keeper at least every progress_period (and when the lease is
         due to run out): stop everything once the lease runs out, give the task up if a step wedges. False once no
         more renewals are wanted."""
-        settings, lease = self._rt.settings, self.lease
+        settings, lease = self._owning.settings, self.lease
         # While disconnected nothing is applied (held() is False) but the lease may still be good: after a short
         # outage the reconnect handler hands the task back at once instead of letting it stall for ack_wait.
         if lease.remaining() <= 0:
             log.warning("%s: lease on the task ran out; stopping without touching it", self.change_set)
-            self._rt.stats.leases_lost += 1
+            self._owning.report.stats.leases_lost += 1
             self._finish(Outcome.LEASE_LOST, reason="lease ran out")
             self._steps.cancel(LeaseLost)
             return False
@@ -294,7 +341,8 @@ class ChangeSetProcessor:
         """Others wait for a slot (the daemon is full), or the change set's shard moved (the layout changed, looked
         at every time: it may change while owned): this ownership then only drains the old shard, and lets go once
         idle so that its new shard's task goes on."""
-        return self._rt.pressure or draining(self._rt, self.change_set, self._names)
+        placement = self._owning.placement
+        return placement.pressure or draining(placement.layout, self.change_set, self._names)
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:
@@ -311,7 +359,7 @@ class ChangeSetProcessor:
             wake.set_result(None)
 
     async def _wait_for_outcome(self) -> None:
-        settings = self._rt.settings
+        settings = self._owning.settings
         while not self._result.done():
             # The quiet rule (quiet.py): release now, or when to look again.
             step = look(
@@ -326,16 +374,16 @@ class ChangeSetProcessor:
                 self._finish(Outcome.RELEASED, reason=step.release)
                 return
             # Look again then, or sooner if woken: by the outcome, by the end of the request in hand
-            # (after_request), or by the watchdog once pressure or a drain shortens the limit (watch). It used to
-            # look every second, which with thousands of owned change sets was thousands of wake-ups a second for
-            # nothing.
+            # (after_request), or by the watchdog once pressure or a drain shortens the limit (watch). Never on a
+            # fixed tick: with thousands of owned change sets that would be thousands of wake-ups a second.
             self._wake_after_request = step.after_request
             self._wake = wake = asyncio.get_running_loop().create_future()
             await asyncio.wait({wake}, timeout=step.wait)
             self._wake, self._wake_after_request = None, False
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
-        settings = self._rt.settings
+        owning = self._owning
+        settings = owning.settings
         self._stopping = True
         grace = (
             settings.shutdown_grace if result.outcome is Outcome.INTERRUPTED else settings.handler_deadline
@@ -345,8 +393,8 @@ class ChangeSetProcessor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 async with self._request_lock:
-                    if self._commits is not None:
-                        await self._commits.settle(
+                    if self._post is not None:
+                        await self._post.settle(
                             owned=result.outcome not in (Outcome.FENCED, Outcome.LEASE_LOST)
                         )
         await self._consumer.close()
@@ -360,4 +408,12 @@ class ChangeSetProcessor:
         if result.outcome is not Outcome.RELEASED:
             return result
         assert self._handle is not None
-        return await release(self._rt, self.change_set, self._handle, self.lease, self._names)
+        return await release(
+            self.change_set,
+            self._handle,
+            self.lease,
+            self._names,
+            nats=owning.nats,
+            settings=settings,
+            report=owning.report,
+        )

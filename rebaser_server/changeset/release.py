@@ -16,11 +16,12 @@ import contextlib
 import logging
 from dataclasses import replace
 
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.context import Nats, Report
 from rebaser_server.changeset.outcome import Outcome, TaskResult
-from rebaser_server.changeset.runtime import Runtime
 from rebaser_server.record.store import ChangeSetHandle
 from rebaser_server.task.lease import Lease
 
@@ -32,36 +33,43 @@ _RETRY_PAUSE = 0.1
 
 
 async def release(
-    rt: Runtime,
     change_set: ChangeSet,
     handle: ChangeSetHandle,
     lease: Lease,
-    subjects: Subjects | None = None,
+    subjects: Subjects,
+    *,
+    nats: Nats,
+    settings: Settings,
+    report: Report,
 ) -> TaskResult:
+    """Let go of ``change_set`` (owned from the shard ``subjects``): ack its task, then make sure a request queued
+    meanwhile has one."""
     if not await handle.still_owner():
         # Acking now could delete the task of the daemon that took over (a late ack is still accepted).
         return TaskResult(Outcome.FENCED, reason="lost ownership before release")
-    await rt.hooks.checkpoint("stopped_consuming", change_set)
-    if not await lease.ack(timeout=rt.settings.nats_timeout):
+    await report.hooks.checkpoint("stopped_consuming", change_set)
+    if not await lease.ack(timeout=settings.nats_timeout):
         # Not sent (the lease ran out) or not confirmed: the task may or may not still exist. The check below is
         # still right either way: a task publish while one exists is refused, which is harmless.
         log.warning("%s: release ack not confirmed; checking for queued requests anyway", change_set)
-    await rt.hooks.checkpoint("task_acked", change_set)
-    await _task_for_queued(rt, change_set, subjects or rt.subjects)
+    await report.hooks.checkpoint("task_acked", change_set)
+    await _task_for_queued(nats, settings.nats_timeout, report, change_set, subjects)
     return TaskResult(Outcome.RELEASED, reason="quiescent")
 
 
-async def _task_for_queued(rt: Runtime, change_set: ChangeSet, subjects: Subjects) -> None:
+async def _task_for_queued(
+    nats: Nats, timeout: float, report: Report, change_set: ChangeSet, subjects: Subjects
+) -> None:
     """If a request of the change set is still queued in the shard it was owned from, make sure it has a task
     there (retried within nats_timeout)."""
     task = subjects.task(change_set.workspace_id, change_set.change_set_id)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + rt.settings.nats_timeout
+    deadline = loop.time() + timeout
     while True:
         try:
-            if await rt.queued(change_set, from_leader=True, subjects=subjects):
+            if await nats.queued(change_set, from_leader=True, subjects=subjects, timeout=timeout):
                 created = await publish_task(
-                    rt.nc, task, timeout=max(0.1, deadline - loop.time()), requester=rt.requester
+                    nats.nc, task, timeout=max(0.1, deadline - loop.time()), requester=nats.requester
                 )
                 log.info(
                     "%s: request arrived during release; task %s",
@@ -71,7 +79,7 @@ async def _task_for_queued(rt: Runtime, change_set: ChangeSet, subjects: Subject
             return
         except Exception as err:  # NATS trouble of any kind (RebaserError, NotFoundError, timeouts)
             if loop.time() >= deadline:
-                rt.stats.release_checks_failed += 1
+                report.stats.release_checks_failed += 1
                 log.warning(
                     "%s: checking for requests queued during release failed (%s); the orphan sweep will find them",
                     change_set,

@@ -1,4 +1,10 @@
-"""Replies to callers and copies to the dead-letter stream."""
+"""Replies to callers and copies to the dead-letter stream: :class:`Replies`, one per daemon.
+
+Both are carried out by a commit group's flush (:mod:`~rebaser_server.changeset.group`), in its order: the dead
+letters before the commit (a crash between the two leaves the request unprocessed, so the next owner copies it
+again, deduplicated by its stream sequence), the replies after it (a reply never announces what a crash could
+still undo).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import logging
 from collections.abc import Mapping
 
 import nats.errors
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
@@ -13,18 +20,13 @@ from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdat
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, RebaserRefused, Unsupported
 from rebaser_core.ids import RequestId
 from rebaser_core.inbox import reply_inbox_of
+from rebaser_core.settings import Settings
+from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import check_pub_ack
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Stats
+from rebaser_server.ops.observe import Observer
 
-__all__ = [
-    "UNCHECKED",
-    "Unchecked",
-    "dead_letter",
-    "dead_letter_stored",
-    "reply_inbox",
-    "request_id_of",
-    "send_reply",
-]
+__all__ = ["UNCHECKED", "Replies", "Unchecked", "request_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +40,6 @@ def request_id_of(headers: Mapping[str, str] | None) -> RequestId:
         return RequestId.new()
 
 
-def reply_inbox(rt: Runtime, headers: Mapping[str, str] | None) -> str | None:
-    """The request's reply inbox if the daemon may publish to it (None: no reply wanted); else
-    :class:`InvalidReplyInbox`, and the request is refused (``rebaser_core.inbox`` has the rule)."""
-    return reply_inbox_of(headers, rt.settings.reply_inbox_prefix, rt.subjects)
-
-
 class Unchecked:
     """The reply inbox is still to be read from the request's headers and checked."""
 
@@ -51,84 +47,115 @@ class Unchecked:
 UNCHECKED = Unchecked()
 
 
-async def send_reply(
-    rt: Runtime,
-    request_headers: dict[str, str],
-    response: EnqueueUpdatesResponse,
-    inbox: str | Unchecked | None = UNCHECKED,
-) -> None:
-    """Reply on the request's ``X-Reply-Inbox`` (if it has a valid one), in the content type the caller used.
-    ``inbox``: the request's inbox as :func:`reply_inbox` returned it, if the caller checked it already.
+class Replies:
+    """Replies and dead letters of one daemon, on its connection."""
 
-    Replies are core NATS, at most once: a caller that missed one still has its request applied, and asking again
-    with the same request id is answered from the idempotency record.
-    """
-    if isinstance(inbox, Unchecked):
+    def __init__(
+        self, nc: NatsClient, settings: Settings, subjects: Subjects, stats: Stats, observe: Observer
+    ) -> None:
+        self._nc = nc
+        self._settings = settings
+        self._subjects = subjects  # shard 0's names and the shared ones (dead letters)
+        self._stats = stats
+        self._observe = observe
+
+    def inbox(self, headers: Mapping[str, str] | None) -> str | None:
+        """The request's reply inbox if the daemon may publish to it (None: no reply wanted); else
+        :class:`InvalidReplyInbox`, and the request is refused (``rebaser_core.inbox`` has the rule)."""
+        return reply_inbox_of(headers, self._settings.reply_inbox_prefix, self._subjects)
+
+    async def send(
+        self,
+        request_headers: dict[str, str],
+        response: EnqueueUpdatesResponse,
+        inbox: str | Unchecked | None = UNCHECKED,
+    ) -> None:
+        """Reply on the request's ``X-Reply-Inbox`` (if it has a valid one), in the content type the caller used.
+        ``inbox``: the request's inbox as :meth:`inbox` returned it, if the caller checked it already.
+
+        Replies are core NATS, at most once: a caller that missed one still has its request applied, and asking
+        again with the same request id is answered from the idempotency record.
+        """
+        if isinstance(inbox, Unchecked):
+            try:
+                inbox = self.inbox(request_headers)
+            except InvalidReplyInbox:
+                return  # the request was refused for it (dead-lettered); there is nowhere safe to answer
+        if not inbox:
+            return
         try:
-            inbox = reply_inbox(rt, request_headers)
-        except InvalidReplyInbox:
-            return  # the request was refused for it (dead-lettered); there is nowhere safe to answer
-    if not inbox:
-        return
-    try:
-        content_type = ContentType.parse(
-            h.get_header(request_headers, h.CONTENT_TYPE) or ContentType.CBOR.value
+            content_type = ContentType.parse(
+                h.get_header(request_headers, h.CONTENT_TYPE) or ContentType.CBOR.value
+            )
+        except Unsupported:
+            # The caller's own type is unusable; JSON is the most readable fallback.
+            content_type = ContentType.JSON
+        headers, body = ENQUEUE_UPDATES_RESPONSE.encode(response, content_type)
+        try:
+            # Its span, in the trace context of the request it answers.
+            with self._observe.reply(request_headers, headers):
+                await self._nc.publish(inbox, body, headers=headers)
+        except Exception as err:
+            log.warning("reply to %s failed: %s", inbox, err)
+
+    async def dead_letter(self, msg: Msg, seq: int, reason: str) -> bool:
+        """Copy the request, bounded, with the reason, to the dead-letter stream and wait for the stream's ack.
+
+        Never raises: a request being dead-lettered must end whatever happens to its copy. If JetStream refuses
+        the copy it is tried once more without the original headers and body; if that fails too (or the stream
+        cannot be reached), the copy is given up, logged and counted (``dead_letter_failures``), and False
+        returned.
+        """
+        return await self.dead_letter_stored(msg.subject, msg.headers, msg.data, seq, reason)
+
+    async def dead_letter_stored(
+        self, subject: str, original_headers: Mapping[str, str] | None, data: bytes, seq: int, reason: str
+    ) -> bool:
+        """:meth:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
+        subjects = self._subjects
+        try:
+            change_set = subjects.parse_any_requests(subject)
+            target = subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
+        except InvalidSubject:
+            target = subjects.dead_letter_malformed
+        reason = _one_ascii_line(reason, _MAX_REASON)
+        marks = {
+            h.DEAD_LETTER_REASON: reason,
+            h.DEAD_LETTER_SUBJECT: _one_ascii_line(subject, _MAX_REASON),
+            h.DEAD_LETTER_SEQUENCE: str(seq),
+            # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
+            h.NATS_MSG_ID: f"{subjects.for_shard(subjects.shard_of_subject(subject)).requests_stream}:{seq}",
+        }
+        headers, body = _bounded_copy(original_headers, data, self._settings.dead_letter_max_body)
+        try:
+            await self._store(target, body, {**headers, **marks})
+        except RebaserRefused as err:
+            log.warning("dead letter of seq %d refused (%s); storing it without headers and body", seq, err)
+            try:
+                await self._store(target, b"", {**marks, h.DEAD_LETTER_TRUNCATED: str(len(data))})
+            except Exception as again:
+                return self._given_up(seq, marks[h.DEAD_LETTER_SUBJECT], reason, again)
+        except Exception as err:
+            return self._given_up(seq, marks[h.DEAD_LETTER_SUBJECT], reason, err)
+        self._stats.requests_dead_lettered += 1
+        log.warning("dead-lettered request seq %d of %s: %s", seq, marks[h.DEAD_LETTER_SUBJECT][:200], reason)
+        return True
+
+    async def _store(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        try:
+            reply = await self._nc.request(
+                subject, body, headers=headers, timeout=self._settings.nats_timeout
+            )
+        except nats.errors.NoRespondersError:
+            raise RebaserRefused(f"no stream stores {subject}") from None
+        check_pub_ack(reply.data, subject)
+
+    def _given_up(self, seq: int, subject: str, reason: str, err: BaseException) -> bool:
+        self._stats.dead_letter_failures += 1
+        log.error(
+            "could not dead-letter request seq %d of %s (%s); it is dropped: %s", seq, subject, err, reason
         )
-    except Unsupported:
-        content_type = (
-            ContentType.JSON
-        )  # the caller's own type is unusable; JSON is the most readable fallback
-    headers, body = ENQUEUE_UPDATES_RESPONSE.encode(response, content_type)
-    try:
-        with rt.observe.reply(
-            request_headers, headers
-        ):  # its span; the trace context of the request it answers
-            await rt.nc.publish(inbox, body, headers=headers)
-    except Exception as err:
-        log.warning("reply to %s failed: %s", inbox, err)
-
-
-async def dead_letter(rt: Runtime, msg: Msg, seq: int, reason: str) -> bool:
-    """Copy the request, bounded, with the reason, to the dead-letter stream and wait for the stream's ack.
-
-    Never raises: a request being dead-lettered must end whatever happens to its copy. If JetStream refuses the
-    copy it is tried once more without the original headers and body; if that fails too (or the stream cannot be
-    reached), the copy is given up, logged and counted (``dead_letter_failures``), and False returned.
-    """
-    return await dead_letter_stored(rt, msg.subject, msg.headers, msg.data, seq, reason)
-
-
-async def dead_letter_stored(
-    rt: Runtime, subject: str, original_headers: Mapping[str, str] | None, data: bytes, seq: int, reason: str
-) -> bool:
-    """:func:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
-    try:
-        change_set = rt.subjects.parse_any_requests(subject)
-        target = rt.subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
-    except InvalidSubject:
-        target = rt.subjects.dead_letter_malformed
-    reason = _one_ascii_line(reason, _MAX_REASON)
-    marks = {
-        h.DEAD_LETTER_REASON: reason,
-        h.DEAD_LETTER_SUBJECT: _one_ascii_line(subject, _MAX_REASON),
-        h.DEAD_LETTER_SEQUENCE: str(seq),
-        # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
-        h.NATS_MSG_ID: f"{rt.subjects.for_shard(rt.subjects.shard_of_subject(subject)).requests_stream}:{seq}",
-    }
-    headers, body = _bounded_copy(original_headers, data, rt.settings.dead_letter_max_body)
-    try:
-        await _store(rt, target, body, {**headers, **marks})
-    except RebaserRefused as err:
-        log.warning("dead letter of seq %d refused (%s); storing it without headers and body", seq, err)
-        try:
-            await _store(rt, target, b"", {**marks, h.DEAD_LETTER_TRUNCATED: str(len(data))})
-        except Exception as again:
-            return _given_up(rt, seq, marks[h.DEAD_LETTER_SUBJECT], reason, again)
-    except Exception as err:
-        return _given_up(rt, seq, marks[h.DEAD_LETTER_SUBJECT], reason, err)
-    rt.stats.requests_dead_lettered += 1
-    log.warning("dead-lettered request seq %d of %s: %s", seq, marks[h.DEAD_LETTER_SUBJECT][:200], reason)
-    return True
+        return False
 
 
 # A dead letter's reason is one header value: one line, ASCII (nats-py reads other values back as email Header
@@ -167,17 +194,3 @@ def _bounded_copy(
         kept[h.DEAD_LETTER_TRUNCATED] = str(len(body))
         body = body[:max_body]
     return kept, body
-
-
-async def _store(rt: Runtime, subject: str, body: bytes, headers: dict[str, str]) -> None:
-    try:
-        reply = await rt.nc.request(subject, body, headers=headers, timeout=rt.settings.nats_timeout)
-    except nats.errors.NoRespondersError:
-        raise RebaserRefused(f"no stream stores {subject}") from None
-    check_pub_ack(reply.data, subject)
-
-
-def _given_up(rt: Runtime, seq: int, subject: str, reason: str, err: BaseException) -> bool:
-    rt.stats.dead_letter_failures += 1
-    log.error("could not dead-letter request seq %d of %s (%s); it is dropped: %s", seq, subject, err, reason)
-    return False

@@ -31,10 +31,11 @@ from collections.abc import Iterable
 
 from nats.js.errors import APIError
 
-from rebaser_core.requester import JS_API, Answer, js_api
+from rebaser_core.requester import JS_API, Answer, Requester, js_api
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Report
 from rebaser_server.changeset.steps import start_step
 
 __all__ = ["Trimmer"]
@@ -65,14 +66,24 @@ class _Removal:
 
 
 class Trimmer:
-    def __init__(self, rt: Runtime, change_set: ChangeSet, subjects: Subjects | None = None) -> None:
-        self._rt = rt
+    def __init__(
+        self,
+        change_set: ChangeSet,
+        subjects: Subjects,
+        *,
+        requester: Requester,
+        settings: Settings,
+        report: Report,
+    ) -> None:
+        self._requester = requester
+        self._timeout = settings.nats_timeout
+        self._report = report
         self._change_set = change_set
-        self._names = subjects or rt.subjects  # the shard the change set's task came from
+        self._names = subjects  # the shard the change set's task came from
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._delete_subject = f"{JS_API}.STREAM.MSG.DELETE.{self._names.requests_stream}"
         self._waiting: list[int] = []  # sequences of processed requests not yet being removed
-        self._limit = max(1, rt.settings.idempotency_window // 2)
+        self._limit = max(1, settings.idempotency_window // 2)
         self._removal: _Removal | None = None  # the one in flight
         self._task: asyncio.Task[None] | None = None  # a removal that had to wait (a purge): referenced here
         self._caught_up = asyncio.Event()
@@ -124,19 +135,18 @@ class Trimmer:
         """Remove the processed requests of ``removal`` from the stream: a purge, done when this returns (False);
         or deletes by sequence, sent when this returns, each answer going to :meth:`_answered` (True). Raises if
         the removal failed (whether or not part of it reached the server)."""
-        rt = self._rt
-        await rt.hooks.checkpoint("purging", self._change_set)
+        await self._report.hooks.checkpoint("purging", self._change_set)
         seqs = removal.seqs
         if len(seqs) > _DELETE_MAX:
             await self._purge_below(max(seqs) + 1)
             return False
-        timeout = rt.settings.nats_timeout
+        timeout = self._timeout
         for seq in seqs:
             # no_erase: the message's bytes are not overwritten, only dropped (an erase rewrites the block).
             # Formatted, not json.dumps'd: one delete per processed request. Sent by send(), not request(): no
             # future, task or timer per delete.
             payload = b'{"seq":%d,"no_erase":true}' % seq
-            await rt.requester.send(
+            await self._requester.send(
                 self._delete_subject,
                 payload,
                 timeout=timeout,
@@ -165,13 +175,13 @@ class Trimmer:
         removal.over = True
         self._removal = None
         if len(failed) < len(removal.seqs):
-            self._rt.stats.last_publish_at = time.time()
+            self._report.stats.last_publish_at = time.time()
         if failed:
             # Best effort by design: left-over requests are skipped by the record's watermark if seen again (the
             # release check republishes the task for them). They are retried with the next removal; meanwhile
             # nobody waits for this one (flush and a busy processed() return).
             self._waiting[:0] = failed
-            self._rt.stats.delete_failures += 1
+            self._report.stats.delete_failures += 1
             why = (
                 error
                 if len(failed) == len(removal.seqs)
@@ -188,11 +198,8 @@ class Trimmer:
         self._start()
 
     async def _purge_below(self, seq: int) -> None:
-        rt = self._rt
         subject = f"STREAM.PURGE.{self._names.requests_stream}"
-        await js_api(
-            rt.requester, subject, {"filter": self._subject, "seq": seq}, timeout=rt.settings.nats_timeout
-        )
+        await js_api(self._requester, subject, {"filter": self._subject, "seq": seq}, timeout=self._timeout)
 
 
 def _delete_error(answer: Answer) -> Exception | None:

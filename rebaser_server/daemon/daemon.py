@@ -33,10 +33,11 @@ from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.changeset.context import Nats, Placement, Report, Stats
 from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.migration import old_shard_busy
-from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, TaskResult
-from rebaser_server.changeset.runtime import Runtime, Stats
+from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, Owning, TaskResult
+from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.puller import TaskPuller
 from rebaser_server.daemon.shards import ShardPullers
 from rebaser_server.daemon.sweeper import Sweeper
@@ -44,8 +45,10 @@ from rebaser_server.ops.health import ConnectionWatch, StatusReporter
 from rebaser_server.ops.observe import Observer
 from rebaser_server.ops.status import status_of
 from rebaser_server.queries.service import QueryService
+from rebaser_server.record.direct_reads import DirectReads
 from rebaser_server.record.store import ChangeSetStore, NothingToDo, TaskDelivery
 from rebaser_server.task.handback import hand_back
+from rebaser_server.task.keeper import LeaseKeeper
 
 __all__ = ["Daemon"]
 
@@ -109,10 +112,23 @@ class Daemon:
         nats_speedups.install(nc)  # every request delivery, reply and commit carries headers
         js = nc.jetstream(timeout=settings.nats_timeout)
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{RequestId.new()}"
-        store = ChangeSetStore(js, settings, Requester(nc))
-        self.rt = Runtime(nc, js, settings, app, store, owner, hooks or Hooks())
-        self.sweeper = Sweeper(self.rt)
-        self.queries = QueryService(self.rt)
+        requester = Requester(nc)
+        store = ChangeSetStore(js, settings, requester)
+        stats = Stats()
+        report = Report(stats, Observer(), hooks or Hooks())
+        # Shard 0's names and the shared ones, made once: Settings.subjects builds (and validates) new ones.
+        subjects = settings.subjects
+        placement = Placement()
+
+        def renewed() -> None:
+            stats.lease_renewals += 1
+
+        nats = Nats(nc, js, requester, store.reads or DirectReads(requester, settings.nats_timeout))
+        replies = Replies(nc, settings, subjects, stats, report.observe)
+        keeper = LeaseKeeper(nc, period=settings.progress_period, on_renewed=renewed)
+        self._owning = Owning(nats, settings, app, store, owner, keeper, replies, report, placement)
+        self.sweeper = Sweeper(nats, settings, placement, replies)
+        self.queries = QueryService(nc, js, settings, app=app, store=store, placement=placement)
         self._sweep = sweep
         self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
         # Change sets taken but not yet started (see _pull): their processors, and when each was taken (monotonic).
@@ -122,25 +138,25 @@ class Daemon:
         self._stopping = False
         self._app_stopping = False  # shutdown has come to stopping the app (see _start_app)
         # One pull loop (_pull) per served shard: rebaser_server.daemon.shards.
-        self.shards = ShardPullers(self.rt, self._pull, expires=_FETCH_TIMEOUT)
+        self.shards = ShardPullers(nats, settings, placement, self._pull, expires=_FETCH_TIMEOUT)
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
-        self.health = StatusReporter(nc, settings, self.watch, layout=lambda: self.rt.layout)
+        self.health = StatusReporter(nc, settings, self.watch, layout=lambda: placement.layout)
         self._watch_task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
 
     # -- what operations code reads (rebaser_server.ops.view.DaemonView) ---------------------------------
     @property
     def owner(self) -> str:
-        return self.rt.owner
+        return self._owning.owner
 
     @property
     def settings(self) -> Settings:
-        return self.rt.settings
+        return self._owning.settings
 
     @property
     def layout(self) -> Layout:
-        return self.rt.layout
+        return self._owning.placement.layout
 
     @property
     def served_shards(self) -> list[int]:
@@ -156,11 +172,28 @@ class Daemon:
 
     @property
     def observe(self) -> Observer:
-        return self.rt.observe
+        return self._owning.report.observe
 
     @property
     def stats(self) -> Stats:
-        return self.rt.stats
+        return self._owning.report.stats
+
+    # -- the parts tests and embedding code reach for -------------------------------------------------
+    @property
+    def nats(self) -> Nats:
+        return self._owning.nats
+
+    @property
+    def store(self) -> ChangeSetStore:
+        return self._owning.store
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        return self._owning.keeper
+
+    @property
+    def report(self) -> Report:
+        return self._owning.report
 
     @property
     def owned(self) -> list[ChangeSet]:
@@ -175,12 +208,12 @@ class Daemon:
         """Set up streams, consumer, store and app, then serve. While NATS or JetStream is not available yet (a
         cluster still forming, a stream leader being elected) set-up is retried with backoff, for ``timeout``
         seconds (None: for ever), each failure one log line."""
-        rt = self.rt
+        owning = self._owning
         await self._set_up(timeout)
         if self._stopping:
             return  # shut down while starting (a signal): start nothing
         await self.queries.start()
-        await rt.keeper.start()
+        await owning.keeper.start()
         if self._stopping:
             return  # shut down meanwhile: take no task
         await self.shards.start()
@@ -189,12 +222,12 @@ class Daemon:
         self._watch_task = asyncio.create_task(self.watch.run(self._on_reconnect), name="rebaser NATS watch")
         log.info(
             "rebaser daemon %s serving (prefix=%s, concurrency=%d, shards %s of %d, %s)",
-            rt.owner,
-            rt.settings.prefix,
-            rt.settings.concurrency,
+            owning.owner,
+            owning.settings.prefix,
+            owning.settings.concurrency,
             self.shards.shards,
-            rt.layout.streams,
-            rt.layout.mode,
+            owning.placement.layout.streams,
+            owning.placement.layout.mode,
         )
 
     async def _set_up(self, timeout: float | None) -> None:
@@ -203,7 +236,7 @@ class Daemon:
         # JetStream call unanswered, the app's own (the snapshot app opens an object store) included. So a failure
         # here is retried, not fatal. Retrying is safe: each step is create-or-update, and an app whose start failed
         # is stopped (releasing what it opened) before it is started again.
-        rt = self.rt
+        owning = self._owning
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         pause = _SETUP_RETRY_FIRST
@@ -211,7 +244,7 @@ class Daemon:
             app_step = False
             try:
                 await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
-                await rt.store.open()
+                await owning.store.open()
                 if self._stopping:
                     return  # shut down meanwhile: start no app that shutdown would not stop
                 app_step = True
@@ -232,21 +265,21 @@ class Daemon:
                 pause = min(pause * 2, _SETUP_RETRY_MAX)
 
     async def _start_app(self) -> None:
-        rt = self.rt
+        owning = self._owning
         try:
-            await rt.app.start(rt.nc, rt.settings)
+            await owning.app.start(owning.nats.nc, owning.settings)
         except BaseException:
             with contextlib.suppress(Exception):
-                await rt.app.stop()
+                await owning.app.stop()
             raise
         if self._app_stopping:
             # Shutdown came while the app started, and its stop of the app may have run before the start ended.
             with contextlib.suppress(Exception):
-                await rt.app.stop()
+                await owning.app.stop()
 
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
-        settings = self.rt.settings
+        settings = self._owning.settings
         while not self._stopping:
             free = settings.concurrency - len(self._active)
             if free <= 0:
@@ -254,9 +287,9 @@ class Daemon:
                 # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
                 # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default).
                 freed = await self._wait_for_slot()
-                self.rt.pressure = not freed and await self._others_waiting()
+                self._owning.placement.pressure = not freed and await self._others_waiting()
                 continue
-            self.rt.pressure = False
+            self._owning.placement.pressure = False
             # Admission: at most start_concurrency change sets in their cold path (record read and bumped, consumer
             # created, first request delivered) at once. Pulling every task a burst offers made the daemon start
             # thousands at once: each of their round trips queued behind all the others', lease confirmations came
@@ -266,7 +299,7 @@ class Daemon:
             if room <= 0:
                 await self._wait_for_slot()
                 continue
-            if not self.rt.nc.is_connected:
+            if not self._owning.nats.nc.is_connected:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
@@ -278,7 +311,7 @@ class Daemon:
                         # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
                         # hand it straight back.
                         with contextlib.suppress(Exception):
-                            await hand_back(self.rt.nc, msg)
+                            await hand_back(self._owning.nats.nc, msg)
                     else:
                         await self._take(msg, pulled_at, subjects)
             except Exception as err:
@@ -310,18 +343,23 @@ class Daemon:
         task) and takes them again with fresh consumers. A reconnect is rare; one re-acquire per owned change set is
         its whole cost.
         """
-        rt = self.rt
-        rt.stats.nats_reconnects += 1
+        owning = self._owning
+        owning.report.stats.nats_reconnects += 1
         if self._stopping:
             return
         log.warning("reconnected to NATS: handing back %d owned change sets", len(self._active))
         for processor in list(self._active.values()):
-            rt.stats.reconnect_handbacks += 1
+            owning.report.stats.reconnect_handbacks += 1
             processor.interrupt()
         try:
             # A memory-storage deployment loses streams, consumer and bucket in a restart; elsewhere a no-op.
-            await ensure_streams(rt.js, rt.settings, shards=rt.layout.shards, streams=rt.layout.streams)
-            await rt.store.open()
+            await ensure_streams(
+                owning.nats.js,
+                owning.settings,
+                shards=owning.placement.layout.shards,
+                streams=owning.placement.layout.streams,
+            )
+            await owning.store.open()
         except Exception as err:
             log.warning(
                 "re-ensuring streams after a reconnect failed (%s); the status page shows what is missing",
@@ -338,7 +376,7 @@ class Daemon:
             return "a task puller has stopped"
         if not self._stopping and self._watch_task is not None and self._watch_task.done():
             return "the NATS watch has stopped"
-        if not self._stopping and self.shards.shards and not self.rt.keeper.running:
+        if not self._stopping and self.shards.shards and not self._owning.keeper.running:
             return "the lease keeper has stopped"
         return None
 
@@ -353,26 +391,33 @@ class Daemon:
             log.error("dropping malformed task %r: %s", msg.subject, err)
             await msg.term()
             return
-        self.rt.stats.tasks_taken += 1
+        self._owning.report.stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
         processor = ChangeSetProcessor(
-            self.rt, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
+            self._owning, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
         )
         self._starting[processor] = time.monotonic()
         # The take's trace span lasts as long as the task (rebaser_server.ops.observe).
-        task = self.rt.observe.own(
+        task = self._owning.report.observe.own(
             change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
         )
         self._active[task] = processor
 
     async def _own(self, processor: ChangeSetProcessor) -> None:
-        stats = self.rt.stats
+        stats = self._owning.report.stats
         try:
             try:
                 # Order across a layout change: what is queued in the change set's old shard goes first.
-                busy = await old_shard_busy(self.rt, processor.change_set, processor.subjects)
+                owning = self._owning
+                busy = await old_shard_busy(
+                    owning.nats,
+                    owning.settings,
+                    owning.placement.layout,
+                    processor.change_set,
+                    processor.subjects,
+                )
                 if busy is not None:
                     stats.tasks_deferred += 1
                     result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
@@ -386,10 +431,10 @@ class Daemon:
             except (TimeoutError, nats.errors.Error) as err:
                 # NATS trouble (a leader election, an outage): expected in operation, one line, no traceback.
                 log.warning("%s: task failed on NATS (%r); it will be retried", processor.change_set, err)
-                result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
+                result = TaskResult(Outcome.RETRY, self._owning.settings.retry_backoff, str(err))
             except Exception as err:
                 log.exception("%s: task failed", processor.change_set)
-                result = TaskResult(Outcome.RETRY, self.rt.settings.retry_backoff, str(err))
+                result = TaskResult(Outcome.RETRY, self._owning.settings.retry_backoff, str(err))
             log.debug("%s: task %s (%s)", processor.change_set, result.outcome.value, result.reason)
             outcome = result.outcome
             if outcome.hands_back:
@@ -418,7 +463,7 @@ class Daemon:
     def _start_room(self) -> int:
         """How many more change sets may start now. One starting for longer than ``ack_wait`` counts as started:
         whatever holds its first request back (a consumer that never delivers) must not hold admission for ever."""
-        settings = self.rt.settings
+        settings = self._owning.settings
         if len(self._starting) >= settings.start_concurrency:
             too_old = time.monotonic() - settings.ack_wait
             for processor in [p for p, since in self._starting.items() if since < too_old]:
@@ -444,7 +489,7 @@ class Daemon:
             return
         self._stopping = True
         self._slot_freed.set()
-        settings = self.rt.settings
+        settings = self._owning.settings
         # Each puller may finish its fetch; then it is stopped, and what it fetched but never took is handed back.
         await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
         self.sweeper.stop()
@@ -457,16 +502,16 @@ class Daemon:
             await asyncio.wait(set(self._active), timeout=settings.shutdown_grace + 5.0)
         if self._active:
             log.error("%d change sets did not finish handing back in time", len(self._active))
-        await self.rt.keeper.stop()
+        await self._owning.keeper.stop()
         self._app_stopping = True
-        for what, stop in (("queries", self.queries.stop), ("app", self.rt.app.stop)):
+        for what, stop in (("queries", self.queries.stop), ("app", self._owning.app.stop)):
             try:
                 async with asyncio.timeout(settings.nats_timeout):
                     await stop()
             except Exception as err:
                 log.warning("stopping the %s failed: %r", what, err)
         self.stopped.set()
-        log.info("rebaser daemon %s stopped", self.rt.owner)
+        log.info("rebaser daemon %s stopped", self._owning.owner)
 
 
 async def _stop_task(task: asyncio.Task[Any], *, grace: float, after_cancel: float) -> None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from rebaser_server.changeset.replies import dead_letter_stored
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.replies import Replies
 
 __all__ = ["JunkRemover"]
 
@@ -30,8 +30,9 @@ _LOOKUPS_PER_SWEEP = 1000
 
 
 class JunkRemover:
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
+    def __init__(self, js: JetStreamContext, replies: Replies) -> None:
+        self._js = js
+        self._replies = replies
         self._cursors: dict[tuple[str, str], int] = {}  # (stream, subject) -> last sequence looked at
         self.removed = 0
 
@@ -46,7 +47,7 @@ class JunkRemover:
             while budget > 0:
                 budget -= 1
                 try:
-                    msg = await self._rt.js.get_msg(
+                    msg = await self._js.get_msg(
                         stream, seq=self._cursors.get(key, 0) + 1, subject=subject, next=True, direct=True
                     )
                 except NotFoundError:
@@ -59,11 +60,11 @@ class JunkRemover:
                 if msg.subject != subject:
                     continue  # matched because the junk subject acted as a wildcard: a real message, left alone
                 if dead_letter:
-                    await dead_letter_stored(
-                        self._rt, subject, msg.headers, msg.data or b"", seq, f"malformed subject: {why}"
+                    await self._replies.dead_letter_stored(
+                        subject, msg.headers, msg.data or b"", seq, f"malformed subject: {why}"
                     )
                 with contextlib.suppress(NotFoundError):  # removed meanwhile (another daemon's sweep)
-                    await self._rt.js.delete_msg(stream, seq)
+                    await self._js.delete_msg(stream, seq)
                 removed += 1
         if removed:
             self.removed += removed

@@ -25,7 +25,7 @@ from rebaser_core.layout_store import LayoutFollower, init_layout
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.daemon.puller import TaskPuller
 from rebaser_server.task.handback import hand_back
 
@@ -72,8 +72,19 @@ class _Puller:
 class ShardPullers:
     """One pull loop (the daemon's ``_pull``) per served shard; started, changed and stopped with the layout."""
 
-    def __init__(self, rt: Runtime, pull: PullLoop, *, expires: float, hostname: str | None = None) -> None:
-        self._rt = rt
+    def __init__(
+        self,
+        nats: Nats,
+        settings: Settings,
+        placement: Placement,
+        pull: PullLoop,
+        *,
+        expires: float,
+        hostname: str | None = None,
+    ) -> None:
+        self._nats = nats
+        self._settings = settings
+        self._placement = placement  # its layout is written here, as the cluster's changes
         self._pull = pull
         self._expires = expires  # of each pull request (rebaser_server.daemon.puller)
         self._hostname = hostname
@@ -87,10 +98,10 @@ class ShardPullers:
 
     async def set_up(self) -> Layout:
         """Read (or create) the layout, check this daemon's flags against it, and ensure every shard's streams."""
-        rt, settings = self._rt, self._rt.settings
+        js, settings = self._nats.js, self._settings
         layout = await init_layout(
-            rt.js,
-            rt.subjects,
+            js,
+            settings.subjects,
             streams=settings.streams,
             mode=settings.assignment,
             who="this daemon",
@@ -98,24 +109,24 @@ class ShardPullers:
             storage=settings.storage,
         )
         served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
-        await ensure_streams(rt.js, settings, shards=layout.shards, streams=layout.streams)
-        rt.layout = layout
+        await ensure_streams(js, settings, shards=layout.shards, streams=layout.streams)
+        self._placement.layout = layout
         return layout
 
     async def start(self) -> None:
-        await self._apply(self._rt.layout)
+        layout = self._placement.layout
+        await self._apply(layout)
         self._follower = LayoutFollower(
-            self._rt.js, self._rt.subjects, self._rt.layout, on_change=self._on_change
+            self._nats.js, self._settings.subjects, layout, on_change=self._on_change
         )
         self._follower.start()
 
     async def _on_change(self, _old: Layout, new: Layout) -> None:
-        rt = self._rt
         try:
-            await ensure_streams(rt.js, rt.settings, shards=new.shards, streams=new.streams)
+            await ensure_streams(self._nats.js, self._settings, shards=new.shards, streams=new.streams)
         except Exception as err:
             log.warning("ensuring the streams of the new layout failed (%s); serving what exists", err)
-        rt.layout = new
+        self._placement.layout = new
         try:
             await self._apply(new)
         except LayoutMismatch as err:
@@ -124,13 +135,13 @@ class ShardPullers:
 
     async def _apply(self, layout: Layout) -> None:
         async with self._lock:
-            wanted = set(served_shards(layout, self._rt.settings, self._hostname))
+            wanted = set(served_shards(layout, self._settings, self._hostname))
             for shard in sorted(set(self._pullers) - wanted):
                 await self._stop_one(self._pullers.pop(shard))
             for shard in sorted(wanted - set(self._pullers)):
-                subjects = self._rt.subjects.for_shard(shard)
+                subjects = self._settings.subjects.for_shard(shard)
                 sub = TaskPuller(
-                    self._rt.nc, subjects.tasks_stream, subjects.tasks_consumer, expires=self._expires
+                    self._nats.nc, subjects.tasks_stream, subjects.tasks_consumer, expires=self._expires
                 )
                 task = asyncio.create_task(self._pull(sub, subjects), name=f"rebaser task puller {shard}")
                 self._pullers[shard] = _Puller(shard, sub, task)
@@ -146,7 +157,7 @@ class ShardPullers:
             await puller.sub.stop()
         for msg in puller.sub.leftovers():  # delivered, never taken: hand back at once
             with contextlib.suppress(Exception):
-                await hand_back(self._rt.nc, msg)
+                await hand_back(self._nats.nc, msg)
 
     def stopped_unexpectedly(self) -> bool:
         return any(p.task.done() for p in self._pullers.values())

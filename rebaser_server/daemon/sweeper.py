@@ -16,9 +16,11 @@ import random
 from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import ParsedSubject, Subjects
 from rebaser_core.tasks import publish_task
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Nats, Placement
+from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.junk import JunkRemover
 
 __all__ = ["Sweeper"]
@@ -40,11 +42,13 @@ def _parse_all(
 
 
 class Sweeper:
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
+    def __init__(self, nats: Nats, settings: Settings, placement: Placement, replies: Replies) -> None:
+        self._nats = nats
+        self._settings = settings
+        self._placement = placement  # the shard layout, as the daemon follows it: every shard is swept
         self.sweeps = 0
         self.orphans_found = 0
-        self.junk = JunkRemover(rt)
+        self.junk = JunkRemover(nats.js, replies)
         # The loop's own stop flag: nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11,
         # and a sweep loop stopped only by it would go on sweeping after its daemon stopped.
         self._stopped = False
@@ -58,9 +62,9 @@ class Sweeper:
         requests get their task in the same shard); return how many."""
         found = 0
         failed: Exception | None = None
-        for shard in self._rt.layout.shards:
+        for shard in self._placement.layout.shards:
             try:
-                found += await self._sweep_shard(self._rt.subjects.for_shard(shard))
+                found += await self._sweep_shard(self._settings.subjects.for_shard(shard))
             except (
                 Exception
             ) as err:  # one shard's trouble (its leader being elected) must not skip the others
@@ -75,12 +79,12 @@ class Sweeper:
         return found
 
     async def _sweep_shard(self, subjects: Subjects) -> int:
-        rt = self._rt
-        requests = await rt.js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
+        js = self._nats.js
+        requests = await js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
         queued, junk = _parse_all(subjects.parse_requests, requests.state.subjects)
         if junk:
             await self.junk.remove(subjects.requests_stream, junk, dead_letter=True)
-        tasks = await rt.js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
+        tasks = await js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
         tasked, junk = _parse_all(subjects.parse_task, tasks.state.subjects)
         if junk:
             await self.junk.remove(subjects.tasks_stream, junk, dead_letter=False)
@@ -93,13 +97,13 @@ class Sweeper:
     async def _publish(self, subjects: Subjects, change_set: ParsedSubject) -> bool:
         subject = subjects.task(change_set.workspace_id, change_set.change_set_id)
         try:
-            return await publish_task(self._rt.nc, subject)
+            return await publish_task(self._nats.nc, subject)
         except RebaserError as err:
             log.warning("orphan sweep: task publish for %s failed: %s", subject, err)
             return False
 
     async def run(self) -> None:
-        interval = self._rt.settings.sweep_interval
+        interval = self._settings.sweep_interval
         while not self._stopped:
             await asyncio.sleep(interval * random.uniform(0.75, 1.25))
             if self._stopped:

@@ -11,8 +11,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 
 from rebaser_core import headers as h
 from rebaser_core.api import (
@@ -33,10 +35,12 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
 from rebaser_core.inbox import check_reply_inbox
-from rebaser_server.app import ChangeSet, SupportsQueries
+from rebaser_core.settings import Settings
+from rebaser_server.app import ChangeSet, RebaserApp, SupportsQueries
+from rebaser_server.changeset.context import Placement
 from rebaser_server.changeset.replies import request_id_of
-from rebaser_server.changeset.runtime import Runtime
 from rebaser_server.queries.settled import SettledWaits
+from rebaser_server.record.store import ChangeSetStore
 
 __all__ = ["QueryService"]
 
@@ -46,15 +50,28 @@ QUEUE_GROUP = "rebaser-queries"
 
 
 class QueryService:
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
+    def __init__(
+        self,
+        nc: NatsClient,
+        js: JetStreamContext,
+        settings: Settings,
+        *,
+        app: RebaserApp,
+        store: ChangeSetStore,
+        placement: Placement,
+    ) -> None:
+        self._nc = nc
+        self._settings = settings
+        self._subjects = settings.subjects
+        self._app = app
+        self._store = store
         self._sub: Subscription | None = None
-        self.settled = SettledWaits(rt)  # held ``settled`` queries (rebaser_server/queries/settled.py)
+        self.settled = SettledWaits(
+            nc, js, settings, placement
+        )  # held ``settled`` queries (rebaser_server/queries/settled.py)
 
     async def start(self) -> None:
-        self._sub = await self._rt.nc.subscribe(
-            self._rt.subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query
-        )
+        self._sub = await self._nc.subscribe(self._subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -66,7 +83,7 @@ class QueryService:
         if not msg.reply:
             return
         try:
-            check_reply_inbox(msg.reply, self._rt.settings.reply_inbox_prefix, self._rt.subjects)
+            check_reply_inbox(msg.reply, self._settings.reply_inbox_prefix, self._subjects)
         except InvalidReplyInbox as err:
             log.warning("not answering query on %s: %s", msg.subject[:200], err)
             return
@@ -108,7 +125,7 @@ class QueryService:
             return
         content_type = _content_type(msg.headers)
         headers, body = response_codec.encode(response, content_type)
-        limit = self._rt.nc.max_payload
+        limit = self._nc.max_payload
         if len(body) + h.header_block_size(headers) > limit:
             # NATS would refuse to send it and the caller would only time out: say why instead.
             error = (
@@ -117,17 +134,17 @@ class QueryService:
             )
             response = response_cls(id=response.id, **ids, error=error)
             headers, body = response_codec.encode(response, content_type)
-        await self._rt.nc.publish(msg.reply, body, headers=headers)
+        await self._nc.publish(msg.reply, body, headers=headers)
 
     def _parse(self, subject: str, operation: str) -> ChangeSet:
-        parsed = self._rt.subjects.parse_api(subject, operation)
+        parsed = self._subjects.parse_api(subject, operation)
         return ChangeSet(parsed.workspace_id, parsed.change_set_id)
 
     async def _get(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> GetChangeSetResponse:
-        record = await self._rt.store.read(change_set)
+        record = await self._store.read(change_set)
         if record is None:
             return GetChangeSetResponse(id=request.id, **ids, exists=False)
-        app = self._rt.app
+        app = self._app
         if not isinstance(app, SupportsQueries):
             return GetChangeSetResponse(
                 id=request.id,
@@ -148,26 +165,26 @@ class QueryService:
         )
 
     async def _reply(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> GetReplyResponse:
-        record = await self._rt.store.read(change_set)
+        record = await self._store.read(change_set)
         status = None if record is None else record.recorded_status(str(request.request_id))
         return GetReplyResponse(
             id=request.id, **ids, request_id=request.request_id, found=status is not None, status=status
         )
 
     async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
-        app = self._rt.app
+        app = self._app
         if not isinstance(app, SupportsQueries):
             return ForkChangeSetResponse(
                 id=request.id, **ids, error="this daemon's app cannot fork change sets"
             )
         source = ChangeSet(change_set.workspace_id, request.from_change_set_id)
-        source_record = await self._rt.store.read(source)
+        source_record = await self._store.read(source)
         if source_record is None:
             return ForkChangeSetResponse(
                 id=request.id, **ids, error=f"change set {request.from_change_set_id} does not exist"
             )
         state = app.fork(change_set, source, source_record.state)
-        if not await self._rt.store.create(change_set, f"fork of {source}", state):
+        if not await self._store.create(change_set, f"fork of {source}", state):
             return ForkChangeSetResponse(
                 id=request.id, **ids, error=f"change set {change_set} already exists"
             )

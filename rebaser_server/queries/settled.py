@@ -24,7 +24,9 @@ import logging
 import time
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
@@ -37,9 +39,11 @@ from rebaser_core.api import (
     WaitSettledResponse,
 )
 from rebaser_core.ids import RequestId
+from rebaser_core.layout import Layout
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
-from rebaser_server.changeset.runtime import Runtime
+from rebaser_server.changeset.context import Placement
 from rebaser_server.record.model import ChangeSetRecord
 
 __all__ = ["SettledWaits", "settled_now"]
@@ -67,32 +71,35 @@ UNREAD = Unread()
 
 
 async def settled_now(
-    rt: Runtime,
+    js: JetStreamContext,
+    subjects: Subjects,
+    layout: Layout,
     change_set: ChangeSet,
     query_id: RequestId,
     record: ChangeSetRecord | Unread | None = UNREAD,
 ) -> WaitSettledResponse:
     """The change set's settled facts as of now, given its record as last seen (read again before saying settled),
-    or none seen yet (read once, after the streams)."""
+    or none seen yet (read once, after the streams). ``subjects``: shard 0's names and the shared ones; ``layout``:
+    the cluster's shard layout as this daemon last read it."""
     wk, cs = change_set.workspace_id, change_set.change_set_id
     # The change set's shard, and while the layout changes its old shard too (docs/operations.md). The record's
     # watermark counts in the stream of the shard it names; in another shard nothing stored is processed yet.
-    shards = [rt.shard_subjects(change_set)]
-    old = rt.layout.old_shard_of(wk, cs)
+    shards = [subjects.for_shard(layout.shard_of(wk, cs))]
+    old = layout.old_shard_of(wk, cs)
     if old is not None:
-        shards.append(rt.subjects.for_shard(old))
+        shards.append(subjects.for_shard(old))
     last: dict[int, int] = {}  # shard -> the last request stored for the change set there
     owned = False
     for names in shards:
         # Both from the stream leader, not a direct get a lagging replica may answer: a request the caller stored
         # just before asking, or a task just taken, must be seen.
         try:
-            msg = await rt.js.get_last_msg(names.requests_stream, names.requests(wk, cs))
+            msg = await js.get_last_msg(names.requests_stream, names.requests(wk, cs))
             last[names.shard] = int(msg.seq or 0)
         except NotFoundError:
             pass
         try:
-            await rt.js.get_last_msg(names.tasks_stream, names.task(wk, cs))
+            await js.get_last_msg(names.tasks_stream, names.task(wk, cs))
             owned = True
         except NotFoundError:
             pass
@@ -105,7 +112,7 @@ async def settled_now(
     # the stale record knows of no DVU), or finished the DVU and let the change set go (the task acked after the
     # DVU's commit). Only a record read after the look at the streams tells; read it again rather than call settled
     # what is not. A request stored after that look is one the caller did not wait for.
-    fresh = await _record(rt, rt.subjects.change_sets_bucket, Subjects.change_set_key(wk, cs))
+    fresh = await _record(js, subjects.change_sets_bucket, Subjects.change_set_key(wk, cs))
     return _judge(change_set, query_id, fresh, last, owned)
 
 
@@ -137,8 +144,12 @@ def _judge(
 class SettledWaits:
     """The settled queries this daemon holds."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
+    def __init__(
+        self, nc: NatsClient, js: JetStreamContext, settings: Settings, placement: Placement
+    ) -> None:
+        self._nc, self._js = nc, js
+        self._settings = settings
+        self._placement = placement  # the shard layout, as the daemon follows it
         self._waits: set[asyncio.Task[None]] = set()
 
     @property
@@ -171,12 +182,12 @@ class SettledWaits:
         for task in waits:
             task.cancel()
         if waits:
-            await asyncio.wait(waits, timeout=self._rt.settings.nats_timeout)
+            await asyncio.wait(waits, timeout=self._settings.nats_timeout)
 
     async def _wait(
         self, reply: str, change_set: ChangeSet, request: WaitSettledRequest, content_type: ContentType
     ) -> None:
-        rt = self._rt
+        js, subjects, placement = self._js, self._settings.subjects, self._placement
         changed = asyncio.Event()
         # The record as last delivered by the watch (None: deleted); the watch delivers the current one first.
         latest: list[ChangeSetRecord | None] = []
@@ -190,17 +201,17 @@ class SettledWaits:
             changed.set()
 
         key = Subjects.change_set_key(change_set.workspace_id, change_set.change_set_id)
-        bucket = rt.subjects.change_sets_bucket
+        bucket = subjects.change_sets_bucket
         sub: Any = None
         deadline = time.monotonic() + min(request.timeout, MAX_SETTLED_WAIT)
         response: WaitSettledResponse | None = None
         try:
             # Most waits find the change set settled already: answer those without setting up a watch.
-            response = await settled_now(rt, change_set, request.id)
+            response = await settled_now(js, subjects, placement.layout, change_set, request.id)
             if response.settled or request.timeout <= 0:
                 await self._answer(reply, response, content_type)
                 return
-            sub = await rt.js.subscribe(
+            sub = await js.subscribe(
                 f"$KV.{bucket}.{key}",
                 stream=f"KV_{bucket}",
                 cb=on_write,
@@ -213,7 +224,9 @@ class SettledWaits:
                 changed.clear()
                 # Until the watch has delivered (the record may not exist), settled_now reads it; a write after the
                 # read is delivered by the watch anyway.
-                response = await settled_now(rt, change_set, request.id, latest[0] if latest else UNREAD)
+                response = await settled_now(
+                    js, subjects, placement.layout, change_set, request.id, latest[0] if latest else UNREAD
+                )
                 remaining = deadline - time.monotonic()
                 if response.settled or remaining <= 0:
                     break
@@ -241,15 +254,15 @@ class SettledWaits:
             return
         headers, body = WAIT_SETTLED_RESPONSE.encode(response, content_type)
         try:
-            await self._rt.nc.publish(reply, body, headers=headers)
+            await self._nc.publish(reply, body, headers=headers)
         except Exception as err:
             log.warning("answering a settled query failed: %r", err)
 
 
-async def _record(rt: Runtime, bucket: str, key: str) -> ChangeSetRecord | None:
+async def _record(js: JetStreamContext, bucket: str, key: str) -> ChangeSetRecord | None:
     """The change set's record, read from the KV stream's leader (a replica may not have the last write yet)."""
     try:
-        msg = await rt.js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+        msg = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
     except NotFoundError:
         return None
     if not msg.data or h.get_header(msg.headers, _KV_OPERATION) in ("DEL", "PURGE"):

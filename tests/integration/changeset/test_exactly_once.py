@@ -50,7 +50,7 @@ async def test_failed_purges_never_cause_a_second_apply(
         hooks.failing = False
         last = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=99)], timeout=10)
         sent.append(str(last.id))
-        assert await applied(daemon.rt.store, wk, cs) == sent
+        assert await applied(daemon.store, wk, cs) == sent
         assert sum(app.attempts.values()) == len(sent), "a request was applied more than once"
 
         async def purged() -> bool:

@@ -54,16 +54,14 @@ async def test_owner_taken_over_mid_request_is_fenced_and_request_applied_once(
         # Another daemon takes the change set over while this one is inside apply (as after a long pause).
         # (A delivery of another task message: the daemon's own delivery cannot prove it stale.)
         intruder = (
-            await daemon.rt.store.acquire(
-                ChangeSet(wk, cs), "intruder", {"applied": []}, TaskDelivery(10**9, 1)
-            )
+            await daemon.store.acquire(ChangeSet(wk, cs), "intruder", {"applied": []}, TaskDelivery(10**9, 1))
         ).handle
         # A first delivery of a new change set writes its record at its first commit (state.py); write it now.
         await intruder.commit(intruder.record)
         response = await call  # the task comes back (ack_wait) and the request is applied by the new owner
         assert response.ok
         assert daemon.stats.tasks_fenced == 1
-        stored = await daemon.rt.store.read(ChangeSet(wk, cs))
+        stored = await daemon.store.read(ChangeSet(wk, cs))
         assert stored is not None and stored.state["applied"] == [str(response.id)]
         assert stored.epoch > intruder.record.epoch
 

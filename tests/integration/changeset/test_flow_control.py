@@ -48,11 +48,11 @@ async def test_a_backlog_that_needs_flow_control_drains_without_the_polling_task
     try:
         async with running_daemon(nc, settings, RecordingApp()) as daemon:
             await wait_for(
-                lambda: daemon.rt.stats.requests_applied >= _REQUESTS,
+                lambda: daemon.stats.requests_applied >= _REQUESTS,
                 timeout=60,
                 message="the backlog applied",
             )
-            assert daemon.rt.keeper.watching == 1  # still owned, its consumer still bound
+            assert daemon.keeper.watching == 1  # still owned, its consumer still bound
             assert _polling_tasks() == []
         assert replies, "the server never asked for flow control: the backlog was too small to test it"
     finally:
@@ -98,7 +98,7 @@ async def test_a_slow_change_set_holds_the_servers_flow_control_until_its_queue_
         assert consumer._flow.received < _REQUESTS + 1, "the whole backlog was sent: nothing to hold"
         app.gate.set()
         await wait_for(
-            lambda: daemon.rt.stats.requests_applied >= _REQUESTS + 1,
+            lambda: daemon.stats.requests_applied >= _REQUESTS + 1,
             timeout=60,
             message="the backlog applied",
         )

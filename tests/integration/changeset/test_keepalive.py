@@ -28,10 +28,8 @@ async def test_no_lease_is_renewed_after_its_change_set_is_released(
                 wk, ChangeSetId.new(), [SetLiteral(path="/x", value=1)], timeout=30
             )
             assert response.ok
-        await wait_for(lambda: daemon.rt.stats.tasks_released >= 8, timeout=30, message="all released")
-        await wait_for(
-            lambda: daemon.rt.keeper.watching == 0, timeout=10, message="no lease renewed any more"
-        )
+        await wait_for(lambda: daemon.stats.tasks_released >= 8, timeout=30, message="all released")
+        await wait_for(lambda: daemon.keeper.watching == 0, timeout=10, message="no lease renewed any more")
         info = await nc.jetstream().consumer_info(
             settings.subjects.tasks_stream, settings.subjects.tasks_consumer
         )

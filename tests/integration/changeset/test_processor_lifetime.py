@@ -67,7 +67,7 @@ async def test_a_released_change_set_is_freed_without_the_cycle_collector(
         assert all(response.ok for response in responses)
         assert len(processors.refs) == _CHANGE_SETS
         await wait_for(
-            lambda: daemon.rt.stats.tasks_released >= _CHANGE_SETS, timeout=30, message="all released"
+            lambda: daemon.stats.tasks_released >= _CHANGE_SETS, timeout=30, message="all released"
         )
         await wait_for(lambda: not daemon._active, timeout=10, message="every owning task ended")
         await wait_for(

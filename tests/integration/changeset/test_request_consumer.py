@@ -78,10 +78,10 @@ async def _all_applied(daemon: Daemon, wk: WorkspacePk, cs: ChangeSetId, ids: li
     want = [str(i) for i in ids]
 
     async def done() -> bool:
-        return len(await applied(daemon.rt.store, wk, cs)) >= len(want)
+        return len(await applied(daemon.store, wk, cs)) >= len(want)
 
     await wait_for(done, timeout=20, message=f"{len(want)} requests applied")
-    assert await applied(daemon.rt.store, wk, cs) == want  # each once, in stream order
+    assert await applied(daemon.store, wk, cs) == want  # each once, in stream order
     assert daemon.stats.requests_replayed == 0  # none delivered twice and answered from the record
 
 
@@ -299,7 +299,7 @@ async def test_a_stored_request_that_looks_like_a_heartbeat_is_a_request(
         assert reply.ok
         consumer = await bound_consumer(daemon)
         assert consumer.resets == 0
-        assert len(await applied(daemon.rt.store, wk, cs)) == 1
+        assert len(await applied(daemon.store, wk, cs)) == 1
         await wait_for(
             lambda: daemon.stats.requests_dead_lettered + daemon.stats.requests_error >= 1,
             timeout=10,

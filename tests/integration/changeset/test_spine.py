@@ -27,7 +27,7 @@ async def test_request_reply_roundtrip(nc: NatsClient, client: RebaserClient, su
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         response = await client.enqueue_updates_with_reply(wk, cs, noop(), timeout=10)
         assert response.ok and response.workspace_id == wk and response.change_set_id == cs
-        assert await applied(daemon.rt.store, wk, cs) == [str(response.id)]
+        assert await applied(daemon.store, wk, cs) == [str(response.id)]
 
 
 async def test_json_client_gets_json_reply(nc: NatsClient, subject_prefix: str) -> None:
@@ -66,16 +66,16 @@ async def test_order_and_exclusivity_with_three_daemons(nats_url: str, subject_p
             await asyncio.gather(*(produce(cs) for cs in change_sets))
             for cs in change_sets:
                 await wait_for(
-                    lambda cs=cs: applied(d0.rt.store, wk, cs),  # type: ignore[misc]
+                    lambda cs=cs: applied(d0.store, wk, cs),  # type: ignore[misc]
                     timeout=30,
                     message=f"requests of {cs} applied",
                 )
 
                 async def complete(cs: ChangeSetId = cs) -> bool:
-                    return len(await applied(d0.rt.store, wk, cs)) == len(sent[cs])
+                    return len(await applied(d0.store, wk, cs)) == len(sent[cs])
 
                 await wait_for(complete, timeout=30, message=f"all requests of {cs} applied")
-                assert await applied(d0.rt.store, wk, cs) == sent[cs]
+                assert await applied(d0.store, wk, cs) == sent[cs]
             assert app.overlaps == []
     finally:
         for conn in conns:
@@ -121,7 +121,7 @@ async def test_poison_request_is_dead_lettered_and_next_one_processed(
         bad, ok = await poison, await good
         assert bad.status.kind == "error" and "poison" in bad.status.message and not bad.status.retryable
         assert ok.ok
-        assert await applied(daemon.rt.store, wk, cs) == [str(ok.id)]
+        assert await applied(daemon.store, wk, cs) == [str(ok.id)]
         dlq = await nc.jetstream().get_last_msg(
             settings.subjects.dead_letter_stream, settings.subjects.dead_letter(wk, cs)
         )
@@ -242,7 +242,7 @@ async def test_redelivered_request_is_not_applied_twice(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         response = await client.enqueue_updates_with_reply(wk, cs, noop(), timeout=20)
         assert response.ok
-        assert await applied(daemon.rt.store, wk, cs) == [str(response.id)]
+        assert await applied(daemon.store, wk, cs) == [str(response.id)]
         assert daemon.stats.requests_replayed == 1
 
 

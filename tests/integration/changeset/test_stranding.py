@@ -41,7 +41,7 @@ async def test_a_caller_cancelled_between_its_two_publishes_still_leaves_a_task(
         go_on.set()
 
         async def served() -> bool:
-            return len(await applied(daemon.rt.store, wk, cs)) == 1
+            return len(await applied(daemon.store, wk, cs)) == 1
 
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
 
@@ -90,7 +90,7 @@ async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_aft
         go_on.set()
 
         async def served() -> bool:
-            return len(await applied(daemon.rt.store, wk, cs)) == 1
+            return len(await applied(daemon.store, wk, cs)) == 1
 
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
         await wait_for(lambda: client.status().in_flight == 0, timeout=10, message="slot freed")
@@ -122,7 +122,7 @@ async def test_a_task_publish_refused_during_a_leader_election_is_retried(
         assert refusals == 0
 
         async def served() -> bool:
-            return len(await applied(daemon.rt.store, wk, cs)) == 1
+            return len(await applied(daemon.store, wk, cs)) == 1
 
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
 
@@ -150,7 +150,7 @@ async def test_a_failing_queued_check_after_release_is_retried(
 
         await wait_for(published, timeout=5, message="late request durable")
         # ... and the first "anything queued?" check after the ack fails (a leader election, a timeout).
-        real_queued = daemon.rt.queued
+        real_queued = daemon.nats.queued
         failures = 0
 
         async def flaky_queued(change_set: ChangeSet, **kwargs: Any) -> bool:
@@ -160,7 +160,7 @@ async def test_a_failing_queued_check_after_release_is_retried(
                 raise TimeoutError("injected: no answer")
             return await real_queued(change_set, **kwargs)
 
-        daemon.rt.queued = flaky_queued  # type: ignore[method-assign]
+        daemon.nats.queued = flaky_queued  # type: ignore[method-assign]
         gate.release()
         assert (await late).ok
         assert failures == 1
@@ -183,7 +183,7 @@ async def test_a_resent_request_whose_reply_was_lost_gets_the_recorded_reply(
             await first._enqueue(request, nc.new_inbox())  # an inbox nobody will listen to
 
             async def committed() -> bool:
-                return await applied(daemon.rt.store, wk, cs) == [str(request.id)]
+                return await applied(daemon.store, wk, cs) == [str(request.id)]
 
             await wait_for(committed, timeout=10, message="first publish applied")
         # The caller retries with the same id, within the stream's duplicate window: the publish is dropped as a
@@ -191,4 +191,4 @@ async def test_a_resent_request_whose_reply_was_lost_gets_the_recorded_reply(
         async with RebaserClient(nc, prefix=subject_prefix) as second:
             response = await second.send(request, timeout=10)
         assert response is not None and response.ok and response.id == request.id
-        assert await applied(daemon.rt.store, wk, cs) == [str(request.id)]  # applied once
+        assert await applied(daemon.store, wk, cs) == [str(request.id)]  # applied once

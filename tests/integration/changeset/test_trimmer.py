@@ -53,7 +53,13 @@ async def test_removal_by_sequence_by_purge_and_after_a_failure(
         subject, stream = settings.subjects.requests(wk, cs), settings.subjects.requests_stream
         js = nc.jetstream()
         seqs = [(await js.publish(subject, f"{i}".encode())).seq for i in range(20)]
-        trimmer = Trimmer(daemon.rt, change_set)
+        trimmer = Trimmer(
+            change_set,
+            settings.subjects,
+            requester=daemon.nats.requester,
+            settings=settings,
+            report=daemon.report,
+        )
 
         # A few: exactly those are deleted; an earlier message on the subject is left alone (no purge below).
         await trimmer.processed(seqs[1:3])

@@ -94,13 +94,13 @@ async def test_change_set_show_queued_then_owned_then_done(
             await rebaser(nats_url, subject_prefix, "change-set", "show", str(wk), str(cs), "--json")
         )
         record = shown["record"]
-        assert shown["task"] == "owned" and record["owner"] == daemon.rt.owner and record["epoch"] == 1
+        assert shown["task"] == "owned" and record["owner"] == daemon.owner and record["epoch"] == 1
         assert record["dvu_pending"] and shown["queued_total"] == 3
         assert [q["processed"] for q in shown["queued"]] == [
             q["seq"] <= record["applied_seq"] for q in shown["queued"]
         ]
         status = ok_json(await rebaser(nats_url, subject_prefix, "status", "--json"))
-        assert status["owners"] == {daemon.rt.owner: 1}
+        assert status["owners"] == {daemon.owner: 1}
         (line,) = status["change_sets"]
         assert (line["change_set_id"], line["queued"], line["task"]) == (str(cs), 3, "owned")
         gate.release()
@@ -143,13 +143,13 @@ async def test_dlq_replay_applies_the_request_under_a_new_id(
         assert result["original_id"] == str(refused.id) and result["request_id"] != str(refused.id)
         assert not result["duplicate"]
         await client.wait_settled(wk, cs, timeout=20)
-        assert await applied(daemon.rt.store, wk, cs) == [result["request_id"]]
+        assert await applied(daemon.store, wk, cs) == [result["request_id"]]
         assert ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["total"] == 0
 
         # The dead letter is gone: replaying it again is one line, and nothing is applied twice.
         again = await rebaser(nats_url, subject_prefix, "dlq", "replay", seq)
         assert f"no dead letter at sequence {seq}" in one_line_error(again)
-        assert await applied(daemon.rt.store, wk, cs) == [result["request_id"]]
+        assert await applied(daemon.store, wk, cs) == [result["request_id"]]
 
 
 async def test_dlq_drop_and_replay_all(
@@ -177,7 +177,7 @@ async def test_dlq_drop_and_replay_all(
         new_ids = [r["request_id"] for r in replayed["replayed"]]
         assert len(new_ids) == 2
         await client.wait_settled(wk, cs, timeout=20)
-        assert await applied(daemon.rt.store, wk, cs) == new_ids  # in dead-letter order
+        assert await applied(daemon.store, wk, cs) == new_ids  # in dead-letter order
         assert ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["total"] == 0
 
 
@@ -201,7 +201,7 @@ async def test_change_set_purge_removes_what_is_queued(
         await wait_for(lambda: daemon.stats.tasks_dropped == 1, message="the empty task dropped")
         answer = await client.wait_settled(wk, cs, timeout=10)
         assert answer.settled and answer.applied_seq == 0
-        assert await applied(daemon.rt.store, wk, cs) == []
+        assert await applied(daemon.store, wk, cs) == []
 
 
 async def test_wait_command(
@@ -285,7 +285,7 @@ async def test_purge_while_a_daemon_owns_the_change_set(
         answer = await client.wait_settled(wk, cs, timeout=20)
         assert answer.settled
         # What the owner had already read was applied, in order; nothing after a purged request was.
-        done = await applied(daemon.rt.store, wk, cs)
+        done = await applied(daemon.store, wk, cs)
         assert done and done == ids[: len(done)]
 
 
@@ -310,7 +310,7 @@ async def test_a_replay_cut_short_before_the_delete_is_not_applied_twice(
         again = await replay_dead_letter(nc, subjects, letter.seq)  # the operator runs it again
         assert again.duplicate  # the same derived id: JetStream stored it once
         await client.wait_settled(wk, cs, timeout=20)
-        assert await applied(daemon.rt.store, wk, cs) == [again.request_id]
+        assert await applied(daemon.store, wk, cs) == [again.request_id]
         assert (await dead_letters(nc, subjects))[0] == 0
 
 

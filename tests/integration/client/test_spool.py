@@ -55,10 +55,10 @@ async def test_busy_change_set_spools_in_order_then_full_spool_refuses(
             await wait_for(lambda: client.status().spool_size == 0, timeout=15, message="spool drained")
 
             async def done() -> bool:
-                return await applied(daemon.rt.store, wk, cs) == sent
+                return await applied(daemon.store, wk, cs) == sent
 
             await wait_for(done, timeout=15, message="spooled requests applied in order")
-            assert await applied(daemon.rt.store, wk, other) == [other_id]
+            assert await applied(daemon.store, wk, other) == [other_id]
 
 
 async def test_spool_survives_a_client_restart_and_applies_nothing_twice(
@@ -90,7 +90,7 @@ async def test_spool_survives_a_client_restart_and_applies_nothing_twice(
             await wait_for(lambda: second.status().spool_size == 0, timeout=15, message="spool replayed")
             after = await second.enqueue_updates_with_reply(wk, cs, one(6), timeout=10)
             assert after.ok
-            assert await applied(daemon.rt.store, wk, cs) == [*sent, str(after.id)]
+            assert await applied(daemon.store, wk, cs) == [*sent, str(after.id)]
     finally:
         await daemon_nc.close()
 
@@ -119,7 +119,7 @@ async def test_replay_of_a_request_that_did_land_is_dropped_by_the_stream(
         ) as replayer:
             await wait_for(lambda: replayer.status().spool_size == 0, timeout=10, message="replayed")
             later = await replayer.enqueue_updates_with_reply(wk, cs, one(1), timeout=10)
-        assert await applied(daemon.rt.store, wk, cs) == [str(request.id), str(later.id)]
+        assert await applied(daemon.store, wk, cs) == [str(request.id), str(later.id)]
         assert daemon.stats.requests_replayed == 0  # dropped by the stream, never even redelivered
 
 
@@ -150,8 +150,8 @@ async def test_a_client_that_never_read_the_layout_spools_and_replays_to_the_cha
             await wait_for(lambda: client.status().spool_size == 0, timeout=15, message="spool replayed")
             after = await client.enqueue_updates_with_reply(wk, cs, one(3), timeout=10)
             assert after.ok
-            assert await applied(daemon.rt.store, wk, cs) == [*sent, str(after.id)]
-            record = await daemon.rt.store.read(ChangeSet(wk, cs))
+            assert await applied(daemon.store, wk, cs) == [*sent, str(after.id)]
+            record = await daemon.store.read(ChangeSet(wk, cs))
             assert record is not None and record.shard == shard_of(wk, cs, 3)  # nothing went to shard 0
         await daemon_nc.close()
     finally:

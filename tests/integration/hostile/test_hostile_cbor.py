@@ -39,7 +39,7 @@ async def test_bomb_request_is_dead_lettered_and_the_canary_is_served(
         assert reply.id == rid and reply.status.kind == "error" and "DecodeError" in reply.status.message
         letter = await dead_letter_of(nc, settings, wk, cs)
         assert letter.headers is not None and "tag 28" in letter.headers[h.DEAD_LETTER_REASON]
-        assert await applied(daemon.rt.store, wk, cs) == []
+        assert await applied(daemon.store, wk, cs) == []
         await wait_for(
             lambda: stream_empty(nc, settings.subjects.requests_stream), message="requests stream empty"
         )

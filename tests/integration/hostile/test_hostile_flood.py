@@ -118,7 +118,7 @@ async def _flood(nc: NatsClient, client: RebaserClient, subject_prefix: str, cou
         canary = (WorkspacePk.new(), ChangeSetId.new())
         bystander = (WorkspacePk.new(), ChangeSetId.new())
         assert (await client.enqueue_updates_with_reply(*bystander, [SetLiteral(path="/n", value=1)])).ok
-        before = await daemon.rt.store.read(ChangeSet(*bystander))
+        before = await daemon.store.read(ChangeSet(*bystander))
 
         replies: list[Msg] = []
         reply_prefix = nc.new_inbox()
@@ -188,7 +188,7 @@ async def _flood(nc: NatsClient, client: RebaserClient, subject_prefix: str, cou
         async def victim_accounted() -> bool:
             # A generated message may be well-formed after all (a stored batch the test app accepts): then it is
             # applied and answered like any request. Every other one is dead-lettered.
-            ok = len(await applied(daemon.rt.store, *victim))
+            ok = len(await applied(daemon.store, *victim))
             return await dead_lettered(subjects.dead_letter(*victim), on_victim - ok)
 
         await wait_for(
@@ -208,7 +208,7 @@ async def _flood(nc: NatsClient, client: RebaserClient, subject_prefix: str, cou
         await canary_task
         await reply_sub.unsubscribe()
 
-        after = await daemon.rt.store.read(ChangeSet(*bystander))
+        after = await daemon.store.read(ChangeSet(*bystander))
         assert before is not None and after is not None and after.state == before.state
         assert canary_latencies, "the canary was served"
         print(

@@ -51,7 +51,7 @@ async def test_hostile_inboxes_are_dead_lettered_and_never_published_to(
                 victim_wk, victim_cs, [SetLiteral(path="/n", value=1)], timeout=20
             )
         ).ok
-        kv = daemon.rt.store.kv
+        kv = daemon.store.kv
         key = subjects.change_set_key(victim_wk, victim_cs)
         before = await kv.get(key)
         hostile = [
@@ -82,9 +82,9 @@ async def test_hostile_inboxes_are_dead_lettered_and_never_published_to(
             letter = await dead_letter_of(nc, settings, wk, cs)
             assert letter.headers is not None
             assert "InvalidReplyInbox" in letter.headers[h.DEAD_LETTER_REASON], letter.headers
-            assert await applied(daemon.rt.store, wk, cs) == []
+            assert await applied(daemon.store, wk, cs) == []
         # The daemon kept its connection and still serves; nothing was written where the inboxes pointed.
-        assert nc.is_connected and daemon.rt.nc.is_connected
+        assert nc.is_connected and daemon.nats.nc.is_connected
         assert (
             await client.enqueue_updates_with_reply(
                 wk, ChangeSetId.new(), [SetLiteral(path="/n", value=2)], timeout=20
@@ -92,7 +92,7 @@ async def test_hostile_inboxes_are_dead_lettered_and_never_published_to(
         ).ok
         after = await kv.get(key)
         assert after.revision == before.revision and after.value == before.value
-        assert (await daemon.rt.store.read(ChangeSet(victim_wk, victim_cs))) is not None
+        assert (await daemon.store.read(ChangeSet(victim_wk, victim_cs))) is not None
         await nc.flush()
         for sub in spies:
             await sub.unsubscribe()
@@ -109,7 +109,7 @@ async def test_query_with_a_hostile_reply_subject_is_not_answered(
             await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
         ).ok
         key = settings.subjects.change_set_key(wk, cs)
-        before = await daemon.rt.store.kv.get(key)
+        before = await daemon.store.kv.get(key)
         from rebaser_core.api import GET_CHANGE_SET_REQUEST, GetChangeSetRequest
 
         headers, body = GET_CHANGE_SET_REQUEST.encode(
@@ -120,7 +120,7 @@ async def test_query_with_a_hostile_reply_subject_is_not_answered(
         # A query with a proper inbox, sent after it, is answered: the hostile one was handled (and dropped) first.
         with pytest.raises(RebaserRefused, match="cannot describe"):  # answered (RecordingApp has no views)
             await client.get_change_set(wk, cs)
-        after = await daemon.rt.store.kv.get(key)
+        after = await daemon.store.kv.get(key)
         assert after.revision == before.revision
 
 

@@ -59,7 +59,7 @@ async def test_junk_in_streams_from_older_versions_is_removed(
             return not requests.state.subjects and not tasks.state.subjects
 
         await wait_for(clean, timeout=20, message="junk removed and the real request applied")
-        record = await daemon.rt.store.read(ChangeSet(wk, cs))
+        record = await daemon.store.read(ChangeSet(wk, cs))
         assert record is not None and record.state["applied"] == [str(real)]
         dlq = await js.stream_info(
             subjects.dead_letter_stream, subjects_filter=subjects.dead_letter_malformed
@@ -89,8 +89,8 @@ async def test_tasks_with_nothing_to_do_create_no_record(nc: NatsClient, subject
 
         await wait_for(tasks_gone, message="every task removed")
         assert daemon.stats.tasks_dropped == 1
-        assert await daemon.rt.store.read(ChangeSet(wk, cs)) is None
-        keys = await daemon.rt.store.kv.keys() if (await daemon.rt.store.kv.status()).values else []
+        assert await daemon.store.read(ChangeSet(wk, cs)) is None
+        keys = await daemon.store.kv.keys() if (await daemon.store.kv.status()).values else []
         assert keys == []
 
 

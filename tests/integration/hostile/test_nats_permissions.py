@@ -67,7 +67,7 @@ async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsCl
             with pytest.raises(RebaserRefused, match="cannot describe"):  # a query is answered
                 await client.get_change_set(wk, cs)
             key = settings.subjects.change_set_key(wk, cs)
-            before = await daemon.rt.store.kv.get(key)
+            before = await daemon.store.kv.get(key)
             forbidden = [
                 f"$KV.{settings.subjects.change_sets_bucket}.{key}",
                 f"$O.{settings.subjects.snapshots_bucket}.M.abc",
@@ -85,7 +85,7 @@ async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsCl
                 lambda: sum("permissions violation" in e.lower() for e in errors) >= len(forbidden) + 1,
                 message=f"every forbidden publish and the subscription refused: {errors}",
             )
-            after = await daemon.rt.store.kv.get(key)
+            after = await daemon.store.kv.get(key)
             assert after.revision == before.revision and after.value == before.value
             assert (await daemon_nc.jetstream().stream_info(settings.subjects.requests_stream)).config.name
             # And the caller still works after all that.

@@ -110,7 +110,7 @@ async def test_outage_fails_fast_bounded_and_recovers_without_restarts(
 
             # -- back: same port, same store -------------------------------------------------------------
             await asyncio.to_thread(own_server.start)
-            store = daemon.rt.store
+            store = daemon.store
 
             async def all_applied() -> bool:
                 for cs in change_sets:
@@ -170,7 +170,7 @@ async def test_owned_change_set_resumes_at_once_after_a_server_restart(
             )
             assert second.ok
             assert time.monotonic() - started < 5.0
-            assert await applied(daemon.rt.store, wk, cs) == [str(first.id), str(second.id)]
+            assert await applied(daemon.store, wk, cs) == [str(first.id), str(second.id)]
             # Handed back after the reconnect, or (on a slow machine) its lease ran out during the restart.
             assert daemon.stats.reconnect_handbacks + daemon.stats.tasks_lease_lost >= 1
     finally:

@@ -47,7 +47,7 @@ async def test_one_trace_across_client_daemon_and_dvu(
 ) -> None:
     provider, exporter = spans
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
-        daemon.rt.observe.set_tracer_provider(provider)
+        daemon.observe.set_tracer_provider(provider)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
             with provider.get_tracer("test").start_as_current_span("caller") as caller:
@@ -103,7 +103,7 @@ async def test_a_request_without_trace_headers_starts_its_own_trace(
 ) -> None:
     provider, exporter = spans
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
-        daemon.rt.observe.set_tracer_provider(provider)
+        daemon.observe.set_tracer_provider(provider)
         # The client records nothing (no SDK installed globally): it sends no trace headers, like a foreign client.
         async with RebaserClient(nc, prefix=subject_prefix) as client:
             reply = await client.enqueue_updates_with_reply(
@@ -137,7 +137,7 @@ async def test_a_request_has_spans_for_queue_wait_apply_commit_and_reply(
 ) -> None:
     provider, exporter = spans
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
-        daemon.rt.observe.set_tracer_provider(provider)
+        daemon.observe.set_tracer_provider(provider)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
             # A first request makes the client's reply inbox.
@@ -191,7 +191,7 @@ async def test_a_group_commit_span_covers_each_request_of_the_group_once(
     # delivered with more waiting behind them, which is what makes the daemon commit them as groups.
     gate = CheckpointGate("acquired")
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), hooks=gate) as daemon:
-        daemon.rt.observe.set_tracer_provider(provider)
+        daemon.observe.set_tracer_provider(provider)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
             calls = [

@@ -32,7 +32,7 @@ async def test_wait_returns_only_after_the_dvu_ran(
         waiting = asyncio.create_task(client.wait_settled(wk, cs, timeout=30))
 
         async def applied_all() -> bool:
-            record = await daemon.rt.store.read(ChangeSet(wk, cs))
+            record = await daemon.store.read(ChangeSet(wk, cs))
             return record is not None and len(record.state["applied"]) == 3 and record.dvu_pending
 
         await wait_for(applied_all, message="the three requests applied, DVU due")
@@ -41,13 +41,13 @@ async def test_wait_returns_only_after_the_dvu_ran(
         assert app.dvu_runs[str(ChangeSet(wk, cs))] == 0
         await wait_for(lambda: daemon.queries.settled.held == 1, message="the wait is held")
         assert (await daemon.status())["settled_waits"] == 1
-        daemon.rt.observe.metrics.bind(DaemonCollector(daemon))  # as the HTTP server does
-        assert "rebaser_settled_waits 1.0" in render(daemon.rt.observe.metrics).decode()
+        daemon.observe.metrics.bind(DaemonCollector(daemon))  # as the HTTP server does
+        assert "rebaser_settled_waits 1.0" in render(daemon.observe.metrics).decode()
         app.dvu_gate.set()
         answer = await asyncio.wait_for(waiting, 20)
         assert answer.settled and not answer.queued and not answer.dvu_pending
         assert app.dvu_runs[str(ChangeSet(wk, cs))] >= 1
-        record = await daemon.rt.store.read(ChangeSet(wk, cs))
+        record = await daemon.store.read(ChangeSet(wk, cs))
         assert record is not None and not record.dvu_pending and record.state["dvu_runs"] >= 1
 
 
@@ -61,21 +61,23 @@ async def test_a_record_seen_before_its_request_was_processed_is_read_again(
     async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         change_set = ChangeSet(wk, cs)
-        names = daemon.rt.shard_subjects(change_set)
+        names = daemon.settings.subjects.for_shard(daemon.layout.shard_of(wk, cs))
         # The record as the wait saw it: before the request was processed.
-        before = await daemon.rt.store.read(change_set)
+        before = await daemon.store.read(change_set)
         assert before is None
         await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=10)
 
         async def request_deleted() -> bool:
             try:
-                await daemon.rt.js.get_last_msg(names.requests_stream, names.requests(wk, cs))
+                await daemon.nats.js.get_last_msg(names.requests_stream, names.requests(wk, cs))
             except NotFoundError:
                 return True
             return False
 
         await wait_for(request_deleted, message="the processed request deleted")
-        answer = await settled_now(daemon.rt, change_set, RequestId.new(), before)
+        answer = await settled_now(
+            daemon.nats.js, daemon.settings.subjects, daemon.layout, change_set, RequestId.new(), before
+        )
         assert not answer.settled and answer.dvu_pending and answer.owned and answer.applied_seq >= 1
         app.dvu_gate.set()
         assert (await client.wait_settled(wk, cs, timeout=20)).settled

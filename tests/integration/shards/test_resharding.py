@@ -42,9 +42,9 @@ async def _reshard_under_load(nats_url: str, prefix: str, before: int, after: in
             )
             await sending
             assert layout.streams == after and not layout.migrating
-            await load.check(d0.rt.store)
+            await load.check(d0.store)
             assert app.overlaps == []
-            assert d0.rt.layout.streams == after or d1.rt.layout.streams == after
+            assert d0.layout.streams == after or d1.layout.streams == after
             shown = await show_layout(conns[3], Subjects(prefix))
             assert [s["shard"] for s in shown["shards"]] == list(range(after))
             if after < before:
@@ -111,7 +111,7 @@ async def test_old_shard_drains_before_new_shard(nats_url: str, subject_prefix: 
             running_daemon(conns[0], settings.model_copy(update={"streams": None}), app) as d0,
             running_daemon(conns[1], settings.model_copy(update={"streams": None}), app) as d1,
         ):
-            await load.check(d0.rt.store)
+            await load.check(d0.store)
             assert app.overlaps == []
             assert (
                 d0.stats.tasks_deferred + d1.stats.tasks_deferred > 0
@@ -145,10 +145,10 @@ async def test_a_daemon_a_layout_change_behind_does_not_take_a_new_shard_task_fo
             await client.enqueue_updates(wk, cs, [])  # queued in shard 3, nobody serving
         with pytest.raises(TimeoutError, match="still have work"):
             await change_streams(conns[2], Subjects(subject_prefix), 2, timeout=0.5)
-        assert daemon.rt.layout.streams == 4 and not daemon.rt.layout.migrating  # a layout change behind
+        assert daemon.layout.streams == 4 and not daemon.layout.migrating  # a layout change behind
         new_shard = Subjects(subject_prefix).for_shard(shard_of(wk, cs, 2))
         assert new_shard.shard == 1
-        busy = await old_shard_busy(daemon.rt, ChangeSet(wk, cs), new_shard)
+        busy = await old_shard_busy(daemon.nats, daemon.settings, daemon.layout, ChangeSet(wk, cs), new_shard)
         assert busy == "requests still queued in its old shard 3"
     finally:
         for conn in conns:

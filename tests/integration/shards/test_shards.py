@@ -37,7 +37,7 @@ async def test_shared_daemons_serve_three_shards_in_order(nats_url: str, subject
             assert d0.shards.shards == d1.shards.shards == [0, 1, 2]
             load = Load(12, every_shard_of=3)
             await load.send(client, 10)
-            await load.check(d0.rt.store)
+            await load.check(d0.store)
             assert app.overlaps == []
             used = {shard_of(load.workspace, cs, 3) for cs in load.change_sets}
             assert used == {0, 1, 2}  # every shard carried work
@@ -62,7 +62,7 @@ async def test_pinned_daemons_serve_their_own_shards(nats_url: str, subject_pref
             assert (d0.shards.shards, d1.shards.shards) == ([0, 2], [1])
             load = Load(12, every_shard_of=3)
             await load.send(client, 8)
-            await load.check(d0.rt.store)
+            await load.check(d0.store)
             assert app.overlaps == []
             # Each daemon took tasks only from its own shards.
             assert d0.stats.tasks_taken > 0 and d1.stats.tasks_taken > 0
@@ -132,7 +132,7 @@ async def test_pinned_shard_without_its_daemon_waits_and_is_shown(nats_url: str,
 
             await wait_for(shown, timeout=10, message="status names shard 1 as unserved")
             async with running_daemon(conns[1], fast_settings(subject_prefix, replica_index=1, **base), app):
-                await load.check(d0.rt.store)
+                await load.check(d0.store)
             assert app.overlaps == []
     finally:
         for conn in conns:
@@ -222,7 +222,7 @@ async def test_switching_to_shared_serves_a_shard_whose_pinned_daemon_is_down(
             await wait_for(
                 lambda: d0.shards.shards == [0, 1], timeout=10, message="daemon 0 serves shard 1 too"
             )
-            await load.check(d0.rt.store)
+            await load.check(d0.store)
     finally:
         for conn in conns:
             await conn.close()

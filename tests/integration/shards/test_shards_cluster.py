@@ -69,7 +69,7 @@ async def test_cluster_smoke_three_r3_shards(nats_cluster: NatsCluster, subject_
             assert sorted(leaders) == sorted(n.server_name for n in nats_cluster.nodes)
             load = Load(9)
             await load.send(client, 6)
-            await load.check(d0.rt.store)
+            await load.check(d0.store)
             assert app.overlaps == []
     finally:
         for conn in conns:
@@ -114,7 +114,7 @@ async def test_cluster_node_killed_mid_run_loses_nothing(
             killed = 1  # a node some daemons and some shard leaders are on
             nats_cluster.kill_node(killed)
             await sending
-            await load.check(d0.rt.store, timeout=120)
+            await load.check(d0.store, timeout=120)
             assert app.overlaps == []
     finally:
         if killed is not None:
@@ -149,7 +149,7 @@ async def test_cluster_scale_up_and_down_under_load(
                 layout = await change_streams(conns[3], Subjects(subject_prefix), target, timeout=120)
                 await sending
                 assert layout.streams == target and not layout.migrating
-                await load.check(d0.rt.store, timeout=120)
+                await load.check(d0.store, timeout=120)
             assert app.overlaps == []
     finally:
         for conn in conns:
