@@ -15,9 +15,13 @@ One request's path, decide then act:
 3. :class:`~rebaser_server.changeset.postprocess.PostProcess` stages the decision in the open commit group
    (:mod:`~rebaser_server.changeset.group`) and decides when the group is carried out: it is the only place that
    flushes;
-4. a flush carries out the group's decisions in order: dead letters, the record's commit, the replies
-   (:mod:`~rebaser_server.changeset.replies`), the removal of the processed requests
-   (:mod:`~rebaser_server.changeset.trimmer`), the counters, the DVU notification.
+4. a flush carries out the group's decisions in order: dead letters, the record's commit, the counters, the
+   replies (:mod:`~rebaser_server.changeset.replies`), the removal of the processed requests
+   (:mod:`~rebaser_server.changeset.trimmer`), the DVU notification.
+
+What the owned change sets of one daemon share is cut by concern in :mod:`~rebaser_server.changeset.context`
+(the connection, where to report, the shard layout, the counters) and handed to each processor as
+:class:`~rebaser_server.changeset.owning.Owning`; every piece below the processor gets only what it uses.
 
 How a task ends is :mod:`~rebaser_server.changeset.outcome`; the order across a shard layout change is
 :mod:`~rebaser_server.changeset.migration`; app steps run under the lease in :mod:`~rebaser_server.changeset.steps`.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rebaser_core.errors import FencedError
 
-__all__ = ["LeaseLost", "Outcome", "Retry", "TaskResult", "Wedged", "failed"]
+__all__ = ["TASK_COUNTERS", "LeaseLost", "Outcome", "Retry", "TaskResult", "Wedged", "failed"]
 
 
 class Outcome(enum.Enum):
@@ -26,6 +26,18 @@ class Outcome(enum.Enum):
     def hands_back(self) -> bool:
         """Nack the delivery (if the lease is still held) so another daemon can take it at once."""
         return self in (Outcome.RETRY, Outcome.INTERRUPTED, Outcome.WEDGED)
+
+
+# The daemon's counter (a ``Stats`` field) of each way a task ends.
+TASK_COUNTERS = {
+    Outcome.RELEASED: "tasks_released",
+    Outcome.FENCED: "tasks_fenced",  # the new owner holds the task: neither ack nor nak it
+    Outcome.LEASE_LOST: "tasks_lease_lost",
+    Outcome.STALE: "tasks_stale",
+    Outcome.RETRY: "tasks_retried",
+    Outcome.INTERRUPTED: "tasks_interrupted",
+    Outcome.WEDGED: "tasks_wedged",
+}
 
 
 @dataclass(frozen=True, slots=True)

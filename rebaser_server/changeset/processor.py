@@ -23,53 +23,33 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from rebaser_core.errors import FencedError
-from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_server.app import ChangeSet, CommitHooks, RebaserApp
+from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.changeset.consumer import RequestConsumer
-from rebaser_server.changeset.context import Nats, Placement, Report
 from rebaser_server.changeset.decisions import Kind
 from rebaser_server.changeset.dvu_runs import Activity, ChangeSetDvu
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
 from rebaser_server.changeset.migration import draining
 from rebaser_server.changeset.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged, failed
+from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.postprocess import PostProcess
 from rebaser_server.changeset.quiet import look, may_give_way
 from rebaser_server.changeset.release import mark_handed_back, release
-from rebaser_server.changeset.replies import Replies
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
-from rebaser_server.record.store import ChangeSetHandle, ChangeSetStore, StaleDelivery, TaskDelivery
+from rebaser_server.record.store import ChangeSetHandle, StaleDelivery, TaskDelivery
 from rebaser_server.task.delivery import Delivery
-from rebaser_server.task.keeper import LeaseKeeper
 from rebaser_server.task.lease import Lease
 
-__all__ = ["ChangeSetProcessor", "Outcome", "Owning", "TaskResult"]
+__all__ = ["ChangeSetProcessor", "Outcome", "TaskResult"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Owning:
-    """What every owned change set of one daemon uses, made once by the daemon. The processor passes on to each
-    piece below it only what that piece uses."""
-
-    nats: Nats
-    settings: Settings
-    app: RebaserApp
-    store: ChangeSetStore  # the change sets' records
-    owner: str  # this daemon's name in the records it acquires
-    keeper: LeaseKeeper  # renews every owned change set's lease, runs their watchdog
-    replies: Replies
-    report: Report
-    placement: Placement
 
 
 class ChangeSetProcessor:

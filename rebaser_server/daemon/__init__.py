@@ -1,6 +1,9 @@
 """The daemon process: take tasks from the shared consumer, run one processor per owned change set, shut down.
 
-- :mod:`~rebaser_server.daemon.daemon`: :class:`Daemon`, the wiring, admission and shutdown;
+- :mod:`~rebaser_server.daemon.daemon`: :class:`Daemon`, the wiring, the pull loop, reconnects and shutdown;
+- :mod:`~rebaser_server.daemon.owned`: the change sets owned now, each from its task taken to the task's end;
+- :mod:`~rebaser_server.daemon.admission`: how many change sets may be in their cold path at once;
+- :mod:`~rebaser_server.daemon.startup`: set-up retried while the cluster is still forming;
 - :mod:`~rebaser_server.daemon.puller`, :mod:`~rebaser_server.daemon.shards`: one pull loop per served shard,
   following the cluster's shard layout;
 - :mod:`~rebaser_server.daemon.sweeper`, :mod:`~rebaser_server.daemon.junk`: the orphan sweep, and messages on

@@ -14,18 +14,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import socket
-import time
 from typing import Any
 
-import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js.errors import APIError
 
 from rebaser_core import nats_speedups
-from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import RequestId
 from rebaser_core.layout import Layout
 from rebaser_core.requester import Requester
@@ -35,18 +29,20 @@ from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.changeset.context import Nats, Placement, Report, Stats
 from rebaser_server.changeset.hooks import Hooks
-from rebaser_server.changeset.migration import old_shard_busy
-from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, Owning, TaskResult
+from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
+from rebaser_server.daemon.admission import Admission
+from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.puller import TaskPuller
 from rebaser_server.daemon.shards import ShardPullers
+from rebaser_server.daemon.startup import set_up_with_retries
 from rebaser_server.daemon.sweeper import Sweeper
 from rebaser_server.ops.health import ConnectionWatch, StatusReporter
 from rebaser_server.ops.observe import Observer
 from rebaser_server.ops.status import status_of
 from rebaser_server.queries.service import QueryService
 from rebaser_server.record.direct_reads import DirectReads
-from rebaser_server.record.store import ChangeSetStore, NothingToDo, TaskDelivery
+from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.task.handback import hand_back
 from rebaser_server.task.keeper import LeaseKeeper
 
@@ -60,36 +56,8 @@ _FETCH_TIMEOUT = 1.0
 # Tasks asked for per pull request (at most the free slots). Each is handed out as it arrives (puller.py), so a
 # large batch stalls nobody; it only saves round trips when many change sets become active at once.
 _FETCH_BATCH = 256
-# Start-up retries of the JetStream set-up: first pause, and the cap of the doubling pauses.
-_SETUP_RETRY_FIRST = 0.2
-_SETUP_RETRY_MAX = 5.0
-
-
-def _unavailable(err: BaseException) -> bool:
-    """A failure that says NATS or JetStream is not available yet (no answer, no responder, no leader, no
-    connection), as opposed to a refusal that retrying cannot change."""
-    if isinstance(err, APIError):
-        return err.code == _SERVICE_UNAVAILABLE
-    return isinstance(err, _UNAVAILABLE)
-
-
-_UNAVAILABLE = (
-    TimeoutError
-    | ConnectionError
-    | nats.errors.NoRespondersError
-    | nats.errors.ConnectionClosedError
-    | nats.errors.ConnectionReconnectingError
-    | nats.errors.StaleConnectionError
-    | nats.errors.OutboundBufferLimitError
-    | nats.errors.NoServersError
-)
-_SERVICE_UNAVAILABLE = 503
-# While every slot is taken, how often the daemon looks whether other change sets wait for an owner.
-_PRESSURE_CHECK = 1.0
 # While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
 _RECONNECT_POLL = 0.1
-# A new-shard task whose change set still has work in its old shard (a layout change) is handed back for this long.
-_DEFER_DELAY = 0.25
 
 
 class Daemon:
@@ -130,11 +98,10 @@ class Daemon:
         self.sweeper = Sweeper(nats, settings, placement, replies)
         self.queries = QueryService(nc, js, settings, app=app, store=store, placement=placement)
         self._sweep = sweep
-        self._active: dict[asyncio.Task[None], ChangeSetProcessor] = {}
-        # Change sets taken but not yet started (see _pull): their processors, and when each was taken (monotonic).
-        self._starting: dict[ChangeSetProcessor, float] = {}
-        # Set when a change set lets go or has started: the pull loop may have room again.
-        self._slot_freed = asyncio.Event()
+        # Change sets taken but not yet past their cold path, and waiting for a slot (rebaser_server.daemon.admission).
+        self._admission = Admission(settings)
+        # The change sets owned now, one processor each (rebaser_server.daemon.owned).
+        self._owned = OwnedChangeSets(self._owning, self._admission)
         self._stopping = False
         self._app_stopping = False  # shutdown has come to stopping the app (see _start_app)
         # One pull loop (_pull) per served shard: rebaser_server.daemon.shards.
@@ -197,12 +164,12 @@ class Daemon:
 
     @property
     def owned(self) -> list[ChangeSet]:
-        return [p.change_set for p in self._active.values()]
+        return self._owned.change_sets
 
     @property
     def starting(self) -> int:
         """Owned change sets still in their cold path (record, consumer, first request delivered): see ``_pull``."""
-        return len(self._starting)
+        return self._admission.starting
 
     async def start(self, *, timeout: float | None = None) -> None:
         """Set up streams, consumer, store and app, then serve. While NATS or JetStream is not available yet (a
@@ -231,38 +198,11 @@ class Daemon:
         )
 
     async def _set_up(self, timeout: float | None) -> None:
-        # Every daemon does this at start-up, often all at once: on a fresh cluster nats-server leaves the losing
-        # concurrent stream creates unanswered (a timeout), and a stream leader still being elected leaves any
-        # JetStream call unanswered, the app's own (the snapshot app opens an object store) included. So a failure
-        # here is retried, not fatal. Retrying is safe: each step is create-or-update, and an app whose start failed
-        # is stopped (releasing what it opened) before it is started again.
-        owning = self._owning
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        pause = _SETUP_RETRY_FIRST
-        while not self._stopping:
-            app_step = False
-            try:
-                await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
-                await owning.store.open()
-                if self._stopping:
-                    return  # shut down meanwhile: start no app that shutdown would not stop
-                app_step = True
-                await self._start_app()
-                return
-            except (nats.errors.Error, TimeoutError, OSError) as err:
-                if deadline is not None and loop.time() + pause > deadline:
-                    raise
-                if app_step and not _unavailable(err):
-                    raise  # the app's own refusal (a bad config, a file it cannot open): retrying cannot help
-                log.warning(
-                    "JetStream set-up failed (%s: %s); retrying in %.1fs",
-                    type(err).__name__,
-                    err or "no answer",
-                    pause,
-                )
-                await asyncio.sleep(pause * random.uniform(0.5, 1.5))
-                pause = min(pause * 2, _SETUP_RETRY_MAX)
+        async def prepare() -> None:
+            await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
+            await self._owning.store.open()
+
+        await set_up_with_retries(prepare, self._start_app, timeout=timeout, stopping=lambda: self._stopping)
 
     async def _start_app(self) -> None:
         owning = self._owning
@@ -281,23 +221,19 @@ class Daemon:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
         settings = self._owning.settings
         while not self._stopping:
-            free = settings.concurrency - len(self._active)
+            free = settings.concurrency - len(self._owned)
             if free <= 0:
                 # Every slot is taken: stop pulling until a change set is released. Meanwhile, if other change sets
                 # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
                 # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default).
-                freed = await self._wait_for_slot()
+                freed = await self._admission.wait()
                 self._owning.placement.pressure = not freed and await self._others_waiting()
                 continue
             self._owning.placement.pressure = False
-            # Admission: at most start_concurrency change sets in their cold path (record read and bumped, consumer
-            # created, first request delivered) at once. Pulling every task a burst offers made the daemon start
-            # thousands at once: each of their round trips queued behind all the others', lease confirmations came
-            # back after the leases had run out, and whole pull batches were redelivered and taken again. A task
-            # not yet pulled waits in the server, where its lease has not started.
-            room = self._start_room()
+            # Admission: at most start_concurrency change sets in their cold path at once (admission.py).
+            room = self._admission.room()
             if room <= 0:
-                await self._wait_for_slot()
+                await self._admission.wait()
                 continue
             if not self._owning.nats.nc.is_connected:
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
@@ -307,13 +243,13 @@ class Daemon:
                 # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
                 # it before then, which bounds its lease from below (see lease.py).
                 async for msg, pulled_at in sub.pull(min(free, room, _FETCH_BATCH)):
-                    if self._stopping or len(self._active) >= settings.concurrency:
+                    if self._stopping or len(self._owned) >= settings.concurrency:
                         # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
                         # hand it straight back.
                         with contextlib.suppress(Exception):
                             await hand_back(self._owning.nats.nc, msg)
                     else:
-                        await self._take(msg, pulled_at, subjects)
+                        await self._owned.take(msg, pulled_at, subjects)
             except Exception as err:
                 if self._stopping:
                     break
@@ -347,8 +283,8 @@ class Daemon:
         owning.report.stats.nats_reconnects += 1
         if self._stopping:
             return
-        log.warning("reconnected to NATS: handing back %d owned change sets", len(self._active))
-        for processor in list(self._active.values()):
+        log.warning("reconnected to NATS: handing back %d owned change sets", len(self._owned))
+        for processor in self._owned.processors():
             owning.report.stats.reconnect_handbacks += 1
             processor.interrupt()
         try:
@@ -384,100 +320,6 @@ class Daemon:
         """Everything ``/status`` shows (:func:`rebaser_server.ops.status.status_of`)."""
         return await status_of(self)
 
-    async def _take(self, msg: Msg, pulled_at: float, subjects: Subjects) -> None:
-        try:
-            parsed = subjects.parse_task(msg.subject)
-        except InvalidSubject as err:
-            log.error("dropping malformed task %r: %s", msg.subject, err)
-            await msg.term()
-            return
-        self._owning.report.stats.tasks_taken += 1
-        change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
-        processor = ChangeSetProcessor(
-            self._owning, change_set, msg, pulled_at=pulled_at, subjects=subjects, on_started=self._started
-        )
-        self._starting[processor] = time.monotonic()
-        # The take's trace span lasts as long as the task (rebaser_server.ops.observe).
-        task = self._owning.report.observe.own(
-            change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
-        )
-        self._active[task] = processor
-
-    async def _own(self, processor: ChangeSetProcessor) -> None:
-        stats = self._owning.report.stats
-        try:
-            try:
-                # Order across a layout change: what is queued in the change set's old shard goes first.
-                owning = self._owning
-                busy = await old_shard_busy(
-                    owning.nats,
-                    owning.settings,
-                    owning.placement.layout,
-                    processor.change_set,
-                    processor.subjects,
-                )
-                if busy is not None:
-                    stats.tasks_deferred += 1
-                    result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
-                else:
-                    result = await processor.run()
-            except NothingToDo:
-                # An empty task (no request queued, no record): taking it would create a record nothing removes.
-                stats.tasks_dropped += 1
-                await processor.lease.term()
-                return
-            except (TimeoutError, nats.errors.Error) as err:
-                # NATS trouble (a leader election, an outage): expected in operation, one line, no traceback.
-                log.warning("%s: task failed on NATS (%r); it will be retried", processor.change_set, err)
-                result = TaskResult(Outcome.RETRY, self._owning.settings.retry_backoff, str(err))
-            except Exception as err:
-                log.exception("%s: task failed", processor.change_set)
-                result = TaskResult(Outcome.RETRY, self._owning.settings.retry_backoff, str(err))
-            log.debug("%s: task %s (%s)", processor.change_set, result.outcome.value, result.reason)
-            outcome = result.outcome
-            if outcome.hands_back:
-                # Only while the lease is held: a late nak would take the task from the daemon that has it now.
-                await processor.lease.nak(delay=result.delay if outcome is Outcome.RETRY else None)
-            counter = {
-                Outcome.RELEASED: "tasks_released",
-                Outcome.FENCED: "tasks_fenced",  # the new owner holds the task: neither ack nor nak it
-                Outcome.LEASE_LOST: "tasks_lease_lost",
-                Outcome.STALE: "tasks_stale",
-                Outcome.RETRY: "tasks_retried",
-                Outcome.INTERRUPTED: "tasks_interrupted",
-                Outcome.WEDGED: "tasks_wedged",
-            }[outcome]
-            setattr(stats, counter, getattr(stats, counter) + 1)
-        finally:
-            self._active.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
-            self._starting.pop(processor, None)  # ended before it started (stale, lease lost, NATS trouble)
-            self._slot_freed.set()
-
-    def _started(self, processor: ChangeSetProcessor) -> None:
-        """``processor`` is past its cold path: one more change set may be taken on."""
-        self._starting.pop(processor, None)
-        self._slot_freed.set()
-
-    def _start_room(self) -> int:
-        """How many more change sets may start now. One starting for longer than ``ack_wait`` counts as started:
-        whatever holds its first request back (a consumer that never delivers) must not hold admission for ever."""
-        settings = self._owning.settings
-        if len(self._starting) >= settings.start_concurrency:
-            too_old = time.monotonic() - settings.ack_wait
-            for processor in [p for p, since in self._starting.items() if since < too_old]:
-                del self._starting[processor]
-        return settings.start_concurrency - len(self._starting)
-
-    async def _wait_for_slot(self) -> bool:
-        """Until a change set lets go or starts (True), or ``_PRESSURE_CHECK`` passes (False)."""
-        self._slot_freed.clear()
-        freed = asyncio.ensure_future(self._slot_freed.wait())
-        await asyncio.wait({freed}, timeout=_PRESSURE_CHECK)
-        freed.cancel()
-        return self._slot_freed.is_set()
-
     async def shutdown(self) -> None:
         """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.
 
@@ -488,7 +330,7 @@ class Daemon:
             await self.stopped.wait()
             return
         self._stopping = True
-        self._slot_freed.set()
+        self._admission.wake()
         settings = self._owning.settings
         # Each puller may finish its fetch; then it is stopped, and what it fetched but never took is handed back.
         await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
@@ -496,12 +338,11 @@ class Daemon:
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
                 await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)
-        for processor in list(self._active.values()):
+        for processor in self._owned.processors():
             processor.interrupt()
-        if self._active:
-            await asyncio.wait(set(self._active), timeout=settings.shutdown_grace + 5.0)
-        if self._active:
-            log.error("%d change sets did not finish handing back in time", len(self._active))
+        left = await self._owned.wait(timeout=settings.shutdown_grace + 5.0)
+        if left:
+            log.error("%d change sets did not finish handing back in time", left)
         await self._owning.keeper.stop()
         self._app_stopping = True
         for what, stop in (("queries", self.queries.stop), ("app", self._owning.app.stop)):

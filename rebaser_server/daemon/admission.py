@@ -1,0 +1,65 @@
+"""Admission: how many owned change sets may be in their cold path at once, and waiting for a slot.
+
+A change set taken on is *starting* until its first request is delivered (or it has nothing queued): its record
+is read and bumped, its consumer created. At most ``start_concurrency`` start at once. Pulling every task a burst
+offers made the daemon start thousands at once: each of their round trips queued behind all the others', lease
+confirmations came back after the leases had run out, and whole pull batches were redelivered and taken again. A
+task not yet pulled waits in the server, where its lease has not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable
+
+from rebaser_core.settings import Settings
+
+__all__ = ["Admission"]
+
+# While every slot is taken, how often the daemon looks whether other change sets wait for an owner.
+PRESSURE_CHECK = 1.0
+
+
+class Admission:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        # Change sets taken but not yet started: each one's processor, and when it was taken (monotonic).
+        self._starting: dict[Hashable, float] = {}
+        # Set when a change set lets go or has started: the pull loop may have room again.
+        self._freed = asyncio.Event()
+
+    @property
+    def starting(self) -> int:
+        """Change sets still in their cold path."""
+        return len(self._starting)
+
+    def taken(self, processor: Hashable) -> None:
+        self._starting[processor] = time.monotonic()
+
+    def started(self, processor: Hashable) -> None:
+        """``processor`` is past its cold path (or ended before it got there): one more may be taken on."""
+        self._starting.pop(processor, None)
+        self._freed.set()
+
+    def wake(self) -> None:
+        """Wake a pull loop waiting for a slot (shutdown)."""
+        self._freed.set()
+
+    def room(self) -> int:
+        """How many more change sets may start now. One starting for longer than ``ack_wait`` counts as started:
+        whatever holds its first request back (a consumer that never delivers) must not hold admission for ever."""
+        settings = self._settings
+        if len(self._starting) >= settings.start_concurrency:
+            too_old = time.monotonic() - settings.ack_wait
+            for processor in [p for p, since in self._starting.items() if since < too_old]:
+                del self._starting[processor]
+        return settings.start_concurrency - len(self._starting)
+
+    async def wait(self) -> bool:
+        """Until a change set lets go or starts (True), or ``PRESSURE_CHECK`` passes (False)."""
+        self._freed.clear()
+        freed = asyncio.ensure_future(self._freed.wait())
+        await asyncio.wait({freed}, timeout=PRESSURE_CHECK)
+        freed.cancel()
+        return self._freed.is_set()

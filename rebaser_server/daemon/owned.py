@@ -1,0 +1,122 @@
+"""The change sets a daemon owns now: one processor each, from its task taken to the task's end.
+
+Taking a task starts the change set's processor in a task of its own (its trace span lasts as long as the
+ownership); when the processor ends, the task delivery is acked (released), nacked (handed back, with a delay for
+a retry) or left alone (fenced, lease lost, stale), and the outcome counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from rebaser_core.errors import InvalidSubject
+from rebaser_core.subjects import Subjects
+from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.migration import old_shard_busy
+from rebaser_server.changeset.outcome import TASK_COUNTERS
+from rebaser_server.changeset.owning import Owning
+from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, TaskResult
+from rebaser_server.daemon.admission import Admission
+from rebaser_server.record.store import NothingToDo, TaskDelivery
+
+__all__ = ["OwnedChangeSets"]
+
+log = logging.getLogger(__name__)
+
+# A new-shard task whose change set still has work in its old shard (a layout change) is handed back for this long.
+_DEFER_DELAY = 0.25
+
+
+class OwnedChangeSets:
+    def __init__(self, owning: Owning, admission: Admission) -> None:
+        self._owning = owning
+        self._admission = admission
+        self._tasks: dict[asyncio.Task[None], ChangeSetProcessor] = {}
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def change_sets(self) -> list[ChangeSet]:
+        return [p.change_set for p in self._tasks.values()]
+
+    def processors(self) -> list[ChangeSetProcessor]:
+        return list(self._tasks.values())
+
+    async def wait(self, timeout: float) -> int:
+        """Until every ownership has ended, for at most ``timeout``; how many are left."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+        return len(self._tasks)
+
+    async def take(self, msg: Msg, pulled_at: float, subjects: Subjects) -> None:
+        try:
+            parsed = subjects.parse_task(msg.subject)
+        except InvalidSubject as err:
+            log.error("dropping malformed task %r: %s", msg.subject, err)
+            await msg.term()
+            return
+        self._owning.report.stats.tasks_taken += 1
+        change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
+        processor = ChangeSetProcessor(
+            self._owning,
+            change_set,
+            msg,
+            pulled_at=pulled_at,
+            subjects=subjects,
+            on_started=self._admission.started,
+        )
+        self._admission.taken(processor)
+        # The take's trace span lasts as long as the task (rebaser_server.ops.observe).
+        task = self._owning.report.observe.own(
+            change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
+        )
+        self._tasks[task] = processor
+
+    async def _own(self, processor: ChangeSetProcessor) -> None:
+        stats = self._owning.report.stats
+        try:
+            try:
+                # Order across a layout change: what is queued in the change set's old shard goes first.
+                owning = self._owning
+                busy = await old_shard_busy(
+                    owning.nats,
+                    owning.settings,
+                    owning.placement.layout,
+                    processor.change_set,
+                    processor.subjects,
+                )
+                if busy is not None:
+                    stats.tasks_deferred += 1
+                    result = TaskResult(Outcome.RETRY, _DEFER_DELAY, busy)
+                else:
+                    result = await processor.run()
+            except NothingToDo:
+                # An empty task (no request queued, no record): taking it would create a record nothing removes.
+                stats.tasks_dropped += 1
+                await processor.lease.term()
+                return
+            except (TimeoutError, nats.errors.Error) as err:
+                # NATS trouble (a leader election, an outage): expected in operation, one line, no traceback.
+                log.warning("%s: task failed on NATS (%r); it will be retried", processor.change_set, err)
+                result = TaskResult(Outcome.RETRY, self._owning.settings.retry_backoff, str(err))
+            except Exception as err:
+                log.exception("%s: task failed", processor.change_set)
+                result = TaskResult(Outcome.RETRY, self._owning.settings.retry_backoff, str(err))
+            log.debug("%s: task %s (%s)", processor.change_set, result.outcome.value, result.reason)
+            outcome = result.outcome
+            if outcome.hands_back:
+                # Only while the lease is held: a late nak would take the task from the daemon that has it now.
+                await processor.lease.nak(delay=result.delay if outcome is Outcome.RETRY else None)
+            counter = TASK_COUNTERS[outcome]
+            setattr(stats, counter, getattr(stats, counter) + 1)
+        finally:
+            self._tasks.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            # Ended before it started (stale, lease lost, NATS trouble), or after: either way a slot is free.
+            self._admission.started(processor)

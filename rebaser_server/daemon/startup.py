@@ -1,0 +1,82 @@
+"""Setting a daemon up while its cluster may still be forming: retried with backoff, each failure one log line.
+
+Every daemon sets up at start-up, often all at once: on a fresh cluster nats-server leaves the losing concurrent
+stream creates unanswered (a timeout), and a stream leader still being elected leaves any JetStream call
+unanswered, the app's own (the snapshot app opens an object store) included. So a failure here is retried, not
+fatal. Retrying is safe: each step is create-or-update, and an app whose start failed is stopped (releasing what it
+opened) before it is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+from nats.js.errors import APIError
+
+__all__ = ["set_up_with_retries", "unavailable"]
+
+log = logging.getLogger(__name__)
+
+# The first pause between tries, and the cap of the doubling pauses.
+_RETRY_FIRST = 0.2
+_RETRY_MAX = 5.0
+_SERVICE_UNAVAILABLE = 503
+_UNAVAILABLE = (
+    TimeoutError
+    | ConnectionError
+    | nats.errors.NoRespondersError
+    | nats.errors.ConnectionClosedError
+    | nats.errors.ConnectionReconnectingError
+    | nats.errors.StaleConnectionError
+    | nats.errors.OutboundBufferLimitError
+    | nats.errors.NoServersError
+)
+
+
+def unavailable(err: BaseException) -> bool:
+    """A failure that says NATS or JetStream is not available yet (no answer, no responder, no leader, no
+    connection), as opposed to a refusal that retrying cannot change."""
+    if isinstance(err, APIError):
+        return err.code == _SERVICE_UNAVAILABLE
+    return isinstance(err, _UNAVAILABLE)
+
+
+async def set_up_with_retries(
+    prepare: Callable[[], Awaitable[None]],
+    start_app: Callable[[], Awaitable[None]],
+    *,
+    timeout: float | None,
+    stopping: Callable[[], bool],
+) -> None:
+    """``prepare`` (streams, layout, store), then ``start_app``, tried again while NATS is not available yet, for
+    ``timeout`` seconds (None: for ever) or until ``stopping()``. The app's own refusal (a bad config, a file it
+    cannot open) is not retried."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    pause = _RETRY_FIRST
+    while not stopping():
+        app_step = False
+        try:
+            await prepare()
+            if stopping():
+                return  # shut down meanwhile: start no app that shutdown would not stop
+            app_step = True
+            await start_app()
+            return
+        except (nats.errors.Error, TimeoutError, OSError) as err:
+            if deadline is not None and loop.time() + pause > deadline:
+                raise
+            if app_step and not unavailable(err):
+                raise
+            log.warning(
+                "JetStream set-up failed (%s: %s); retrying in %.1fs",
+                type(err).__name__,
+                err or "no answer",
+                pause,
+            )
+            await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+            pause = min(pause * 2, _RETRY_MAX)
