@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from rebaser_core import headers as h
 from rebaser_core.errors import InvalidReplyInbox
+from rebaser_core.ids import RequestId
 from rebaser_core.subjects import Subjects
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "check_inbox_prefix",
     "check_reply_inbox",
     "reply_inbox_of",
+    "request_id_of",
 ]
 
 DEFAULT_INBOX_PREFIX = "_INBOX."
@@ -99,3 +101,12 @@ def reply_inbox_of(headers: Mapping[str, str] | None, prefix: str, subjects: Sub
         raise InvalidReplyInbox("the request names more than one reply inbox")
     (inbox,) = values
     return check_reply_inbox(inbox, prefix, subjects)
+
+
+def request_id_of(headers: Mapping[str, str] | None) -> RequestId:
+    """The request id a caller put in ``Nats-Msg-Id``, for replying to a message we could not decode; a fresh id
+    if it sent none usable (it cannot be matching replies on one then)."""
+    try:
+        return RequestId(h.get_header(headers, h.NATS_MSG_ID) or "")
+    except ValueError:
+        return RequestId.new()

@@ -20,11 +20,17 @@ see the ``[tool.importlinter]`` contracts in ``pyproject.toml``)::
 package never import each other.
 """
 
-from rebaser_core.settings import Settings
-from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView, RebaserApp, load_app
-from rebaser_server.changeset.hooks import Hooks
-from rebaser_server.daemon.config import ServerConfig
-from rebaser_server.daemon.daemon import Daemon
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rebaser_core.settings import Settings
+    from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView, RebaserApp, load_app
+    from rebaser_server.changeset.hooks import Hooks
+    from rebaser_server.daemon.config import ServerConfig
+    from rebaser_server.daemon.daemon import Daemon
 
 __all__ = [
     "AppState",
@@ -38,3 +44,27 @@ __all__ = [
     "Settings",
     "load_app",
 ]
+
+# Each name is imported when first used: the pytest plugin (rebaser_server.testing.pytest_plugin) is loaded in
+# every pytest run of an environment with rebaser installed, and must not pay for the daemon (or nats-py) then.
+_WHERE = {
+    "AppState": "rebaser_server.app",
+    "Applied": "rebaser_server.app",
+    "ChangeSet": "rebaser_server.app",
+    "ChangeSetView": "rebaser_server.app",
+    "Daemon": "rebaser_server.daemon.daemon",
+    "Hooks": "rebaser_server.changeset.hooks",
+    "RebaserApp": "rebaser_server.app",
+    "ServerConfig": "rebaser_server.daemon.config",
+    "Settings": "rebaser_core.settings",
+    "load_app": "rebaser_server.app",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rebaser_server' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -63,7 +63,3 @@ class Decision:
     def processed(self) -> bool:
         """The request is done with and leaves the stream once committed; COUNTED and RETRY keep it first in line."""
         return self.kind not in (Kind.COUNTED, Kind.RETRY)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return self.msg.headers or {}

@@ -62,6 +62,8 @@ def commit_now(size: int, waiting: int, *, one_by_one: bool, idempotency_window:
 
 
 _OUTCOME_COUNTERS = {"success": "requests_ok", "conflicts": "requests_conflict", "error": "requests_error"}
+# Decisions that keep their request in the stream, first in line (see Decision.processed).
+_STAYS_FIRST = frozenset({Kind.COUNTED, Kind.RETRY})
 
 
 class CommitGroup:
@@ -87,13 +89,17 @@ class CommitGroup:
         self._notify_dvu = notify_dvu
         self._staged: ChangeSetRecord | None = None
         self._decisions: list[Decision] = []
+        self._seqs: list[
+            int
+        ] = []  # stream sequences of the staged requests that leave the stream once committed
+        self._dvu = False
         # Spans of the staged requests (only while tracing is on), for the commit span's parent and links.
         self._traces: list[trace.SpanContext] = []
         self.open = False
 
     def __len__(self) -> int:
         """Requests staged that leave the stream once committed."""
-        return sum(1 for d in self._decisions if d.processed)
+        return len(self._seqs)
 
     @property
     def base(self) -> ChangeSetRecord:
@@ -111,6 +117,9 @@ class CommitGroup:
         if decision.record is not None:
             self._staged = decision.record
         self._decisions.append(decision)
+        if decision.kind not in _STAYS_FIRST:
+            self._seqs.append(decision.seq)
+        self._dvu = self._dvu or decision.dvu
         traced = self._report.observe.staged()
         if traced is not None and (not self._traces or self._traces[-1] != traced):
             self._traces.append(traced)
@@ -134,11 +143,10 @@ class CommitGroup:
             self._count(decisions)
             for decision in decisions:
                 if decision.response is not None:
-                    await self._replies.send(decision.headers, decision.response, decision.inbox)
-            seqs = [d.seq for d in decisions if d.processed]
-            if seqs:
-                await self._trimmer.processed(seqs)
-            if any(d.dvu for d in decisions):
+                    await self._replies.send(decision.msg.headers or {}, decision.response, decision.inbox)
+            if self._seqs:
+                await self._trimmer.processed(self._seqs)
+            if self._dvu:
                 # The DVU run joins the trace of the group's last request (tracing on).
                 report.observe.dvu_due(change_set, self._traces[-1] if self._traces else None)
                 self._notify_dvu()
@@ -180,6 +188,6 @@ class CommitGroup:
         # Also after a commit (prepare_commit then kept nothing) and when nothing was staged: a step's result may
         # have been discarded (lease lost) with nothing staged, and the app must not keep it for ever.
         self._commit_hooks.abandoned(self._change_set)
-        self._staged, self._decisions, self._traces = None, [], []
+        self._staged, self._decisions, self._seqs, self._dvu, self._traces = None, [], [], False, []
         self.open = False
         self._handle.lock.release()

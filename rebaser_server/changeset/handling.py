@@ -17,7 +17,7 @@ Every request comes to exactly one decision, taken against the record as of ever
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -31,11 +31,12 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
 from rebaser_core.headers import check_msg_id
+from rebaser_core.inbox import reply_inbox_of, request_id_of
 from rebaser_core.settings import Settings
+from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.outcome import LeaseLost, Retry, Wedged
-from rebaser_server.changeset.replies import request_id_of
 from rebaser_server.ops.observe import Observer
 from rebaser_server.record.model import ChangeSetRecord
 
@@ -60,8 +61,9 @@ def processed_fields(record: ChangeSetRecord, seq: int) -> dict[str, Any]:
 class RequestHandler:
     """Decides each request of one change set.
 
-    ``step`` runs an app call under the lease (:mod:`~rebaser_server.changeset.steps`); ``inbox_of`` reads and
-    checks a request's reply inbox (:meth:`~rebaser_server.changeset.replies.Replies.inbox`).
+    ``step`` runs an app call under the lease (:mod:`~rebaser_server.changeset.steps`); ``subjects`` (shard 0's
+    names and the shared ones) and ``settings.reply_inbox_prefix`` say which reply inboxes the daemon may publish
+    to (``rebaser_core.inbox``).
     """
 
     def __init__(
@@ -72,7 +74,7 @@ class RequestHandler:
         settings: Settings,
         observe: Observer,
         step: Step[Any],
-        inbox_of: Callable[[Mapping[str, str] | None], str | None],
+        subjects: Subjects,
     ) -> None:
         self._change_set = change_set
         self._app = app
@@ -81,7 +83,7 @@ class RequestHandler:
         self._backoff, self._backoff_max = settings.retry_backoff, settings.retry_backoff_max
         self._observe = observe
         self._step = step
-        self._inbox_of = inbox_of
+        self._inbox_prefix, self._subjects = settings.reply_inbox_prefix, subjects
 
     async def decide(self, msg: Msg, seq: int, record: ChangeSetRecord, *, unclean: bool) -> Decision:
         """What the request delivered at stream sequence ``seq`` comes to, against ``record`` (the record as of
@@ -94,7 +96,7 @@ class RequestHandler:
             return self._suspect(msg, seq, record)
         try:
             # An inbox we may not publish to refuses the request (InvalidReplyInbox); checked once, used by the reply.
-            inbox = self._inbox_of(headers)
+            inbox = reply_inbox_of(headers, self._inbox_prefix, self._subjects)
             request = ENQUEUE_UPDATES_REQUEST.decode(headers, msg.data)
             check_msg_id(headers, str(request.id))
             if (request.workspace_id, request.change_set_id) != (

@@ -117,7 +117,7 @@ class ChangeSetProcessor:
             settings=settings,
             observe=report.observe,
             step=self._steps.run,
-            inbox_of=owning.replies.inbox,
+            subjects=owning.replies.subjects,
         )
         self._dvu = ChangeSetDvu(
             change_set,

@@ -18,7 +18,6 @@ from nats.aio.msg import Msg
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, RebaserRefused, Unsupported
-from rebaser_core.ids import RequestId
 from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -26,18 +25,9 @@ from rebaser_core.tasks import check_pub_ack
 from rebaser_server.changeset.context import Stats
 from rebaser_server.ops.observe import Observer
 
-__all__ = ["UNCHECKED", "Replies", "Unchecked", "request_id_of"]
+__all__ = ["UNCHECKED", "Replies", "Unchecked"]
 
 log = logging.getLogger(__name__)
-
-
-def request_id_of(headers: Mapping[str, str] | None) -> RequestId:
-    """The request id a caller put in ``Nats-Msg-Id``, for replying to a message we could not decode; a fresh id
-    if it sent none usable (it cannot be matching replies on one then)."""
-    try:
-        return RequestId(h.get_header(headers, h.NATS_MSG_ID) or "")
-    except ValueError:
-        return RequestId.new()
 
 
 class Unchecked:
@@ -55,14 +45,14 @@ class Replies:
     ) -> None:
         self._nc = nc
         self._settings = settings
-        self._subjects = subjects  # shard 0's names and the shared ones (dead letters)
+        self.subjects = subjects  # shard 0's names and the shared ones (dead letters)
         self._stats = stats
         self._observe = observe
 
     def inbox(self, headers: Mapping[str, str] | None) -> str | None:
         """The request's reply inbox if the daemon may publish to it (None: no reply wanted); else
         :class:`InvalidReplyInbox`, and the request is refused (``rebaser_core.inbox`` has the rule)."""
-        return reply_inbox_of(headers, self._settings.reply_inbox_prefix, self._subjects)
+        return reply_inbox_of(headers, self._settings.reply_inbox_prefix, self.subjects)
 
     async def send(
         self,
@@ -112,7 +102,7 @@ class Replies:
         self, subject: str, original_headers: Mapping[str, str] | None, data: bytes, seq: int, reason: str
     ) -> bool:
         """:meth:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
-        subjects = self._subjects
+        subjects = self.subjects
         try:
             change_set = subjects.parse_any_requests(subject)
             target = subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)

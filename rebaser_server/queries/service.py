@@ -34,11 +34,10 @@ from rebaser_core.api import (
     WaitSettledResponse,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
-from rebaser_core.inbox import check_reply_inbox
+from rebaser_core.inbox import check_reply_inbox, request_id_of
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp, SupportsQueries
 from rebaser_server.changeset.context import Placement
-from rebaser_server.changeset.replies import request_id_of
 from rebaser_server.queries.settled import SettledWaits
 from rebaser_server.record.store import ChangeSetStore
 

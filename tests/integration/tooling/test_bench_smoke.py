@@ -114,3 +114,31 @@ def test_server_ops_prices_every_operation_and_every_way_of_removal() -> None:
         "ordered consumer unsubscribed and reaped (1 s threshold)",
     ):
         assert operation in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("case", ["applied", "refused", "retry"])
+def test_request_path_follows_a_request_through_the_change_set_package(case: str) -> None:
+    modules = "processor,handling,decisions,postprocess,group,replies,trimmer"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "request_path.py"),
+            "--case",
+            case,
+            "--modules",
+            modules,
+            "--show",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summaries = [line for line in result.stdout.splitlines() if line.startswith("delivery ")]
+    assert len(summaries) == (2 if case == "retry" else 1), result.stdout
+    # The decision comes before anything is carried out, and the group is carried out after it.
+    shown = result.stdout
+    assert (
+        shown.index("handling.py: decide") < shown.index("postprocess.py: carry_out") < shown.index("flush")
+    )
