@@ -2,10 +2,10 @@
 
 nats-py's ``request`` makes every call a fresh random reply token (a NUID plus ``os.urandom`` bytes), a future with
 a clean-up callback, and ``asyncio.wait_for`` (another future, a timer, a wrapper). On the paths that run once or
-twice per request that machinery was a measurable share of the daemon's and the client's CPU. Here one wildcard
+twice per request that machinery is a measurable share of the daemon's and the client's CPU. Here one wildcard
 subscription takes every reply, tokens are a counter, and a call is one future (none for :meth:`Requester.send`).
 One timer per requester expires every call whose deadline has passed (``rebaser_core.deadlines.Expiries``): a timer
-per call (a handle pushed on the event loop's heap, compared in Python, cancelled on the answer) was 1.5 % of a
+per call (a handle pushed on the event loop's heap, compared in Python, cancelled on the answer) costs 1.5 % of a
 daemon's time. The semantics are
 nats-py's: ``TimeoutError`` (nats-py's, a ``TimeoutError`` too) after ``timeout``, ``NoRespondersError`` when
 nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.inline_subscription``).

@@ -1,10 +1,10 @@
 """Running one app step: inline until it first waits, and in a task of its own from then on.
 
-Every apply (and DVU run) used to get a task of its own, so that the watchdog can cancel a wedged one. Most steps
-never wait for anything (the built-in apps compute in memory), and a task per request (creating it, scheduling it,
-waking the caller when it ends) was a measurable share of a daemon's CPU. A step now starts inline, in a copy of
-the caller's context as a task would have it; only if it suspends is the rest of it handed to a task, which the
-watchdog can cancel exactly as before. A step that never suspends could not have been cancelled in its task either:
+The watchdog must be able to cancel a wedged step, which a task of its own per step allows. But most steps never
+wait for anything (the built-in apps compute in memory), and a task per request (creating it, scheduling it,
+waking the caller when it ends) is a measurable share of a daemon's CPU. So a step starts inline, in a copy of the
+caller's context as a task would have it; only if it suspends is the rest of it handed to a task, which the
+watchdog can cancel as it would any task. A step that never suspends could not have been cancelled in its task either:
 cancellation only takes effect at an ``await``. One difference remains: while a step runs inline,
 ``asyncio.current_task()`` is its caller's task, not a task of its own.
 """

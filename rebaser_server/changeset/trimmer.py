@@ -6,8 +6,8 @@ sequence. Each removal takes everything processed since the last one:
 
 - **a few requests** (up to ``_DELETE_MAX``): deleted by sequence, the deletes sent together. A delete costs the
   server the same whatever else the stream holds. Each answer (or its timeout) goes to a callback in nats-py's read
-  loop (``Requester.send``): a delete per request used to take a future, a timer and a task of its own, 6 % of
-  the daemon's instructions per request (``bench/instructions.py``);
+  loop (``Requester.send``): a future, a timer and a task per delete would cost some 6 % of the daemon's
+  instructions per request (``bench/instructions.py``);
 - **more**: one purge of the subject below the last one's sequence, which covers them all (and any left over by
   an earlier owner). A filtered purge visits every consumer of the stream, one per active change set: with a
   thousand change sets owned it cost the server more than the rest of a request's handling, so it is kept for

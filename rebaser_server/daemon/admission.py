@@ -1,9 +1,9 @@
 """Admission: how many owned change sets may be in their cold path at once, and waiting for a slot.
 
 A change set taken on is *starting* until its first request is delivered (or it has nothing queued): its record
-is read and bumped, its consumer created. At most ``start_concurrency`` start at once. Pulling every task a burst
-offers made the daemon start thousands at once: each of their round trips queued behind all the others', lease
-confirmations came back after the leases had run out, and whole pull batches were redelivered and taken again. A
+is read and bumped, its consumer created. At most ``start_concurrency`` start at once. A daemon that pulls every
+task a burst offers starts thousands at once: each of their round trips queues behind all the others', lease
+confirmations come back after the leases have run out, and whole pull batches are redelivered and taken again. A
 task not yet pulled waits in the server, where its lease has not started.
 """
 

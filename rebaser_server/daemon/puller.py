@@ -1,9 +1,9 @@
 """Pulling tasks from the shared tasks consumer in batches, each task handed out the moment it arrives.
 
 nats-py's ``fetch(batch > 1)`` returns only once the whole batch arrived or the pull expired, which stalled newly
-active change sets (docs/design.md §6), so the daemon used to pull one task per round trip: under a burst of new
-change sets the pull loop itself became the queue (every activation waited for its own round trip behind the
-others). Here one pull request asks for up to ``batch`` tasks and every delivery is yielded as it comes; the
+active change sets (docs/design.md §6); and one task per round trip makes the pull loop itself the queue under a
+burst of new change sets (every activation waits for its own round trip behind the others). So one pull request
+asks for up to ``batch`` tasks and every delivery is yielded as it comes; the
 pull ends when the batch is complete or the server says it expired (a status message), and the next one goes out.
 
 Each pull request has a reply subject, and a subscription, of its own. A delivery carries the task's own subject,

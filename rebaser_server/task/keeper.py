@@ -1,9 +1,9 @@
 """One loop per daemon that renews the lease of every owned change set and watches their steps.
 
-Each owned change set used to run a keep-alive task of its own: a confirmed progress ack (a nats-py request: a
-fresh reply token, a future, a timeout timer) every ``progress_period``, then a sleep. With a thousand change sets
-owned that was two thousand requests and wake-ups a second, a large share of a daemon's CPU. Here one task sends
-every renewal as a plain publish whose reply subject names it (``<inbox>.<n>``), and one subscription takes the
+Why one loop and not a keep-alive task per change set: a confirmed progress ack through nats-py's request (a fresh
+reply token, a future, a timeout timer) every ``progress_period`` per change set is, with a thousand change sets
+owned, two thousand requests and wake-ups a second, a large share of a daemon's CPU. So one task sends every
+renewal as a plain publish whose reply subject names it (``<inbox>.<n>``), and one subscription takes the
 confirmations. The rules of ``lease.py`` do not change: a renewal counts only if its confirmation arrives while the
 lease is still held, and then extends it from the *send* time of the renewal confirmed before it.
 

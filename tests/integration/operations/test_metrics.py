@@ -14,7 +14,7 @@ from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
-from rebaser_server.changeset.runtime import Stats
+from rebaser_server.changeset.context import Stats
 from rebaser_server.daemon.daemon import Daemon
 from rebaser_server.ops.daemon_metrics import STATS_METRICS
 from rebaser_server.ops.http import DEFAULT_HTTP_PORT, HealthServer
