@@ -48,8 +48,9 @@ if not __package__:
 
 import nats
 
-from bench.bench import Bench, parse_args, tempfile_dir
+from bench.bench import Bench, tempfile_dir
 from bench.deployment import Deployment
+from bench.options import parse_args
 from bench.procs import Processes
 from bench.workload import drive
 from rebaser_core.embedded import NatsServer

@@ -5,41 +5,34 @@ Read-only, and every call has a deadline (the JetStream context's timeout). Resu
 them into tables or JSON is ``_admin_format``'s job. Lists are bounded (``limit``): a deployment may hold millions
 of queued requests, and an operator's command must answer in seconds.
 
-The change-set record is the daemons' own (``rebaser_server/record/store.py``); the client never imports the server, so
-:class:`RecordView` decodes the few fields an operator needs, tolerantly (a field it does not know is ignored, a
-missing one has its default). ``tests/unit/client/test_admin_format.py`` checks it reads what
-``ChangeSetRecord`` writes.
+The change-set record is read through :class:`~rebaser_client._admin_record.RecordView`.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import cbor2
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
+from rebaser_client._admin_record import RecentReply, RecordView
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
-from rebaser_core.api.cbor_scan import CborLimits, scan_item
 from rebaser_core.connect import ConnectOptions, connect, redact_url
 from rebaser_core.errors import (
-    DecodeError,
     InvalidSubject,
     ProtocolError,
     RebaserError,
     RebaserRefused,
     RebaserUnavailable,
 )
-from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.recent_replies import entry_request_id, entry_status
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
 
 __all__ = [
@@ -65,7 +58,6 @@ __all__ = [
 ADMIN_TIMEOUT = 5.0
 # One quick connect attempt and one retry, as the other CLI commands do (docs/design.md §6).
 _CONNECT_TIMEOUT = 2.0
-_RECORD_LIMITS = CborLimits(max_depth=128)
 
 Progress = Callable[[int, int], None]  # (done, total): long reads report how far they are
 
@@ -105,67 +97,6 @@ async def admin_connect(nats_url: str) -> NatsClient:
             f"cannot connect to NATS at {redact_url(nats_url)}: {why} "
             "(is the daemon running? --nats-url / REBASER_NATS_URL set the address)"
         ) from None
-
-
-# -- the change-set record, as far as an operator reads it ---------------------------------------------------------
-@dataclass(frozen=True)
-class RecentReply:
-    request_id: str
-    kind: str  # success | conflicts | error
-    detail: str  # updates performed, conflicts listed, or the error message
-
-    @property
-    def at(self) -> datetime | None:
-        """When the request was made: a request id is a ULID, whose first 48 bits are its creation time."""
-        try:
-            return RequestId(self.request_id).ulid.datetime
-        except ValueError:
-            return None
-
-
-@dataclass(frozen=True)
-class RecordView:
-    epoch: int
-    owner: str
-    dvu_pending: bool
-    applied_seq: int
-    attempts: Mapping[str, int]
-    suspect: tuple[int, int] | None
-    handed_back: bool
-    recent: tuple[RecentReply, ...]  # oldest first
-
-    @classmethod
-    def decode(cls, data: bytes) -> RecordView:
-        try:
-            scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)
-            decoder = cbor2.CBORDecoder(io.BytesIO(data))
-            raw, entries = decoder.decode(), decoder.decode()
-            suspect = raw.get("suspect")
-            return cls(
-                epoch=int(raw.get("epoch", 0)),
-                owner=str(raw.get("owner", "")),
-                dvu_pending=bool(raw.get("dvu_pending", False)),
-                applied_seq=int(raw.get("applied_seq", 0)),
-                attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
-                suspect=(int(suspect[0]), int(suspect[1])) if suspect else None,
-                handed_back=bool(raw.get("handed_back", False)),
-                recent=tuple(_recent(entry_request_id(item), entry_status(item)) for item in entries),
-            )
-        except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
-            raise DecodeError(f"change-set record is not valid: {err}") from None
-
-
-def _recent(request_id: str, status: Any) -> RecentReply:
-    kind = str(status.get("kind", "?")) if isinstance(status, dict) else "?"
-    if kind == "success":
-        detail = f"{status.get('updates_performed', 0)} updates"
-    elif kind == "conflicts":
-        detail = f"{len(status.get('conflicts') or [])} conflicts"
-    elif kind == "error":
-        detail = str(status.get("message", ""))
-    else:
-        detail = ""
-    return RecentReply(request_id, kind, detail)
 
 
 # -- streams -------------------------------------------------------------------------------------------------------

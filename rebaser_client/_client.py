@@ -3,33 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from opentelemetry.trace import SpanKind, TracerProvider
 
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
+from rebaser_client._queries import Queries
+from rebaser_client._replies import ReplyInbox
 from rebaser_client._routing import Router
 from rebaser_client._spool import SpoolConfig
 from rebaser_core import nats_speedups
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
-    ENQUEUE_UPDATES_RESPONSE,
     FORK_CHANGE_SET_REQUEST,
     FORK_CHANGE_SET_RESPONSE,
     GET_CHANGE_SET_REQUEST,
     GET_CHANGE_SET_RESPONSE,
-    GET_REPLY_REQUEST,
-    GET_REPLY_RESPONSE,
-    MAX_SETTLED_WAIT,
-    WAIT_SETTLED_REQUEST,
-    WAIT_SETTLED_RESPONSE,
     ContentType,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
@@ -37,28 +30,21 @@ from rebaser_core.api import (
     ForkChangeSetResponse,
     GetChangeSetRequest,
     GetChangeSetResponse,
-    GetReplyRequest,
-    GetReplyResponse,
     InlineUpdates,
-    MessageVersion,
     StoredUpdates,
     Update,
     UpdatesKind,
-    VersionedMessage,
-    WaitSettledRequest,
     WaitSettledResponse,
 )
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES, encode_batch
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.deadlines import Deadlines
 from rebaser_core.errors import (
-    ProtocolError,
     RebaserRefused,
     RebaserTimeout,
     RebaserUnavailable,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected
 from rebaser_core.tracing import get_tracer, inject, recording
@@ -70,10 +56,6 @@ Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
 """Inline updates (a list, or ``InlineUpdates``), or a stored batch (``StoredUpdates`` or its address)."""
 
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
-# Polling the recorded reply of a resent request: first pause, doubling up to the cap; each query's own timeout.
-_RECORDED_REPLY_FIRST_PAUSE = 0.05
-_RECORDED_REPLY_MAX_PAUSE = 1.0
-_QUERY_TIMEOUT = 2.0
 
 
 def _updates_kind(updates: Updates) -> UpdatesKind:
@@ -135,12 +117,9 @@ class RebaserClient:
             reroute=self._router.reroute,
         )
         self._owns_connection = False
-        self._inbox_prefix: str | None = None
-        self._inbox_sub: Subscription | None = None
-        self._inbox_lock = asyncio.Lock()
+        self._replies = ReplyInbox(nc)
+        self._queries = Queries(nc, self._subjects, content_type)
         self._deadlines = Deadlines()  # of the calls awaiting their replies
-        # request id -> (the caller's future, the request): a reply is checked against the request it answers
-        self._waiting: dict[str, tuple[asyncio.Future[EnqueueUpdatesResponse], EnqueueUpdatesRequest]] = {}
 
     @classmethod
     async def connect(cls, options: ConnectOptions | str, **kwargs: object) -> RebaserClient:
@@ -184,13 +163,7 @@ class RebaserClient:
         # First, while the connection is still open: give the spool its bounded chance to drain.
         await self._publisher.close()
         await self._router.close()
-        for future, _ in self._waiting.values():
-            future.cancel()
-        self._waiting.clear()
-        if self._inbox_sub is not None:
-            sub, self._inbox_sub = self._inbox_sub, None
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+        await self._replies.close()
         if self._owns_connection:
             await close_connection(self._nc)  # also during an outage
 
@@ -271,7 +244,9 @@ class RebaserClient:
         request = GetChangeSetRequest(
             id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, path=path
         )
-        response = await self._query("get", request, GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, timeout)
+        response = await self._queries.ask(
+            "get", request, GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, timeout
+        )
         assert isinstance(response, GetChangeSetResponse)
         if response.error:
             raise RebaserRefused(response.error)
@@ -292,7 +267,7 @@ class RebaserClient:
             change_set_id=change_set_id,
             from_change_set_id=from_change_set_id,
         )
-        response = await self._query(
+        response = await self._queries.ask(
             "fork", request, FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, timeout
         )
         assert isinstance(response, ForkChangeSetResponse)
@@ -309,34 +284,7 @@ class RebaserClient:
 
         ``dvu_pending`` may still be true in the answer when no daemon owns the change set (a DVU that kept failing
         waits for the next request): nothing will change until then."""
-        if not timeout >= 0:  # NaN too: it never reaches a deadline, and the loop below would ask forever
-            raise RebaserRefused(f"wait_settled: timeout must be a number of seconds >= 0, got {timeout}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            # A daemon holds one wait at most MAX_SETTLED_WAIT: longer waits are several queries.
-            hold = min(max(0.0, deadline - loop.time()), MAX_SETTLED_WAIT)
-            request = WaitSettledRequest(
-                id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, timeout=hold
-            )
-            # The daemon answers by itself after ``hold``; the margin is for the answer's way back.
-            response = await self._query(
-                "settled", request, WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, hold + _QUERY_TIMEOUT
-            )
-            assert isinstance(response, WaitSettledResponse)
-            if response.error is None and response.settled:
-                return response
-            if response.error is not None and not response.error.endswith("ask again"):
-                raise RebaserRefused(response.error)
-            if loop.time() >= deadline:
-                raise RebaserTimeout(
-                    f"change set {change_set_id} not settled within {timeout}s "
-                    f"(requests queued: {response.queued}, DVU due: {response.dvu_pending})"
-                )
-            if response.error is not None:
-                # The daemon stopped or was full: ask again (another daemon answers), not in a tight loop.
-                await asyncio.sleep(min(_RECORDED_REPLY_FIRST_PAUSE, max(0.0, deadline - loop.time())))
-            # Otherwise the daemon's wait was capped (MAX_SETTLED_WAIT) before ours: ask again at once.
+        return await self._queries.wait_settled(workspace_id, change_set_id, timeout)
 
     async def store_batch(
         self,
@@ -359,32 +307,6 @@ class RebaserClient:
         except nats.errors.Error as err:
             raise RebaserUnavailable(f"storing batch {address} failed: {err}") from None
         return StoredUpdates(address=address)
-
-    async def _query(
-        self,
-        operation: str,
-        request: MessageVersion,
-        codec: VersionedMessage[Any],
-        reply_codec: VersionedMessage[Any],
-        timeout: float,
-    ) -> MessageVersion:
-        assert isinstance(
-            request, GetChangeSetRequest | ForkChangeSetRequest | GetReplyRequest | WaitSettledRequest
-        )
-        subject = self._subjects.api(operation, request.workspace_id, request.change_set_id)
-        headers, body = codec.encode(request, self._content_type)
-        ensure_connected(self._nc, f"{operation} query")
-        try:
-            reply = await self._nc.request(subject, body, headers=headers, timeout=timeout)
-        except nats.errors.NoRespondersError:
-            raise RebaserUnavailable(f"no daemon answers {operation} queries on {subject}") from None
-        except TimeoutError:
-            raise RebaserTimeout(f"{operation} query got no answer within {timeout}s") from None
-        except nats.errors.Error as err:  # the connection closed or dropped mid-request
-            raise RebaserUnavailable(f"{operation} query failed: {err or type(err).__name__}") from None
-        response: MessageVersion = reply_codec.decode(reply.headers, reply.data)
-        _check_answers(request, response)
-        return response
 
     # -- internals ----------------------------------------------------------------------------------
     @staticmethod
@@ -413,12 +335,11 @@ class RebaserClient:
             return await self._call_traced(request, timeout)
 
     async def _call_traced(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
-        inbox = await self._reply_inbox()
+        inbox = await self._replies.open()
         rid = str(request.id)
         # Registered before publishing, so a fast reply cannot arrive before anyone listens. The waiter stays
         # until the *final* reply: the daemon sends none for a retryable failure, only after the retry.
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[rid] = (future, request)
+        future = self._replies.expect(request)
         recorded: asyncio.Task[None] | None = None
         try:
             async with self._deadlines.after(timeout):  # asyncio.timeout, on one timer for all calls
@@ -426,7 +347,7 @@ class RebaserClient:
                     # The stream already held this request (a resend after a lost ack or a lost reply), so this
                     # publish will get no reply of its own, and the first one's may have gone where nobody listens
                     # any more. Ask the daemons for the recorded reply until it is there (or a reply comes).
-                    recorded = asyncio.create_task(self._recorded_reply(request, future))
+                    recorded = asyncio.create_task(self._queries.recorded_reply(request, future))
                 response: EnqueueUpdatesResponse = await future
                 return response
         except TimeoutError:
@@ -434,41 +355,9 @@ class RebaserClient:
                 f"no reply to request {rid} within {timeout}s (it is enqueued and may still be applied)"
             ) from None
         finally:
-            self._waiting.pop(rid, None)
+            self._replies.forget(request)
             if recorded is not None:
                 recorded.cancel()
-
-    async def _recorded_reply(
-        self, request: EnqueueUpdatesRequest, future: asyncio.Future[EnqueueUpdatesResponse]
-    ) -> None:
-        """Poll the ``reply`` query until the change set's record holds this request's reply; set ``future``."""
-        pause = _RECORDED_REPLY_FIRST_PAUSE
-        query = GetReplyRequest(
-            id=RequestId.new(),
-            workspace_id=request.workspace_id,
-            change_set_id=request.change_set_id,
-            request_id=request.id,
-        )
-        while not future.done():
-            try:
-                answer = await self._query(
-                    "reply", query, GET_REPLY_REQUEST, GET_REPLY_RESPONSE, _QUERY_TIMEOUT
-                )
-            except (RebaserTimeout, RebaserUnavailable, ProtocolError):
-                answer = None
-            if isinstance(answer, GetReplyResponse) and answer.found and answer.status is not None:
-                if not future.done():
-                    future.set_result(
-                        EnqueueUpdatesResponse(
-                            id=request.id,
-                            workspace_id=request.workspace_id,
-                            change_set_id=request.change_set_id,
-                            status=answer.status,
-                        )
-                    )
-                return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, _RECORDED_REPLY_MAX_PAUSE)
 
     async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> Sent:
         await self._router.start()
@@ -489,30 +378,6 @@ class RebaserClient:
             inject(headers)  # the daemon's span for this request continues this one
             return await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
 
-    async def _reply_inbox(self) -> str:
-        if self._inbox_prefix is not None:
-            return self._inbox_prefix  # every call but the first: no lock to take
-        # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.
-        async with self._inbox_lock:
-            if self._inbox_prefix is None:
-                prefix = self._nc.new_inbox()
-                # Replies are decoded as nats-py reads them (no task hop per reply): see inline_subscription.
-                self._inbox_sub = await subscribe_inline(self._nc, f"{prefix}.*", self._on_reply)
-                self._inbox_prefix = prefix
-            return self._inbox_prefix
-
-    def _on_reply(self, msg: Msg) -> None:
-        rid = msg.subject.rsplit(".", 1)[-1]
-        future, request = self._waiting.get(rid, (None, None))
-        if future is None or request is None or future.done():
-            return  # late or duplicate reply: the caller has moved on
-        try:
-            response = ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data)
-            _check_answers(request, response)
-            future.set_result(response)
-        except ProtocolError as err:
-            future.set_exception(err)
-
 
 def _span_attributes(request: EnqueueUpdatesRequest) -> dict[str, str]:
     return {
@@ -520,11 +385,3 @@ def _span_attributes(request: EnqueueUpdatesRequest) -> dict[str, str]:
         "rebaser.workspace_id": str(request.workspace_id),
         "rebaser.change_set_id": str(request.change_set_id),
     }
-
-
-def _check_answers(request: MessageVersion, response: MessageVersion) -> None:
-    """A reply must be about the request it answers: a forged or misrouted outcome is never accepted."""
-    for field in ("id", "workspace_id", "change_set_id"):
-        asked, answered = getattr(request, field), getattr(response, field, None)
-        if answered != asked:
-            raise ProtocolError(f"reply to request {request.id} carries {field} {answered}, expected {asked}")

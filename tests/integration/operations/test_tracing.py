@@ -77,7 +77,7 @@ async def test_one_trace_across_client_daemon_and_dvu(
             assert request.links and len(request.links) == 1
 
             # The reply carries the request's trace context back.
-            inbox = client._inbox_prefix
+            inbox = client._replies.prefix
             assert inbox is not None
             replies = await nc.subscribe(f"{inbox}.*")
             try:
@@ -143,7 +143,7 @@ async def test_a_request_has_spans_for_queue_wait_apply_commit_and_reply(
             # A first request makes the client's reply inbox.
             assert (await client.enqueue_updates_with_reply(wk, ChangeSetId.new(), [], timeout=10)).ok
             exporter.clear()
-            replies = await nc.subscribe(f"{client._inbox_prefix}.*")
+            replies = await nc.subscribe(f"{client._replies.prefix}.*")
             try:
                 reply = await client.enqueue_updates_with_reply(
                     wk, cs, [SetLiteral(path="/a", value=1)], timeout=10

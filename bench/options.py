@@ -1,0 +1,93 @@
+"""The benchmark's command line (``python bench/bench.py --help``); ``bench/instructions.py`` takes it too."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["parse_args"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="rebaser end-to-end benchmark (see the module docstring)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 3 requests per change set, a 1,000-change-set burst"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per scenario (default: --per-change-set x change sets)",
+    )
+    parser.add_argument(
+        "--per-change-set",
+        type=int,
+        default=None,
+        help="requests per change set, on average (default 10; quick 3)",
+    )
+    parser.add_argument("--clients", type=int, default=64, help="concurrent client coroutines")
+    parser.add_argument("--daemons", default="1,2", help="comma-separated daemon/worker counts")
+    parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
+    parser.add_argument(
+        "--impl",
+        default="baseline,rebaser,snapshots",
+        help="comma-separated: baseline (hand-written nats-py), rebaser (framework + CounterApp), "
+        "snapshots (framework + the default SnapshotApp)",
+    )
+    parser.add_argument(
+        "--burst", type=int, default=None, help="change sets in the burst (default 10000; 0: no burst)"
+    )
+    parser.add_argument(
+        "--dvu-requests", type=int, default=None, help="requests in the DVU burst (default 1000; 0: none)"
+    )
+    parser.add_argument("--quiescent", type=float, default=5.0, help="quiescent period, seconds")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2000,
+        help="REBASER_CONCURRENCY per daemon (above the change-set count so the cap never binds; the burst "
+        "uses at least its own size; the production default is 500)",
+    )
+    parser.add_argument(
+        "--gc-stats",
+        action="store_true",
+        help="print the garbage collector's runs, time, longest pause and peak memory of each daemon",
+    )
+    parser.add_argument(
+        "--cprofile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run every daemon and worker under cProfile, one DIR/MODULE.PID.prof each (bench/cprof.py)",
+    )
+    parser.add_argument("--max-in-flight", type=int, default=1024, help="the rebaser client's max_in_flight")
+    parser.add_argument(
+        "--daemon-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for daemons/workers, e.g. REBASER_IDEMPOTENCY_WINDOW=16 (repeatable)",
+    )
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="keep every daemon's and worker's log in this directory (default: a temporary one, removed)",
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-request reply timeout")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per scenario; the median-throughput run is reported"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
+    parser.add_argument("--doc", type=Path, default=None, help="also write the ratios page here (Markdown)")
+    args = parser.parse_args(argv)
+    if args.per_change_set is None:
+        args.per_change_set = 3 if args.quick else 10
+    if args.burst is None:
+        args.burst = 1000 if args.quick else 10_000
+    if args.dvu_requests is None:
+        args.dvu_requests = 300 if args.quick else 1000
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    return args

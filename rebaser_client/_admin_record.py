@@ -1,0 +1,86 @@
+"""The change-set record, as far as an operator reads it.
+
+The record is the daemons' own (``rebaser_server/record/model.py``); the client never imports the server, so
+:class:`RecordView` decodes the few fields an operator needs, tolerantly (a field it does not know is ignored, a
+missing one has its default). ``tests/unit/client/test_admin_format.py`` checks it reads what ``ChangeSetRecord``
+writes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import cbor2
+
+from rebaser_core.api.cbor_scan import CborLimits, scan_item
+from rebaser_core.errors import DecodeError
+from rebaser_core.ids import RequestId
+from rebaser_core.recent_replies import entry_request_id, entry_status
+
+__all__ = ["RecentReply", "RecordView"]
+
+_RECORD_LIMITS = CborLimits(max_depth=128)
+
+
+@dataclass(frozen=True)
+class RecentReply:
+    request_id: str
+    kind: str  # success | conflicts | error
+    detail: str  # updates performed, conflicts listed, or the error message
+
+    @property
+    def at(self) -> datetime | None:
+        """When the request was made: a request id is a ULID, whose first 48 bits are its creation time."""
+        try:
+            return RequestId(self.request_id).ulid.datetime
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class RecordView:
+    epoch: int
+    owner: str
+    dvu_pending: bool
+    applied_seq: int
+    attempts: Mapping[str, int]
+    suspect: tuple[int, int] | None
+    handed_back: bool
+    recent: tuple[RecentReply, ...]  # oldest first
+
+    @classmethod
+    def decode(cls, data: bytes) -> RecordView:
+        try:
+            scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)
+            decoder = cbor2.CBORDecoder(io.BytesIO(data))
+            raw, entries = decoder.decode(), decoder.decode()
+            suspect = raw.get("suspect")
+            return cls(
+                epoch=int(raw.get("epoch", 0)),
+                owner=str(raw.get("owner", "")),
+                dvu_pending=bool(raw.get("dvu_pending", False)),
+                applied_seq=int(raw.get("applied_seq", 0)),
+                attempts={str(k): int(v) for k, v in raw.get("attempts", {}).items()},
+                suspect=(int(suspect[0]), int(suspect[1])) if suspect else None,
+                handed_back=bool(raw.get("handed_back", False)),
+                recent=tuple(_recent(entry_request_id(item), entry_status(item)) for item in entries),
+            )
+        except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
+            raise DecodeError(f"change-set record is not valid: {err}") from None
+
+
+def _recent(request_id: str, status: Any) -> RecentReply:
+    kind = str(status.get("kind", "?")) if isinstance(status, dict) else "?"
+    if kind == "success":
+        detail = f"{status.get('updates_performed', 0)} updates"
+    elif kind == "conflicts":
+        detail = f"{len(status.get('conflicts') or [])} conflicts"
+    elif kind == "error":
+        detail = str(status.get("message", ""))
+    else:
+        detail = ""
+    return RecentReply(request_id, kind, detail)

@@ -1,0 +1,74 @@
+"""The client's reply inbox: one subscription for the replies to every call, each matched to the call it answers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rebaser_client._queries import check_answers
+from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, EnqueueUpdatesRequest, EnqueueUpdatesResponse
+from rebaser_core.errors import ProtocolError
+from rebaser_core.inline_subscription import subscribe_inline
+
+__all__ = ["ReplyInbox"]
+
+
+class ReplyInbox:
+    """Replies arrive on ``<prefix>.<request id>``; a reply is taken only if it is about the request it answers."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self.prefix: str | None = None  # set by the first call (subscribed then)
+        self._sub: Subscription | None = None
+        self._lock = asyncio.Lock()
+        # request id -> (the caller's future, the request): a reply is checked against the request it answers
+        self._waiting: dict[str, tuple[asyncio.Future[EnqueueUpdatesResponse], EnqueueUpdatesRequest]] = {}
+
+    async def open(self) -> str:
+        """The inbox prefix, subscribed at the first call."""
+        if self.prefix is not None:
+            return self.prefix  # every call but the first: no lock to take
+        # Locked: two first calls at once would each subscribe an inbox, and close() would unsubscribe only one.
+        async with self._lock:
+            if self.prefix is None:
+                prefix = self._nc.new_inbox()
+                # Replies are decoded as nats-py reads them (no task hop per reply): see inline_subscription.
+                self._sub = await subscribe_inline(self._nc, f"{prefix}.*", self._on_reply)
+                self.prefix = prefix
+            return self.prefix
+
+    def expect(self, request: EnqueueUpdatesRequest) -> asyncio.Future[EnqueueUpdatesResponse]:
+        """The future the reply to ``request`` resolves. Register before publishing, so a fast reply cannot arrive
+        before anyone listens; :meth:`forget` once done."""
+        future: asyncio.Future[EnqueueUpdatesResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[str(request.id)] = (future, request)
+        return future
+
+    def forget(self, request: EnqueueUpdatesRequest) -> None:
+        self._waiting.pop(str(request.id), None)
+
+    async def close(self) -> None:
+        for future, _ in self._waiting.values():
+            future.cancel()
+        self._waiting.clear()
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    def _on_reply(self, msg: Msg) -> None:
+        rid = msg.subject.rsplit(".", 1)[-1]
+        future, request = self._waiting.get(rid, (None, None))
+        if future is None or request is None or future.done():
+            return  # late or duplicate reply: the caller has moved on
+        try:
+            response = ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data)
+            check_answers(request, response)
+            future.set_result(response)
+        except ProtocolError as err:
+            future.set_exception(err)
