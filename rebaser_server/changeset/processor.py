@@ -207,6 +207,9 @@ class ChangeSetProcessor:
             if not consumer.cancelled():
                 consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
             await self._consumer.close()
+            # The post-process step holds this processor's ``_fail``, and this processor holds it: without this the
+            # pair is freed only by the cycle collector.
+            self._post = None
 
     def _started(self) -> None:
         callback, self._on_started = self._on_started, None

@@ -40,7 +40,7 @@ class _Processors(Hooks):
 
     async def checkpoint(self, name: str, change_set: ChangeSet) -> None:
         if name == "acquired" and self.daemon is not None:
-            self.refs += [weakref.ref(p) for p in self.daemon._active.values() if p.change_set == change_set]
+            self.refs += [weakref.ref(p) for p in self.daemon._owned.processors() if p.change_set == change_set]
 
 
 @pytest.mark.parametrize("app", [CounterApp, SnapshotApp], ids=["counter", "snapshots"])
@@ -69,7 +69,7 @@ async def test_a_released_change_set_is_freed_without_the_cycle_collector(
         await wait_for(
             lambda: daemon.stats.tasks_released >= _CHANGE_SETS, timeout=30, message="all released"
         )
-        await wait_for(lambda: not daemon._active, timeout=10, message="every owning task ended")
+        await wait_for(lambda: not len(daemon._owned), timeout=10, message="every owning task ended")
         await wait_for(
             lambda: all(ref() is None for ref in processors.refs),
             timeout=10,

@@ -32,13 +32,13 @@ def _settings(prefix: str, **overrides: Any) -> Settings:
 
 
 def _consumer(daemon: Daemon) -> RequestConsumer:
-    (processor,) = daemon._active.values()
+    (processor,) = daemon._owned.processors()
     return processor._consumer
 
 
 async def bound_consumer(daemon: Daemon) -> RequestConsumer:
     """The one owned change set's request consumer, once bound."""
-    await wait_for(lambda: len(daemon._active) == 1, timeout=10, message="the change set owned")
+    await wait_for(lambda: len(daemon._owned) == 1, timeout=10, message="the change set owned")
     consumer = _consumer(daemon)
     await wait_for(
         lambda: consumer._sub is not None and consumer.name is not None,
@@ -274,7 +274,7 @@ async def test_a_consumer_replaced_by_a_reset_is_freed_with_its_change_set(
         await wait_for(lambda: _alive(ref)._sub is not None, timeout=10, message="the new inbox subscribed")
         app.gate.set()
         await _all_applied(daemon, wk, cs, ids)
-        await wait_for(lambda: not daemon._active, timeout=10, message="the change set released")
+        await wait_for(lambda: not len(daemon._owned), timeout=10, message="the change set released")
         await wait_for(lambda: ref() is None, timeout=10, message="the replaced consumer freed")
 
 
