@@ -40,7 +40,9 @@ class _Processors(Hooks):
 
     async def checkpoint(self, name: str, change_set: ChangeSet) -> None:
         if name == "acquired" and self.daemon is not None:
-            self.refs += [weakref.ref(p) for p in self.daemon._owned.processors() if p.change_set == change_set]
+            self.refs += [
+                weakref.ref(p) for p in self.daemon._owned.processors() if p.change_set == change_set
+            ]
 
 
 @pytest.mark.parametrize("app", [CounterApp, SnapshotApp], ids=["counter", "snapshots"])
