@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
 from rebaser_core.requester import Requester
@@ -88,25 +87,17 @@ class Nats:
     ) -> None:
         self.nc, self.js, self.requester, self.reads = nc, js, requester, reads
 
-    async def queued(
-        self, change_set: ChangeSet, *, subjects: Subjects, timeout: float, from_leader: bool = False
-    ) -> bool:
-        """Is any request of this change set still in the stream of shard ``subjects``? One get, no consumer.
+    async def queued(self, change_set: ChangeSet, *, subjects: Subjects, timeout: float) -> bool:
+        """Is any request of this change set still in the stream of shard ``subjects``, as the stream leader has
+        it? One get, no consumer.
 
-        A direct get may be answered by any replica, which can lag behind the leader: ``from_leader`` asks the
-        stream leader (where a decision must not miss a request just written, as after a release), by a direct get
-        where only the leader can answer one."""
+        Asked where a decision must not miss a request just written (after a release, across a layout change): a
+        direct get any replica answers could come from one that lags behind the leader. So it is a direct get only
+        where the leader alone can answer one (a quarter of the server's work), else ``STREAM.MSG.GET``, over the
+        light requester (this runs at every release)."""
         subject = subjects.requests(change_set.workspace_id, change_set.change_set_id)
-        if from_leader:
-            # Over the light requester (this runs at every release), as the leader has it: by direct get where only
-            # the leader can answer one (a quarter of the server's work), else STREAM.MSG.GET.
-            last = await self.reads.last_message(subjects.requests_stream, subject, timeout=timeout)
-            return last is not None
-        try:
-            await self.js.get_last_msg(subjects.requests_stream, subject, direct=True)
-        except NotFoundError:
-            return False
-        return True
+        last = await self.reads.last_message(subjects.requests_stream, subject, timeout=timeout)
+        return last is not None
 
 
 @dataclass(frozen=True, slots=True)

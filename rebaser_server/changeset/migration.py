@@ -53,7 +53,7 @@ async def old_shard_busy(
     if old is None:
         return None
     names = settings.subjects.for_shard(old)
-    if await nats.queued(change_set, from_leader=True, subjects=names, timeout=settings.nats_timeout):
+    if await nats.queued(change_set, subjects=names, timeout=settings.nats_timeout):
         # Make sure the old requests have a task (refused as a duplicate if they have one: harmless), so the wait
         # is for the old shard's owner, never for the orphan sweep.
         await publish_task(

@@ -67,7 +67,7 @@ async def _task_for_queued(
     deadline = loop.time() + timeout
     while True:
         try:
-            if await nats.queued(change_set, from_leader=True, subjects=subjects, timeout=timeout):
+            if await nats.queued(change_set, subjects=subjects, timeout=timeout):
                 created = await publish_task(
                     nats.nc, task, timeout=max(0.1, deadline - loop.time()), requester=nats.requester
                 )

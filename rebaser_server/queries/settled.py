@@ -149,6 +149,7 @@ class SettledWaits:
     ) -> None:
         self._nc, self._js = nc, js
         self._settings = settings
+        self._subjects = settings.subjects  # made once: Settings.subjects builds (and validates) new ones
         self._placement = placement  # the shard layout, as the daemon follows it
         self._waits: set[asyncio.Task[None]] = set()
 
@@ -187,7 +188,7 @@ class SettledWaits:
     async def _wait(
         self, reply: str, change_set: ChangeSet, request: WaitSettledRequest, content_type: ContentType
     ) -> None:
-        js, subjects, placement = self._js, self._settings.subjects, self._placement
+        js, subjects, placement = self._js, self._subjects, self._placement
         changed = asyncio.Event()
         # The record as last delivered by the watch (None: deleted); the watch delivers the current one first.
         latest: list[ChangeSetRecord | None] = []
