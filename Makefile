@@ -48,4 +48,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/bench.py --doc docs/BENCHMARKS.md --repeat 3
 
 clean:
-	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis .import_linter_cache build *.egg-info
