@@ -62,8 +62,6 @@ def commit_now(size: int, waiting: int, *, one_by_one: bool, idempotency_window:
 
 
 _OUTCOME_COUNTERS = {"success": "requests_ok", "conflicts": "requests_conflict", "error": "requests_error"}
-# Decisions that keep their request in the stream, first in line (see Decision.processed).
-_STAYS_FIRST = frozenset({Kind.COUNTED, Kind.RETRY})
 
 
 class CommitGroup:
@@ -117,7 +115,7 @@ class CommitGroup:
         if decision.record is not None:
             self._staged = decision.record
         self._decisions.append(decision)
-        if decision.kind not in _STAYS_FIRST:
+        if decision.processed:
             self._seqs.append(decision.seq)
         self._dvu = self._dvu or decision.dvu
         traced = self._report.observe.staged()

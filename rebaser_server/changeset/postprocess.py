@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.changeset.decisions import Decision
 from rebaser_server.changeset.group import GROUP_MAX_WAIT, CommitGroup, commit_now
 from rebaser_server.record.model import ChangeSetRecord
 
@@ -54,7 +54,7 @@ class PostProcess:
         soon. A RETRY raises its error once its attempt is committed: the task ends, the request first in line."""
         group = self._group
         group.stage(decision)
-        if decision.kind in (Kind.COUNTED, Kind.RETRY):
+        if not decision.processed:  # COUNTED, RETRY: the request stays first in line
             await group.flush()  # what came before is answered; the attempt is on record
             if decision.error is not None:
                 raise decision.error
