@@ -6,32 +6,39 @@
         response = await client.enqueue_updates_with_reply(workspace, change_set, [SetLiteral(path="/a", value=1)])
 """
 
-from rebaser_client._client import RebaserClient, Updates
-from rebaser_client._publisher import ClientStatus
-from rebaser_client._spool import SpoolConfig
-from rebaser_client._sync import SyncRebaserClient
-from rebaser_core.api import (
-    ContentType,
-    EnqueueUpdatesRequest,
-    EnqueueUpdatesResponse,
-    InlineUpdates,
-    Remove,
-    SetFunction,
-    SetLiteral,
-    StoredUpdates,
-)
-from rebaser_core.errors import (
-    BatchTooLarge,
-    ClientError,
-    RebaserBusy,
-    RebaserError,
-    RebaserRefused,
-    RebaserTimeout,
-    RebaserUnavailable,
-    SpoolError,
-    Unsupported,
-)
-from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rebaser_client._client import RebaserClient, Updates
+    from rebaser_client._publisher import ClientStatus
+    from rebaser_client._spool import SpoolConfig
+    from rebaser_client._sync import SyncRebaserClient
+    from rebaser_core.api import (
+        ContentType,
+        EnqueueUpdatesRequest,
+        EnqueueUpdatesResponse,
+        InlineUpdates,
+        Remove,
+        SetFunction,
+        SetLiteral,
+        StoredUpdates,
+    )
+    from rebaser_core.errors import (
+        BatchTooLarge,
+        ClientError,
+        InvalidId,
+        RebaserBusy,
+        RebaserError,
+        RebaserRefused,
+        RebaserTimeout,
+        RebaserUnavailable,
+        SpoolError,
+        Unsupported,
+    )
+    from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 __all__ = [
     "BatchTooLarge",
@@ -42,6 +49,7 @@ __all__ = [
     "EnqueueUpdatesRequest",
     "EnqueueUpdatesResponse",
     "InlineUpdates",
+    "InvalidId",
     "RebaserBusy",
     "RebaserClient",
     "RebaserError",
@@ -60,3 +68,51 @@ __all__ = [
     "Updates",
     "WorkspacePk",
 ]
+
+# Each name is imported when first used: the ``rebaser`` command line imports rebaser_client.cli, which runs this
+# file first, and must not pay for nats-py and pydantic before it knows what it was asked (``rebaser --help``).
+_WHERE = {
+    "ClientStatus": "rebaser_client._publisher",
+    "RebaserClient": "rebaser_client._client",
+    "SpoolConfig": "rebaser_client._spool",
+    "SyncRebaserClient": "rebaser_client._sync",
+    "Updates": "rebaser_client._client",
+    **dict.fromkeys(
+        (
+            "ContentType",
+            "EnqueueUpdatesRequest",
+            "EnqueueUpdatesResponse",
+            "InlineUpdates",
+            "Remove",
+            "SetFunction",
+            "SetLiteral",
+            "StoredUpdates",
+        ),
+        "rebaser_core.api",
+    ),
+    **dict.fromkeys(
+        (
+            "BatchTooLarge",
+            "ClientError",
+            "InvalidId",
+            "RebaserBusy",
+            "RebaserError",
+            "RebaserRefused",
+            "RebaserTimeout",
+            "RebaserUnavailable",
+            "SpoolError",
+            "Unsupported",
+        ),
+        "rebaser_core.errors",
+    ),
+    **dict.fromkeys(("ChangeSetId", "RequestId", "WorkspacePk"), "rebaser_core.ids"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rebaser_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

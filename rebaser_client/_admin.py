@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -23,7 +23,6 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from rebaser_client._admin_record import RecentReply, RecordView
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
-from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.connect import ConnectOptions, connect, redact_url
 from rebaser_core.errors import (
     InvalidSubject,
@@ -34,6 +33,10 @@ from rebaser_core.errors import (
 )
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
+
+if TYPE_CHECKING:
+    # The wire models (pydantic) are imported where a request is decoded: `rebaser status` never needs them.
+    from rebaser_core.api import EnqueueUpdatesRequest
 
 __all__ = [
     "ADMIN_TIMEOUT",
@@ -337,6 +340,8 @@ class ChangeSetReport:
 
 
 def _summary(request: EnqueueUpdatesRequest) -> str:
+    from rebaser_core.api import InlineUpdates
+
     updates = request.updates
     what = (
         f"{len(updates.updates)} updates"
@@ -349,6 +354,8 @@ def _summary(request: EnqueueUpdatesRequest) -> str:
 
 
 def _queued(seq: int, msg: Any, record: RecordView | None) -> QueuedRequest:
+    from rebaser_core.api import ENQUEUE_UPDATES_REQUEST
+
     headers = msg.headers or {}
     data = msg.data or b""
     try:

@@ -13,12 +13,20 @@ from nats.js.errors import NotFoundError
 
 from rebaser_client._admin import ADMIN_TIMEOUT, Progress, js_error, no_progress, parse_ids
 from rebaser_core import headers as h
-from rebaser_core.api import ENQUEUE_UPDATES_REQUEST
-from rebaser_core.errors import ProtocolError
+from rebaser_core.errors import ProtocolError, RebaserRefused
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
 
-__all__ = ["DeadLetter", "dead_letter", "dead_letters"]
+__all__ = ["DeadLetter", "NoDeadLetter", "dead_letter", "dead_letters"]
+
+
+class NoDeadLetter(RebaserRefused):
+    """No dead letter at ``seq``: there never was one, or it was replayed or dropped since. The same message for
+    every command that names one (``dlq show``, ``replay``, ``drop``)."""
+
+    def __init__(self, seq: int) -> None:
+        super().__init__(f"no dead letter at sequence {seq} (see `rebaser dlq list`)")
+        self.seq = seq
 
 
 # -- dead letters --------------------------------------------------------------------------------------------------
@@ -39,6 +47,8 @@ class DeadLetter:
 
     def body(self) -> Any:
         """The request as JSON-able data if it can be decoded, else None."""
+        from rebaser_core.api import ENQUEUE_UPDATES_REQUEST  # pydantic: only once there is a letter to read
+
         try:
             return ENQUEUE_UPDATES_REQUEST.decode(self.request_headers(), self.data).model_dump(mode="json")
         except ProtocolError:

@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rebaser_client._admin import ChangeSetReport, RecordView, StatusReport
+from rebaser_client._admin import ChangeSetReport, RecordView, StatusReport, StreamSummary
 from rebaser_client._admin_dlq import DeadLetter
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "dead_letters_json",
     "dead_letters_view",
     "human_age",
+    "shorten",
     "status_json",
     "status_view",
 ]
@@ -40,6 +41,26 @@ def human_age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` characters at a word boundary, with an ellipsis if anything was cut (in the
+    middle of a word only if its first word alone is that long)."""
+    text = " ".join(text.split())  # one line: a reason may hold a traceback's line breaks
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ")
+    if space > 0 and text[width - 1] != " ":
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-") + "…"
+
+
+def _sequences(s: StreamSummary) -> str:
+    """A stream's first and last sequence; an empty stream has none, but the sequence its next message gets."""
+    if not s.messages:
+        return f"empty (next {s.last_seq + 1})"
+    return f"{s.first_seq}..{s.last_seq}"
 
 
 def _time(value: datetime | None) -> str | None:
@@ -87,16 +108,15 @@ def status_json(report: StatusReport) -> dict[str, Any]:
 
 
 def status_view(report: StatusReport) -> RenderableType:
-    streams = Table(title=f"streams (prefix {report.prefix or '-'})", title_justify="left")
+    prefix = f"prefix {report.prefix}" if report.prefix else "no prefix: the default names"
+    streams = Table(title=f"streams ({prefix})", title_justify="left")
     for column in ("stream", "messages", "bytes", "sequences", "consumers"):
         streams.add_column(column, justify="left" if column == "stream" else "right")
     for s in report.streams:
         if s.messages is None:
             streams.add_row(s.name, Text("missing", style="red"), "", "", "")
         else:
-            streams.add_row(
-                s.name, str(s.messages), str(s.bytes), f"{s.first_seq}..{s.last_seq}", str(s.consumers)
-            )
+            streams.add_row(s.name, str(s.messages), str(s.bytes), _sequences(s), str(s.consumers))
     parts: list[RenderableType] = [streams]
     c = report.tasks_consumer
     parts.append(
@@ -228,7 +248,7 @@ def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> Renderable
             last.add_column(column)
         for r in list(reversed(record.recent))[:replies]:
             age = human_age(_age(r.at, report.now))
-            last.add_row(r.request_id, age, r.kind, r.detail[:100])
+            last.add_row(r.request_id, age, r.kind, shorten(r.detail, 100))
         parts.append(last)
     return Group(*parts)
 
@@ -271,7 +291,9 @@ def dead_letters_view(total: int, letters: list[DeadLetter], now: datetime) -> R
         table.add_column(column, justify="right" if column in ("seq", "age") else "left")
     for d in letters:
         where = f"{d.workspace_id}/{d.change_set_id}" if d.change_set_id else d.subject
-        table.add_row(str(d.seq), human_age(_age(d.time, now)), where, d.request_id or "?", d.reason[:120])
+        table.add_row(
+            str(d.seq), human_age(_age(d.time, now)), where, d.request_id or "?", shorten(d.reason, 120)
+        )
     return table
 
 

@@ -30,10 +30,10 @@ from nats.js.errors import APIError, NotFoundError
 from ulid import ULID
 
 from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
-from rebaser_client._admin_dlq import DeadLetter, dead_letter
+from rebaser_client._admin_dlq import DeadLetter, NoDeadLetter, dead_letter
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
-from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType
+from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdatesRequest
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
@@ -44,6 +44,7 @@ __all__ = [
     "REPLAY_OF",
     "PurgeResult",
     "ReplayResult",
+    "check_replayable",
     "drop_dead_letters",
     "purge_change_set",
     "replay_dead_letter",
@@ -140,12 +141,9 @@ class ReplayResult:
     duplicate: bool  # JetStream already held this replay (replayed before, dead letter not deleted then)
 
 
-async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> ReplayResult:
-    """Publish the dead letter at ``seq`` again as a new request, give its change set a task, delete the dead
-    letter. :class:`RebaserRefused` (nothing done) if it cannot be replayed, and says why."""
-    letter = await dead_letter(nc, subjects, seq)
-    if letter is None:
-        raise RebaserRefused(f"no dead letter at sequence {seq}")
+def check_replayable(letter: DeadLetter) -> EnqueueUpdatesRequest:
+    """The request ``letter`` holds, if it can be replayed; :class:`RebaserRefused` saying why not otherwise."""
+    seq = letter.seq
     if letter.workspace_id is None or letter.change_set_id is None:
         raise RebaserRefused(
             f"dead letter {seq} cannot be replayed: {letter.subject!r} is not a request subject"
@@ -165,6 +163,19 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
             f"dead letter {seq} cannot be replayed: its body is for {request.workspace_id}/{request.change_set_id}, "
             f"it was published on {letter.subject}"
         )
+    return request
+
+
+async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> ReplayResult:
+    """Publish the dead letter at ``seq`` again as a new request, give its change set a task, delete the dead
+    letter. :class:`RebaserRefused` (nothing done) if it cannot be replayed, and says why: :class:`NoDeadLetter`
+    if there is none at ``seq`` (replayed or dropped already)."""
+    letter = await dead_letter(nc, subjects, seq)
+    if letter is None:
+        raise NoDeadLetter(seq)
+    request = check_replayable(letter)
+    headers = letter.request_headers()
+    wk, cs = request.workspace_id, request.change_set_id
     new_id = replay_id(letter, subjects.dead_letter_stream)
     names = await routed(nc, subjects, wk, cs)  # the change set's shard now
     try:
@@ -232,7 +243,11 @@ async def drop_dead_letters(
         except (NotFoundError, APIError) as err:
             if isinstance(err, APIError) and err.err_code != _NO_MESSAGE:
                 raise RebaserRefused(f"deleting dead letter {seq} failed: {err}") from None
-            raise RebaserRefused(f"no dead letter at sequence {seq} ({dropped} dropped before it)") from None
+            if not dropped:
+                raise NoDeadLetter(seq) from None
+            raise RebaserRefused(
+                f"no dead letter at sequence {seq} any more ({dropped} dropped before it)"
+            ) from None
         except (TimeoutError, nats.errors.Error) as err:
             raise _unavailable(err) from None
     return dropped

@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import click
 
-__all__ = ["SECONDS"]
+from rebaser_core.connect import check_server_url
+from rebaser_core.errors import InvalidUrl
+
+__all__ = ["NATS_URL", "SECONDS"]
 
 # A week: longer than any wait these commands make sense for, short enough for every timer to handle.
 _MAX_SECONDS = 7 * 24 * 3600.0
@@ -15,8 +18,9 @@ _MAX_SECONDS = 7 * 24 * 3600.0
 
 if TYPE_CHECKING:
     _ParamType: TypeAlias = click.ParamType[float, Any]  # generic since click 8.2
+    _StrParamType: TypeAlias = click.ParamType[str, Any]
 else:
-    _ParamType = click.ParamType
+    _ParamType = _StrParamType = click.ParamType
 
 
 class _Seconds(_ParamType):
@@ -36,3 +40,19 @@ class _Seconds(_ParamType):
 
 
 SECONDS = _Seconds()
+
+
+class _NatsUrl(_StrParamType):
+    """A NATS server URL with a scheme nats-py connects with (nats://, tls://, ws://, wss://; none means nats://):
+    ``http://...`` is refused here, naming the schemes, rather than failing later as a name lookup of ``http``."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return check_server_url(str(value))
+        except InvalidUrl as err:
+            self.fail(str(err), param, ctx)
+
+
+NATS_URL = _NatsUrl()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -40,11 +40,12 @@ from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES, encode_batc
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.deadlines import Deadlines
 from rebaser_core.errors import (
+    InvalidId,
     RebaserRefused,
     RebaserTimeout,
     RebaserUnavailable,
 )
-from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected
 from rebaser_core.tracing import get_tracer, inject, recording
@@ -56,6 +57,18 @@ Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
 """Inline updates (a list, or ``InlineUpdates``), or a stored batch (``StoredUpdates`` or its address)."""
 
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
+_Id = TypeVar("_Id", bound=UlidId)
+
+
+def _as_id(cls: type[_Id], value: _Id | str, name: str) -> _Id:
+    """An id argument as its type: the id itself, or its text (``"01J..."``, any case) converted; anything else is
+    :class:`~rebaser_core.errors.InvalidId` naming the argument (never a pydantic error from deeper down)."""
+    if type(value) is cls:
+        return value
+    try:
+        return cls(value)
+    except InvalidId as err:
+        raise InvalidId(f"{name}: {err}") from None
 
 
 def _updates_kind(updates: Updates) -> UpdatesKind:
@@ -170,8 +183,8 @@ class RebaserClient:
     # -- the original's API ---------------------------------------------------------------------------
     async def enqueue_updates(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
         updates: Updates,
         *,
         event_session_id: str | None = None,
@@ -184,9 +197,9 @@ class RebaserClient:
 
     async def enqueue_updates_from_change_set(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
-        from_change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        from_change_set_id: ChangeSetId | str,
         updates: Updates = (),
         *,
         event_session_id: str | None = None,
@@ -198,8 +211,8 @@ class RebaserClient:
 
     async def enqueue_updates_with_reply(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
         updates: Updates,
         *,
         timeout: float = 30.0,
@@ -211,9 +224,9 @@ class RebaserClient:
 
     async def enqueue_updates_from_change_set_with_reply(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
-        from_change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        from_change_set_id: ChangeSetId | str,
         updates: Updates = (),
         *,
         timeout: float = 30.0,
@@ -234,15 +247,18 @@ class RebaserClient:
     # -- queries and stored batches -------------------------------------------------------------------
     async def get_change_set(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
         path: str | None = None,
         *,
         timeout: float = 10.0,
     ) -> GetChangeSetResponse:
         """A change set's committed values (or one ``path``), snapshot address, and whether a DVU is pending."""
         request = GetChangeSetRequest(
-            id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id, path=path
+            id=RequestId.new(),
+            workspace_id=_as_id(WorkspacePk, workspace_id, "workspace_id"),
+            change_set_id=_as_id(ChangeSetId, change_set_id, "change_set_id"),
+            path=path,
         )
         response = await self._queries.ask(
             "get", request, GET_CHANGE_SET_REQUEST, GET_CHANGE_SET_RESPONSE, timeout
@@ -254,18 +270,18 @@ class RebaserClient:
 
     async def fork_change_set(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
-        from_change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        from_change_set_id: ChangeSetId | str,
         *,
         timeout: float = 10.0,
     ) -> ForkChangeSetResponse:
         """Create ``change_set_id`` as a fork of ``from_change_set_id`` at its current snapshot."""
         request = ForkChangeSetRequest(
             id=RequestId.new(),
-            workspace_id=workspace_id,
-            change_set_id=change_set_id,
-            from_change_set_id=from_change_set_id,
+            workspace_id=_as_id(WorkspacePk, workspace_id, "workspace_id"),
+            change_set_id=_as_id(ChangeSetId, change_set_id, "change_set_id"),
+            from_change_set_id=_as_id(ChangeSetId, from_change_set_id, "from_change_set_id"),
         )
         response = await self._queries.ask(
             "fork", request, FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, timeout
@@ -276,7 +292,7 @@ class RebaserClient:
         return response
 
     async def wait_settled(
-        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, *, timeout: float = 30.0
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str, *, timeout: float = 30.0
     ) -> WaitSettledResponse:
         """Return once the change set has no queued request and no dependent values update due, so a ``get`` shows
         the values computed from everything enqueued before this call. A daemon holds the answer until then (no
@@ -284,7 +300,11 @@ class RebaserClient:
 
         ``dvu_pending`` may still be true in the answer when no daemon owns the change set (a DVU that kept failing
         waits for the next request): nothing will change until then."""
-        return await self._queries.wait_settled(workspace_id, change_set_id, timeout)
+        return await self._queries.wait_settled(
+            _as_id(WorkspacePk, workspace_id, "workspace_id"),
+            _as_id(ChangeSetId, change_set_id, "change_set_id"),
+            timeout,
+        )
 
     async def store_batch(
         self,
@@ -311,18 +331,22 @@ class RebaserClient:
     # -- internals ----------------------------------------------------------------------------------
     @staticmethod
     def _request(
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
         updates: Updates,
-        from_change_set_id: ChangeSetId | None,
+        from_change_set_id: ChangeSetId | str | None,
         event_session_id: str | None,
     ) -> EnqueueUpdatesRequest:
         return EnqueueUpdatesRequest(
             id=RequestId.new(),
-            workspace_id=workspace_id,
-            change_set_id=change_set_id,
+            workspace_id=_as_id(WorkspacePk, workspace_id, "workspace_id"),
+            change_set_id=_as_id(ChangeSetId, change_set_id, "change_set_id"),
             updates=_updates_kind(updates),
-            from_change_set_id=from_change_set_id,
+            from_change_set_id=(
+                None
+                if from_change_set_id is None
+                else _as_id(ChangeSetId, from_change_set_id, "from_change_set_id")
+            ),
             event_session_id=event_session_id,
         )
 

@@ -65,12 +65,20 @@ class SyncRebaserClient:
         return self._client.status()  # read on the client's own loop: its state is not thread-safe
 
     def enqueue_updates(
-        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, updates: Updates, **kwargs: Any
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        updates: Updates,
+        **kwargs: Any,
     ) -> RequestId:
         return self._run(self._client.enqueue_updates(workspace_id, change_set_id, updates, **kwargs))
 
     def enqueue_updates_with_reply(
-        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, updates: Updates, **kwargs: Any
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        updates: Updates,
+        **kwargs: Any,
     ) -> EnqueueUpdatesResponse:
         return self._run(
             self._client.enqueue_updates_with_reply(workspace_id, change_set_id, updates, **kwargs)
@@ -78,9 +86,9 @@ class SyncRebaserClient:
 
     def enqueue_updates_from_change_set(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
-        from_change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        from_change_set_id: ChangeSetId | str,
         **kwargs: Any,
     ) -> RequestId:
         return self._run(
@@ -91,9 +99,9 @@ class SyncRebaserClient:
 
     def enqueue_updates_from_change_set_with_reply(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
-        from_change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        from_change_set_id: ChangeSetId | str,
         **kwargs: Any,
     ) -> EnqueueUpdatesResponse:
         return self._run(
@@ -103,15 +111,19 @@ class SyncRebaserClient:
         )
 
     def get_change_set(
-        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, path: str | None = None, **kwargs: Any
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        path: str | None = None,
+        **kwargs: Any,
     ) -> GetChangeSetResponse:
         return self._run(self._client.get_change_set(workspace_id, change_set_id, path, **kwargs))
 
     def fork_change_set(
         self,
-        workspace_id: WorkspacePk,
-        change_set_id: ChangeSetId,
-        from_change_set_id: ChangeSetId,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        from_change_set_id: ChangeSetId | str,
         **kwargs: Any,
     ) -> ForkChangeSetResponse:
         return self._run(
@@ -119,6 +131,6 @@ class SyncRebaserClient:
         )
 
     def wait_settled(
-        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, **kwargs: Any
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str, **kwargs: Any
     ) -> WaitSettledResponse:
         return self._run(self._client.wait_settled(workspace_id, change_set_id, **kwargs))

@@ -3,33 +3,36 @@
 Tables for people, JSON with ``--json``. Operator mistakes (NATS unreachable, an unknown change set or dead letter, a
 bad id) are one line and a non-zero exit. JetStream reads and writes are in ``_admin``/``_admin_ops``, the
 formatting in ``_admin_format``; this module only parses options and prints.
+
+What deletes or re-sends something asks first (``--yes`` skips the question): ``change-set purge``, ``dlq replay``
+and ``dlq drop``. The dead letters named are looked up before the question, so a sequence that holds none is the
+same one line for ``dlq show``, ``replay`` and ``drop``, and nothing is done.
+
+nats-py and rich are imported by the commands that use them, once their options are checked, not with this module:
+``rebaser --help`` and a mistyped option must answer at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from nats.aio.client import Client as NatsClient
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from rebaser_client import _admin_format as fmt
-from rebaser_client._admin import admin_connect, change_set_report, status_report
-from rebaser_client._admin_dlq import dead_letter, dead_letters
-from rebaser_client._admin_ops import drop_dead_letters, purge_change_set, replay_dead_letter
-from rebaser_client._cli_types import SECONDS
-from rebaser_client._client import RebaserClient
-from rebaser_core.connect import close_connection
+from rebaser_client._cli_types import NATS_URL, SECONDS
 from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, UlidId, WorkspacePk
 from rebaser_core.subjects import Subjects
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+    from rich.console import Console
+
+    from rebaser_client._admin_dlq import DeadLetter
 
 __all__ = ["ADMIN_COMMANDS"]
 
@@ -43,9 +46,18 @@ def _connection_options(f: Any) -> Any:
         "--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment."
     )(f)
     f = click.option(
-        "--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True
+        "--nats-url",
+        envvar="REBASER_NATS_URL",
+        type=NATS_URL,
+        default="nats://127.0.0.1:4222",
+        show_default=True,
     )(f)
     return f
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """``1 dead letter``, ``3 dead letters``, ``0 requests``."""
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
 
 
 def _limit_option(default: int, help_text: str) -> Callable[[_F], _F]:
@@ -75,8 +87,20 @@ def _subjects(prefix: str | None) -> Subjects:
         raise click.BadParameter(str(err), param_hint="--prefix") from None
 
 
+def _message(err: RebaserError) -> str:
+    """The one line for an error: its class and message; a dead letter that is not there reads the same from every
+    command (``dlq show`` says it without a class)."""
+    from rebaser_client._admin_dlq import NoDeadLetter
+
+    return str(err) if isinstance(err, NoDeadLetter) else f"{type(err).__name__}: {err}"
+
+
 def _run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]]) -> T:
     """Connect, run ``work``, close; a RebaserError becomes one line and exit status 1."""
+    import asyncio
+
+    from rebaser_client._admin import admin_connect
+    from rebaser_core.connect import close_connection
 
     async def main() -> T:
         nc = await admin_connect(nats_url)
@@ -88,10 +112,12 @@ def _run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]]) -> T:
     try:
         return asyncio.run(main())
     except RebaserError as err:
-        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+        raise click.ClickException(_message(err)) from None
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     console = Console()
     return console if console.is_terminal else Console(width=_WIDE)
 
@@ -103,10 +129,14 @@ def _print_json(data: Any) -> None:
 @contextmanager
 def _progress(description: str, *, enabled: bool) -> Iterator[Callable[[int, int], None]]:
     """A progress bar on stderr for long operations (only on a terminal, and never with --json)."""
+    from rich.console import Console
+
     console = Console(stderr=True)
     if not enabled or not console.is_terminal:
         yield lambda done, total: None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     with Progress(
         TextColumn(description),
         BarColumn(),
@@ -124,8 +154,17 @@ def _progress(description: str, *, enabled: bool) -> Iterator[Callable[[int, int
 
 
 def _confirm(yes: bool, question: str) -> None:
-    if not yes and not click.confirm(question, default=False):
+    # On stderr: with --json, stdout holds only the answer.
+    if not yes and not click.confirm(question, default=False, err=True):
         raise click.ClickException("not confirmed (pass --yes to skip the question)")
+
+
+async def _confirm_connected(yes: bool, question: str) -> None:
+    """Ask while connected, from a thread: the connection keeps answering the server's pings meanwhile."""
+    import asyncio
+
+    if not yes:
+        await asyncio.to_thread(_confirm, yes, question)
 
 
 # -- status ---------------------------------------------------------------------------------------------------------
@@ -136,6 +175,9 @@ def _confirm(yes: bool, question: str) -> None:
 def status(nats_url: str, prefix: str | None, as_json: bool, limit: int) -> None:
     """Streams, the tasks consumer, owners, backlogs and dead letters of the deployment."""
     subjects = _subjects(prefix)
+    from rebaser_client import _admin_format as fmt
+    from rebaser_client._admin import status_report
+
     with _progress("reading change sets", enabled=not as_json) as progress:
         report = _run(nats_url, lambda nc: status_report(nc, subjects, limit=limit, progress=progress))
     if as_json:
@@ -162,6 +204,9 @@ def change_set_show(
     """Queued requests (age, id, what), owner and epoch, DVU pending, the last replies."""
     wk, cs = _ulid(WorkspacePk, workspace, "WORKSPACE"), _ulid(ChangeSetId, change_set_id, "CHANGE_SET")
     subjects = _subjects(prefix)
+    from rebaser_client import _admin_format as fmt
+    from rebaser_client._admin import change_set_report
+
     with _progress("reading queued requests", enabled=not as_json) as progress:
         report = _run(
             nats_url, lambda nc: change_set_report(nc, subjects, wk, cs, limit=limit, progress=progress)
@@ -189,6 +234,8 @@ def change_set_purge(
     still applies the requests it has already read."""
     wk, cs = _ulid(WorkspacePk, workspace, "WORKSPACE"), _ulid(ChangeSetId, change_set_id, "CHANGE_SET")
     subjects = _subjects(prefix)
+    from rebaser_client._admin_ops import purge_change_set
+
     _confirm(yes, f"Remove every queued request of change set {wk}/{cs}?")
     result = _run(nats_url, lambda nc: purge_change_set(nc, subjects, wk, cs))
     if as_json:
@@ -199,7 +246,7 @@ def change_set_purge(
         return
     # Processed requests still waiting for their purge are removed (and counted) too: they were done already.
     click.echo(
-        f"removed {result.removed} requests of {wk}/{cs} (all stored up to sequence {result.upto_seq})"
+        f"removed {plural(result.removed, 'request')} of {wk}/{cs} (all stored up to sequence {result.upto_seq})"
     )
     if result.task == "owned":
         click.echo("note: a daemon owns the change set; it still applies the requests it had already read")
@@ -245,6 +292,9 @@ def dlq_list(
     """Dead letters, oldest first, with the reason."""
     wk, cs = _filter(workspace, change_set_id)
     subjects = _subjects(prefix)
+    from rebaser_client import _admin_format as fmt
+    from rebaser_client._admin_dlq import dead_letters
+
     with _progress("reading dead letters", enabled=not as_json) as progress:
         total, letters = _run(
             nats_url,
@@ -265,13 +315,37 @@ def dlq_list(
 def dlq_show(seq: int, nats_url: str, prefix: str | None, as_json: bool) -> None:
     """One dead letter: why, where from, its headers and the request."""
     subjects = _subjects(prefix)
+    from rebaser_client import _admin_format as fmt
+    from rebaser_client._admin_dlq import NoDeadLetter, dead_letter
+
     letter = _run(nats_url, lambda nc: dead_letter(nc, subjects, seq))
     if letter is None:
-        raise click.ClickException(f"no dead letter at sequence {seq} (see `rebaser dlq list`)")
+        raise click.ClickException(_message(NoDeadLetter(seq)))
     if as_json:
         _print_json(fmt.dead_letter_json(letter, full=True))
     else:
         _console().print(fmt.dead_letter_view(letter))
+
+
+def _letters_named(seqs: tuple[int, ...]) -> str:
+    return f"dead letter {seqs[0]}" if len(seqs) == 1 else f"dead letters {', '.join(map(str, seqs))}"
+
+
+def _of(wk: WorkspacePk | None, cs: ChangeSetId | None) -> str:
+    return f" of {wk}/{cs}" if cs else ""
+
+
+async def _named_letters(nc: NatsClient, subjects: Subjects, seqs: tuple[int, ...]) -> list[DeadLetter]:
+    """The dead letters at ``seqs``; :class:`NoDeadLetter` for the first sequence that holds none."""
+    from rebaser_client._admin_dlq import NoDeadLetter, dead_letter
+
+    found: list[DeadLetter] = []
+    for seq in seqs:
+        letter = await dead_letter(nc, subjects, seq)
+        if letter is None:
+            raise NoDeadLetter(seq)
+        found.append(letter)
+    return found
 
 
 @dlq.command("replay")
@@ -281,7 +355,7 @@ def dlq_show(seq: int, nats_url: str, prefix: str | None, as_json: bool) -> None
 @_filter_options
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter (or the change set's).")
 @_limit_option(1000, "With --all: at most this many.")
-@click.option("--yes", is_flag=True, help="With --all: do not ask for confirmation.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def dlq_replay(
     seqs: tuple[int, ...],
     nats_url: str,
@@ -294,21 +368,34 @@ def dlq_replay(
     yes: bool,
 ) -> None:
     """Publish dead letters again as new requests (a fresh id each, derived from the dead letter so a replay is
-    never applied twice), give their change sets a task, delete each dead letter once its replay is stored."""
+    never applied twice), give their change sets a task, delete each dead letter once its replay is stored.
+
+    Asks first (--yes does not); dead letters given by sequence are checked before that: if one is missing or
+    cannot be replayed, nothing is."""
     wk, cs = _filter(workspace, change_set_id)
     if bool(seqs) == everything:
         raise click.UsageError("give dead-letter sequences, or --all")
-    if everything:
-        _confirm(yes, "Replay every dead letter" + (f" of {wk}/{cs}?" if cs else "?"))
     subjects = _subjects(prefix)
+    from rebaser_client._admin_dlq import dead_letters
+    from rebaser_client._admin_ops import check_replayable, replay_dead_letter
 
     async def work(nc: NatsClient) -> list[dict[str, Any]]:
-        targets = list(seqs)
         if everything:
             total, letters = await dead_letters(nc, subjects, workspace_id=wk, change_set_id=cs, limit=limit)
             targets = [d.seq for d in letters]
+            if not targets:
+                return []
             if total > len(targets):
-                click.echo(f"replaying the oldest {len(targets)} of {total} dead letters (--limit)", err=True)
+                click.echo(
+                    f"replaying the oldest {len(targets)} of {plural(total, 'dead letter')} (--limit)",
+                    err=True,
+                )
+            await _confirm_connected(yes, f"Replay {plural(len(targets), 'dead letter')}{_of(wk, cs)}?")
+        else:
+            for letter in await _named_letters(nc, subjects, seqs):
+                check_replayable(letter)
+            targets = list(seqs)
+            await _confirm_connected(yes, f"Replay {_letters_named(seqs)} as new requests?")
         done: list[dict[str, Any]] = []
         with _progress("replaying", enabled=not as_json and len(targets) > 1) as progress:
             for seq in targets:
@@ -317,7 +404,7 @@ def dlq_replay(
                 except RebaserError as err:
                     if not everything:
                         raise
-                    done.append({"dead_letter_seq": seq, "error": f"{type(err).__name__}: {err}"})
+                    done.append({"dead_letter_seq": seq, "error": _message(err)})
                 else:
                     done.append(
                         {
@@ -336,6 +423,8 @@ def dlq_replay(
     if as_json:
         _print_json({"replayed": results})
     else:
+        if not results:
+            click.echo(f"no dead letters{_of(wk, cs)}: nothing replayed")
         for r in results:
             if "error" in r:
                 click.echo(f"dead letter {r['dead_letter_seq']}: not replayed: {r['error']}")
@@ -366,27 +455,37 @@ def dlq_drop(
     everything: bool,
     yes: bool,
 ) -> None:
-    """Delete dead letters by sequence, or all of them (--all), for good."""
+    """Delete dead letters by sequence, or all of them (--all), for good.
+
+    Asks first (--yes does not); dead letters given by sequence are checked before that: if one is missing, none
+    is deleted."""
     wk, cs = _filter(workspace, change_set_id)
     if bool(seqs) == everything:
         raise click.UsageError("give dead-letter sequences, or --all")
-    what = (
-        f"dead letters {', '.join(map(str, seqs))}"
-        if seqs
-        else "every dead letter" + (f" of {wk}/{cs}" if cs else "")
-    )
-    _confirm(yes, f"Delete {what} for good?")
     subjects = _subjects(prefix)
-    dropped = _run(
-        nats_url,
-        lambda nc: drop_dead_letters(
+    from rebaser_client._admin_dlq import dead_letters
+    from rebaser_client._admin_ops import drop_dead_letters
+
+    async def work(nc: NatsClient) -> int:
+        if everything:
+            total, _ = await dead_letters(nc, subjects, workspace_id=wk, change_set_id=cs, limit=0)
+            if not total:
+                return 0
+            # The count is what is there now: the purge removes whatever is there when it runs.
+            what = f"every dead letter{_of(wk, cs)} ({total} now)"
+        else:
+            await _named_letters(nc, subjects, seqs)
+            what = _letters_named(seqs)
+        await _confirm_connected(yes, f"Delete {what} for good?")
+        return await drop_dead_letters(
             nc, subjects, seqs, workspace_id=wk, change_set_id=cs, everything=everything
-        ),
-    )
+        )
+
+    dropped = _run(nats_url, work)
     if as_json:
         _print_json({"dropped": dropped})
     else:
-        click.echo(f"dropped {dropped} dead letters")
+        click.echo(f"dropped {plural(dropped, 'dead letter')}")
 
 
 # -- wait -------------------------------------------------------------------------------------------------------------
@@ -402,6 +501,7 @@ def wait(
     """Return once the change set has no queued request and no DVU due (exit 1 if not within --timeout)."""
     wk, cs = _ulid(WorkspacePk, workspace, "WORKSPACE"), _ulid(ChangeSetId, change_set_id, "CHANGE_SET")
     _subjects(prefix)
+    from rebaser_client._client import RebaserClient
 
     async def work(nc: NatsClient) -> Any:
         async with RebaserClient(nc, prefix=prefix) as client:

@@ -6,6 +6,10 @@ rebaser request ... (same options; waits for and prints the reply)
 
 Input mistakes are refused here, before anything is sent: a ``--set`` value must be JSON (a string is quoted:
 ``--set '/name="web"'``), paths must be attribute paths, function names identifiers.
+
+A command answers at once: nats-py, pydantic and rich are imported by the commands that use them, never by
+``--help``, ``--version`` or option parsing (``tests/unit/client/test_cli_import.py`` guards it;
+``scripts/cli_timings.py`` measures it).
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_client._cli_types import SECONDS
-from rebaser_client._sync import SyncRebaserClient
+from rebaser_client._cli_imports import defer_aiohttp
+from rebaser_client._cli_types import NATS_URL, SECONDS
 from rebaser_client.admin_cli import ADMIN_COMMANDS
-from rebaser_core.api import Remove, SetFunction, SetLiteral, Update
-from rebaser_core.connect import ConnectOptions, redact_url
 from rebaser_core.errors import RebaserError, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
+
+if TYPE_CHECKING:
+    from rebaser_client._sync import SyncRebaserClient
+    from rebaser_core.api import SetFunction, SetLiteral, Update
 
 _FUNCTION = re.compile(r"^(?P<path>[^=]+)=(?P<fn>[^(]*)\((?P<args>[^)]*)\)$")
 # A function name as the built-in app registers them. The daemon's registry can be extended (register_function),
@@ -48,6 +54,8 @@ def _check_path(path: str, what: str = "path") -> str:
 
 
 def _parse_set(text: str) -> SetLiteral:
+    from rebaser_core.api import SetLiteral
+
     path, sep, raw = text.partition("=")
     if not sep:
         raise click.BadParameter(f"--set expects PATH=JSON, got {text!r}")
@@ -62,6 +70,8 @@ def _parse_set(text: str) -> SetLiteral:
 
 
 def _parse_function(text: str) -> SetFunction:
+    from rebaser_core.api import SetFunction
+
     match = _FUNCTION.match(text)
     if not match:
         raise click.BadParameter(f"--function expects PATH=FUNCTION(/ARG,...), got {text!r}")
@@ -73,6 +83,8 @@ def _parse_function(text: str) -> SetFunction:
 
 
 def _updates(sets: tuple[str, ...], functions: tuple[str, ...], removes: tuple[str, ...]) -> list[Update]:
+    from rebaser_core.api import Remove
+
     return [
         *map(_parse_set, sets),
         *map(_parse_function, functions),
@@ -91,6 +103,9 @@ def _id(cls: type[UlidId], value: str, option: str) -> Any:
 
 
 def _connect(nats_url: str, prefix: str | None) -> SyncRebaserClient:
+    from rebaser_client._sync import SyncRebaserClient
+    from rebaser_core.connect import ConnectOptions, redact_url
+
     errors: list[Exception] = []
 
     async def remember(err: Exception) -> None:
@@ -131,7 +146,11 @@ def _target_options(f: Any) -> Any:
         f,
         [
             click.option(
-                "--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True
+                "--nats-url",
+                envvar="REBASER_NATS_URL",
+                type=NATS_URL,
+                default="nats://127.0.0.1:4222",
+                show_default=True,
             ),
             click.option(
                 "--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment."
@@ -177,6 +196,7 @@ def _options(f: Any) -> Any:
 @click.version_option(package_name="rebaser", prog_name="rebaser")
 def main() -> None:
     """rebaser client and admin commands."""
+    defer_aiohttp()  # a subcommand runs next, and most never use aiohttp (nats-py imports it with itself)
 
 
 for _command in ADMIN_COMMANDS:  # status, change-set, dlq, wait: rebaser_client/admin_cli.py
@@ -301,7 +321,9 @@ def streams_group() -> None:
 
 
 @streams_group.command("show")
-@click.option("--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True)
+@click.option(
+    "--nats-url", envvar="REBASER_NATS_URL", type=NATS_URL, default="nats://127.0.0.1:4222", show_default=True
+)
 @click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def streams_show(nats_url: str, prefix: str | None, as_json: bool) -> None:
@@ -313,7 +335,9 @@ def streams_show(nats_url: str, prefix: str | None, as_json: bool) -> None:
 
 @streams_group.command("set")
 @click.argument("streams", type=click.IntRange(1, 64))
-@click.option("--nats-url", envvar="REBASER_NATS_URL", default="nats://127.0.0.1:4222", show_default=True)
+@click.option(
+    "--nats-url", envvar="REBASER_NATS_URL", type=NATS_URL, default="nats://127.0.0.1:4222", show_default=True
+)
 @click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
 @click.option("--daemons", type=click.IntRange(1), default=None, help="Pinned mode: the daemons (R <= N).")
 @click.option(

@@ -1,20 +1,39 @@
-"""Connecting to NATS with the options an operator passes (auth and TLS passed straight through to nats-py)."""
+"""Connecting to NATS with the options an operator passes (auth and TLS passed straight through to nats-py).
+
+nats-py (and asyncio) are imported where a connection is made, not with this module: the command lines check
+their ``--nats-url`` with :func:`check_server_url` before they know whether they will connect at all.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import ssl
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-import nats.errors
-from nats.aio.client import Client as NatsClient
+from rebaser_core.errors import InvalidUrl
 
-__all__ = ["ConnectOptions", "close_connection", "connect", "connection_state", "redact_url"]
+if TYPE_CHECKING:
+    import ssl
+
+    from nats.aio.client import Client as NatsClient
+
+__all__ = [
+    "SERVER_URL_SCHEMES",
+    "ConnectOptions",
+    "check_server_url",
+    "close_connection",
+    "connect",
+    "connection_state",
+    "redact_url",
+]
 
 log = logging.getLogger(__name__)
+
+# The schemes nats-py connects with (nats.aio.client: TCP, TCP with TLS, WebSocket, WebSocket with TLS). A URL
+# without one (``host:4222``) is read as ``nats://``.
+SERVER_URL_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 def redact_url(url: str) -> str:
@@ -29,8 +48,32 @@ def redact_url(url: str) -> str:
     return f"{scheme}{sep}***@{host}"
 
 
+def check_server_url(url: str) -> str:
+    """``url`` if nats-py can connect with it, else :class:`~rebaser_core.errors.InvalidUrl` saying why.
+
+    nats-py itself takes any other scheme for a host name (``http://n1:4222`` becomes the host ``http``), so the
+    mistake would surface as a failed name lookup."""
+    scheme, sep, _ = url.partition("://")
+    allowed = ", ".join(f"{s}://" for s in SERVER_URL_SCHEMES)
+    if sep and scheme not in SERVER_URL_SCHEMES:
+        raise InvalidUrl(
+            f"{redact_url(url)}: {scheme + '://' if scheme else 'an empty scheme'} is not a NATS URL scheme; "
+            f"use one of {allowed} (e.g. nats://127.0.0.1:4222)"
+        )
+    try:
+        parts = urlsplit(url if sep else f"nats://{url}")
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError as err:
+        raise InvalidUrl(f"{redact_url(url)} is not a NATS server URL: {err}") from None
+    if not parts.hostname:
+        raise InvalidUrl(f"{redact_url(url)} names no host (e.g. nats://127.0.0.1:4222)")
+    return url
+
+
 @dataclass(frozen=True)
 class ConnectOptions:
+    """How to connect. Every server URL is checked when the options are made (:func:`check_server_url`)."""
+
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     name: str | None = None
     user: str | None = None
@@ -53,9 +96,15 @@ class ConnectOptions:
         shown.pop("extra", None)
         return f"ConnectOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
+    def __post_init__(self) -> None:
+        for url in self.servers:
+            check_server_url(url)
+
     def tls_context(self) -> ssl.SSLContext | None:
         if not (self.tls_ca or self.tls_cert):
             return None
+        import ssl
+
         context = ssl.create_default_context(cafile=self.tls_ca)
         if self.tls_cert:
             context.load_cert_chain(self.tls_cert, self.tls_key)
@@ -89,6 +138,10 @@ async def _log_error(err: Exception) -> None:
 async def connect(options: ConnectOptions) -> NatsClient:
     """Connect, retrying reconnects forever afterwards, but giving up on the *first* connect after
     ``connect_timeout`` per server (nats-py would otherwise retry an unreachable server forever)."""
+    import asyncio
+
+    from nats.aio.client import Client as NatsClient
+
     kwargs = options.kwargs()
     kwargs.setdefault("error_cb", _log_error)
     nc = NatsClient()
@@ -124,6 +177,8 @@ async def close_connection(nc: NatsClient) -> None:
     raising ConnectionResetError (the connection ends up closed all the same). Neither should turn a clean shutdown
     into a crash: whatever was still buffered could not have been delivered anyway.
     """
+    import nats.errors
+
     if nc.is_closed:
         return
     if nc.is_connected:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
-from typing import Any, Self
-
-from pydantic import GetCoreSchemaHandler
-from pydantic_core import core_schema
-from ulid import ULID
+from typing import TYPE_CHECKING, Any, Self
 
 from rebaser_core.errors import InvalidId
+
+if TYPE_CHECKING:
+    # Imported where used: the command lines (``rebaser --help``, parsing an id) must not pay for pydantic or
+    # python-ulid (tests/unit/client/test_cli_import.py).
+    from pydantic import GetCoreSchemaHandler
+    from pydantic_core import core_schema
+    from ulid import ULID
 
 __all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk"]
 
@@ -38,10 +42,10 @@ class UlidId:
             if type(value) is not type(self):
                 raise InvalidId(f"a {type(value).__name__} is not a {type(self).__name__}")
             text = value._text
-        elif isinstance(value, ULID):
-            text = str(value)
         elif isinstance(value, str):
             text = _canonical_text(type(self).__name__, value)
+        elif _is_ulid(value):
+            text = str(value)
         else:
             raise InvalidId(f"{type(self).__name__} must be a ULID string, got {type(value).__name__}")
         object.__setattr__(self, "_text", text)
@@ -58,6 +62,8 @@ class UlidId:
 
     @property
     def ulid(self) -> ULID:
+        from ulid import ULID
+
         return ULID.from_str(self._text)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -82,6 +88,8 @@ class UlidId:
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
+        from pydantic_core import core_schema
+
         def validate(value: Any) -> UlidId:
             # The text of an id as we send it (canonical: upper case), on every decoded message: no detour through
             # __init__'s type dispatch and upper-casing.
@@ -104,6 +112,12 @@ class UlidId:
             json_schema_input_schema=core_schema.str_schema(min_length=26, max_length=26),
             serialization=core_schema.plain_serializer_function_ser_schema(str),
         )
+
+
+def _is_ulid(value: object) -> bool:
+    """A python-ulid ULID (its module is imported only if someone made one already)."""
+    module = sys.modules.get("ulid")
+    return module is not None and isinstance(value, module.ULID)
 
 
 # Crockford base32 without I, L, O, U; the first character is at most 7 so the value fits in 128 bits.

@@ -13,13 +13,15 @@ from pydantic import ValidationError
 
 from rebaser_core.settings import Settings
 
-__all__ = ["FILE_SETTINGS", "load_config_file", "settings_from", "tunable"]
+__all__ = ["CONFIG_PATH", "FILE_SETTINGS", "load_config_file", "settings_from", "tunable"]
 
 
 def load_config_file(ctx: click.Context, _param: click.Parameter, path: Path | None) -> Path | None:
     """``--config FILE``: a TOML file of option values (long names, ``-`` or ``_``) and ``Settings`` fields.
 
-    Its values are defaults: a flag on the command line or a ``REBASER_*`` variable still wins over them."""
+    Its values are defaults: a flag on the command line or a ``REBASER_*`` variable still wins over them. A value
+    that is wrong for its option is refused here, naming the file and the key (click would name the option's
+    environment variable, which the user did not set)."""
     if path is None:
         return None
     try:
@@ -44,6 +46,13 @@ def load_config_file(ctx: click.Context, _param: click.Parameter, path: Path | N
     for key, value in data.items():
         name = key.replace("-", "_")
         if name in by_flag and by_flag[name] in options:
+            option = options[by_flag[name]]
+            if getattr(option, "multiple", False) and isinstance(value, str):
+                value = [value]  # nats-url = "nats://n1:4222": one of a repeatable option
+            try:
+                option.process_value(ctx, value)
+            except click.BadParameter as err:
+                raise click.BadParameter(err.message, ctx=ctx, param_hint=f"{key!r} in {path}") from None
             defaults[by_flag[name]] = value
         elif name in Settings.model_fields:
             settings[name] = value
@@ -51,20 +60,24 @@ def load_config_file(ctx: click.Context, _param: click.Parameter, path: Path | N
             raise click.BadParameter(f"unknown key {key!r} in {path}", ctx=ctx, param=_param)
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     ctx.meta[FILE_SETTINGS] = settings
+    ctx.meta[CONFIG_PATH] = path
     return path
 
 
-def settings_from(file_settings: dict[str, Any], **flags: object) -> Settings:
-    """Settings from the config file, then ``REBASER_*`` variables, then flags; a bad value is one line."""
+def settings_from(
+    file_settings: dict[str, Any], *, config_path: Path | None = None, **flags: object
+) -> Settings:
+    """Settings from the config file, then ``REBASER_*`` variables, then flags; a bad value is one line, naming
+    where it came from (the flag, the variable, or the key in ``config_path``)."""
+    sources = {name: f"{name!r} in {config_path or 'the config file'}" for name in file_settings}
     values = dict(file_settings)
-    values.update(
-        {
-            name: raw
-            for name in Settings.model_fields
-            if (raw := os.environ.get(f"REBASER_{name.upper()}")) is not None
-        }
-    )
-    values.update({k: v for k, v in flags.items() if v is not None})
+    for name in Settings.model_fields:
+        raw = os.environ.get(f"REBASER_{name.upper()}")
+        if raw is not None:
+            values[name], sources[name] = raw, f"REBASER_{name.upper()}"
+    for name, value in flags.items():
+        if value is not None:
+            values[name], sources[name] = value, f"--{name.replace('_', '-')}"
     try:
         return Settings.model_validate(values)
     except ValidationError as err:
@@ -72,11 +85,18 @@ def settings_from(file_settings: dict[str, Any], **flags: object) -> Settings:
         for e in err.errors():
             where = ".".join(map(str, e["loc"]))
             message = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {message} (got {e['input']!r})" if e["loc"] else message)
+            source = sources.get(str(e["loc"][0])) if e["loc"] else None
+            if not e["loc"]:
+                problems.append(message)
+            else:
+                problems.append(
+                    f"{where}: {message} (got {e['input']!r}{f' from {source}' if source else ''})"
+                )
         raise click.ClickException("bad setting: " + "; ".join(problems)) from None
 
 
 FILE_SETTINGS = "rebaser.file_settings"
+CONFIG_PATH = "rebaser.config_path"
 _F = TypeVar("_F", bound=Callable[..., Any])
 _TUNABLE = Settings.model_fields
 

@@ -2,34 +2,97 @@
 
 With no ``--nats-url`` it starts an embedded nats-server (persistent store under ``--data-dir``), prints its URL,
 and serves. ``--demo`` also sends demo traffic and prints what happens, then exits.
+
+``--help`` and ``--version`` answer at once: the daemon, nats-py, aiohttp, OpenTelemetry and the ``dev-cluster``
+subcommand are imported when they are used (``scripts/cli_timings.py`` measures it).
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_core.connect import ConnectOptions
-from rebaser_core.errors import LayoutMismatch
-from rebaser_server.cli.config_file import FILE_SETTINGS, load_config_file, settings_from, tunable
-from rebaser_server.cli.serve import serve, tune_gc
+from rebaser_core.connect import check_server_url
+from rebaser_core.errors import InvalidUrl
+from rebaser_server.cli.config_file import (
+    CONFIG_PATH,
+    FILE_SETTINGS,
+    load_config_file,
+    settings_from,
+    tunable,
+)
 from rebaser_server.daemon.config import (
     DEFAULT_APP,
     DEFAULT_EMBEDDED_HOST,
     DEFAULT_EMBEDDED_PORT,
     ServerConfig,
 )
-from rebaser_server.devtools.devcluster import command as dev_cluster
-from rebaser_server.ops.http import DEFAULT_HTTP_HOST, DEFAULT_HTTP_PORT
 from rebaser_server.ops.logs import LOG_FORMATS, LogFormat, configure_logging
-from rebaser_server.ops.tracing import TracingError, configure_tracing
+
+if TYPE_CHECKING:
+    from rebaser_server.cli.serve import tune_gc
 
 __all__ = ["main", "serve", "tune_gc"]
 
+# What ``rebaser-server --help`` lists for ``dev-cluster`` without importing it (the first sentence of its help;
+# tests/unit/cli/test_server_command_line.py checks it still is).
+DEV_CLUSTER_SUMMARY = (
+    "Run docker-compose.yml's topology as local processes: 3 NATS nodes and N daemons on 127.0.0.1."
+)
 
-@click.group(invoke_without_command=True, context_settings={"show_default": True, "max_content_width": 110})
+
+def __getattr__(name: str) -> Any:
+    # tune_gc lives in rebaser_server.cli.serve (the daemon's imports): loaded when first asked for here.
+    if name == "tune_gc":
+        return importlib.import_module("rebaser_server.cli.serve").tune_gc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+async def serve(config: ServerConfig, *, demo: bool = False) -> int:
+    """:func:`rebaser_server.cli.serve.serve`, imported when called: it brings the daemon, nats-py and aiohttp."""
+    serving = importlib.import_module("rebaser_server.cli.serve")
+    code: int = await serving.serve(config, demo=demo)
+    return code
+
+
+class _Group(click.Group):
+    """The ``rebaser-server`` group: ``dev-cluster`` is imported when it runs, and listed in ``--help`` from
+    :data:`DEV_CLUSTER_SUMMARY`."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), "dev-cluster"})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "dev-cluster":
+            from rebaser_server.devtools.devcluster import command
+
+            return command
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([("dev-cluster", DEV_CLUSTER_SUMMARY)])
+
+
+def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str, ...]) -> tuple[str, ...]:
+    """A URL nats-py cannot use (``http://...``) is refused here, naming the schemes, not later as a failed name
+    lookup of ``http``."""
+    for url in urls:
+        try:
+            check_server_url(url)
+        except InvalidUrl as err:
+            raise click.BadParameter(str(err), ctx=ctx, param=param) from None
+    return urls
+
+
+@click.group(
+    cls=_Group,
+    invoke_without_command=True,
+    context_settings={"show_default": True, "max_content_width": 110},
+)
 @click.version_option(package_name="rebaser", prog_name="rebaser-server")
 @click.option(
     "--config",
@@ -48,6 +111,7 @@ __all__ = ["main", "serve", "tune_gc"]
     multiple=True,
     envvar="REBASER_NATS_URL",
     show_envvar=True,
+    callback=_check_nats_urls,
     help="NATS server URL (repeatable; in the variable, separated by spaces). None: run an embedded server.",
 )
 @click.option("--user", envvar="REBASER_NATS_USER", show_envvar=True, help="NATS user name.")
@@ -151,7 +215,7 @@ __all__ = ["main", "serve", "tune_gc"]
 )
 @click.option(
     "--http-host",
-    default=DEFAULT_HTTP_HOST,
+    default=ServerConfig.http_host,  # rebaser_server.ops.http.DEFAULT_HTTP_HOST (it imports aiohttp)
     envvar="REBASER_HTTP_HOST",
     show_envvar=True,
     help="Address of the health endpoint (/healthz, /readyz, /status, /metrics).",
@@ -159,7 +223,7 @@ __all__ = ["main", "serve", "tune_gc"]
 @click.option(
     "--http-port",
     type=int,
-    default=DEFAULT_HTTP_PORT,
+    default=ServerConfig.http_port,  # rebaser_server.ops.http.DEFAULT_HTTP_PORT
     envvar="REBASER_HTTP_PORT",
     show_envvar=True,
     help="Port of the health endpoint; 0 picks a free one, -1 turns it off.",
@@ -230,6 +294,12 @@ def main(
     """
     if ctx.invoked_subcommand is not None:
         return  # a subcommand (dev-cluster) takes its own options
+    import asyncio
+
+    from rebaser_core.connect import ConnectOptions
+    from rebaser_core.errors import LayoutMismatch
+    from rebaser_server.ops.tracing import TracingError, configure_tracing
+
     configure_logging(log_level, log_format)
     try:
         tracing = configure_tracing()
@@ -237,6 +307,7 @@ def main(
         raise click.ClickException(str(err)) from None
     settings = settings_from(
         ctx.meta.get(FILE_SETTINGS, {}),
+        config_path=ctx.meta.get(CONFIG_PATH),
         prefix=prefix,
         streams=streams,
         assignment=assignment,
@@ -283,6 +354,3 @@ def main(
         if tracing is not None:
             tracing.shutdown()  # exports the spans still batched
     raise SystemExit(code)
-
-
-main.add_command(dev_cluster, "dev-cluster")

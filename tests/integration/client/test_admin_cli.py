@@ -138,7 +138,7 @@ async def test_dlq_replay_applies_the_request_under_a_new_id(
         )
 
         app.refuse = False  # the cause is fixed: replay it
-        replayed = ok_json(await rebaser(nats_url, subject_prefix, "dlq", "replay", seq, "--json"))
+        replayed = ok_json(await rebaser(nats_url, subject_prefix, "dlq", "replay", seq, "--yes", "--json"))
         (result,) = replayed["replayed"]
         assert result["original_id"] == str(refused.id) and result["request_id"] != str(refused.id)
         assert not result["duplicate"]
@@ -179,6 +179,49 @@ async def test_dlq_drop_and_replay_all(
         await client.wait_settled(wk, cs, timeout=20)
         assert await applied(daemon.store, wk, cs) == new_ids  # in dead-letter order
         assert ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["total"] == 0
+
+
+async def test_replay_and_drop_ask_first_and_a_missing_dead_letter_is_one_line_for_all(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
+) -> None:
+    app = Refusing()
+    async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/maybe", value=1)], timeout=10)
+        (letter,) = ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["dead_letters"]
+        seq = str(letter["seq"])
+        app.refuse = False
+
+        # Replay asks, as drop does; "no" replays nothing.
+        for command in ("replay", "drop"):
+            refused = await rebaser(nats_url, subject_prefix, "dlq", command, seq, input="n\n")
+            assert f"dead letter {seq}" in refused.output  # the question names it
+            assert "not confirmed (pass --yes" in one_line_error(refused)
+        assert ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["total"] == 1
+        assert await applied(daemon.store, wk, cs) == []
+
+        replayed = await rebaser(nats_url, subject_prefix, "dlq", "replay", seq, input="y\n")
+        assert replayed.exit_code == 0 and f"dead letter {seq}: replayed as request" in replayed.output
+        await client.wait_settled(wk, cs, timeout=20)
+        assert len(await applied(daemon.store, wk, cs)) == 1
+
+        # Gone: show, replay and drop say the same line, ask nothing (no input: a question would abort), do nothing.
+        missing = f"Error: no dead letter at sequence {seq} (see `rebaser dlq list`)"
+        for command in ("show", "replay", "drop"):
+            assert one_line_error(await rebaser(nats_url, subject_prefix, "dlq", command, seq)) == missing
+        # With another that is there, still nothing is done.
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/maybe", value=2)], timeout=10)
+        app.refuse = True
+        await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/maybe", value=3)], timeout=10)
+        (other,) = ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["dead_letters"]
+        both = (str(other["seq"]), seq)
+        assert (
+            one_line_error(await rebaser(nats_url, subject_prefix, "dlq", "drop", *both, "--yes")) == missing
+        )
+        assert ok_json(await rebaser(nats_url, subject_prefix, "dlq", "list", "--json"))["total"] == 1
+
+        dropped = await rebaser(nats_url, subject_prefix, "dlq", "drop", str(other["seq"]), "--yes")
+        assert dropped.exit_code == 0 and dropped.output == "dropped 1 dead letter\n", dropped.output
 
 
 async def test_change_set_purge_removes_what_is_queued(

@@ -93,6 +93,28 @@ def test_a_bad_get_path_is_one_line() -> None:
     assert code == 2 and "is not an attribute path" in output and "pydantic" not in output, output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("get", "--workspace", WK, "--change-set", CS),
+        ("status",),
+        ("dlq", "list"),
+        ("streams", "show"),
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+@pytest.mark.parametrize("url", ["http://127.0.0.1:4222", "https://n1:4222"])
+def test_a_nats_url_of_another_scheme_is_refused_naming_the_schemes(
+    command: tuple[str, ...], url: str
+) -> None:
+    code, output = invoke(*command, "--nats-url", url)
+    assert code == 2, output
+    error = " ".join(output.split())
+    assert f"{url.partition('://')[0]}:// is not a NATS URL scheme" in error, output
+    assert "use one of nats://, tls://, ws://, wss://" in error, output
+    assert "RebaserUnavailable" not in output  # refused before any name lookup
+
+
 async def test_unreachable_nats_fails_fast_in_one_line() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

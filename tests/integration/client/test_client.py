@@ -12,6 +12,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import (
     ChangeSetId,
+    InvalidId,
     RebaserClient,
     RebaserTimeout,
     RebaserUnavailable,
@@ -50,6 +51,36 @@ async def test_no_daemon_means_timeout_but_request_is_durable(
         await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)], timeout=0.5)
     info = await nc.jetstream().stream_info(settings.subjects.requests_stream)
     assert info.state.messages == 1  # still queued: a daemon that starts later applies it
+
+
+async def test_ids_may_be_given_as_text_and_anything_else_is_an_invalid_id(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = Settings(prefix=subject_prefix, storage="memory")
+    await ensure_streams(nc.jetstream(), settings)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    rid = await client.enqueue_updates(str(wk), str(cs).lower(), [SetLiteral(path="/a", value=1)])
+    stored = await nc.jetstream().get_last_msg(
+        settings.subjects.requests_stream, settings.subjects.requests(wk, cs)
+    )
+    assert stored.headers is not None and stored.headers["Nats-Msg-Id"] == str(rid)
+
+    other = ChangeSetId.new()
+    refused = [
+        ("workspace_id", client.enqueue_updates("01J-not-an-id", str(cs), [])),
+        ("change_set_id", client.enqueue_updates_with_reply(wk, str(wk)[:-1], [], timeout=1)),
+        ("change_set_id", client.enqueue_updates(wk, wk, [])),  # type: ignore[arg-type]  # a WorkspacePk
+        ("from_change_set_id", client.enqueue_updates_from_change_set(wk, cs, "nope")),
+        ("from_change_set_id", client.enqueue_updates_from_change_set_with_reply(wk, cs, "nope", timeout=1)),
+        ("workspace_id", client.get_change_set("nope", cs)),
+        ("from_change_set_id", client.fork_change_set(wk, other, "nope")),
+        ("change_set_id", client.wait_settled(wk, "nope", timeout=1)),
+    ]
+    for argument, call in refused:
+        with pytest.raises(InvalidId, match=f"^{argument}: "):
+            await call
+    info = await nc.jetstream().stream_info(settings.subjects.requests_stream)
+    assert info.state.messages == 1  # nothing else was sent
 
 
 async def test_sync_client_and_cli(nc: NatsClient, nats_url: str, subject_prefix: str) -> None:

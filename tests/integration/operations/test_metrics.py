@@ -77,7 +77,7 @@ async def test_counters_move_after_requests(
         after = [await scrape(http, url_one), await scrape(http, url_two)]
         assert total(after, "rebaser_requests_total", outcome="ok") == 1
         assert total(after, "rebaser_requests_total", outcome="conflict") == 1
-        assert ("rebaser_requests_total", (("outcome", "replayed"),)) in after[0]
+        assert ("rebaser_requests_total", (("outcome", "answered_from_record"),)) in after[0]
         assert total(after, "rebaser_requests_total", outcome="dead_lettered") == 0
         assert total(after, "rebaser_tasks_taken_total") >= 1
         assert total(after, "rebaser_owned_change_sets") == 1

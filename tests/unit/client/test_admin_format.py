@@ -163,3 +163,49 @@ def test_status_lists_owners_of_owned_change_sets() -> None:
     assert data["streams"][1]["exists"] is False and data["change_sets_total"] == 4
     text = _render(fmt.status_view(report))
     assert "missing" in text and "the 3 busiest listed" in text
+
+
+def test_an_empty_stream_and_the_default_prefix_read_as_such() -> None:
+    streams = (
+        StreamSummary("REBASER_REQUESTS", 0, 0, first_seq=7, last_seq=6),  # held 6 messages, all gone
+        StreamSummary("REBASER_TASKS", 0),  # never held one
+        StreamSummary("REBASER_DEAD_LETTERS", 2, 300, first_seq=3, last_seq=4),
+    )
+    text = _render(fmt.status_view(StatusReport(None, streams, None, 0, (), 0)))
+    assert "empty (next 7)" in text and "empty (next 1)" in text and "3..4" in text
+    assert "7..6" not in text
+    assert "streams (no prefix: the default names)" in text and "prefix -" not in text
+    assert "streams (prefix t42)" in _render(fmt.status_view(StatusReport("t42", streams, None, 0, (), 0)))
+
+
+@pytest.mark.parametrize(
+    ("text", "width", "shown"),
+    [
+        ("short reason", 120, "short reason"),
+        ("UnprocessableError: the quantity is negative", 30, "UnprocessableError: the…"),
+        ("word " * 40, 24, "word word word word…"),
+        ("a" * 50, 20, "a" * 19 + "…"),  # one word longer than the width: cut inside it
+        ("line one\nline two", 120, "line one line two"),
+    ],
+)
+def test_a_long_reason_is_cut_at_a_word_with_an_ellipsis(text: str, width: int, shown: str) -> None:
+    assert fmt.shorten(text, width) == shown
+    assert len(fmt.shorten(text, width)) <= width
+
+
+def test_the_dead_letter_table_cuts_reasons_between_words() -> None:
+    reason = "UnprocessableError: " + " ".join(f"word{n}" for n in range(60))
+    text = _render(fmt.dead_letters_view(1, [replace(_letter(), reason=reason)], NOW))
+    shown = next(line for line in text.splitlines() if "UnprocessableError" in line)
+    assert "…" in shown
+    cut = shown[shown.index("UnprocessableError") :].split("…")[0]
+    assert cut.split()[-1] in {f"word{n}" for n in range(60)}  # the last word shown is whole
+
+
+@pytest.mark.parametrize(
+    ("count", "text"), [(0, "0 dead letters"), (1, "1 dead letter"), (2, "2 dead letters")]
+)
+def test_counts_agree_with_their_noun(count: int, text: str) -> None:
+    from rebaser_client.admin_cli import plural
+
+    assert plural(count, "dead letter") == text
