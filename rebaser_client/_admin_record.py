@@ -16,20 +16,19 @@ from typing import Any
 
 import cbor2
 
-from rebaser_core.api.cbor_scan import CborLimits, scan_item
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import RequestId
 from rebaser_core.recent_replies import entry_request_id, entry_status
 
 __all__ = ["RecentReply", "RecordView"]
 
-_RECORD_LIMITS = CborLimits(max_depth=128)
+_RECORD_MAX_DEPTH = 128
 
 
 @dataclass(frozen=True)
 class RecentReply:
     request_id: str
-    kind: str  # success | conflicts | error
+    kind: str  # success | conflicts | error | refused
     detail: str  # updates performed, conflicts listed, or the error message
 
     @property
@@ -54,8 +53,13 @@ class RecordView:
 
     @classmethod
     def decode(cls, data: bytes) -> RecordView:
+        # Imported here: rebaser_core.api's package brings the wire models (pydantic), which `rebaser status` needs
+        # only once there is a record to read.
+        from rebaser_core.api.cbor_scan import CborLimits, scan_item
+
+        limits = CborLimits(max_depth=_RECORD_MAX_DEPTH)
         try:
-            scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)
+            scan_item(data, scan_item(data, 0, limits), limits)
             decoder = cbor2.CBORDecoder(io.BytesIO(data))
             raw, entries = decoder.decode(), decoder.decode()
             suspect = raw.get("suspect")
@@ -79,7 +83,7 @@ def _recent(request_id: str, status: Any) -> RecentReply:
         detail = f"{status.get('updates_performed', 0)} updates"
     elif kind == "conflicts":
         detail = f"{len(status.get('conflicts') or [])} conflicts"
-    elif kind == "error":
+    elif kind in ("error", "refused"):
         detail = str(status.get("message", ""))
     else:
         detail = ""

@@ -5,6 +5,7 @@ Catch the narrowest class that tells you what to do next::
     RebaserError
     ├── InvalidId                      not a valid ULID id (also a ValueError)
     ├── InvalidSubject                 not a safe NATS subject token or prefix (also a ValueError)
+    ├── InvalidUrl                     not a NATS server URL nats-py can connect with (also a ValueError)
     ├── ProtocolError                  a message broke the wire contract
     │   ├── MissingHeader              a required header is absent
     │   ├── DecodeError                the body could not be decoded into the announced message
@@ -22,8 +23,9 @@ Catch the narrowest class that tells you what to do next::
     │   ├── RebaserUnavailable         NATS or JetStream cannot be reached
     │   └── SpoolError                 the client's local spool file cannot be used (locked by another client)
     ├── ApplicationError               raised by an app while applying a request
+    │   ├── RefusedError               the request is wrong (a bad quantity): a "refused" reply, no dead letter
     │   ├── RetryableError             transient: the task is retried later, the request stays first
-    │   └── UnprocessableError         permanent: the request is dead-lettered with an error reply
+    │   └── UnprocessableError         an operator must look: the request is dead-lettered with an error reply
     ├── FencedError                    this daemon no longer owns the change set; its commit was refused
     ├── LayoutMismatch                 a flag disagrees with the cluster's shard layout, or a layout change is unsafe
     └── EmbeddedServerError            the embedded nats-server could not be started or stopped
@@ -33,7 +35,7 @@ Catch the narrowest class that tells you what to do next::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [  # classes only (BusyLimit, a type alias, is importable but not listed: the tree lists classes)
     "ApplicationError",
@@ -46,6 +48,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "InvalidId",
     "InvalidReplyInbox",
     "InvalidSubject",
+    "InvalidUrl",
     "LayoutMismatch",
     "MissingHeader",
     "NatsServerNotFound",
@@ -55,6 +58,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "RebaserRefused",
     "RebaserTimeout",
     "RebaserUnavailable",
+    "RefusedError",
     "RetryableError",
     "SpoolError",
     "StoreInUse",
@@ -76,6 +80,10 @@ class InvalidId(RebaserError, ValueError):
 
 class InvalidSubject(RebaserError, ValueError):
     """A subject token or prefix would change the meaning of a NATS subject."""
+
+
+class InvalidUrl(RebaserError, ValueError):
+    """A NATS server URL with a scheme other than ``nats://``, ``tls://``, ``ws://`` or ``wss://``, or no host."""
 
 
 class ProtocolError(RebaserError):
@@ -181,6 +189,18 @@ class SpoolError(ClientError):
 
 class ApplicationError(RebaserError):
     """Raised by an application's ``apply`` to classify a failure."""
+
+
+class RefusedError(ApplicationError):
+    """The request is wrong, and applying it again would be wrong again: a validation error, a rule of the
+    application. The caller gets a ``refused`` reply with ``message`` and ``details`` (a JSON object, at most
+    4 KiB as JSON, for a program to read); the refusal is committed like any outcome (a resent request gets the
+    same reply) and nothing is dead-lettered. The change set's state is left as it was."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
 
 
 class RetryableError(ApplicationError):

@@ -26,35 +26,55 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rebaser_core.errors import RefusedError, RetryableError, UnprocessableError
     from rebaser_core.settings import Settings
-    from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView, RebaserApp, load_app
+    from rebaser_server.app import (
+        App,
+        Applied,
+        AppState,
+        ChangeSet,
+        ChangeSetView,
+        Committed,
+        RebaserApp,
+        load_app,
+    )
     from rebaser_server.changeset.hooks import Hooks
     from rebaser_server.daemon.config import ServerConfig
     from rebaser_server.daemon.daemon import Daemon
 
 __all__ = [
+    "App",
     "AppState",
     "Applied",
     "ChangeSet",
     "ChangeSetView",
+    "Committed",
     "Daemon",
     "Hooks",
     "RebaserApp",
+    "RefusedError",
+    "RetryableError",
     "ServerConfig",
     "Settings",
+    "UnprocessableError",
     "load_app",
 ]
 
 # Each name is imported when first used: the pytest plugin (rebaser_server.testing.pytest_plugin) is loaded in
 # every pytest run of an environment with rebaser installed, and must not pay for the daemon (or nats-py) then.
 _WHERE = {
+    "App": "rebaser_server.app",
     "AppState": "rebaser_server.app",
     "Applied": "rebaser_server.app",
     "ChangeSet": "rebaser_server.app",
     "ChangeSetView": "rebaser_server.app",
+    "Committed": "rebaser_server.app",
     "Daemon": "rebaser_server.daemon.daemon",
     "Hooks": "rebaser_server.changeset.hooks",
     "RebaserApp": "rebaser_server.app",
+    "RefusedError": "rebaser_core.errors",
+    "RetryableError": "rebaser_core.errors",
+    "UnprocessableError": "rebaser_core.errors",
     "ServerConfig": "rebaser_server.daemon.config",
     "Settings": "rebaser_core.settings",
     "load_app": "rebaser_server.app",

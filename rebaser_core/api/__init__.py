@@ -13,6 +13,9 @@ from rebaser_core.api.change_set_queries import (
     GetChangeSetResponse,
     GetReplyRequest,
     GetReplyResponse,
+    GetReplyResponseV1,
+    GetReplyResponseV2,
+    oldest_reply_form,
 )
 from rebaser_core.api.codec import ContentType
 from rebaser_core.api.enqueue_updates_request import (
@@ -28,9 +31,13 @@ from rebaser_core.api.enqueue_updates_response import (
     ConflictsStatus,
     EnqueueUpdatesResponse,
     EnqueueUpdatesResponseV1,
+    EnqueueUpdatesResponseV2,
     ErrorStatus,
+    RefusedStatus,
     ResponseStatus,
+    ResponseStatusV1,
     SuccessStatus,
+    oldest_form,
 )
 from rebaser_core.api.settled import (
     MAX_SETTLED_WAIT,
@@ -73,6 +80,7 @@ __all__ = [
     "EnqueueUpdatesRequestV3",
     "EnqueueUpdatesResponse",
     "EnqueueUpdatesResponseV1",
+    "EnqueueUpdatesResponseV2",
     "ErrorStatus",
     "ForkChangeSetRequest",
     "ForkChangeSetResponse",
@@ -80,11 +88,15 @@ __all__ = [
     "GetChangeSetResponse",
     "GetReplyRequest",
     "GetReplyResponse",
+    "GetReplyResponseV1",
+    "GetReplyResponseV2",
     "InlineUpdates",
     "MessageVersion",
     "Negotiated",
+    "RefusedStatus",
     "Remove",
     "ResponseStatus",
+    "ResponseStatusV1",
     "SetFunction",
     "SetLiteral",
     "StoredUpdates",
@@ -94,4 +106,6 @@ __all__ = [
     "VersionedMessage",
     "WaitSettledRequest",
     "WaitSettledResponse",
+    "oldest_form",
+    "oldest_reply_form",
 ]

@@ -5,7 +5,7 @@
 ``ForkChangeSet`` v1 on ``[P.]rebaser.api.fork.<workspace>.<change_set>``:
     create ``change_set`` as a fork of ``from_change_set_id`` at that one's current snapshot.
 
-``GetReply`` v1 on ``[P.]rebaser.api.reply.<workspace>.<change_set>``:
+``GetReply`` v1 (reply v2) on ``[P.]rebaser.api.reply.<workspace>.<change_set>``:
     the reply already given to one request, from the change set's record (``found`` false if the request is not
     processed yet, or so long ago that the record no longer holds its reply). A client whose resend of a request
     was dropped as a duplicate asks this, since the request's own reply may have gone where nobody listens.
@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import JsonValue
 
-from rebaser_core.api.enqueue_updates_response import ResponseStatus
+from rebaser_core.api.enqueue_updates_response import RefusedStatus, ResponseStatus, ResponseStatusV1
 from rebaser_core.api.updates import AttributePath
 from rebaser_core.api.versioned import MessageVersion, VersionedMessage
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -37,6 +37,9 @@ __all__ = [
     "GetChangeSetResponse",
     "GetReplyRequest",
     "GetReplyResponse",
+    "GetReplyResponseV1",
+    "GetReplyResponseV2",
+    "oldest_reply_form",
 ]
 
 
@@ -112,9 +115,26 @@ class GetReplyRequest(MessageVersion):
     request_id: RequestId
 
 
-class GetReplyResponse(MessageVersion):
+class GetReplyResponseV1(MessageVersion):
     MESSAGE_TYPE: ClassVar[str] = "GetReplyResponse"
     VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    request_id: RequestId | None = None  # None only with ``error`` (the query could not be read)
+    found: bool = False
+    status: ResponseStatusV1 | None = None
+    error: str | None = None
+
+    def upgrade(self) -> GetReplyResponseV2:
+        return GetReplyResponseV2(**dict(self))
+
+
+class GetReplyResponseV2(MessageVersion):
+    """Version 1, and a recorded ``refused`` status (``EnqueueUpdatesResponse`` v2)."""
+
+    MESSAGE_TYPE: ClassVar[str] = "GetReplyResponse"
+    VERSION: ClassVar[int] = 2
 
     workspace_id: WorkspacePk
     change_set_id: ChangeSetId
@@ -124,5 +144,18 @@ class GetReplyResponse(MessageVersion):
     error: str | None = None
 
 
+GetReplyResponse = GetReplyResponseV2
+"""The current version."""
+
+
+def oldest_reply_form(response: GetReplyResponseV2) -> GetReplyResponseV1 | GetReplyResponseV2:
+    """``response`` in the oldest version that carries it (version 1 unless it holds a refusal)."""
+    if isinstance(response.status, RefusedStatus):
+        return response
+    return GetReplyResponseV1.model_construct(**dict(response))
+
+
 GET_REPLY_REQUEST = VersionedMessage("GetReplyRequest", (GetReplyRequest,), GetReplyRequest)
-GET_REPLY_RESPONSE = VersionedMessage("GetReplyResponse", (GetReplyResponse,), GetReplyResponse)
+GET_REPLY_RESPONSE: VersionedMessage[GetReplyResponseV2] = VersionedMessage(
+    "GetReplyResponse", (GetReplyResponseV1, GetReplyResponseV2), GetReplyResponseV2
+)

@@ -5,7 +5,13 @@
 - ``success``: applied; ``updates_performed`` says how many updates, ``snapshot_address`` (if the app has one)
   names the resulting state;
 - ``conflicts``: nothing applied, because targets changed since the caller computed the batch;
-- ``error``: not applied; ``retryable`` says whether sending the same request again can help.
+- ``error``: not applied; ``retryable`` says whether sending the same request again can help;
+- ``refused`` (version 2): not applied, because the application refused it (a validation error such as "quantity
+  must be > 0"): ``message`` says why, ``details`` (a JSON object, optional) says it in a form a program reads.
+  Sending the same request again gets the same answer; nothing is dead-lettered.
+
+A sender writes the *oldest* version that can carry a reply (:func:`oldest_form`): version 1 unless the status is
+``refused``, so a client that only knows version 1 keeps working until an application refuses one of its requests.
 
 A status has a bounded size by construction, so a reply always fits in a NATS message and the last
 ``idempotency_window`` replies fit in the change set's record (a 20,000-conflict reply once made every commit
@@ -16,10 +22,19 @@ is cut to :data:`MAX_ERROR_MESSAGE_CHARS` characters. :func:`bounded_status` bou
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ModelWrapValidatorHandler,
+    field_validator,
+    model_validator,
+)
 
 from rebaser_core.api.versioned import MessageVersion, VersionedMessage
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -30,16 +45,21 @@ __all__ = [
     "ConflictsStatus",
     "EnqueueUpdatesResponse",
     "EnqueueUpdatesResponseV1",
+    "EnqueueUpdatesResponseV2",
     "ErrorStatus",
+    "RefusedStatus",
     "ResponseStatus",
+    "ResponseStatusV1",
     "SuccessStatus",
     "bounded_status",
+    "oldest_form",
 ]
 
 MAX_LISTED_CONFLICTS = 100
 MAX_STATUS_BYTES = 16 * 1024
 MAX_CONFLICT_MESSAGE_CHARS = 256
 MAX_ERROR_MESSAGE_CHARS = 1024
+MAX_DETAILS_BYTES = 4 * 1024
 
 
 def _cut(text: str, limit: int) -> str:
@@ -92,6 +112,31 @@ class ErrorStatus(_Status):
         return _cut(message, MAX_ERROR_MESSAGE_CHARS)
 
 
+def _json_size(value: JsonValue) -> int:
+    return 0 if value is None else len(json.dumps(value, separators=(",", ":")))
+
+
+class RefusedStatus(_Status):
+    """Refused by the application: a mistake in the request, not a fault. Never dead-lettered."""
+
+    kind: Literal["refused"] = "refused"
+    message: str
+    details: dict[str, JsonValue] | None = None
+
+    @field_validator("message")
+    @classmethod
+    def _short_message(cls, message: str) -> str:
+        return _cut(message, MAX_ERROR_MESSAGE_CHARS)
+
+    @field_validator("details")
+    @classmethod
+    def _small_details(cls, details: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        # Bounded like every status, so the reply fits a message and the record's window of replies.
+        if _json_size(details) > MAX_DETAILS_BYTES:
+            raise ValueError(f"details are over {MAX_DETAILS_BYTES} bytes as JSON")
+        return details
+
+
 _NOTE = re.compile(r"\(and ([0-9]{1,18}) more conflicts not listed\)$")
 
 
@@ -122,25 +167,53 @@ def _listed(conflicts: list[Conflict], max_bytes: int) -> list[Conflict]:
 
 
 def bounded_status(
-    status: SuccessStatus | ConflictsStatus | ErrorStatus, max_bytes: int
-) -> SuccessStatus | ConflictsStatus | ErrorStatus:
+    status: SuccessStatus | ConflictsStatus | ErrorStatus | RefusedStatus, max_bytes: int
+) -> SuccessStatus | ConflictsStatus | ErrorStatus | RefusedStatus:
     """``status`` within about ``max_bytes`` (tighter than the bounds every status has): fewer conflicts listed,
     a shorter error message. The first conflict is always listed."""
     if isinstance(status, ConflictsStatus):
         listed = _listed(status.conflicts, max_bytes)
         return status if listed is status.conflicts else ConflictsStatus(conflicts=listed)
-    if isinstance(status, ErrorStatus) and len(status.message.encode()) > max_bytes:
+    if (
+        isinstance(status, RefusedStatus)
+        and _json_size(status.details) + len(status.message.encode()) > max_bytes
+    ):
+        # The message is what a person reads; the details go first.
+        status = status.model_copy(update={"details": None})
+    if isinstance(status, ErrorStatus | RefusedStatus) and len(status.message.encode()) > max_bytes:
         # Characters, not bytes, are cut: 4 bytes per character at most.
         return status.model_copy(update={"message": _cut(status.message, max(64, max_bytes // 4))})
     return status
 
 
-ResponseStatus = Annotated[SuccessStatus | ConflictsStatus | ErrorStatus, Field(discriminator="kind")]
+ResponseStatusV1 = Annotated[SuccessStatus | ConflictsStatus | ErrorStatus, Field(discriminator="kind")]
+"""The statuses of version 1 replies."""
+
+ResponseStatus = Annotated[
+    SuccessStatus | ConflictsStatus | ErrorStatus | RefusedStatus, Field(discriminator="kind")
+]
+"""The statuses of the current version (version 1's and ``refused``)."""
 
 
 class EnqueueUpdatesResponseV1(MessageVersion):
     MESSAGE_TYPE: ClassVar[str] = "EnqueueUpdatesResponse"
     VERSION: ClassVar[int] = 1
+
+    workspace_id: WorkspacePk
+    change_set_id: ChangeSetId
+    status: ResponseStatusV1
+
+    def upgrade(self) -> EnqueueUpdatesResponseV2:
+        return EnqueueUpdatesResponseV2(
+            id=self.id, workspace_id=self.workspace_id, change_set_id=self.change_set_id, status=self.status
+        )
+
+
+class EnqueueUpdatesResponseV2(MessageVersion):
+    """Version 1 and the ``refused`` status."""
+
+    MESSAGE_TYPE: ClassVar[str] = "EnqueueUpdatesResponse"
+    VERSION: ClassVar[int] = 2
 
     workspace_id: WorkspacePk
     change_set_id: ChangeSetId
@@ -151,9 +224,22 @@ class EnqueueUpdatesResponseV1(MessageVersion):
         return self.status.kind == "success"
 
 
-EnqueueUpdatesResponse = EnqueueUpdatesResponseV1
+EnqueueUpdatesResponse = EnqueueUpdatesResponseV2
 """The current version."""
 
-ENQUEUE_UPDATES_RESPONSE: VersionedMessage[EnqueueUpdatesResponseV1] = VersionedMessage(
-    "EnqueueUpdatesResponse", (EnqueueUpdatesResponseV1,), EnqueueUpdatesResponseV1
+ENQUEUE_UPDATES_RESPONSE: VersionedMessage[EnqueueUpdatesResponseV2] = VersionedMessage(
+    "EnqueueUpdatesResponse", (EnqueueUpdatesResponseV1, EnqueueUpdatesResponseV2), EnqueueUpdatesResponseV2
 )
+
+
+def oldest_form(response: EnqueueUpdatesResponseV2) -> EnqueueUpdatesResponseV1 | EnqueueUpdatesResponseV2:
+    """``response`` in the oldest version that carries it: what a sender writes, so that a peer that only knows
+    version 1 reads every reply but a refusal."""
+    if isinstance(response.status, RefusedStatus):
+        return response
+    return EnqueueUpdatesResponseV1.model_construct(
+        id=response.id,
+        workspace_id=response.workspace_id,
+        change_set_id=response.change_set_id,
+        status=response.status,
+    )

@@ -1,13 +1,15 @@
 """``CounterApp``: the smallest application: it counts requests and updates, and nothing else.
 
-Use it to measure the framework's own cost (``bench/``), and as the minimal example of the app contract.
+Use it to measure the framework's own cost (``bench/``). It implements the bare :class:`RebaserApp` protocol
+(no base class), so it has none of the optional parts: a request with ``from_change_set_id`` is refused, and so
+are ``get`` and ``fork`` queries. ``examples/cart`` is the example to copy (see ``docs/apps.md``).
 """
 
 from __future__ import annotations
 
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates, SuccessStatus
+from rebaser_core.api import EnqueueUpdatesRequest, SuccessStatus
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet
 
@@ -25,7 +27,7 @@ class CounterApp:
         return {"requests": 0, "updates": 0}
 
     async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
-        updates = len(request.updates.updates) if isinstance(request.updates, InlineUpdates) else 0
+        updates = len(await change_set.updates(request))  # inline, or read from the stored batch
         new_state = {"requests": state["requests"] + 1, "updates": state["updates"] + updates}
         return Applied(SuccessStatus(updates_performed=updates), new_state)
 

@@ -43,6 +43,7 @@ class Stats:
     requests_ok: int = 0
     requests_conflict: int = 0
     requests_error: int = 0
+    requests_refused: int = 0  # refused by the app (RefusedError): answered, not dead-lettered
     request_commits: int = 0  # record commits for requests: fewer than requests when group commits form
     requests_replayed: int = 0
     requests_dead_lettered: int = 0

@@ -61,7 +61,12 @@ def commit_now(size: int, waiting: int, *, one_by_one: bool, idempotency_window:
     return one_by_one or not waiting or size >= min(GROUP_MAX, idempotency_window // 2)
 
 
-_OUTCOME_COUNTERS = {"success": "requests_ok", "conflicts": "requests_conflict", "error": "requests_error"}
+_OUTCOME_COUNTERS = {
+    "success": "requests_ok",
+    "conflicts": "requests_conflict",
+    "error": "requests_error",
+    "refused": "requests_refused",
+}
 
 
 class CommitGroup:

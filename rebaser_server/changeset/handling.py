@@ -10,7 +10,8 @@ Every request comes to exactly one decision, taken against the record as of ever
   or, at ``max_attempts``, refused with a dead letter (REFUSED);
 - **undecodable or not for this change set**: refused with an error reply and a dead letter (REFUSED);
 - **replayed** (its id is in the record: a client resent it): answered from the record (REPLAYED);
-- otherwise **applied** (APPLIED); a permanent failure is an error reply with a dead letter, a retryable one counts
+- otherwise **applied** (APPLIED): the app's success or conflicts, or its refusal (a ``refused`` reply, the state
+  unchanged, no dead letter); a permanent failure is an error reply with a dead letter, a retryable one counts
   an attempt (RETRY, the request stays first in line) until ``max_attempts``.
 """
 
@@ -22,25 +23,28 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from nats.aio.msg import Msg
+from pydantic import ValidationError
 
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
     ErrorStatus,
+    RefusedStatus,
 )
-from rebaser_core.errors import FencedError, ProtocolError, UnprocessableError
+from rebaser_core.errors import FencedError, ProtocolError, RefusedError, UnprocessableError
 from rebaser_core.headers import check_msg_id
 from rebaser_core.inbox import reply_inbox_of, request_id_of
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.app.calls import apply_request
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.outcome import LeaseLost, Retry, Wedged
 from rebaser_server.ops.observe import Observer
 from rebaser_server.record.model import ChangeSetRecord
 
-__all__ = ["RequestHandler", "processed"]
+__all__ = ["RequestHandler", "processed", "refused_status"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,6 +60,17 @@ def processed_fields(record: ChangeSetRecord, seq: int) -> dict[str, Any]:
     """The fields :func:`processed` changes, for a caller that changes others too (one copy of the record)."""
     suspect = record.suspect if record.suspect and record.suspect[0] > seq else None
     return {"applied_seq": max(record.applied_seq, seq), "suspect": suspect}
+
+
+def refused_status(err: RefusedError) -> RefusedStatus:
+    """The reply to an app's refusal; details that are not a JSON object within the bound are left out (and said
+    to be), never a failure of the request."""
+    message = str(err.message)
+    try:
+        return RefusedStatus(message=message, details=err.details)
+    except ValidationError as invalid:
+        log.warning("refusal details left out: %s", invalid.errors()[0]["msg"])
+        return RefusedStatus(message=f"{message} (details left out: not a JSON object of at most 4 KiB)")
 
 
 class RequestHandler:
@@ -151,7 +166,19 @@ class RequestHandler:
         rid = str(request.id)
         try:
             with self._observe.phase("rebaser.apply"):
-                applied = await self._step(self._app.apply(self._change_set, record.state, request))
+                applied = await self._step(apply_request(self._app, self._change_set, record.state, request))
+        except RefusedError as err:
+            # The request is wrong: answered, committed like any outcome (a resend gets the same reply), the state
+            # left as it was, and no dead letter: nothing for an operator to look at.
+            status = refused_status(err)
+            refused = EnqueueUpdatesResponse(
+                id=request.id,
+                workspace_id=request.workspace_id,
+                change_set_id=request.change_set_id,
+                status=status,
+            )
+            staged = record.with_reply(rid, refused, self._window, **processed_fields(record, seq))
+            return Decision(Kind.APPLIED, seq, msg, staged, refused, inbox)
         except UnprocessableError as err:
             reason = f"{type(err).__name__}: {err}"  # the §9 form of every error reply
         except (FencedError, LeaseLost):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rebaser_core.settings import Settings
-from rebaser_server.app import RebaserApp
+from rebaser_server.app import ChangeSetReader, RebaserApp
 from rebaser_server.changeset.context import Nats, Placement, Report
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.record.store import ChangeSetStore
@@ -29,3 +29,4 @@ class Owning:
     replies: Replies
     report: Report
     placement: Placement
+    reader: ChangeSetReader  # what the app may read besides its change set (given with each ChangeSet)

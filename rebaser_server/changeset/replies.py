@@ -16,7 +16,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
-from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse
+from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse, oldest_form
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, RebaserRefused, Unsupported
 from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.settings import Settings
@@ -80,7 +80,8 @@ class Replies:
         except Unsupported:
             # The caller's own type is unusable; JSON is the most readable fallback.
             content_type = ContentType.JSON
-        headers, body = ENQUEUE_UPDATES_RESPONSE.encode(response, content_type)
+        # The oldest version that carries it: a client that only knows version 1 reads all but a refusal.
+        headers, body = ENQUEUE_UPDATES_RESPONSE.encode(oldest_form(response), content_type)
         try:
             # Its span, in the trace context of the request it answers.
             with self._observe.reply(request_headers, headers):

@@ -115,9 +115,8 @@ def _load_app(spec: str) -> RebaserApp:
     try:
         return load_app(spec)
     except (ImportError, AttributeError, ValueError, TypeError) as err:
-        raise click.ClickException(
-            f"cannot load --app {spec}: {type(err).__name__}: {err} (give it as module:attribute)"
-        ) from None
+        # load_app's ValueError already says how an app is given.
+        raise click.ClickException(f"cannot load --app {spec}: {type(err).__name__}: {err}") from None
 
 
 async def _connect(options: ConnectOptions) -> NatsClient:

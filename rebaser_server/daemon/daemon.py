@@ -27,6 +27,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.app.calls import capabilities
 from rebaser_server.changeset.context import Nats, Placement, Report, Stats
 from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
@@ -42,6 +43,7 @@ from rebaser_server.ops.observe import Observer
 from rebaser_server.ops.status import status_of
 from rebaser_server.queries.service import QueryService
 from rebaser_server.record.direct_reads import DirectReads
+from rebaser_server.record.reader import StoreReader
 from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.task.handback import hand_back
 from rebaser_server.task.keeper import LeaseKeeper
@@ -94,7 +96,10 @@ class Daemon:
         nats = Nats(nc, js, requester, store.reads or DirectReads(requester, settings.nats_timeout))
         replies = Replies(nc, settings, subjects, stats, report.observe)
         keeper = LeaseKeeper(nc, period=settings.progress_period, on_renewed=renewed)
-        self._owning = Owning(nats, settings, app, store, owner, keeper, replies, report, placement)
+        self._reader = StoreReader(js, settings, store)
+        self._owning = Owning(
+            nats, settings, app, store, owner, keeper, replies, report, placement, self._reader
+        )
         self.sweeper = Sweeper(nats, settings, placement, replies)
         self.queries = QueryService(nc, js, settings, app=app, store=store, placement=placement)
         self._sweep = sweep
@@ -176,6 +181,8 @@ class Daemon:
         cluster still forming, a stream leader being elected) set-up is retried with backoff, for ``timeout``
         seconds (None: for ever), each failure one log line."""
         owning = self._owning
+        # What the app lacks of the contract's optional parts, and so what the daemon answers without them.
+        log.info("%s", capabilities(owning.app))
         await self._set_up(timeout)
         if self._stopping:
             return  # shut down while starting (a signal): start nothing
@@ -201,6 +208,7 @@ class Daemon:
         async def prepare() -> None:
             await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
             await self._owning.store.open()
+            await self._reader.open()
 
         await set_up_with_retries(prepare, self._start_app, timeout=timeout, stopping=lambda: self._stopping)
 
@@ -296,6 +304,7 @@ class Daemon:
                 streams=owning.placement.layout.streams,
             )
             await owning.store.open()
+            await self._reader.open()
         except Exception as err:
             log.warning(
                 "re-ensuring streams after a reconnect failed (%s); the status page shows what is missing",

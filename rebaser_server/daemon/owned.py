@@ -61,7 +61,7 @@ class OwnedChangeSets:
             await msg.term()
             return
         self._owning.report.stats.tasks_taken += 1
-        change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
+        change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id, self._owning.reader)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
         processor = ChangeSetProcessor(

@@ -60,8 +60,11 @@ _REQUEST_OUTCOMES = {
     "requests_ok": "ok",
     "requests_conflict": "conflict",
     "requests_error": "error",
+    "requests_refused": "refused",
     "requests_dead_lettered": "dead_lettered",
-    "requests_replayed": "replayed",
+    # The stats field keeps the decision's name (Decision.REPLAYED); the label says what it is, so it is not read as
+    # a dead letter's replay (`rebaser dlq replay`): a redelivered or resent request answered from the record.
+    "requests_replayed": "answered_from_record",
 }
 _TASK_OUTCOMES = {
     "tasks_released": "released",
@@ -96,8 +99,10 @@ class DaemonCollector(Collector):
 
         requests = CounterMetricFamily(
             "rebaser_requests",
-            "Requests handled, by outcome: ok, conflict, error (applied, by the reply's status), dead_lettered, "
-            "replayed (answered from the record). A permanent app failure counts as error and dead_lettered.",
+            "Requests handled, by outcome: ok, conflict, error, refused (applied, by the reply's status), "
+            "dead_lettered, "
+            "answered_from_record (a redelivered or resent request, answered with its recorded reply, not applied "
+            "again). A permanent app failure counts as error and dead_lettered.",
             labels=["outcome"],
         )
         for field, outcome in _REQUEST_OUTCOMES.items():

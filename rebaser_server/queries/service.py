@@ -32,11 +32,12 @@ from rebaser_core.api import (
     GetReplyResponse,
     VersionedMessage,
     WaitSettledResponse,
+    oldest_reply_form,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
 from rebaser_core.inbox import check_reply_inbox, request_id_of
 from rebaser_core.settings import Settings
-from rebaser_server.app import ChangeSet, RebaserApp, SupportsQueries
+from rebaser_server.app import ChangeSet, RebaserApp, SupportsDescribe, SupportsFork
 from rebaser_server.changeset.context import Placement
 from rebaser_server.queries.settled import SettledWaits
 from rebaser_server.record.store import ChangeSetStore
@@ -123,6 +124,8 @@ class QueryService:
             log.exception("query on %s failed", msg.subject)
             return
         content_type = _content_type(msg.headers)
+        if isinstance(response, GetReplyResponse):
+            response = oldest_reply_form(response)  # readable by a client that only knows version 1
         headers, body = response_codec.encode(response, content_type)
         limit = self._nc.max_payload
         if len(body) + h.header_block_size(headers) > limit:
@@ -144,12 +147,12 @@ class QueryService:
         if record is None:
             return GetChangeSetResponse(id=request.id, **ids, exists=False)
         app = self._app
-        if not isinstance(app, SupportsQueries):
+        if not isinstance(app, SupportsDescribe):
             return GetChangeSetResponse(
                 id=request.id,
                 **ids,
                 dvu_pending=record.dvu_pending,
-                error="this daemon's app cannot describe its state",
+                error=f"this daemon's app ({type(app).__name__}) cannot describe its state (it has no describe())",
             )
         view = await app.describe(change_set, record.state, request.path)
         return GetChangeSetResponse(
@@ -172,10 +175,9 @@ class QueryService:
 
     async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
         app = self._app
-        if not isinstance(app, SupportsQueries):
-            return ForkChangeSetResponse(
-                id=request.id, **ids, error="this daemon's app cannot fork change sets"
-            )
+        if not isinstance(app, SupportsFork):
+            error = f"this daemon's app ({type(app).__name__}) cannot fork change sets (it has no fork())"
+            return ForkChangeSetResponse(id=request.id, **ids, error=error)
         source = ChangeSet(change_set.workspace_id, request.from_change_set_id)
         source_record = await self._store.read(source)
         if source_record is None:
@@ -187,8 +189,10 @@ class QueryService:
             return ForkChangeSetResponse(
                 id=request.id, **ids, error=f"change set {change_set} already exists"
             )
-        view = await app.describe(change_set, state, None)
-        return ForkChangeSetResponse(id=request.id, **ids, snapshot_address=view.snapshot_address)
+        view = await app.describe(change_set, state, None) if isinstance(app, SupportsDescribe) else None
+        return ForkChangeSetResponse(
+            id=request.id, **ids, snapshot_address=None if view is None else view.snapshot_address
+        )
 
 
 # operation -> (request codec, reply codec, reply class: built with ``error`` when the request cannot be decoded)

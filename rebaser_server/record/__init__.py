@@ -4,7 +4,9 @@
   remembered replies), free of NATS;
 - :mod:`~rebaser_server.record.store`: the store and the per-ownership handle that reads it and commits it by
   compare-and-set (the fence: a commit by an owner whose epoch was bumped fails);
-- :mod:`~rebaser_server.record.direct_reads`: reads of a stream's last message as its leader has it.
+- :mod:`~rebaser_server.record.direct_reads`: reads of a stream's last message as its leader has it;
+- :mod:`~rebaser_server.record.reader`: what an app may read besides its own change set (another change set's
+  committed state, a request's stored batch): the daemon's ``ChangeSetReader``.
 
 May import: ``rebaser_core``, :mod:`rebaser_server.app` and :mod:`rebaser_server.task`.
 """

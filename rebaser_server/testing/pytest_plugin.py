@@ -12,10 +12,17 @@ Fixtures (all named ``rebaser_*``, so they never collide with a project's own):
 ``rebaser_prefix``
     A fresh subject prefix per test: every test gets its own streams, so tests sharing the server stay apart.
 ``rebaser_app``
-    The application the daemon runs, a new one per test: the ``rebaser_app`` marker's argument, else the
-    ``rebaser_app`` ini option, else the built-in snapshot app. The argument is ``"module:attr"`` or the object
-    itself: an app, or a class or factory that makes one (given as ``pytest.mark.rebaser_app.with_args(MyApp)``,
-    since a mark called with a function alone decorates it). Or override the fixture.
+    The application the daemon runs: the ``rebaser_app`` marker's argument, else the ``rebaser_app`` ini
+    option, else the built-in snapshot app. The argument is one of
+
+    - ``"module:attr"`` (also the ini option's form), where ``attr`` is an app, or a class or factory making one;
+    - a class, instantiated with no arguments: ``pytest.mark.rebaser_app.with_args(MyApp)`` (``with_args``,
+      since a mark called with a class or function alone decorates it);
+    - a factory, called with no arguments: ``pytest.mark.rebaser_app.with_args(make_app)``;
+    - an app: ``pytest.mark.rebaser_app(MyApp())``, used as it is.
+
+    A class, a factory or a string makes a new app for each test; an app object is shared by every test the
+    marker applies to (the daemon starts and stops it for each). Or override the fixture.
 ``rebaser_settings``
     The daemon's :class:`~rebaser_core.settings.Settings`: short periods for tests (released after 0.5 s quiet,
     memory streams), the test's prefix. Override it to change them.
@@ -147,17 +154,38 @@ class RebaserTestDaemon:
 
 
 def _make_app(spec: object, where: str) -> RebaserApp:
+    """The app ``spec`` stands for: ``"module:attr"`` (loaded by :func:`~rebaser_server.app.load_app`), a class
+    (instantiated with no arguments), an app (used as it is) or a factory (called with no arguments).
+
+    A class is tested before an app: :class:`~rebaser_server.app.RebaserApp` is a runtime-checkable protocol, and a
+    class has the methods it checks for, so ``isinstance(MyApp, RebaserApp)`` is true of the class itself.
+    """
     from rebaser_server.app import RebaserApp, load_app
 
+    what = f"{spec!r}" if isinstance(spec, str) else f"{spec!r} ({type(spec).__name__})"
     try:
         if isinstance(spec, str):
-            return load_app(spec)
-        app = spec if isinstance(spec, RebaserApp) else spec() if callable(spec) else spec
+            app: object = load_app(spec)
+        elif isinstance(spec, type):
+            app = spec()
+        elif isinstance(spec, RebaserApp):
+            app = spec
+        elif callable(spec):
+            app = spec()
+        else:
+            pytest.fail(
+                f"{where}: {what} is not a rebaser app, nor a class or factory making one, nor a 'module:attr' "
+                "string",
+                pytrace=False,
+            )
     except (ImportError, AttributeError, ValueError, TypeError) as err:
-        pytest.fail(f"{where}: cannot load {spec!r}: {type(err).__name__}: {err}", pytrace=False)
-    if not isinstance(app, RebaserApp):
+        pytest.fail(f"{where}: cannot load {what}: {type(err).__name__}: {err}", pytrace=False)
+    if isinstance(app, type) or not isinstance(app, RebaserApp):
+        made = "" if app is spec else f" made {app!r} ({type(app).__name__}), which"
         pytest.fail(
-            f"{where}: {spec!r} is not a rebaser app (see rebaser_server/app/contract.py)", pytrace=False
+            f"{where}: {what}{made} is not a rebaser app (it needs start, stop, initial_state, apply and "
+            "dependent_values_update: see rebaser_server/app/contract.py)",
+            pytrace=False,
         )
     return app
 

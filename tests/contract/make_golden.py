@@ -36,9 +36,11 @@ from rebaser_core.api import (
     EnqueueUpdatesRequestV2,
     EnqueueUpdatesRequestV3,
     EnqueueUpdatesResponseV1,
+    EnqueueUpdatesResponseV2,
     ErrorStatus,
     InlineUpdates,
     MessageVersion,
+    RefusedStatus,
     Remove,
     SetFunction,
     SetLiteral,
@@ -63,6 +65,7 @@ REQUEST_V3_STORED = RequestId("01JAW0QD1F3H5K7N9Q1S3V5X7Z")
 RESPONSE_SUCCESS = REQUEST_V3_INLINE  # a reply carries the id of the request it answers
 RESPONSE_CONFLICTS = RequestId("01JAW0QE4G6J8M0P2R4T6W8Y0A")
 RESPONSE_ERROR = RequestId("01JAW0QF7H9K1N3Q5S7V9X1Z3B")
+RESPONSE_REFUSED = RequestId("01JAW0QG2J4M6P8R0T2W4Y6A8C")
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,20 @@ def fixtures() -> list[Fixture]:
                 change_set_id=CHANGE_SET,
                 status=ErrorStatus(
                     message="function 'concat' failed: argument 2 is not a string — é", retryable=True
+                ),
+            ),
+            None,
+        ),
+        Fixture(
+            "EnqueueUpdatesResponse.v2.refused",
+            response,
+            EnqueueUpdatesResponseV2(
+                id=RESPONSE_REFUSED,
+                workspace_id=WORKSPACE,
+                change_set_id=CHANGE_SET,
+                status=RefusedStatus(
+                    message="quantity must be at least 1 — got 0",
+                    details={"field": "quantity", "minimum": 1, "got": 0},
                 ),
             ),
             None,

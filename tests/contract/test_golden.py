@@ -42,6 +42,7 @@ EXPECTED_STEMS = (
     "EnqueueUpdatesResponse.v1.success",
     "EnqueueUpdatesResponse.v1.conflicts",
     "EnqueueUpdatesResponse.v1.error",
+    "EnqueueUpdatesResponse.v2.refused",
 )
 EXPECTED_BODIES = sorted(f"{stem}.{ext}" for stem in EXPECTED_STEMS for ext in EXTENSIONS)
 

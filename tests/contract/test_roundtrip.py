@@ -19,9 +19,11 @@ from rebaser_core.api import (
     EnqueueUpdatesRequestV2,
     EnqueueUpdatesRequestV3,
     EnqueueUpdatesResponseV1,
+    EnqueueUpdatesResponseV2,
     ErrorStatus,
     InlineUpdates,
     MessageVersion,
+    RefusedStatus,
     Remove,
     SetFunction,
     SetLiteral,
@@ -121,6 +123,15 @@ statuses = st.one_of(
     st.builds(ConflictsStatus, conflicts=st.lists(conflicts, max_size=4)),
     st.builds(ErrorStatus, message=st.text(max_size=80), retryable=st.booleans()),
 )
+json_scalars = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.text(max_size=12)
+)
+statuses_v2 = statuses | st.builds(
+    RefusedStatus,
+    message=st.text(max_size=80),
+    details=st.none()
+    | st.dictionaries(st.text(max_size=8), json_scalars | st.lists(json_scalars, max_size=3), max_size=4),
+)
 responses_v1 = st.builds(
     EnqueueUpdatesResponseV1,
     id=request_ids,
@@ -128,10 +139,17 @@ responses_v1 = st.builds(
     change_set_id=change_set_ids,
     status=statuses,
 )
+responses_v2 = st.builds(
+    EnqueueUpdatesResponseV2,
+    id=request_ids,
+    workspace_id=workspace_ids,
+    change_set_id=change_set_ids,
+    status=statuses_v2,
+)
 
 current_messages: st.SearchStrategy[tuple[VersionedMessage[Any], MessageVersion]] = st.one_of(
     requests_v3.map(lambda m: (ENQUEUE_UPDATES_REQUEST, m)),
-    responses_v1.map(lambda m: (ENQUEUE_UPDATES_RESPONSE, m)),
+    responses_v2.map(lambda m: (ENQUEUE_UPDATES_RESPONSE, m)),
 )
 
 
@@ -235,3 +253,16 @@ def test_upgrade_is_step_by_step(message: EnqueueUpdatesRequestV1) -> None:
 @given(requests_v3)
 def test_current_version_upgrades_to_itself(message: EnqueueUpdatesRequestV3) -> None:
     assert ENQUEUE_UPDATES_REQUEST.upgrade(message) is message
+
+
+@PROPERTY
+@given(responses_v1)
+def test_version_1_replies_roundtrip_and_upgrade_to_the_current_version(
+    message: EnqueueUpdatesResponseV1,
+) -> None:
+    for content_type in ContentType:
+        _roundtrip(ENQUEUE_UPDATES_RESPONSE, message, content_type)
+        headers, body = ENQUEUE_UPDATES_RESPONSE.encode(message, content_type)
+        upgraded = ENQUEUE_UPDATES_RESPONSE.decode(headers, body)
+        assert type(upgraded) is EnqueueUpdatesResponseV2
+        assert upgraded.model_dump() == message.model_dump()

@@ -40,15 +40,14 @@ from rebaser_core.api import (
     ConflictsStatus,
     EnqueueUpdatesRequest,
     SetFunction,
-    StoredUpdates,
     SuccessStatus,
     Update,
 )
-from rebaser_core.errors import UnprocessableError
+from rebaser_core.errors import RefusedError, UnprocessableError
 from rebaser_core.ids import ChangeSetId
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
-from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView
+from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView, Committed
 from rebaser_server.apps.snapshots.dvu import dependent_values_update, settled_without_update
 from rebaser_server.apps.snapshots.functions import BUILTIN_FUNCTIONS
 from rebaser_server.apps.snapshots.limits import Limits, check_growth, check_updates
@@ -63,7 +62,6 @@ from rebaser_server.apps.snapshots.model import (
     rebase,
 )
 from rebaser_server.apps.snapshots.store import OFF_LOOP_BYTES, SnapshotStore
-from rebaser_server.record.store import ChangeSetStore
 
 __all__ = ["SnapshotApp"]
 
@@ -128,7 +126,6 @@ class SnapshotApp:
         self.functions: dict[str, Function] = dict(BUILTIN_FUNCTIONS)
         self._store: SnapshotStore | None = None
         self._requester: Requester | None = None
-        self._records: ChangeSetStore | None = None
         self.limits = Limits()
         # Per change set: the snapshots computed since its last commit (address -> snapshot and its encoding).
         self._pending: dict[ChangeSet, dict[str, tuple[Snapshot, bytes]]] = {}
@@ -143,8 +140,6 @@ class SnapshotApp:
         self._store = SnapshotStore(js, settings, requester=self._requester)
         await self._store.open()
         await self._store.put(EMPTY)
-        self._records = ChangeSetStore(js, settings)
-        await self._records.open()
 
     async def stop(self) -> None:
         requester, self._requester = self._requester, None
@@ -238,17 +233,25 @@ class SnapshotApp:
 
     async def apply(self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest) -> Applied:
         current = await self._load(change_set, state)
-        if request.from_change_set_id is not None:
-            base, source = await self._fork_point(change_set, request.from_change_set_id)
-            large = (
-                True  # three snapshots compared and hashed path by path; rare enough to always take a thread
-            )
-            rebased, data = await self._run(large, _merged, current, base, source, self.limits)
-        else:
-            updates = await self._updates(request)
-            self._check_functions(updates)
-            large = self._large(change_set, state, len(current.attributes) + len(updates))
-            rebased, data = await self._run(large, _rebased, current, updates, self.limits)
+        updates = await change_set.updates(request)
+        self._check_functions(updates)
+        large = self._large(change_set, state, len(current.attributes) + len(updates))
+        rebased, data = await self._run(large, _rebased, current, updates, self.limits)
+        return await self._applied(change_set, state, rebased, data, large)
+
+    async def apply_change_set(
+        self, change_set: ChangeSet, state: AppState, request: EnqueueUpdatesRequest, source: Committed
+    ) -> Applied:
+        """Carry over what ``source`` changed since it was forked."""
+        current = await self._load(change_set, state)
+        base, now = await self._fork_point(source)
+        # Three snapshots compared and hashed path by path: rare enough to always take a thread.
+        rebased, data = await self._run(True, _merged, current, base, now, self.limits)
+        return await self._applied(change_set, state, rebased, data, True)
+
+    async def _applied(
+        self, change_set: ChangeSet, state: AppState, rebased: Rebased, data: bytes, large: bool
+    ) -> Applied:
         if not rebased.ok:
             # Validating 20,000 conflicts before the status keeps the first 100 is work too.
             conflicts = await self._run(large, _conflicts_status, rebased)
@@ -265,23 +268,18 @@ class SnapshotApp:
                 f"unknown function {', '.join(map(repr, unknown))}; known: {', '.join(sorted(self.functions))}"
             )
 
-    async def _updates(self, request: EnqueueUpdatesRequest) -> list[Update]:
-        if isinstance(request.updates, StoredUpdates):
-            return await self.store.get_batch(request.updates.address)
-        return list(request.updates.updates)
-
-    async def _fork_point(self, target: ChangeSet, source_id: ChangeSetId) -> tuple[Snapshot, Snapshot]:
+    async def _fork_point(self, source: Committed) -> tuple[Snapshot, Snapshot]:
         """The source change set's snapshot at its fork, and now."""
-        assert self._records is not None
-        record = await self._records.read(ChangeSet(target.workspace_id, source_id))
-        if record is None:
-            raise UnprocessableError(f"change set {source_id} does not exist")
-        base = record.state.get("base") if isinstance(record.state, dict) else None
+        state = source.state
+        base = state.get("base") if isinstance(state, dict) else None
         if not base:
-            raise UnprocessableError(f"change set {source_id} was not forked, so it has no changes to apply")
+            raise RefusedError(
+                f"change set {source.change_set.change_set_id} was not forked, so it has no changes to apply",
+                {"from_change_set_id": str(source.change_set.change_set_id)},
+            )
         return (
             await self.store.get(base["snapshot"], _inline(base)),
-            await self.store.get(record.state["snapshot"], _inline(record.state)),
+            await self.store.get(state["snapshot"], _inline(state)),
         )
 
     async def dependent_values_update(self, change_set: ChangeSet, state: AppState) -> AppState:

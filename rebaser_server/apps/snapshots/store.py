@@ -1,9 +1,9 @@
-"""Snapshots and stored batches in JetStream Object Stores: content-addressed, written once, cached.
+"""Snapshots in a JetStream Object Store: content-addressed, written once, cached.
 
 A small snapshot is not written here at all: the app keeps it in its change set's record (``SnapshotApp``), and
 hands it to :meth:`SnapshotStore.get` to decode and cache.
 
-Decoding a large snapshot or batch is CPU work: it runs in a worker thread so the event loop (health, progress
+Decoding a large snapshot is CPU work: it runs in a worker thread so the event loop (health, progress
 acks, other change sets) keeps being served.
 """
 
@@ -17,9 +17,6 @@ from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from rebaser_core.api import Update
-from rebaser_core.batches import batch_object_name, decode_batch
-from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.apps.snapshots.model import Snapshot
@@ -66,7 +63,6 @@ class SnapshotStore:
         # Snapshot writes and reads (objects.py); None: through nats-py's ObjectStore (no requester given).
         self._writer: ObjectWriter | None = None
         self._reader: ObjectReader | None = None
-        self._batches: ObjectStore | None = None
         # Snapshots are immutable, so a cache never goes stale; it only saves reads. With each its encoded size.
         self._cache: OrderedDict[str, tuple[Snapshot, int]] = OrderedDict()
         self._cache_size = cache_size
@@ -85,7 +81,6 @@ class SnapshotStore:
             bucket, timeout = subjects.snapshots_bucket, self._settings.nats_timeout
             self._writer = ObjectWriter(self._requester, bucket, timeout=timeout)
             self._reader = ObjectReader(self._requester, bucket, timeout=timeout)
-        self._batches = await open_object_store(self._js, subjects.batches_bucket, self._settings)
 
     def remember(self, address: str, snapshot: Snapshot, size: int) -> None:
         """Cache ``snapshot`` (encoded in ``size`` bytes) as the one at ``address``. Also called without a write,
@@ -168,31 +163,3 @@ class SnapshotStore:
         result = await self._snapshots.get(address)
         assert result.data is not None
         return result.data
-
-    async def get_batch(self, address: str) -> list[Update]:
-        """The updates of a stored batch; ``UnprocessableError`` if it is missing, corrupt or over the limits
-        (``max_stored_batch_bytes``: its declared size is checked before it is downloaded, its real size after;
-        ``max_updates_per_request``: counted before any update is validated)."""
-        assert self._batches is not None
-        max_bytes = self._settings.max_stored_batch_bytes
-        try:
-            info = await self._batches.get_info(batch_object_name(address))
-            if (info.size or 0) > max_bytes:
-                raise UnprocessableError(
-                    f"stored batch {address} has {info.size} bytes, over the limit of {max_bytes} "
-                    "(max_stored_batch_bytes)"
-                )
-            result = await self._batches.get(batch_object_name(address))
-        except NotFoundError:
-            raise UnprocessableError(f"stored batch {address} does not exist") from None
-        data = result.data
-        assert data is not None
-        if len(data) > max_bytes:
-            raise UnprocessableError(f"stored batch {address} is over the limit of {max_bytes} bytes")
-        max_updates = self._settings.max_updates_per_request
-        try:
-            if len(data) > OFF_LOOP_BYTES:
-                return await asyncio.to_thread(decode_batch, address, data, max_updates=max_updates)
-            return decode_batch(address, data, max_updates=max_updates)
-        except DecodeError as err:
-            raise UnprocessableError(str(err)) from None

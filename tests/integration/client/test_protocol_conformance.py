@@ -53,7 +53,7 @@ BODY_V1 = _block(lambda b: '"updates_address"' in b and '"event_session_id"' not
 REPLY_CONFLICTS = _block(lambda b: '"kind":"conflicts"' in b, "json")
 REPLY_V4 = _block(lambda b: "UnsupportedMessageVersion" in b, "json")
 REPLY_V1 = _block(
-    lambda b: '"kind":"error"' in b and "01JAW0Q9A2C4E6G8J0M2P4R6T8 does not exist" in b, "json"
+    lambda b: '"kind":"refused"' in b and "01JAW0Q9A2C4E6G8J0M2P4R6T8 does not exist" in b, "json"
 )
 REPLY_STORED = _block(lambda b: '"kind":"error"' in b and "stored batch" in b, "json")
 
@@ -94,7 +94,9 @@ async def test_worked_example_byte_for_byte(nc: NatsClient, subject_prefix: str,
         assert task_ack.get("stream") == f"{subject_prefix}_REBASER_TASKS", task_ack
         assert "error" not in task_ack or task_ack["error"]["err_code"] == 10077, task_ack
         reply = await sub.next_msg(timeout=20)
-    assert dict(reply.headers or {}) == REPLY_HEADERS
+    # A refusal is the one status only version 2 carries (docs/protocol.md §5.2).
+    version = "2" if '"kind":"refused"' in expected_reply else "1"
+    assert dict(reply.headers or {}) == {**REPLY_HEADERS, "X-MESSAGE-VERSION": version}
     assert reply.data.decode() == expected_reply
 
 

@@ -42,15 +42,20 @@ def test_server_surface() -> None:
     import rebaser_server
 
     assert set(rebaser_server.__all__) == {
+        "App",
         "AppState",
         "Applied",
         "ChangeSet",
         "ChangeSetView",
+        "Committed",
         "Daemon",
         "Hooks",
         "RebaserApp",
+        "RefusedError",
+        "RetryableError",
         "ServerConfig",
         "Settings",
+        "UnprocessableError",
         "load_app",
     }
     for name in rebaser_server.__all__:

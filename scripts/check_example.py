@@ -1,0 +1,56 @@
+"""Run an example app's tests as a user would: in a fresh virtualenv outside the repository, with rebaser
+installed from this checkout (not editable) and pytest, from a copy of the example's directory.
+
+    python scripts/check_example.py [examples/cart]
+
+Exits with pytest's status. The virtualenv and the copy are made in a temporary directory and removed after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("example", nargs="?", default="examples/cart", help="the example's directory")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (and print it)")
+    args = parser.parse_args(argv)
+    example = (ROOT / args.example).resolve()
+    work = Path(tempfile.mkdtemp(prefix="rebaser-example-"))
+    try:
+        env_dir, project = work / "venv", work / example.name
+        venv.EnvBuilder(with_pip=True).create(env_dir)
+        python = env_dir / "bin" / "python"
+        # A copy of the checkout without its own virtualenv or caches: what `pip install rebaser` would get.
+        source = work / "rebaser"
+        shutil.copytree(
+            ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "*cache*", "*.egg-info", "build")
+        )
+        subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source), "pytest"],
+            check=True,
+        )
+        shutil.copytree(example, project, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        return subprocess.run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project
+        ).returncode
+    finally:
+        if args.keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

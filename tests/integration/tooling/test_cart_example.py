@@ -1,0 +1,21 @@
+"""The guide's example app (examples/cart) runs as written: its tests pass in a fresh virtualenv outside the
+repository, with every documented form of the pytest plugin (a class, a string, an app object, the ini option)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_cart_example_passes_in_a_fresh_virtualenv() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_example.py"), "examples/cart"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "6 passed" in result.stdout, result.stdout[-4000:]
