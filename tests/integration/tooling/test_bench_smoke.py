@@ -143,7 +143,9 @@ def test_request_path_follows_a_request_through_the_change_set_package(case: str
     def first(file: str, function: str) -> int:
         # A line is one file's consecutive stops ("changeset/handling.py: decide, _refused, ..."); which stop comes
         # first on it may vary with timing, so a function is looked for anywhere in its file's line.
-        found = [i for i, line in enumerate(lines) if f"{file}:" in line and function in line.split(":", 1)[1]]
+        found = [
+            i for i, line in enumerate(lines) if f"{file}:" in line and function in line.split(":", 1)[1]
+        ]
         assert found, f"{file}: {function} not shown in\n{result.stdout}"
         return found[0]
 
