@@ -92,5 +92,20 @@ def test_a_stale_version_is_a_conflict(rebaser_client) -> None:
     assert reply.status.conflicts[0].actual_version == "1"
 
 
+def make_cart() -> CartApp:
+    return CartApp()
+
+
+@pytest.mark.rebaser_app.with_args(make_cart)  # a factory, called with no arguments
+def test_a_removed_item_leaves_the_total(rebaser_client) -> None:
+    workspace, cart = WorkspacePk.new(), ChangeSetId.new()
+    assert rebaser_client.enqueue_updates_with_reply(
+        workspace, cart, [_item("apple", 2), _item("fig", 1, 75)]
+    ).ok
+    assert rebaser_client.enqueue_updates_with_reply(workspace, cart, [Remove(path="/items/apple")]).ok
+    rebaser_client.wait_settled(workspace, cart)
+    assert rebaser_client.get_change_set(workspace, cart).values["/total_cents"] == 75
+
+
 def test_the_ini_option_names_the_app(rebaser_daemon) -> None:  # no marker: pytest.ini's rebaser_app
     assert isinstance(rebaser_daemon.app, CartApp)

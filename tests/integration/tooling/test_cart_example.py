@@ -1,5 +1,6 @@
 """The guide's example app (examples/cart) runs as written: its tests pass in a fresh virtualenv outside the
-repository, with every documented form of the pytest plugin (a class, a string, an app object, the ini option)."""
+repository, with every documented form of the pytest plugin (a class, a factory, a string, an app object, the
+ini option)."""
 
 from __future__ import annotations
 
@@ -18,4 +19,4 @@ def test_the_cart_example_passes_in_a_fresh_virtualenv() -> None:
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert "6 passed" in result.stdout, result.stdout[-4000:]
+    assert "7 passed" in result.stdout, result.stdout[-4000:]
