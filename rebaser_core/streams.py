@@ -10,7 +10,8 @@ import contextlib
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.object_store import ObjectStore
 
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -19,6 +20,7 @@ __all__ = [
     "dead_letter_stream_config",
     "ensure_shard",
     "ensure_streams",
+    "open_object_store",
     "requests_stream_config",
     "split",
     "tasks_consumer_config",
@@ -31,6 +33,17 @@ _CONSUMER_HEADROOM = 64
 
 def _storage(settings: Settings) -> js_api.StorageType:
     return js_api.StorageType.FILE if settings.storage == "file" else js_api.StorageType.MEMORY
+
+
+async def open_object_store(js: JetStreamContext, name: str, settings: Settings) -> ObjectStore:
+    """The object store ``name``, created (with the deployment's storage and replicas) if it does not exist."""
+    try:
+        return await js.object_store(name)
+    except BucketNotFoundError:
+        return await js.create_object_store(
+            name,
+            js_api.ObjectStoreConfig(bucket=name, storage=_storage(settings), replicas=settings.replicas),
+        )
 
 
 def split(total: int, streams: int) -> int:

@@ -7,32 +7,21 @@ from __future__ import annotations
 import asyncio
 
 from nats.js import JetStreamContext
-from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from rebaser_core.api import Update
 from rebaser_core.batches import batch_object_name, decode_batch
 from rebaser_core.errors import DecodeError, UnprocessableError
 from rebaser_core.settings import Settings
+from rebaser_core.streams import open_object_store
 from rebaser_server.app import ChangeSet, Committed
 from rebaser_server.record.store import ChangeSetStore
 
-__all__ = ["OFF_LOOP_BYTES", "StoreReader", "open_object_store"]
+__all__ = ["OFF_LOOP_BYTES", "StoreReader"]
 
 OFF_LOOP_BYTES = 256 * 1024
 """A batch larger than this is decoded in a worker thread; a smaller one costs less than the thread hop."""
-
-
-async def open_object_store(js: JetStreamContext, name: str, settings: Settings) -> ObjectStore:
-    """The object store ``name``, created (with the deployment's storage and replicas) if it does not exist."""
-    try:
-        return await js.object_store(name)
-    except BucketNotFoundError:
-        storage = StorageType.FILE if settings.storage == "file" else StorageType.MEMORY
-        return await js.create_object_store(
-            name, ObjectStoreConfig(bucket=name, storage=storage, replicas=settings.replicas)
-        )
 
 
 class StoreReader:

@@ -13,12 +13,12 @@ import asyncio
 from collections import OrderedDict
 
 from nats.js import JetStreamContext
-from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
+from rebaser_core.streams import open_object_store
 from rebaser_server.apps.snapshots.model import Snapshot
 from rebaser_server.apps.snapshots.objects import MultipleChunks, ObjectCorrupt, ObjectReader, ObjectWriter
 
@@ -34,16 +34,6 @@ once (a miss costs a read from the object store); the byte bound below is what k
 CACHE_BYTES = 256 * 1024 * 1024
 """The snapshot cache holds at most this many bytes of snapshots (their encoded size; in memory they take more:
 the decoded objects, and each attribute's kept JSON text, about the encoded size again)."""
-
-
-async def open_object_store(js: JetStreamContext, name: str, settings: Settings) -> ObjectStore:
-    try:
-        return await js.object_store(name)
-    except BucketNotFoundError:
-        storage = StorageType.FILE if settings.storage == "file" else StorageType.MEMORY
-        return await js.create_object_store(
-            name, ObjectStoreConfig(bucket=name, storage=storage, replicas=settings.replicas)
-        )
 
 
 class SnapshotStore:
