@@ -22,6 +22,8 @@ RUN groupadd --system --gid 10001 rebaser \
 COPY --from=build /opt/rebaser /opt/rebaser
 # Inside a container "reachable" means on every interface: the container's network is the fence. The embedded
 # server and the health endpoint bind 0.0.0.0 (both are loopback-only by default outside a container).
+# REBASER_SYNC=always: the embedded server fsyncs before it acknowledges, so an acknowledged request survives the
+# host losing power (docs/RELIABILITY.md). A duration (1s) is faster and loses up to that much in a power loss.
 ENV PATH=/opt/rebaser/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -29,7 +31,8 @@ ENV PATH=/opt/rebaser/bin:$PATH \
     REBASER_EMBEDDED_HOST=0.0.0.0 \
     REBASER_HTTP_HOST=0.0.0.0 \
     REBASER_HTTP_PORT=9464 \
-    REBASER_LOG_FORMAT=json
+    REBASER_LOG_FORMAT=json \
+    REBASER_SYNC=always
 USER 10001:10001
 WORKDIR /var/lib/rebaser
 # The embedded server's JetStream store: requests and change-set records survive a new container.

@@ -56,6 +56,7 @@ from bench.deployment import APPS, Deployment  # noqa: E402
 from bench.options import parse_args  # noqa: E402
 from bench.procs import Processes  # noqa: E402
 from bench.report import Report, write_outputs  # noqa: E402
+from bench.syscalls import SyscallCounter  # noqa: E402
 from bench.workload import BurstResult, CpuMeter, DvuResult, Result, drive, first_of_each, ms  # noqa: E402
 from rebaser_client import RebaserClient  # noqa: E402
 from rebaser_core.api import SetFunction, SetLiteral, SuccessStatus, Update  # noqa: E402
@@ -143,9 +144,15 @@ class Bench:
             warm_up = await drive(warm, list(range(4 * len(warmup_sets))), len(warmup_sets))
             if warm_up.errors:
                 raise RuntimeError(f"warm-up failed: {warm_up.errors[:3]}")
-            meter = CpuMeter(dep.pids())
-            measured = await drive(send, plan, self.args.clients)
-            meter.stop(measured.seconds)
+            syscalls: dict[str, int] = {}
+            with contextlib.ExitStack() as stack:
+                if self.args.count_syscalls:
+                    syscalls = stack.enter_context(SyscallCounter(self.server.pid or 0)).counts
+                meter = CpuMeter(dep.pids())
+                measured = await drive(send, plan, self.args.clients)
+                meter.stop(measured.seconds)
+                # The removals of the last requests: what the stream still holds is what will be removed.
+                await dep.drained(nc, timeout=30)
             activations = await dep.activations(nc)
         finally:
             await dep.stop(nc)
@@ -174,6 +181,7 @@ class Bench:
             cpu_us_per_request={k: round(v / max(done, 1) * 1e6) for k, v in meter.used.items()},
             foreign_load=meter.foreign,
             first_errors=sorted(set(measured.errors))[:5],
+            syscalls_per_request={k: round(v / max(done, 1), 2) for k, v in syscalls.items()},
         )
 
     async def burst(self, impl: str) -> BurstResult:
@@ -343,12 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"rebaser benchmark: {args.requests or f'{args.per_change_set} x change sets'} requests/scenario, "
         f"{args.clients} clients, "
-        f"quiescent period {args.quiescent}s, daemon concurrency {args.concurrency}, file storage"
+        f"quiescent period {args.quiescent}s, daemon concurrency {args.concurrency}, file storage, "
+        f"server sync {args.sync or 'interval (2m)'}"
         + (f", daemon env {' '.join(args.daemon_env)}" if args.daemon_env else "")
     )
     with (
         tempfile_dir(args.logs) as tmp,
-        NatsServer(host="127.0.0.1") as server,
+        NatsServer(host="127.0.0.1", sync=args.sync) as server,
         Processes(tmp) as procs,
     ):
         print(f"nats-server pid {server.pid} at {server.url}; logs in {tmp}")

@@ -4,6 +4,7 @@ and how to send one request to them and read what JetStream holds for them."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import secrets
@@ -135,6 +136,16 @@ class Deployment:
         except Exception:
             return -1
         return int(info.delivered.consumer_seq or 0) if info.delivered else -1
+
+    async def drained(self, nc: Client, timeout: float) -> bool:
+        """Wait until every processed request has been removed from the requests stream (False: not in time)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                if (await nc.jetstream().stream_info(self.streams[0])).state.messages == 0:
+                    return True
+            await asyncio.sleep(0.05)
+        return False
 
     async def consumers(self, nc: Client) -> int:
         """Consumers of the requests stream; -1 if the server did not answer in time (busy: ask again)."""

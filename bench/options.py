@@ -6,7 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from rebaser_core.durability import check_sync
+
 __all__ = ["parse_args"]
+
+
+def _sync(value: str) -> str | None:
+    try:
+        return check_sync(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,6 +88,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per scenario; the median-throughput run is reported"
+    )
+    parser.add_argument(
+        "--sync",
+        default="interval",
+        type=_sync,
+        help="the nats-server's sync_interval: always (fsync before every acknowledgement), a duration such as 1s, "
+        "or interval (nats-server's default, 2m)",
+    )
+    parser.add_argument(
+        "--count-syscalls",
+        action="store_true",
+        help="count nats-server's fsync and pwrite64 calls per request with strace (slows the server: a run for "
+        "the counts, not for throughput; bench/syscalls.py)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here as JSON")
     parser.add_argument("--doc", type=Path, default=None, help="also write the ratios page here (Markdown)")

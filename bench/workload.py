@@ -35,6 +35,8 @@ class Result:
     foreign_load: float = 0.0  # share of the machine's CPUs used by processes outside the benchmark
     ratio: float | None = None
     first_errors: list[str] = field(default_factory=list)
+    # With --count-syscalls: nats-server's fsync, fdatasync and pwrite64 calls per request (bench/syscalls.py).
+    syscalls_per_request: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -10,7 +10,8 @@ The change-set record is read through :class:`~rebaser_client._admin_record.Reco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from rebaser_client._admin_record import RecentReply, RecordView
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
 from rebaser_core.connect import ConnectOptions, connect, redact_url
+from rebaser_core.durability import Durability, assess
 from rebaser_core.errors import (
     InvalidSubject,
     ProtocolError,
@@ -32,6 +34,7 @@ from rebaser_core.errors import (
     RebaserUnavailable,
 )
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.monitoring import read_servers_sync
 from rebaser_core.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -111,6 +114,7 @@ class StreamSummary:
     first_seq: int = 0
     last_seq: int = 0
     consumers: int = 0
+    replicas: int = 0  # 0: the stream does not exist
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class StatusReport:
     records: int | None  # change-set records in the KV bucket
     change_sets: tuple[ChangeSetLine, ...]  # the busiest, at most ``limit``
     change_sets_total: int  # change sets with something going on, listed or not
+    # What an acknowledged request survives, from the streams' replicas and the servers' sync setting as read from
+    # their monitoring endpoints (rebaser_core.durability).
+    durability: Durability | None = None
 
     @property
     def owners(self) -> dict[str, int]:
@@ -165,6 +172,7 @@ class _Reader:
             state.first_seq,
             state.last_seq,
             state.consumer_count,
+            int(info.config.num_replicas or 1),
         )
         return summary, dict(state.subjects or {})
 
@@ -223,7 +231,12 @@ def parse_ids(subject: str, parse: Callable[[str], Any]) -> tuple[str, str] | No
 
 
 async def status_report(
-    nc: NatsClient, subjects: Subjects, *, limit: int = 50, progress: Progress = no_progress
+    nc: NatsClient,
+    subjects: Subjects,
+    *,
+    limit: int = 50,
+    progress: Progress = no_progress,
+    monitoring_urls: Sequence[str] = (),
 ) -> StatusReport:
     """Streams, the tasks consumers, and the ``limit`` busiest change sets (most requests queued first). With shards
     (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures summed."""
@@ -297,7 +310,12 @@ async def status_report(
             )
         )
         progress(done, len(chosen))
-    return StatusReport(subjects.prefix, tuple(summaries), consumer, records, tuple(out), len(lines))
+    servers, problems = await asyncio.to_thread(read_servers_sync, monitoring_urls)
+    replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
+    durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)
+    return StatusReport(
+        subjects.prefix, tuple(summaries), consumer, records, tuple(out), len(lines), durability
+    )
 
 
 def _dead_letter_parser(subjects: Subjects) -> Callable[[str], Any]:

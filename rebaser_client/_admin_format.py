@@ -12,6 +12,7 @@ from rich.text import Text
 
 from rebaser_client._admin import ChangeSetReport, RecordView, StatusReport, StreamSummary
 from rebaser_client._admin_dlq import DeadLetter
+from rebaser_core.durability import Durability
 
 __all__ = [
     "change_set_json",
@@ -84,9 +85,11 @@ def status_json(report: StatusReport) -> dict[str, Any]:
                 "first_seq": s.first_seq,
                 "last_seq": s.last_seq,
                 "consumers": s.consumers,
+                "replicas": s.replicas,
             }
             for s in report.streams
         ],
+        "durability": None if report.durability is None else report.durability.as_dict(),
         "tasks_consumer": dict(report.tasks_consumer) if report.tasks_consumer is not None else None,
         "change_set_records": report.records,
         "owners": report.owners,
@@ -110,14 +113,18 @@ def status_json(report: StatusReport) -> dict[str, Any]:
 def status_view(report: StatusReport) -> RenderableType:
     prefix = f"prefix {report.prefix}" if report.prefix else "no prefix: the default names"
     streams = Table(title=f"streams ({prefix})", title_justify="left")
-    for column in ("stream", "messages", "bytes", "sequences", "consumers"):
+    for column in ("stream", "messages", "bytes", "sequences", "consumers", "replicas"):
         streams.add_column(column, justify="left" if column == "stream" else "right")
     for s in report.streams:
         if s.messages is None:
-            streams.add_row(s.name, Text("missing", style="red"), "", "", "")
+            streams.add_row(s.name, Text("missing", style="red"), "", "", "", "")
         else:
-            streams.add_row(s.name, str(s.messages), str(s.bytes), _sequences(s), str(s.consumers))
+            streams.add_row(
+                s.name, str(s.messages), str(s.bytes), _sequences(s), str(s.consumers), str(s.replicas)
+            )
     parts: list[RenderableType] = [streams]
+    if report.durability is not None:
+        parts.append(_durability_line(report.durability))
     c = report.tasks_consumer
     parts.append(
         Text(
@@ -158,6 +165,14 @@ def status_view(report: StatusReport) -> RenderableType:
         )
     parts.append(change_sets if report.change_sets else Text("change sets with work or dead letters: none"))
     return Group(*parts)
+
+
+def _durability_line(durability: Durability) -> Text:
+    warning = durability.warning()
+    line = f"durability: {durability.level} (sync {durability.sync}, replicas {durability.min_replicas})"
+    if warning is None:
+        return Text(line)
+    return Text(f"{line}\n  {warning}", style="yellow")
 
 
 # -- one change set ------------------------------------------------------------------------------------------------

@@ -172,14 +172,29 @@ async def _confirm_connected(yes: bool, question: str) -> None:
 @_connection_options
 @_json_option
 @_limit_option(50, "Change sets listed (the busiest first).")
-def status(nats_url: str, prefix: str | None, as_json: bool, limit: int) -> None:
-    """Streams, the tasks consumer, owners, backlogs and dead letters of the deployment."""
+@click.option(
+    "--nats-monitoring-url",
+    "monitoring_urls",
+    multiple=True,
+    envvar="REBASER_NATS_MONITORING_URLS",
+    help="Monitoring endpoint of each NATS server (http://host:8222), to read its sync setting for the durability "
+    "line (none: shown as unknown unless the streams are replicated).",
+)
+def status(
+    nats_url: str, prefix: str | None, as_json: bool, limit: int, monitoring_urls: tuple[str, ...]
+) -> None:
+    """Streams, the tasks consumer, owners, backlogs, dead letters and durability of the deployment."""
     subjects = _subjects(prefix)
     from rebaser_client import _admin_format as fmt
     from rebaser_client._admin import status_report
 
     with _progress("reading change sets", enabled=not as_json) as progress:
-        report = _run(nats_url, lambda nc: status_report(nc, subjects, limit=limit, progress=progress))
+        report = _run(
+            nats_url,
+            lambda nc: status_report(
+                nc, subjects, limit=limit, progress=progress, monitoring_urls=monitoring_urls
+            ),
+        )
     if as_json:
         _print_json(fmt.status_json(report))
     else:

@@ -28,6 +28,7 @@ Catch the narrowest class that tells you what to do next::
     │   └── UnprocessableError         an operator must look: the request is dead-lettered with an error reply
     ├── FencedError                    this daemon no longer owns the change set; its commit was refused
     ├── LayoutMismatch                 a flag disagrees with the cluster's shard layout, or a layout change is unsafe
+    ├── DurabilityTooLow               acknowledgements would survive less than ``require_durability`` asks
     └── EmbeddedServerError            the embedded nats-server could not be started or stopped
         ├── NatsServerNotFound         the nats-server binary is not installed
         └── StoreInUse                 another process runs a server on this store (``holder_pid``)
@@ -42,6 +43,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "BatchTooLarge",
     "ClientError",
     "DecodeError",
+    "DurabilityTooLow",
     "EmbeddedServerError",
     "FencedError",
     "HeadersTooLarge",
@@ -217,6 +219,10 @@ class FencedError(RebaserError):
 
 class LayoutMismatch(RebaserError):
     """A ``--streams`` or ``--assignment`` flag disagrees with the cluster's layout, or a layout is refused."""
+
+
+class DurabilityTooLow(RebaserError):
+    """The NATS servers and streams promise less for an acknowledged request than ``require_durability`` asks."""
 
 
 class EmbeddedServerError(RebaserError):

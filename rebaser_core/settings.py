@@ -163,6 +163,19 @@ class Settings(BaseModel):
         30.0, gt=0, description="Not ready once NATS has been unreachable for longer than this."
     )
 
+    # -- durability (docs/RELIABILITY.md, "What an acknowledgement survives") -------------------------------------
+    nats_monitoring_urls: tuple[str, ...] = Field(
+        (),
+        description="HTTP monitoring endpoints of the NATS servers (http://host:8222), one per server: where the "
+        "daemon reads their sync setting at start-up and after every reconnect (none: unknown, or the embedded "
+        "server's own).",
+    )
+    require_durability: Literal["none", "node-loss", "power-loss"] = Field(
+        "none",
+        description="Refuse to serve unless acknowledged requests survive at least this: node-loss (a node's crash "
+        "or power loss: replicas >= 2 or fsync always) or power-loss (every server fsyncs before acknowledging).",
+    )
+
     # -- limits of the built-in snapshot app (docs/protocol.md, "Limits") ----------------------------------------
     # Over a limit, a request is refused (error reply, dead letter) and a computed value becomes an error value:
     # no message may make a daemon compute or hold without bound.
@@ -197,6 +210,22 @@ class Settings(BaseModel):
     @classmethod
     def _check_prefix(cls, value: str | None) -> str | None:
         return validate_prefix(value)
+
+    @field_validator("nats_monitoring_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        # From REBASER_NATS_MONITORING_URLS or a config file's string: separated by spaces or commas.
+        if isinstance(value, str):
+            return tuple(value.replace(",", " ").split())
+        return value
+
+    @field_validator("nats_monitoring_urls")
+    @classmethod
+    def _check_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"a monitoring URL starts with http:// or https://, not {url!r}")
+        return tuple(url.rstrip("/") for url in value)
 
     @model_validator(mode="after")
     def _progress_below_ack_wait(self) -> Settings:

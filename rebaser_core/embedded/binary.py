@@ -66,10 +66,13 @@ def server_command(
     cluster_name: str | None = None,
     routes: Sequence[str] = (),
     extra_args: Sequence[str] = (),
+    config_file: Path | None = None,
 ) -> list[str]:
     """The command line of one node. ``port``/``cluster_port`` None: the server picks one (``-1``) and reports it
     in its ports file under ``ports_dir``; ``store_dir`` None: no JetStream."""
-    args = [str(binary), "-a", host, "-p", str(port if port is not None else -1)]
+    # The config file first: the flags after it override what it says (they name the ports and the store).
+    args = [str(binary)] + (["-c", str(config_file)] if config_file is not None else [])
+    args += ["-a", host, "-p", str(port if port is not None else -1)]
     args += ["--ports_file_dir", str(ports_dir)]
     if store_dir is not None:
         args += ["-js", "-sd", str(store_dir)]

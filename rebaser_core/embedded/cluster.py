@@ -81,7 +81,7 @@ class NatsCluster:
 
     Nodes get distinct client ports (``client_ports``, 0 or none: any free one), cluster ports, store
     directories (under ``base_dir`` when given, else temporary) and server names ``<cluster_name>-<i>``.
-    ``die_with_parent``: see :class:`NatsServer` (start the cluster from the main thread then).
+    ``die_with_parent`` and ``sync``: see :class:`NatsServer` (start the cluster from the main thread then).
     """
 
     def __init__(
@@ -95,6 +95,7 @@ class NatsCluster:
         binary: Path | None = None,
         client_ports: Sequence[int] | None = None,
         die_with_parent: bool = False,
+        sync: str | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
@@ -102,6 +103,7 @@ class NatsCluster:
             raise ValueError(f"client_ports names {len(client_ports)} ports for {size} nodes")
         self._client_ports = list(client_ports) if client_ports is not None else [0] * size
         self._die_with_parent = die_with_parent
+        self._sync = sync
         self._size = size
         self._base_dir = Path(base_dir) if base_dir is not None else None
         self._name = cluster_name or f"rebaser-{secrets.token_hex(3)}"
@@ -132,6 +134,7 @@ class NatsCluster:
                     binary=self._binary,
                     port=self._client_ports[i],
                     die_with_parent=self._die_with_parent,
+                    sync=self._sync,
                 )
             )
         return nodes

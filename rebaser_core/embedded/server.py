@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from rebaser_core.durability import check_sync
 from rebaser_core.embedded.binary import find_nats_server, server_command
 from rebaser_core.embedded.net import can_connect, check_loopback, format_host, port_of
 from rebaser_core.embedded.process import launch_command
@@ -67,6 +68,11 @@ class NatsServer:
     it (see :mod:`.process`). With ``die_with_parent`` (Linux) it also gets SIGTERM when the thread
     that started it dies, e.g. its owner is killed with SIGKILL; start it from the main thread.
     It listens on loopback only; ``expose=True`` allows any ``host`` (``0.0.0.0`` in a container).
+
+    ``sync`` is nats-server's ``sync_interval``: ``"always"`` fsyncs every write before it is acknowledged, a
+    duration (``"1s"``) fsyncs that often, None keeps the server's default (2 minutes). The HTTP monitoring
+    endpoint (``monitoring``, on loopback, :attr:`monitoring_url`) is where that can be read back; its port, like
+    the client port, is picked by the server unless ``monitoring_port`` is given, and then kept.
     """
 
     def __init__(
@@ -84,6 +90,9 @@ class NatsServer:
         binary: Path | None = None,
         die_with_parent: bool = False,
         expose: bool = False,
+        sync: str | None = None,
+        monitoring: bool = True,
+        monitoring_port: int | None = None,
     ) -> None:
         # Loopback only unless the caller says otherwise (``expose``): the server has no authentication. A daemon
         # in a container exposes it on 0.0.0.0, where the container's network is the fence.
@@ -101,6 +110,13 @@ class NatsServer:
         self._extra_args = list(extra_args)
         self._binary = binary
         self._die_with_parent = die_with_parent
+        # nats-server's ``sync_interval``: "always" (fsync before every acknowledgement), a duration, or None for
+        # the server's default (every 2 minutes). Only a config file can set it, so one is written (_config).
+        self._sync = check_sync(sync) if sync is not None else None
+        # The monitoring endpoint, always on loopback (it has no authentication either): it is where a daemon reads
+        # back the sync setting (rebaser_server.ops.durability), and where an operator looks.
+        self._monitoring = monitoring
+        self._monitoring_port = monitoring_port or None
         self._log_offset = 0
         self._res = _Resources()
         if self._store_dir_arg is not None and jetstream:
@@ -133,6 +149,19 @@ class NatsServer:
         if self._cluster_port is None:
             return None
         return f"nats://{format_host(self._connect_host)}:{self._cluster_port}"
+
+    @property
+    def monitoring_url(self) -> str | None:
+        """The HTTP monitoring endpoint (``/varz``, ``/healthz``), on loopback; None before the first start or
+        without ``monitoring``."""
+        if self._monitoring_port is None:
+            return None
+        return f"http://127.0.0.1:{self._monitoring_port}"
+
+    @property
+    def sync(self) -> str | None:
+        """The ``sync_interval`` the server is given ("always", a duration), None for the server's default."""
+        return self._sync
 
     @property
     def server_name(self) -> str | None:
@@ -279,7 +308,23 @@ class NatsServer:
             cluster_name=self._cluster_name,
             routes=self._routes,
             extra_args=self._extra_args,
+            config_file=self._write_config(),
         )
+
+    def _write_config(self) -> Path | None:
+        """The config file for what only a config file can set (None: nothing to set)."""
+        lines = []
+        if self._sync is not None and self._jetstream:
+            lines.append(f'jetstream {{\n  sync_interval: "{self._sync}"\n}}')
+        if self._monitoring:
+            # Learnt once like the client port, so a restarted server keeps its monitoring URL.
+            port = self._monitoring_port if self._monitoring_port is not None else -1
+            lines.append(f'http: "127.0.0.1:{port}"')
+        if not lines:
+            return None
+        path = self._runtime_dir() / "nats-server.conf"
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def _spawn(self, binary: Path) -> None:
         self._ports_dir().mkdir(parents=True, exist_ok=True)
@@ -326,9 +371,14 @@ class NatsServer:
             if ports is not None:
                 client = [p for p in map(port_of, ports.get("nats", [])) if p]
                 cluster = [p for p in map(port_of, ports.get("cluster", [])) if p]
+                monitor = [p for p in map(port_of, ports.get("monitoring", [])) if p]
+                # The ports file is written once every listener is bound, so a monitoring port is in it or not there
+                # at all (extra_args with a config file of the caller's own may have replaced ours).
                 listening = bool(client) and (bool(cluster) or not self._clustered)
                 if listening and can_connect(self._connect_host, client[0]) and proc.poll() is None:
                     self._port = client[0]
+                    if monitor:
+                        self._monitoring_port = monitor[0]
                     if self._clustered:
                         self._cluster_port = cluster[0]
                     return

@@ -101,7 +101,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _TUNABLE = Settings.model_fields
 
 
-def tunable(name: str, type_: type[Any], help_text: str) -> Callable[[_F], _F]:
+def tunable(name: str, type_: type[Any] | click.ParamType[Any], help_text: str) -> Callable[[_F], _F]:
     """A flag for a ``Settings`` field: its default and its ``REBASER_*`` variable shown in ``--help``."""
     return click.option(
         f"--{name.replace('_', '-')}",

@@ -77,6 +77,15 @@ class _Group(click.Group):
             formatter.write_dl([("dev-cluster", DEV_CLUSTER_SUMMARY)])
 
 
+def _check_sync(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
+    from rebaser_core.durability import check_sync
+
+    try:
+        return check_sync(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str, ...]) -> tuple[str, ...]:
     """A URL nats-py cannot use (``http://...``) is refused here, naming the schemes, not later as a failed name
     lookup of ``http``."""
@@ -214,6 +223,32 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     help="Address the embedded server listens on (0.0.0.0 in a container, to be reachable from outside it).",
 )
 @click.option(
+    "--sync",
+    "embedded_sync",
+    default="always",
+    envvar="REBASER_SYNC",
+    show_envvar=True,
+    callback=_check_sync,
+    help="When the embedded server writes to disk: always (fsync before every acknowledgement, so a power loss "
+    "loses nothing acknowledged), a duration such as 1s (faster; a power loss or kernel crash loses up to that "
+    "much), or interval (nats-server's default, 2m). An external server's is its own: see --nats-monitoring-url.",
+)
+@click.option(
+    "--nats-monitoring-url",
+    "nats_monitoring_urls",
+    multiple=True,
+    envvar="REBASER_NATS_MONITORING_URLS",
+    show_envvar=True,
+    help="Monitoring endpoint of an external NATS server, e.g. http://nats1:8222 (repeatable: one per server): "
+    "its sync setting is checked at start-up and after every reconnect. None: durability shows as unknown.",
+)
+@tunable(
+    "require_durability",
+    click.Choice(["none", "node-loss", "power-loss"]),
+    "Refuse to serve when acknowledged requests would survive less: node-loss (a node's crash or power loss) "
+    "or power-loss (every server fsyncs before acknowledging).",
+)
+@click.option(
     "--http-host",
     default=ServerConfig.http_host,  # rebaser_server.ops.http.DEFAULT_HTTP_HOST (it imports aiohttp)
     envvar="REBASER_HTTP_HOST",
@@ -277,6 +312,9 @@ def main(
     data_dir: Path | None,
     embedded_port: int,
     embedded_host: str,
+    embedded_sync: str | None,
+    nats_monitoring_urls: tuple[str, ...],
+    require_durability: str,
     http_host: str,
     http_port: int,
     demo: bool,
@@ -297,7 +335,7 @@ def main(
     import asyncio
 
     from rebaser_core.connect import ConnectOptions
-    from rebaser_core.errors import LayoutMismatch
+    from rebaser_core.errors import DurabilityTooLow, LayoutMismatch
     from rebaser_server.ops.tracing import TracingError, configure_tracing
 
     configure_logging(log_level, log_format)
@@ -318,8 +356,18 @@ def main(
         ack_wait=ack_wait,
         progress_period=progress_period,
         handler_deadline=handler_deadline,
+        nats_monitoring_urls=nats_monitoring_urls or None,
+        require_durability=require_durability,
     )
     connect_options = None
+    if nats_urls and ctx.get_parameter_source("embedded_sync") not in (
+        None,
+        click.core.ParameterSource.DEFAULT,
+    ):
+        raise click.UsageError(
+            "--sync sets the embedded server's fsync; an external NATS server's is in its own configuration "
+            "(jetstream { sync_interval: always }): give its --nats-monitoring-url to have it checked"
+        )
     if nats_urls:
         connect_options = ConnectOptions(
             servers=tuple(nats_urls),
@@ -339,6 +387,7 @@ def main(
         app=app_spec,
         embedded_port=embedded_port,
         embedded_host=embedded_host,
+        embedded_sync=embedded_sync,
         http_host=http_host,
         http_port=http_port,
         log_format=log_format,
@@ -346,10 +395,10 @@ def main(
     )
     try:
         code = asyncio.run(serve(config, demo=demo))
-    except (
-        LayoutMismatch
-    ) as err:  # a flag that disagrees with the cluster's shard layout: one line, no traceback
-        raise click.ClickException(f"LayoutMismatch: {err}") from None
+    except (LayoutMismatch, DurabilityTooLow) as err:
+        # A flag that disagrees with the cluster's shard layout, or a deployment that keeps acknowledged requests
+        # less safely than --require-durability asks: one line, no traceback.
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None
     finally:
         if tracing is not None:
             tracing.shutdown()  # exports the spans still batched

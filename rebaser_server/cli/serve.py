@@ -14,6 +14,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
+from rebaser_core.durability import describe_sync
 from rebaser_core.embedded import NatsServer
 from rebaser_server.app import RebaserApp, load_app
 from rebaser_server.cli.signals import install_signal_handlers
@@ -34,6 +35,10 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
     if options is None:
         embedded = _start_embedded(config)
         options = ConnectOptions(servers=(embedded.url,), name="rebaser-server")
+        if embedded.monitoring_url is not None and not config.settings.nats_monitoring_urls:
+            # The daemon reads the sync setting back from the server, rather than trusting the flag it was given.
+            settings = config.settings.model_copy(update={"nats_monitoring_urls": (embedded.monitoring_url,)})
+            config = dataclasses.replace(config, settings=settings)
     # Shutdown runs in this order, also when starting fails half-way: the daemon hands its change sets back (each
     # hand-back confirmed by the server, see rebaser_server.task.handback), the connection is drained (which flushes
     # the last replies), and only then is the embedded server stopped, gracefully, so that it stores all of it.
@@ -73,6 +78,8 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
                 demo_task = asyncio.create_task(run_demo(nc, config.settings, daemon))
                 demo_task.add_done_callback(lambda _t: asyncio.ensure_future(daemon.shutdown()))
             await daemon.stopped.wait()
+            if daemon.failure is not None:
+                return 1
         finally:
             if starting is not None and not starting.stopped.is_set():
                 await starting.shutdown()  # failed half-way: hand back whatever it took
@@ -148,7 +155,12 @@ def _start_embedded(config: ServerConfig) -> NatsServer:
     port = config.embedded_port
     # die_with_parent: a daemon killed with SIGKILL takes its server along instead of leaving it on the store.
     embedded = NatsServer(
-        store_dir=store, port=port, host=config.embedded_host, expose=True, die_with_parent=True
+        store_dir=store,
+        port=port,
+        host=config.embedded_host,
+        expose=True,
+        die_with_parent=True,
+        sync=config.embedded_sync,
     )
     start_embedded(
         embedded.start,
@@ -157,7 +169,12 @@ def _start_embedded(config: ServerConfig) -> NatsServer:
         port_taken=f"port {port} on {config.embedded_host} is taken (another nats-server or rebaser-server?); "
         "run the embedded server on another with --port N (0: any free port), or use --nats-url",
     )
-    _announce(config, f"embedded nats-server listening on {embedded.url} (pid {embedded.pid}, store {store})")
+    sync = describe_sync(embedded.sync)
+    _announce(
+        config,
+        f"embedded nats-server listening on {embedded.url} (pid {embedded.pid}, store {store}, {sync}, "
+        f"monitoring {embedded.monitoring_url})",
+    )
     return embedded
 
 

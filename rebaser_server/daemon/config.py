@@ -27,6 +27,9 @@ class ServerConfig:
     # The embedded server's client port (0 picks a free one) and address.
     embedded_port: int = DEFAULT_EMBEDDED_PORT
     embedded_host: str = DEFAULT_EMBEDDED_HOST
+    # The embedded server's sync_interval: "always" (fsync before acknowledging), a duration, or None for
+    # nats-server's default (2m). Always by default: an acknowledgement then survives a power loss.
+    embedded_sync: str | None = "always"
     # The health endpoint (rebaser_server.ops.http): port 0 picks a free one, a negative port turns it off.
     http_host: str = "127.0.0.1"
     http_port: int = 9464  # rebaser_server.ops.http.DEFAULT_HTTP_PORT

@@ -20,6 +20,8 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core import nats_speedups
+from rebaser_core.durability import Durability, meets
+from rebaser_core.errors import DurabilityTooLow
 from rebaser_core.ids import RequestId
 from rebaser_core.layout import Layout
 from rebaser_core.requester import Requester
@@ -38,6 +40,7 @@ from rebaser_server.daemon.puller import TaskPuller
 from rebaser_server.daemon.shards import ShardPullers
 from rebaser_server.daemon.startup import set_up_with_retries
 from rebaser_server.daemon.sweeper import Sweeper
+from rebaser_server.ops.durability import DurabilityCheck, durable_streams
 from rebaser_server.ops.health import ConnectionWatch, StatusReporter
 from rebaser_server.ops.observe import Observer
 from rebaser_server.ops.status import status_of
@@ -114,6 +117,9 @@ class Daemon:
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(nc, settings, self.watch, layout=lambda: placement.layout)
+        self._durability = DurabilityCheck(js, settings)
+        # Why the daemon stopped by itself (None: it was asked to, or has not stopped); the CLI exits non-zero then.
+        self.failure: str | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
 
@@ -168,6 +174,11 @@ class Daemon:
         return self._owning.report
 
     @property
+    def durability(self) -> Durability | None:
+        """What an acknowledged request survives, as last checked (None: not checked yet)."""
+        return self._durability.last
+
+    @property
     def owned(self) -> list[ChangeSet]:
         return self._owned.change_sets
 
@@ -186,6 +197,9 @@ class Daemon:
         await self._set_up(timeout)
         if self._stopping:
             return  # shut down while starting (a signal): start nothing
+        floor = await self._check_durability()
+        if floor is not None:
+            raise DurabilityTooLow(floor)
         await self.queries.start()
         await owning.keeper.start()
         if self._stopping:
@@ -310,10 +324,28 @@ class Daemon:
                 "re-ensuring streams after a reconnect failed (%s); the status page shows what is missing",
                 err,
             )
+        # The server it came back to may not be the one it left (a failover, a restart with another config).
+        floor = await self._check_durability()
+        if floor is not None:
+            log.error("%s; stopping", floor)
+            self.failure = floor
+            asyncio.get_running_loop().create_task(self.shutdown(), name="rebaser shutdown (durability)")
+            return
         if self._sweep:
             # A release cut short by the outage may have acked its task without its "anything queued?" check.
             with contextlib.suppress(Exception):
                 await self.sweeper.sweep_once()
+
+    async def _check_durability(self) -> str | None:
+        """Check what acknowledgements survive now; what is wrong if that is below ``require_durability``."""
+        settings = self._owning.settings
+        result = await self._durability.check(durable_streams(settings, self._owning.placement.layout.shards))
+        if meets(result.level, settings.require_durability):
+            return None
+        return (
+            f"acknowledged requests survive only {result.level} here (sync {result.sync}, "
+            f"replicas {result.min_replicas}), below require_durability {settings.require_durability}"
+        )
 
     def alive(self) -> str | None:
         """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""

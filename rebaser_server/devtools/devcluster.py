@@ -32,6 +32,7 @@ from pathlib import Path
 
 import click
 
+from rebaser_core.durability import check_sync, describe_sync
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.embedded.process import launch_command
 from rebaser_core.errors import RebaserError
@@ -85,6 +86,7 @@ class DevCluster:
         nats_port: int,
         http_port: int,
         stop_timeout: float,
+        sync: str | None = "always",
         echo: Callable[[str], None] = click.echo,
     ) -> None:
         self._temporary = data_dir is None
@@ -100,6 +102,7 @@ class DevCluster:
             cluster_name=CLUSTER_NAME,
             client_ports=[nats_port + i if nats_port else 0 for i in range(NODES)],
             die_with_parent=True,
+            sync=sync,
         )
         self.slots = [
             _Slot(i, self.dir / f"daemon-{i}.log", http_port + i - 1 if http_port else 0)
@@ -132,8 +135,15 @@ class DevCluster:
 
     def _daemon_command(self, slot: _Slot) -> list[str]:
         urls = [arg for url in self.nats.urls for arg in ("--nats-url", url)]
+        # Every node's monitoring endpoint: the daemons check what the nodes promise (durability on /status).
+        monitors = [
+            arg
+            for n in self.nats.nodes
+            if n.monitoring_url
+            for arg in ("--nats-monitoring-url", n.monitoring_url)
+        ]
         return [
-            *(sys.executable, "-m", "rebaser_server", *urls, "--app", self._app),
+            *(sys.executable, "-m", "rebaser_server", *urls, *monitors, "--app", self._app),
             *("--http-host", "127.0.0.1", "--http-port", str(slot.http_port), "--log-format", "console"),
         ]
 
@@ -204,8 +214,11 @@ class DevCluster:
         self._echo(
             f"rebaser dev cluster: {NODES} NATS nodes, {len(self.slots)} daemons; files in {self.dir} ({kept})"
         )
+        sync = describe_sync(self.nats.nodes[0].sync)
         for node in self.nats.nodes:
-            self._echo(f"  nats-server {node.server_name}: {node.url} (pid {node.pid})")
+            self._echo(
+                f"  nats-server {node.server_name}: {node.url} (pid {node.pid}, {sync}, monitor {node.monitoring_url})"
+            )
         for slot in self.slots:
             self._echo(f"  daemon {slot.index}: {self._describe(slot)}")
         self._echo(
@@ -331,6 +344,13 @@ async def _demo_load(urls: list[str]) -> None:
         click.echo(f"demo load stopped: {type(err).__name__}: {err}", err=True)
 
 
+def _sync_option(value: str) -> str | None:
+    try:
+        return check_sync(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 @click.command(context_settings={"show_default": True, "max_content_width": 110})
 @click.option("--daemons", type=click.IntRange(1, 32), default=3, help="How many daemons.")
 @click.option(
@@ -357,6 +377,12 @@ async def _demo_load(urls: list[str]) -> None:
 )
 @click.option("--app", "app_spec", default=DEFAULT_APP, help="The daemons' application, as module:attr.")
 @click.option(
+    "--sync",
+    default="always",
+    callback=lambda _ctx, _param, value: _sync_option(value),
+    help="When the NATS nodes fsync: always (before acknowledging), a duration such as 1s, or interval (2m).",
+)
+@click.option(
     "--stop-timeout",
     type=click.FloatRange(1),
     default=30.0,
@@ -369,6 +395,7 @@ def command(
     nats_port: int,
     http_port: int,
     app_spec: str,
+    sync: str | None,
     stop_timeout: float,
 ) -> None:
     """Run docker-compose.yml's topology as local processes: 3 NATS nodes and N daemons on 127.0.0.1.
@@ -386,5 +413,6 @@ def command(
         nats_port=nats_port,
         http_port=http_port,
         stop_timeout=stop_timeout,
+        sync=sync,
     )
     raise SystemExit(asyncio.run(_serve(cluster, demo)))

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rebaser_core.durability import DURABILITY_LEVELS
 from rebaser_server.ops.view import DaemonView
 
 __all__ = ["STATS_METRICS", "DaemonCollector"]
@@ -143,6 +144,18 @@ class DaemonCollector(Collector):
             "Settled queries this daemon holds now (each until its change set settles or it times out).",
             value=daemon.settled_waits,
         )
+        durability = daemon.durability
+        if durability is not None:
+            # A state set (one series per level, 1 for the current one): alert on rebaser_durability{level=...}.
+            gauge = GaugeMetricFamily(
+                "rebaser_durability",
+                "What an acknowledged request survives, as last checked (start-up and every reconnect): "
+                "process-crash, unknown (one replica, sync setting not readable), node-loss, power-loss.",
+                labels=["level"],
+            )
+            for level in DURABILITY_LEVELS:
+                gauge.add_metric([level], float(level == durability.level))
+            yield gauge
         last = stats.get("last_request_at")
         if last is not None:
             yield GaugeMetricFamily(

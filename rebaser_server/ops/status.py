@@ -42,6 +42,7 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
             "change_sets": [str(cs) for cs in owned[:STATUS_MAX_OWNED]],
         },
         "jetstream": health.facts_dict(facts, stale),
+        "durability": None if daemon.durability is None else daemon.durability.as_dict(),
         "settled_waits": daemon.settled_waits,
         "last_request_at": stats["last_request_at"],
         "last_publish_at": stats["last_publish_at"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from rebaser_core.durability import Durability
 from rebaser_core.layout import Layout
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
@@ -56,6 +57,10 @@ class DaemonView(Protocol):
 
     @property
     def health(self) -> StatusReporter: ...
+
+    @property
+    def durability(self) -> Durability | None:
+        """What an acknowledged request survives, as last checked (None: not yet)."""
 
     @property
     def observe(self) -> Observer: ...

@@ -598,3 +598,46 @@ async def test_leader_stepdowns(
     nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
     await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=duration, every=every)
+
+
+# The scenarios above run on servers with nats-server's default sync (every 2 minutes). The daemon's embedded
+# server fsyncs before every acknowledgement (--sync always, docs/RELIABILITY.md): the process faults again, on such
+# a server. Slower writes move every timing; the guarantees must not move.
+@pytest.mark.parametrize(
+    ("scenario", "duration"),
+    [
+        pytest.param("sigkills", 8, id="sigkills-smoke"),
+        pytest.param("outages", 14, id="outages-smoke"),
+        *(
+            pytest.param(
+                scenario,
+                LONG if scenario == "sigkills" else max(LONG, 45.0),
+                id=f"{scenario}-long",
+                marks=LONG_MARKS,
+            )
+            for scenario in ("sigkills", "outages")
+        ),
+    ],
+)
+async def test_process_faults_with_fsync_always(
+    subject_prefix: str, tmp_path: Path, scenario: str, duration: float
+) -> None:
+    server = NatsServer(store_dir=tmp_path / "nats", sync="always")
+    await asyncio.to_thread(server.start)
+    try:
+        if scenario == "sigkills":
+            fault, label, daemons = ONE_SERVER["sigkills"]
+            await _one_server_chaos(
+                server.url,
+                subject_prefix,
+                tmp_path,
+                fault,
+                label=f"{label}, fsync always",
+                duration=duration,
+                every=2.5,
+                daemons=daemons,
+            )
+        else:
+            await _outage_chaos(server, subject_prefix, tmp_path, duration=duration, outage=8)
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -269,3 +271,47 @@ async def test_the_client_cli_honours_rebaser_nats_url(
                 proc.kill()
                 await proc.wait()
         assert proc.returncode == 0, output.decode()
+
+
+# ------------------------------------------------------------------------ durability (issue 36)
+
+
+async def test_the_embedded_server_fsyncs_before_acknowledging_by_default(
+    subject_prefix: str, tmp_path: Path, server_pids: list[int]
+) -> None:
+    async with daemon_processes() as daemons:
+        daemon, _url = await _spawn(None, subject_prefix, tmp_path, "daemon", server_pids)
+        daemons.append(daemon)
+        output = daemon.log.read_text()
+        assert "fsync before every acknowledgement" in output, output
+        health = re.search(r"health endpoint on (http://\S+)", output)
+        assert health is not None, output
+
+        def durability() -> dict[str, object]:
+            with urllib.request.urlopen(f"{health[1]}/status", timeout=5) as response:
+                return dict(json.load(response)["durability"])
+
+        # Read back from the server through its monitoring endpoint, not taken from the flag.
+        found = await asyncio.to_thread(durability)
+        assert (found["level"], found["sync"]) == ("power-loss", "always"), found
+        assert "power loss" not in output, "no warning"
+        daemon.terminate()
+        assert await daemon.wait(20) == 0
+
+
+async def test_a_lazy_embedded_server_warns_and_can_be_refused(tmp_path: Path) -> None:
+    base = ("--data-dir", str(tmp_path / "data"), "--port", "0", "--http-port", "-1", "--sync", "1s")
+    code, output = await run_daemon((*base, "--require-durability", "power-loss"), tmp_path, "refused", 60)
+    assert code == 1, output
+    error = _one_line_error(output)
+    assert error.startswith("Error: DurabilityTooLow:"), error
+    assert "survive only process-crash" in error, error
+    # The warning line comes first, once.
+    assert output.count("do not survive a power loss or kernel crash") == 1, output
+    assert "rebaser daemon serving" not in output, "it took no work"
+
+
+async def test_sync_is_refused_for_an_external_server(nats_url: str, tmp_path: Path) -> None:
+    code, output = await run_daemon(("--nats-url", nats_url, "--sync", "1s"), tmp_path, "daemon", 30)
+    assert code == 2, output
+    assert "--nats-monitoring-url" in output and "sync_interval: always" in output, output
