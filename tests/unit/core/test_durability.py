@@ -98,7 +98,10 @@ def test_durations_and_descriptions() -> None:
 
 
 def test_server_sync_from_varz() -> None:
-    varz = {"server_name": "a", "jetstream": {"config": {"sync_interval": 5_000_000_000, "sync_always": False}}}
+    varz = {
+        "server_name": "a",
+        "jetstream": {"config": {"sync_interval": 5_000_000_000, "sync_always": False}},
+    }
     assert server_sync_from_varz(varz, "u") == ServerSync("a", always=False, interval=5.0)
     always = {"server_id": "ID", "jetstream": {"config": {"sync_always": True}}}
     assert server_sync_from_varz(always, "u") == ServerSync("ID", always=True, interval=120.0)
