@@ -42,6 +42,8 @@ test: lint
 	$(BIN)/pytest -m "not slow" -q
 
 chaos: $(BIN)/.installed
+	# The power-loss simulation needs FUSE (docs/power-loss.md); without it those tests skip and say why.
+	bash scripts/install_powerloss_deps.sh || echo "FUSE not installed: the power-loss tests will skip"
 	$(BIN)/pytest -m slow -q -s
 
 bench: $(BIN)/.installed

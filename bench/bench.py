@@ -84,6 +84,10 @@ class Bench:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("REBASER_")}
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         self.env["REBASER_QUIESCENT_PERIOD"] = str(args.quiescent)
+        # The daemons read the server's sync setting there, as an operator would have them do: under fsync always
+        # they batch the removal of processed requests (rebaser_server/changeset/trimmer.py).
+        if server.monitoring_url is not None:
+            self.env["REBASER_NATS_MONITORING_URLS"] = server.monitoring_url
         self.env["REBASER_CONCURRENCY"] = str(args.concurrency)
         for item in args.daemon_env:
             key, _, value = item.partition("=")

@@ -125,6 +125,13 @@ class Settings(BaseModel):
     sweep_interval: float = Field(
         30.0, gt=0, description="How often orphaned requests (no task) are looked for."
     )
+    removal_linger: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="While the NATS servers fsync every write, processed requests wait up to this long to be "
+        "removed from the stream together, one write for a batch (0: each at once).",
+    )
     shutdown_grace: float = Field(
         10.0, ge=0, description="On SIGTERM, how long the request in hand may finish."
     )

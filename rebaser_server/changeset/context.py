@@ -119,3 +119,8 @@ class Placement:
 
     layout: Layout = field(default_factory=Layout)
     pressure: bool = False
+    # The NATS servers fsync every write before acknowledging it (as last checked: rebaser_server.ops.durability):
+    # a write then costs a disk flush, and removals of processed requests are batched (trimmer.py).
+    fsync_always: bool = False
+    # Change sets this daemon owns now (each has a consumer on its shard's requests stream).
+    owned: int = 0

@@ -107,7 +107,12 @@ class ChangeSetProcessor:
         # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
         self._steps = Steps(self.lease)
         self._trimmer = Trimmer(
-            change_set, self._names, requester=nats.requester, settings=settings, report=report
+            change_set,
+            self._names,
+            requester=nats.requester,
+            settings=settings,
+            report=report,
+            placement=owning.placement,
         )
         # Created once the change set's record is acquired: the post-process step (and its commit group).
         self._post: PostProcess | None = None

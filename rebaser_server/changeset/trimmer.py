@@ -13,6 +13,12 @@ sequence. Each removal takes everything processed since the last one:
   thousand change sets owned it cost the server more than the rest of a request's handling, so it is kept for
   the batches a handful of deletes cannot cover cheaply.
 
+When the servers fsync every write (``sync_interval: always``, as the daemon last checked it:
+``Placement.fsync_always``), a delete costs a disk flush per request and a purge one for all it removes, and the
+disk, not the CPU, is what limits. Removal then waits up to ``removal_linger`` for more processed requests of the
+change set, and purges from two on while the stream has few consumers (:func:`purges`): a busy change set's
+removals cost one flush per batch instead of one per request (docs/BENCHMARKS.md, "Durability: the cost of fsync").
+
 Safety does not depend on removal: a processed request still in the stream (a removal failed, or the owner died
 first) is delivered again, and the change set's record says it was processed (its ``applied_seq`` watermark), so
 it is never applied again. A failed removal is retried with the next one. The trimmer still never lets more than
@@ -35,21 +41,37 @@ from rebaser_core.requester import JS_API, Answer, Requester, js_api
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
-from rebaser_server.changeset.context import Report
+from rebaser_server.changeset.context import Placement, Report
 from rebaser_server.changeset.steps import start_step
 
-__all__ = ["Trimmer"]
+__all__ = ["Trimmer", "purges"]
 
 log = logging.getLogger(__name__)
 
 # Up to this many processed requests are removed by deletes; more by one purge of the subject (see above).
 _DELETE_MAX = 8
+# Under fsync, a purge of n requests instead of n deletes is worth it while the stream has at most this many
+# consumers per request it removes (purges below).
+_CONSUMERS_PER_FLUSH = 100
 # What a delete of a message no longer in the stream answers (an earlier removal, or a purge, got there first):
 # the message is gone, which is all a removal wants. A memory store says "sequence not found"; a file store fails
 # the delete with "no message found", or "stream store EOF" past its last message.
 _SEQUENCE_NOT_FOUND = 10043
 _DELETE_FAILED = 10057
 _FILE_STORE_GONE = frozenset({"no message found", "stream store EOF"})
+
+
+def purges(count: int, *, fsync_always: bool, consumers: int = 0) -> bool:
+    """Remove ``count`` processed requests by one purge (True) rather than a delete each (False)?
+
+    ``consumers``: about how many consumers the stream has (the change sets this daemon owns, one each). A purge
+    holds the stream while it visits every one of them; under fsync it saves a disk flush per request beyond the
+    first, which pays for visiting about ``_CONSUMERS_PER_FLUSH`` consumers (measured: docs/BENCHMARKS.md,
+    "Durability: the cost of fsync").
+    """
+    if count > _DELETE_MAX:
+        return True
+    return fsync_always and count >= max(2, consumers / _CONSUMERS_PER_FLUSH)
 
 
 class _Removal:
@@ -74,8 +96,11 @@ class Trimmer:
         requester: Requester,
         settings: Settings,
         report: Report,
+        placement: Placement,
     ) -> None:
         self._requester = requester
+        self._placement = placement
+        self._linger = settings.removal_linger
         self._timeout = settings.nats_timeout
         self._report = report
         self._change_set = change_set
@@ -88,6 +113,8 @@ class Trimmer:
         self._task: asyncio.Task[None] | None = None  # a removal that had to wait (a purge): referenced here
         self._caught_up = asyncio.Event()
         self._caught_up.set()
+        self._timer: asyncio.TimerHandle | None = None  # a lingering removal's start
+        self._flushing = False  # the change set is being let go: nothing lingers any more
 
     async def processed(self, seqs: Iterable[int]) -> None:
         """Record that the requests at ``seqs`` are done; waits only if too many are still in the stream."""
@@ -99,28 +126,45 @@ class Trimmer:
         if self._removal is None:
             # Started inline, so the deletes go out with the group's replies in one write to the server; their
             # answers come back to _answered, in nats-py's read loop. Only a purge waits, in a task of its own.
-            self._start()
+            self._start(now=behind)
         if behind:
             await self._caught_up.wait()
 
     async def flush(self, timeout: float) -> None:
         """Wait (bounded) until everything processed so far is removed."""
+        self._flushing = True
+        if self._timer is not None and self._removal is None:
+            self._start()  # what lingers goes now (a failed removal waits for the next, as ever)
         try:
             async with asyncio.timeout(timeout):
                 await self._caught_up.wait()
         except TimeoutError:
             log.warning("%s: processed requests not yet removed after %.1fs", self._subject, timeout)
 
-    def _start(self) -> None:
-        """Start removing everything waiting (one removal at a time), or say it is all removed."""
+    def _start(self, *, now: bool = False) -> None:
+        """Start removing everything waiting (one removal at a time), or say it is all removed. Unless ``now``,
+        a removal lingers for more while the servers fsync every write."""
         if not self._waiting:
             self._caught_up.set()
             return
+        now = now or self._flushing or len(self._waiting) >= self._limit
+        if not now and self._linger > 0 and self._placement.fsync_always:
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self._linger, self._lingered)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         removal = self._removal = _Removal(self._waiting)
         self._waiting = []
         task = start_step(self._begin(removal)).task
         if task is not None:
             self._task = task
+
+    def _lingered(self) -> None:
+        self._timer = None
+        if self._removal is None:
+            self._start(now=True)
 
     async def _begin(self, removal: _Removal) -> None:
         try:
@@ -137,7 +181,8 @@ class Trimmer:
         the removal failed (whether or not part of it reached the server)."""
         await self._report.hooks.checkpoint("purging", self._change_set)
         seqs = removal.seqs
-        if len(seqs) > _DELETE_MAX:
+        placement = self._placement
+        if purges(len(seqs), fsync_always=placement.fsync_always, consumers=placement.owned):
             await self._purge_below(max(seqs) + 1)
             return False
         timeout = self._timeout

@@ -340,6 +340,7 @@ class Daemon:
         """Check what acknowledgements survive now; what is wrong if that is below ``require_durability``."""
         settings = self._owning.settings
         result = await self._durability.check(durable_streams(settings, self._owning.placement.layout.shards))
+        self._owning.placement.fsync_always = result.sync == "always"
         if meets(result.level, settings.require_durability):
             return None
         return (

@@ -78,6 +78,7 @@ class OwnedChangeSets:
             change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
         )
         self._tasks[task] = processor
+        self._owning.placement.owned = len(self._tasks)
 
     async def _own(self, processor: ChangeSetProcessor) -> None:
         stats = self._owning.report.stats
@@ -118,5 +119,6 @@ class OwnedChangeSets:
             setattr(stats, counter, getattr(stats, counter) + 1)
         finally:
             self._tasks.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._owning.placement.owned = len(self._tasks)
             # Ended before it started (stale, lease lost, NATS trouble), or after: either way a slot is free.
             self._admission.started(processor)

@@ -34,7 +34,7 @@ from rebaser_core.streams import ensure_streams
 from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import AppState, ChangeSet, CommitHooks
-from rebaser_server.changeset.context import Report, Stats
+from rebaser_server.changeset.context import Placement, Report, Stats
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
@@ -170,7 +170,14 @@ async def owned(nc: NatsClient, subject_prefix: str) -> AsyncIterator[Owned]:
         handle = (await store.acquire(cs, "owner", app.initial_state(cs), TaskDelivery(1, 1))).handle
         hooks, stats, observe = AtApplied(), Stats(), Observer()
         report = Report(stats, observe, hooks)
-        trimmer = Trimmer(cs, settings.subjects, requester=requester, settings=settings, report=report)
+        trimmer = Trimmer(
+            cs,
+            settings.subjects,
+            requester=requester,
+            settings=settings,
+            report=report,
+            placement=Placement(),
+        )
         replies = Replies(nc, settings, settings.subjects, stats, observe)
         handler = RequestHandler(
             cs, app=app, settings=settings, observe=observe, step=_run, subjects=settings.subjects

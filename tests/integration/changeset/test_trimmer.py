@@ -7,8 +7,9 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.context import Placement
 from rebaser_server.changeset.hooks import Hooks
-from rebaser_server.changeset.trimmer import Trimmer
+from rebaser_server.changeset.trimmer import Trimmer, purges
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 
@@ -16,8 +17,11 @@ from tests.support.apps import RecordingApp
 class Removals(Hooks):
     def __init__(self) -> None:
         self.failing = False
+        self.removals = 0
 
     async def checkpoint(self, name: str, change_set: ChangeSet) -> None:
+        if name == "purging":
+            self.removals += 1
         if name == "purging" and self.failing:
             raise RuntimeError("removal refused (injected fault)")
 
@@ -59,6 +63,7 @@ async def test_removal_by_sequence_by_purge_and_after_a_failure(
             requester=daemon.nats.requester,
             settings=settings,
             report=daemon.report,
+            placement=Placement(),
         )
 
         # A few: exactly those are deleted; an earlier message on the subject is left alone (no purge below).
@@ -87,3 +92,54 @@ async def test_removal_by_sequence_by_purge_and_after_a_failure(
         await trimmer.processed(seqs[6:16])
         await trimmer.flush(5)
         assert await _stored(nc, stream, subject) == set(seqs[16:])
+
+
+def test_a_purge_for_many_or_for_two_when_every_write_is_flushed() -> None:
+    assert [purges(n, fsync_always=False) for n in (1, 2, 8, 9)] == [False, False, False, True]
+    assert [purges(n, fsync_always=True) for n in (1, 2, 8, 9)] == [False, True, True, True]
+    # A purge visits every consumer of the stream: with many, only a larger batch pays for it.
+    assert [purges(n, fsync_always=True, consumers=1000) for n in (2, 9, 10)] == [False, True, True]
+    assert [purges(n, fsync_always=True, consumers=500) for n in (4, 5)] == [False, True]
+
+
+async def test_removals_linger_and_batch_while_the_servers_fsync_every_write(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    """Each processed request would cost a disk flush to delete: they wait (removal_linger) and go in one purge."""
+    settings = fast_settings(subject_prefix, storage="file", removal_linger=10.0)
+    hooks = Removals()
+    async with running_daemon(nc, settings, RecordingApp(), hooks=hooks, sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        subject, stream = settings.subjects.requests(wk, cs), settings.subjects.requests_stream
+        js = nc.jetstream()
+        seqs = [(await js.publish(subject, f"{i}".encode())).seq for i in range(4)]
+        lazy = Trimmer(
+            ChangeSet(wk, cs),
+            settings.subjects,
+            requester=daemon.nats.requester,
+            settings=settings,
+            report=daemon.report,
+            placement=Placement(fsync_always=True),
+        )
+        for seq in seqs[:3]:
+            await lazy.processed([seq])
+        assert hooks.removals == 0, "nothing removed while lingering"
+        assert await _stored(nc, stream, subject) == set(seqs)
+        # Letting the change set go removes what lingers at once, in one removal.
+        await lazy.flush(5)
+        assert hooks.removals == 1
+        assert await _stored(nc, stream, subject) == {seqs[3]}
+
+        # Without fsync every write, each processed request is removed at once, as before.
+        eager = Trimmer(
+            ChangeSet(wk, cs),
+            settings.subjects,
+            requester=daemon.nats.requester,
+            settings=settings,
+            report=daemon.report,
+            placement=Placement(),
+        )
+        await eager.processed([seqs[3]])
+        assert hooks.removals == 2
+        await eager.flush(5)
+        assert await _stored(nc, stream, subject) == set()
