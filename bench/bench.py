@@ -86,7 +86,7 @@ class Bench:
         self.env["REBASER_QUIESCENT_PERIOD"] = str(args.quiescent)
         # The daemons read the server's sync setting there, as an operator would have them do: under fsync always
         # they batch the removal of processed requests (rebaser_server/changeset/trimmer.py).
-        if server.monitoring_url is not None:
+        if server is not None and server.monitoring_url is not None:
             self.env["REBASER_NATS_MONITORING_URLS"] = server.monitoring_url
         self.env["REBASER_CONCURRENCY"] = str(args.concurrency)
         for item in args.daemon_env:

@@ -19,6 +19,7 @@ from rebaser_client._admin_ops import replay_dead_letter
 from rebaser_client.cli import main as cli
 from rebaser_core import headers as h
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
+from rebaser_core.embedded import NatsServer
 from rebaser_core.errors import UnprocessableError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.streams import ensure_streams
@@ -385,3 +386,24 @@ async def test_a_dead_letter_that_cannot_be_decoded_is_not_replayed(
 async def _listed(nats_url: str, prefix: str) -> Any:
     listed = ok_json(await rebaser(nats_url, prefix, "dlq", "list", "--json"))
     return listed if listed["total"] else None
+
+
+async def test_status_shows_what_an_acknowledgement_survives(
+    nc: NatsClient, nats_server: NatsServer, subject_prefix: str
+) -> None:
+    await ensure_streams(nc.jetstream(), fast_settings(subject_prefix, storage="file"))
+    unread = ok_json(await rebaser(nats_server.url, subject_prefix, "status", "--json"))
+    assert (unread["durability"]["level"], unread["durability"]["sync"]) == ("unknown", "unknown")
+    assert {s["replicas"] for s in unread["streams"]} == {1}
+
+    monitor = nats_server.monitoring_url
+    assert monitor is not None
+    read = ok_json(
+        await rebaser(nats_server.url, subject_prefix, "status", "--json", "--nats-monitoring-url", monitor)
+    )
+    # The session's server runs with nats-server's default sync: every 2 minutes.
+    assert (read["durability"]["level"], read["durability"]["sync"]) == ("process-crash", "every 120s")
+    table = await rebaser(nats_server.url, subject_prefix, "status", "--nats-monitoring-url", monitor)
+    assert table.exit_code == 0, table.output
+    assert "durability: process-crash (sync every 120s, replicas 1)" in table.output
+    assert "do not survive a power loss" in table.output
