@@ -120,6 +120,7 @@ class Daemon:
         self._durability = DurabilityCheck(js, settings)
         # Why the daemon stopped by itself (None: it was asked to, or has not stopped); the CLI exits non-zero then.
         self.failure: str | None = None
+        self._failing: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
 
@@ -329,7 +330,8 @@ class Daemon:
         if floor is not None:
             log.error("%s; stopping", floor)
             self.failure = floor
-            asyncio.get_running_loop().create_task(self.shutdown(), name="rebaser shutdown (durability)")
+            # Referenced, so it runs to its end; shutdown stops this watch's task, so it cannot be awaited here.
+            self._failing = asyncio.create_task(self.shutdown(), name="rebaser shutdown (durability)")
             return
         if self._sweep:
             # A release cut short by the outage may have acked its task without its "anything queued?" check.
