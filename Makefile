@@ -38,8 +38,13 @@ validate: $(BIN)/.installed
 	$(BIN)/hadolint Dockerfile
 	$(COMPOSE) --file docker-compose.yml config --quiet
 
+# The suite waits far more than it computes (daemons starting, periods running out): more workers than cores.
+TEST_WORKERS ?= 6
+
 test: lint
-	$(BIN)/pytest -m "not slow" -q
+	rm -f .coverage .coverage.*
+	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --cov --cov-report=
+	$(BIN)/python scripts/coverage_summary.py
 
 chaos: $(BIN)/.installed
 	# The power-loss simulation needs FUSE (docs/power-loss.md); without it those tests skip and say why.
