@@ -52,17 +52,28 @@ class PathRecorder:
         self._entry: FrameType | None = None
         self._seen: set[FrameType] = set()  # frames called already: a coroutine resumed is no new stop
         self.done = asyncio.Event()
+        self.ended = -1  # the index of the last path followed to its end
+        self._current = -1
 
     def begin(self, entry: FrameType) -> None:
         self._entry = entry
         self._seen = set()
         self.paths.append([])
+        self._current = len(self.paths) - 1
         self.done.clear()
 
     def end(self) -> None:
         self._entry = None
         self._seen = set()
+        self.ended = max(self.ended, self._current)
         self.done.set()
+
+    async def wait_beyond(self, index: int) -> None:
+        """Until a request whose path is at ``index`` or later has been followed to its end. A request before it
+        may still be ending (its reply goes out before its method returns): its end does not count."""
+        while self.ended < index:
+            self.done.clear()
+            await self.done.wait()
 
     def _inside(self, frame: FrameType | None) -> bool:
         while frame is not None:
@@ -171,6 +182,7 @@ async def follow(case: str, requests: int) -> list[list[tuple[str, str]]]:
                 update = [SetLiteral(path="/n", value=1)]
                 await client.enqueue_updates_with_reply(wk, cs, update, timeout=10)
                 for _ in range(requests):
+                    following = len(recorder.paths)  # the path the next request's delivery begins
                     sys.setprofile(recorder)
                     try:
                         if case == "applied":
@@ -182,7 +194,7 @@ async def follow(case: str, requests: int) -> list[list[tuple[str, str]]]:
                             subject = settings.subjects.requests(wk, cs)
                             await nc.jetstream().publish(subject, b"not a request")
                         # The reply goes out before the request leaves the stream: follow it to the end.
-                        await asyncio.wait_for(recorder.done.wait(), timeout=10)
+                        await asyncio.wait_for(recorder.wait_beyond(following), timeout=10)
                     finally:
                         sys.setprofile(None)
             await nc.close()
