@@ -43,7 +43,7 @@ TEST_WORKERS ?= 6
 
 test: lint
 	rm -f .coverage .coverage.*
-	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --cov --cov-report=
+	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal --cov --cov-report=
 	$(BIN)/python scripts/coverage_summary.py
 
 chaos: $(BIN)/.installed
