@@ -97,6 +97,7 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
             SetFunction(path=f"/c{i}", function="identity", args=[f"/c{i - 1}"])
             for i in range(1, MAX_BATCH_UPDATES)
         ]
+        heavy_started = asyncio.get_running_loop().time()
         heavy_reply = asyncio.ensure_future(
             client.enqueue_updates_with_reply(wk, heavy, await client.store_batch(chain), timeout=300)
         )
@@ -121,13 +122,18 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
                 )
             ).ok
             latencies.append(loop.time() - started)
+        heavy_seconds = loop.time() - heavy_started
         assert heavy_reply.result().ok
         final = await client.get_change_set(wk, heavy, f"/c{MAX_BATCH_UPDATES - 1}")
         assert final.values == {f"/c{MAX_BATCH_UPDATES - 1}": "v"}
         print(f"\ncanary: {len(latencies)} requests, slowest {max(latencies):.2f}s")
         # Generous for a busy shared machine (about 0.5 s seen on a quiet one); on the event loop, the stall lasted
-        # the whole request (about 20 s on a quiet machine).
-        assert len(latencies) >= 3 and max(latencies) < 8
+        # the whole request (about 20 s on a quiet machine). A loaded machine slows the huge request as much as the
+        # canary, so the bound grows with it: a stall of a third of the huge request's time is still a failure.
+        assert len(latencies) >= 3 and max(latencies) < max(8.0, heavy_seconds / 3), (
+            max(latencies),
+            heavy_seconds,
+        )
 
 
 async def test_hostile_stored_batches_are_refused_before_they_are_loaded(
