@@ -78,12 +78,10 @@ class _Group(click.Group):
 
 
 def _check_sync(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
-    from rebaser_core.durability import check_sync
+    # Imported when called: rebaser_server.devtools is not loaded for --help or --version.
+    from rebaser_server.devtools.embedded_start import sync_option
 
-    try:
-        return check_sync(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
+    return sync_option(ctx, param, value)
 
 
 def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str, ...]) -> tuple[str, ...]:

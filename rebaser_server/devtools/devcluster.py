@@ -32,13 +32,13 @@ from pathlib import Path
 
 import click
 
-from rebaser_core.durability import check_sync, describe_sync
+from rebaser_core.durability import describe_sync
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.embedded.process import launch_command
 from rebaser_core.errors import RebaserError
 from rebaser_server.app import load_app
 from rebaser_server.daemon.config import DEFAULT_APP
-from rebaser_server.devtools.embedded_start import start_embedded
+from rebaser_server.devtools.embedded_start import start_embedded, sync_option
 
 __all__ = ["DevCluster", "command"]
 
@@ -344,13 +344,6 @@ async def _demo_load(urls: list[str]) -> None:
         click.echo(f"demo load stopped: {type(err).__name__}: {err}", err=True)
 
 
-def _sync_option(value: str) -> str | None:
-    try:
-        return check_sync(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
-
-
 @click.command(context_settings={"show_default": True, "max_content_width": 110})
 @click.option("--daemons", type=click.IntRange(1, 32), default=3, help="How many daemons.")
 @click.option(
@@ -379,7 +372,7 @@ def _sync_option(value: str) -> str | None:
 @click.option(
     "--sync",
     default="always",
-    callback=lambda _ctx, _param, value: _sync_option(value),
+    callback=sync_option,
     help="When the NATS nodes fsync: always (before acknowledging), a duration such as 1s, or interval (2m).",
 )
 @click.option(

@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 import click
 
+from rebaser_core.durability import check_sync
 from rebaser_core.embedded.net import ADDR_IN_USE
 from rebaser_core.errors import EmbeddedServerError, StoreInUse
 
-__all__ = ["start_embedded"]
+__all__ = ["start_embedded", "sync_option"]
 
 
 def start_embedded(start: Callable[[], object], *, in_use: str, port_taken: str) -> None:
@@ -24,3 +25,12 @@ def start_embedded(start: Callable[[], object], *, in_use: str, port_taken: str)
         if ADDR_IN_USE not in str(err):
             raise
         raise click.ClickException(port_taken) from None
+
+
+def sync_option(_ctx: click.Context, _param: click.Parameter, value: str) -> str | None:
+    """The ``--sync`` callback of ``rebaser-server`` and its dev cluster: :func:`~rebaser_core.durability.check_sync`,
+    its error as click's."""
+    try:
+        return check_sync(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None

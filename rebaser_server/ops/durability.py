@@ -18,7 +18,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rebaser_core.durability import Durability, assess
-from rebaser_core.monitoring import read_server_sync
+from rebaser_core.monitoring import read_servers_sync
 from rebaser_core.settings import Settings
 
 __all__ = ["DurabilityCheck", "durable_streams"]
@@ -39,11 +39,8 @@ class DurabilityCheck:
     async def check(self, streams: Sequence[str]) -> Durability:
         """Read everything again; log the warning line when it is new. Never raises for what it cannot read: that
         becomes a problem in the result."""
-        # Blocking reads of a few KiB each, off the event loop, all at once: a server that does not answer costs
-        # its timeout once, not once per server after it.
-        reads = await asyncio.gather(*(asyncio.to_thread(read_server_sync, url) for url in self._urls))
-        servers = [sync for sync, _ in reads if sync is not None]
-        problems = [problem for _, problem in reads if problem is not None]
+        # Blocking reads of a few KiB each (all at once), off the event loop.
+        servers, problems = await asyncio.to_thread(read_servers_sync, self._urls)
         replicas, stream_problems = await self._read_replicas(streams)
         result = assess(
             servers, replicas, expected_servers=len(self._urls), problems=problems + stream_problems
