@@ -41,10 +41,18 @@ validate: $(BIN)/.installed
 # The suite waits far more than it computes (daemons starting, periods running out): more workers than cores.
 TEST_WORKERS ?= 6
 
+# Coverage (daemons and tools started as subprocesses included) costs about a third of the run: `make test
+# COVERAGE=off` for a quicker answer without the map.
+COVERAGE ?= on
+
 test: lint
 	rm -f .coverage .coverage.*
+ifeq ($(COVERAGE),off)
+	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal
+else
 	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal --cov --cov-report=
 	$(BIN)/python scripts/coverage_summary.py
+endif
 
 chaos: $(BIN)/.installed
 	# The power-loss simulation needs FUSE (docs/power-loss.md); without it those tests skip and say why.

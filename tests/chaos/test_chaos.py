@@ -363,7 +363,10 @@ LONG_MARKS = [pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)]
 
 
 def lengths(names: str, smoke: tuple[float, float], long: tuple[float, float]) -> pytest.MarkDecorator:
-    """A scenario's two lengths: ``smoke`` runs in CI (``make test``), ``long`` is ``slow`` (``make chaos``)."""
+    """A scenario's two lengths: ``smoke`` runs in CI (``make test``), ``long`` is ``slow`` (``make chaos``).
+
+    A smoke run is as short as still lets its fault strike two or three times (one outage longer than ack_wait for
+    the NATS outages): it proves the scenario still runs and holds; the long runs are the battery."""
     return pytest.mark.parametrize(
         names,
         [
@@ -383,7 +386,7 @@ ONE_SERVER: dict[str, tuple[Fault, str, int]] = {
 @pytest.mark.parametrize(
     ("scenario", "duration", "every"),
     [
-        pytest.param("sigkills", 8, 2.5, id="sigkills-smoke"),
+        pytest.param("sigkills", 6, 1.5, id="sigkills-smoke"),
         pytest.param("sigstops", 10, 1, id="sigstops-smoke"),
         *(
             pytest.param(
@@ -481,7 +484,7 @@ async def _cluster_chaos(
     _report("3-node cluster node kills", result)
 
 
-@lengths("duration, every", (10, 4), (LONG, 8))
+@lengths("duration, every", (8, 3), (LONG, 8))
 async def test_cluster_node_kills(
     nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
@@ -514,7 +517,7 @@ async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: 
     _report("KV writes failing (half lost, half landed with the answer lost)", result)
 
 
-@lengths("duration, every", (10, 2), (LONG, 3))
+@lengths("duration, every", (6, 1.5), (LONG, 3))
 async def test_kv_write_faults(
     nats_url: str, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
@@ -549,7 +552,7 @@ async def _outage_chaos(
 
 # The long run lasts at least 45 s, so that one whole 30 s outage (begun after 3 s) fits in it however short
 # REBASER_CHAOS_SECONDS makes the others: an outage still under way when the load stops is not counted.
-@lengths("duration, outage", (14, 8), (max(LONG, 45.0), 30))
+@lengths("duration, outage", (10, 5), (max(LONG, 45.0), 30))
 async def test_nats_outages(
     own_server: NatsServer, subject_prefix: str, tmp_path: Path, duration: float, outage: float
 ) -> None:
@@ -593,7 +596,7 @@ async def _stepdown_chaos(
     _report(f"leader step-downs ({answered} succeeded)", result)
 
 
-@lengths("duration, every", (10, 1), (LONG, 2))
+@lengths("duration, every", (6, 1), (LONG, 2))
 async def test_leader_stepdowns(
     nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
@@ -606,8 +609,8 @@ async def test_leader_stepdowns(
 @pytest.mark.parametrize(
     ("scenario", "duration"),
     [
-        pytest.param("sigkills", 8, id="sigkills-smoke"),
-        pytest.param("outages", 14, id="outages-smoke"),
+        pytest.param("sigkills", 6, id="sigkills-smoke"),
+        pytest.param("outages", 10, id="outages-smoke"),
         *(
             pytest.param(
                 scenario,
@@ -634,10 +637,12 @@ async def test_process_faults_with_fsync_always(
                 fault,
                 label=f"{label}, fsync always",
                 duration=duration,
-                every=2.5,
+                every=1.5 if duration < LONG else 2.5,
                 daemons=daemons,
             )
         else:
-            await _outage_chaos(server, subject_prefix, tmp_path, duration=duration, outage=8)
+            await _outage_chaos(
+                server, subject_prefix, tmp_path, duration=duration, outage=5 if duration < LONG else 8
+            )
     finally:
         await asyncio.to_thread(server.stop)
