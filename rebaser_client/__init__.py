@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rebaser_client._client import RebaserClient, Updates
+    from rebaser_client._events import EventStream
     from rebaser_client._publisher import ClientStatus
     from rebaser_client._spool import SpoolConfig
     from rebaser_client._sync import SyncRebaserClient
     from rebaser_core.api import (
+        ChangeSetEvent,
         ContentType,
         EnqueueUpdatesRequest,
         EnqueueUpdatesResponse,
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from rebaser_core.errors import (
         BatchTooLarge,
         ClientError,
+        EventsLost,
         InvalidId,
         RebaserBusy,
         RebaserError,
@@ -42,12 +45,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchTooLarge",
+    "ChangeSetEvent",
     "ChangeSetId",
     "ClientError",
     "ClientStatus",
     "ContentType",
     "EnqueueUpdatesRequest",
     "EnqueueUpdatesResponse",
+    "EventStream",
+    "EventsLost",
     "InlineUpdates",
     "InvalidId",
     "RebaserBusy",
@@ -73,12 +79,14 @@ __all__ = [
 # file first, and must not pay for nats-py and pydantic before it knows what it was asked (``rebaser --help``).
 _WHERE = {
     "ClientStatus": "rebaser_client._publisher",
+    "EventStream": "rebaser_client._events",
     "RebaserClient": "rebaser_client._client",
     "SpoolConfig": "rebaser_client._spool",
     "SyncRebaserClient": "rebaser_client._sync",
     "Updates": "rebaser_client._client",
     **dict.fromkeys(
         (
+            "ChangeSetEvent",
             "ContentType",
             "EnqueueUpdatesRequest",
             "EnqueueUpdatesResponse",
@@ -94,6 +102,7 @@ _WHERE = {
         (
             "BatchTooLarge",
             "ClientError",
+            "EventsLost",
             "InvalidId",
             "RebaserBusy",
             "RebaserError",

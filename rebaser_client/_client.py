@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
@@ -11,6 +11,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, TracerProvider
 
+from rebaser_client._events import EventStream
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
 from rebaser_client._queries import Queries
 from rebaser_client._replies import ReplyInbox
@@ -305,6 +306,24 @@ class RebaserClient:
             _as_id(ChangeSetId, change_set_id, "change_set_id"),
             timeout,
         )
+
+    def watch(
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str | None = None,
+        *,
+        since: int | Mapping[ChangeSetId, int] | None = None,
+    ) -> EventStream:
+        """Follow what happens to a change set (or, without ``change_set_id``, to every change set of a workspace):
+        ``async for event in client.watch(wk, cs): ...`` yields :class:`~rebaser_core.api.ChangeSetEvent` in order,
+        each durable event once (docs/events.md).
+
+        ``since``: the last durable ``seq`` already seen (a mapping of them for a workspace): the feed resumes right
+        after it, from what the stream keeps; a gap raises :class:`~rebaser_core.errors.EventsLost` (iterating on
+        goes on after it). ``None``: only what happens from now on. Use ``async with`` (or ``close()``) to stop."""
+        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
+        cs = None if change_set_id is None else _as_id(ChangeSetId, change_set_id, "change_set_id")
+        return EventStream(self._nc, self._subjects, wk, cs, since)
 
     async def store_batch(
         self,

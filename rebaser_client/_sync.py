@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from rebaser_client._client import RebaserClient, Updates
+from rebaser_client._events import EventStream
 from rebaser_client._publisher import ClientStatus
 from rebaser_core.api import (
+    ChangeSetEvent,
     EnqueueUpdatesResponse,
     ForkChangeSetResponse,
     GetChangeSetResponse,
@@ -19,7 +21,7 @@ from rebaser_core.api import (
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
-__all__ = ["SyncRebaserClient"]
+__all__ = ["SyncEventStream", "SyncRebaserClient"]
 
 T = TypeVar("T")
 
@@ -134,3 +136,48 @@ class SyncRebaserClient:
         self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str, **kwargs: Any
     ) -> WaitSettledResponse:
         return self._run(self._client.wait_settled(workspace_id, change_set_id, **kwargs))
+
+    def watch(
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str | None = None,
+        *,
+        since: int | Mapping[ChangeSetId, int] | None = None,
+    ) -> SyncEventStream:
+        """``RebaserClient.watch``: ``for event in client.watch(wk, cs): ...`` (``with`` it, or ``close()``)."""
+        return SyncEventStream(self, self._client.watch(workspace_id, change_set_id, since=since))
+
+
+class SyncEventStream:
+    """The events of ``SyncRebaserClient.watch``, read on the client's loop."""
+
+    def __init__(self, client: SyncRebaserClient, stream: EventStream) -> None:
+        self._client, self._stream = client, stream
+
+    def __iter__(self) -> Iterator[ChangeSetEvent]:
+        return self
+
+    def __next__(self) -> ChangeSetEvent:
+        try:
+            return self._client._run(self._stream.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def next(self, timeout: float) -> ChangeSetEvent:
+        """The next event, or ``TimeoutError`` after ``timeout`` seconds."""
+        return self._client._run(self._stream.next(timeout))
+
+    @property
+    def malformed(self) -> int:
+        return self._stream.malformed
+
+    def close(self) -> None:
+        self._client._run(self._stream.close())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

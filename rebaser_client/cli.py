@@ -24,6 +24,7 @@ import click
 from rebaser_client._cli_imports import defer_aiohttp
 from rebaser_client._cli_types import NATS_URL, SECONDS
 from rebaser_client.admin_cli import ADMIN_COMMANDS
+from rebaser_client.watch_cli import watch
 from rebaser_core.errors import RebaserError, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
 
@@ -201,6 +202,7 @@ def main() -> None:
 
 for _command in ADMIN_COMMANDS:  # status, change-set, dlq, wait: rebaser_client/admin_cli.py
     main.add_command(_command)
+main.add_command(watch)  # rebaser_client/watch_cli.py
 
 
 @main.command("new-id")

@@ -21,6 +21,7 @@ Catch the narrowest class that tells you what to do next::
     │   │   ├── RebaserBusy            back-pressure (``limit`` says which); retry after ``retry_after`` seconds
     │   │   └── BatchTooLarge          a stored batch over the size limits (``limit``); nothing was stored
     │   ├── RebaserUnavailable         NATS or JetStream cannot be reached
+    │   ├── EventsLost                 a change set's event feed skipped events (``lost``); it goes on after them
     │   └── SpoolError                 the client's local spool file cannot be used (locked by another client)
     ├── ApplicationError               raised by an app while applying a request
     │   ├── RefusedError               the request is wrong (a bad quantity): a "refused" reply, no dead letter
@@ -45,6 +46,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "DecodeError",
     "DurabilityTooLow",
     "EmbeddedServerError",
+    "EventsLost",
     "FencedError",
     "HeadersTooLarge",
     "InvalidId",
@@ -183,6 +185,19 @@ class RebaserUnavailable(ClientError):
     no acknowledgement in time, the request may still have been stored; sending it again with the same request id
     is safe, since the stream drops a repeated ``Nats-Msg-Id`` within its duplicate window.
     """
+
+
+class EventsLost(ClientError):
+    """A change set's event feed skipped durable events: ``lost`` of them, ``expected`` to ``got - 1`` (older than
+    the stream keeps, or given up while NATS was down). Iterating on goes on from ``got``."""
+
+    def __init__(self, workspace_id: object, change_set_id: object, *, expected: int, got: int) -> None:
+        self.workspace_id, self.change_set_id = workspace_id, change_set_id
+        self.expected, self.got, self.lost = expected, got, got - expected
+        super().__init__(
+            f"{workspace_id}/{change_set_id}: {self.lost} events lost (seq {expected} to {got - 1}); "
+            f"the feed goes on from seq {got}"
+        )
 
 
 class SpoolError(ClientError):

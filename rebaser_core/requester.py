@@ -83,7 +83,13 @@ class Requester:
             self._forget(token)
 
     async def send(
-        self, subject: str, payload: bytes, *, timeout: float, on_answer: Callable[[Answer], None]
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        timeout: float,
+        on_answer: Callable[[Answer], None],
+        headers: dict[str, str] | None = None,
     ) -> None:
         """Publish a request whose answer goes to ``on_answer`` (called once, in nats-py's read loop: it must be
         quick and must not wait): the reply, or nats-py's ``TimeoutError`` after ``timeout``, or
@@ -94,7 +100,7 @@ class Requester:
             await self._start()
         token = self._add(on_answer, timeout)
         try:
-            await self._nc.publish(subject, payload, reply=self._prefix + token)
+            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
         except BaseException:
             self._forget(token)
             raise

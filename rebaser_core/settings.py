@@ -57,6 +57,16 @@ class Settings(BaseModel):
     dead_letter_max_body: int = Field(
         64 * 1024, ge=0, description="A dead letter keeps at most this many bytes of the request's body."
     )
+    events: bool = Field(
+        True,
+        description="Publish every change set's events to the REBASER_EVENTS stream (docs/events.md).",
+    )
+    events_max_age: float = Field(
+        24 * 3600.0, ge=0, description="How long events are kept for followers to catch up (0: for ever)."
+    )
+    events_max_per_change_set: int = Field(
+        1000, ge=1, description="Events kept per change set; the oldest go first."
+    )
     max_active_change_sets: int = Field(
         10_000,
         ge=1,

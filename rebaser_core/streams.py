@@ -20,6 +20,7 @@ __all__ = [
     "dead_letter_stream_config",
     "ensure_shard",
     "ensure_streams",
+    "events_stream_config",
     "open_object_store",
     "requests_stream_config",
     "split",
@@ -120,6 +121,27 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
     )
 
 
+def events_stream_config(settings: Settings) -> js_api.StreamConfig:
+    """``REBASER_EVENTS``: every change set's event feed, bounded per change set and by age; the oldest go first.
+
+    One stream for every shard (a change set's feed stays put when the layout changes). Events are small (under
+    4 KiB) and published off the request path."""
+    return js_api.StreamConfig(
+        name=settings.subjects.events_stream,
+        description="rebaser: what happens to each change set, for followers (docs/events.md)",
+        subjects=[settings.subjects.events_stream_subject],
+        retention=js_api.RetentionPolicy.LIMITS,
+        discard=js_api.DiscardPolicy.OLD,
+        max_msgs_per_subject=settings.events_max_per_change_set,
+        max_age=settings.events_max_age,
+        max_msg_size=8 * 1024,
+        storage=_storage(settings),
+        num_replicas=settings.replicas,
+        duplicate_window=settings.duplicate_window,
+        allow_direct=True,
+    )
+
+
 def tasks_consumer_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.ConsumerConfig:
     """The one durable pull consumer shared by every daemon.
 
@@ -178,3 +200,5 @@ async def ensure_streams(
     for shard in shards:
         await ensure_shard(js, settings, shard, max(streams, 1), consumer=consumer)
     await _ensure_stream(js, dead_letter_stream_config(settings))
+    if settings.events:
+        await _ensure_stream(js, events_stream_config(settings))

@@ -8,6 +8,7 @@ requests          ``[P.]rebaser.requests.<workspace>.<change_set>``
 tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process``
 dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>`` (``….malformed`` for junk subjects)
 queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
+events            ``[P.]rebaser.events.<workspace>.<change_set>`` (one stream, whatever the shards)
 ================  =================================================
 
 **Shards** (docs/operations.md): with ``--streams N`` requests and tasks are spread over N streams each. Shard 0
@@ -39,6 +40,7 @@ SNAPSHOTS_BUCKET = "REBASER_SNAPSHOTS"
 BATCHES_BUCKET = "REBASER_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
 LAYOUT_BUCKET = "REBASER_LAYOUT"
+EVENTS_STREAM = "REBASER_EVENTS"
 LAYOUT_KEY = "layout"
 
 
@@ -119,6 +121,12 @@ class Subjects:
         return self._name(CHANGE_SETS_BUCKET)
 
     @property
+    def events_stream(self) -> str:
+        """The change sets' event feed (rebaser_core.api.events): one stream for every shard, so a change set's
+        feed never moves when the shard layout changes, and one consumer follows a whole workspace."""
+        return self._name(EVENTS_STREAM)
+
+    @property
     def layout_bucket(self) -> str:
         """KV bucket holding the shard layout (one key, ``layout``): see rebaser_core.layout."""
         return self._name(LAYOUT_BUCKET)
@@ -181,6 +189,21 @@ class Subjects:
 
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
+
+    def events(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
+        """Where the events of one change set are published."""
+        return self._subject("rebaser", "events", str(workspace_id), str(change_set_id))
+
+    def events_of_workspace(self, workspace_id: WorkspacePk) -> str:
+        """The filter of every change set's events in one workspace."""
+        return self._subject("rebaser", "events", str(workspace_id), "*")
+
+    @property
+    def events_stream_subject(self) -> str:
+        return self._subject("rebaser", "events", "*", "*")
+
+    def parse_events(self, subject: str) -> ParsedSubject:
+        return self._strip(subject, ("rebaser", "events"), ())
 
     @property
     def dead_letter_malformed(self) -> str:

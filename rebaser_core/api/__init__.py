@@ -39,6 +39,16 @@ from rebaser_core.api.enqueue_updates_response import (
     SuccessStatus,
     oldest_form,
 )
+from rebaser_core.api.events import (
+    CHANGE_SET_EVENT,
+    DURABLE_KINDS,
+    MAX_EVENT_BYTES,
+    NOTICE_KINDS,
+    ChangeSetEvent,
+    EventKind,
+    event_msg_id,
+    reason_class,
+)
 from rebaser_core.api.settled import (
     MAX_SETTLED_WAIT,
     WAIT_SETTLED_REQUEST,
@@ -59,6 +69,8 @@ from rebaser_core.api.updates import (
 from rebaser_core.api.versioned import MessageVersion, Negotiated, VersionedMessage
 
 __all__ = [
+    "CHANGE_SET_EVENT",
+    "DURABLE_KINDS",
     "ENQUEUE_UPDATES_REQUEST",
     "ENQUEUE_UPDATES_RESPONSE",
     "FORK_CHANGE_SET_REQUEST",
@@ -67,10 +79,13 @@ __all__ = [
     "GET_CHANGE_SET_RESPONSE",
     "GET_REPLY_REQUEST",
     "GET_REPLY_RESPONSE",
+    "MAX_EVENT_BYTES",
     "MAX_SETTLED_WAIT",
+    "NOTICE_KINDS",
     "WAIT_SETTLED_REQUEST",
     "WAIT_SETTLED_RESPONSE",
     "AttributePath",
+    "ChangeSetEvent",
     "Conflict",
     "ConflictsStatus",
     "ContentType",
@@ -82,6 +97,7 @@ __all__ = [
     "EnqueueUpdatesResponseV1",
     "EnqueueUpdatesResponseV2",
     "ErrorStatus",
+    "EventKind",
     "ForkChangeSetRequest",
     "ForkChangeSetResponse",
     "GetChangeSetRequest",
@@ -106,6 +122,8 @@ __all__ = [
     "VersionedMessage",
     "WaitSettledRequest",
     "WaitSettledResponse",
+    "event_msg_id",
     "oldest_form",
     "oldest_reply_form",
+    "reason_class",
 ]

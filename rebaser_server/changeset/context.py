@@ -59,6 +59,9 @@ class Stats:
     release_checks_failed: int = 0
     # New-shard tasks handed back while their change set still had work in its old shard (a layout change).
     tasks_deferred: int = 0
+    # Events published to the change sets' feed and acknowledged, and publications that failed (changeset/events.py).
+    events_published: int = 0
+    event_publish_failures: int = 0
     dvu_runs: int = 0
     dvu_failures: int = 0
     nats_reconnects: int = 0

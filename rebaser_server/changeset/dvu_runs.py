@@ -19,6 +19,7 @@ from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, CommitHooks, RebaserApp
 from rebaser_server.changeset.context import Report
 from rebaser_server.changeset.dvu import SerialDvu
+from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.outcome import LeaseLost, Outcome, Wedged
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.record.store import ChangeSetHandle
@@ -57,6 +58,7 @@ class ChangeSetDvu:
         steps: Steps,
         lease: Lease,
         activity: Activity,
+        feed: ChangeSetFeed,
         finish: Callable[[Outcome, float, str], None],
     ) -> None:
         self._app = app
@@ -66,6 +68,7 @@ class ChangeSetDvu:
         self._steps = steps
         self._lease = lease
         self._activity = activity
+        self._feed = feed
         self._finish = finish  # ends the ownership (fenced, lease lost, wedged)
         self._handle: ChangeSetHandle | None = None
         self._took = 0.0  # how long the last run took, and when it ended (monotonic)
@@ -132,14 +135,23 @@ class ChangeSetDvu:
                     raise LeaseLost()
                 record = handle.record
                 hooks = CommitHooks.of(self._app)
+                feed = self._feed
+                await feed.notice("dvu_started")
                 try:
                     state = await self._steps.run(self._app.dependent_values_update(change_set, record.state))
                     # What the state points to is written before the record that points to it is committed.
                     await hooks.before_commit(change_set, state)
-                    await handle.commit(replace(handle.record, state=state, dvu_pending=False))
-                except BaseException:
+                    updated = replace(handle.record, state=state, dvu_pending=False)
+                    await handle.commit(feed.stage_dvu(updated, time.monotonic() - started))
+                except BaseException as err:
+                    feed.dropped()
                     hooks.abandoned(change_set)
+                    if isinstance(err, Exception) and not isinstance(err, FencedError | LeaseLost):
+                        await feed.notice("dvu_failed", error=type(err).__name__[:128])
                     raise
+                await feed.committed()
+                if self._activity.lull.is_set():
+                    feed.quiet()
             report.stats.dvu_runs += 1
             self._ended = time.monotonic()
             self._took = self._ended - started

@@ -11,8 +11,10 @@ group is carried out at once: when nothing more is waiting, when the group is fu
    copies them again, deduplicated by their stream sequence; after it, a crash would lose the copies);
 2. the record's **commit** (compare-and-set: fenced if another owner took over);
 3. the **counters**, then the **replies** (never before the commit, so no reply announces what a crash could undo);
-4. the **removal** of the processed requests from the stream (:mod:`~rebaser_server.changeset.trimmer`);
-5. the **DVU** notification, if an applied request made one due.
+4. the **events** of the group, numbered and put in the committed record's outbox before the commit, published
+   after it (:mod:`~rebaser_server.changeset.events`);
+5. the **removal** of the processed requests from the stream (:mod:`~rebaser_server.changeset.trimmer`);
+6. the **DVU** notification, if an applied request made one due.
 
 A crash loses nothing that was acknowledged to anyone: the uncommitted requests are simply processed again by the
 next owner.
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.changeset.context import Report
 from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.changeset.trimmer import Trimmer
 from rebaser_server.record.model import ChangeSetRecord
@@ -81,6 +84,7 @@ class CommitGroup:
         trimmer: Trimmer,
         replies: Replies,
         report: Report,
+        feed: ChangeSetFeed,
         notify_dvu: Callable[[], None],
     ) -> None:
         self._change_set = change_set
@@ -89,7 +93,9 @@ class CommitGroup:
         self._trimmer = trimmer
         self._replies = replies
         self._report = report
+        self._feed = feed
         self._notify_dvu = notify_dvu
+        self._waiting = 0  # requests already behind the last one staged
         self._staged: ChangeSetRecord | None = None
         self._decisions: list[Decision] = []
         self._seqs: list[
@@ -115,8 +121,9 @@ class CommitGroup:
             await self._handle.lock.acquire()
             self.open = True
 
-    def stage(self, decision: Decision) -> None:
-        """Add one request's decision to the group."""
+    def stage(self, decision: Decision, waiting: int = 0) -> None:
+        """Add one request's decision to the group (``waiting`` more requests already behind it)."""
+        self._waiting = waiting
         if decision.record is not None:
             self._staged = decision.record
         self._decisions.append(decision)
@@ -137,16 +144,26 @@ class CommitGroup:
             for decision in decisions:
                 if decision.dead_letter is not None:
                     await self._replies.dead_letter(decision.msg, decision.seq, decision.dead_letter)
-            if self._staged is not None:
+            staged = self._staged
+            if staged is not None:
+                staged = self._feed.stage(staged, decisions)
                 with report.observe.commit(change_set, self._traces):
-                    await self._commit_hooks.before_commit(change_set, self._staged.state)
-                    await self._handle.commit(self._staged)
+                    await self._commit_hooks.before_commit(change_set, staged.state)
+                    await self._handle.commit(staged)
                 report.stats.request_commits += 1
+                await self._feed.committed()
             await report.hooks.checkpoint("applied", change_set)
             self._count(decisions)
             for decision in decisions:
                 if decision.response is not None:
                     await self._replies.send(decision.msg.headers or {}, decision.response, decision.inbox)
+            if (
+                staged is not None
+                and not self._waiting
+                and not staged.dvu_pending
+                and decisions[-1].processed
+            ):
+                self._feed.quiet()
             if self._seqs:
                 await self._trimmer.processed(self._seqs)
             if self._dvu:
@@ -154,6 +171,7 @@ class CommitGroup:
                 report.observe.dvu_due(change_set, self._traces[-1] if self._traces else None)
                 self._notify_dvu()
         finally:
+            self._feed.dropped()  # staged events not published by now were never committed
             self.abandon()
 
     def _count(self, decisions: list[Decision]) -> None:

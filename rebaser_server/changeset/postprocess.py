@@ -53,7 +53,7 @@ class PostProcess:
         """Stage ``decision``, with ``waiting`` more requests already behind it, and carry the group out now or
         soon. A RETRY raises its error once its attempt is committed: the task ends, the request first in line."""
         group = self._group
-        group.stage(decision)
+        group.stage(decision, waiting)
         if not decision.processed:  # COUNTED, RETRY: the request stays first in line
             await group.flush()  # what came before is answered; the attempt is on record
             if decision.error is not None:

@@ -33,6 +33,7 @@ from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.changeset.consumer import RequestConsumer
 from rebaser_server.changeset.decisions import Kind
 from rebaser_server.changeset.dvu_runs import Activity, ChangeSetDvu
+from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
 from rebaser_server.changeset.migration import draining
@@ -114,6 +115,16 @@ class ChangeSetProcessor:
             report=report,
             placement=owning.placement,
         )
+        # What the change set's followers are told (events.py).
+        self._feed = ChangeSetFeed(
+            change_set,
+            requester=nats.requester,
+            subjects=owning.replies.subjects,
+            owner=owning.owner,
+            stats=report.stats,
+            timeout=settings.nats_timeout,
+            enabled=settings.events,
+        )
         # Created once the change set's record is acquired: the post-process step (and its commit group).
         self._post: PostProcess | None = None
         self._handler = RequestHandler(
@@ -132,6 +143,7 @@ class ChangeSetProcessor:
             steps=self._steps,
             lease=self.lease,
             activity=self._activity,
+            feed=self._feed,
             finish=self._finish,
         )
 
@@ -184,6 +196,7 @@ class ChangeSetProcessor:
                 trimmer=self._trimmer,
                 replies=owning.replies,
                 report=report,
+                feed=self._feed,
                 notify_dvu=self._dvu.notify,
             )
             self._post = PostProcess(
@@ -193,6 +206,7 @@ class ChangeSetProcessor:
                 idempotency_window=settings.idempotency_window,
                 on_failure=self._fail,
             )
+            await self._feed.taken(self._handle.record)
             await report.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start(self._handle)
             await self._bind(await consumer)
@@ -204,6 +218,7 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
+            self._feed.close()
             owning.keeper.remove(self)
             await self._dvu.stop(timeout=settings.nats_timeout)
             if not consumer.done():
@@ -391,6 +406,9 @@ class ChangeSetProcessor:
                 async with asyncio.timeout(grace):
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
         await self._trimmer.flush(settings.nats_timeout)
+        if result.outcome.hands_back or result.outcome is Outcome.RELEASED:
+            # Said while still the owner: after the ack (or nack) the next owner's ``taken`` may come first.
+            await self._feed.notice("released", reason=result.outcome.value[:128])
         if result.outcome.hands_back:
             await mark_handed_back(self._handle, self.lease, settings.nats_timeout)
         if result.outcome is not Outcome.RELEASED:

@@ -41,6 +41,11 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
         "rebaser_release_checks_failed",
         "Releases whose 'anything queued?' check failed (the orphan sweep covers them).",
     ),
+    "events_published": ("rebaser_events_published", "Change-set events published and stored (the feed)."),
+    "event_publish_failures": (
+        "rebaser_event_publish_failures",
+        "Change-set event publications that failed (durable ones are published again).",
+    ),
     "dvu_runs": ("rebaser_dvu_runs", "Dependent-values-update runs committed."),
     "dvu_failures": ("rebaser_dvu_failures", "Dependent-values-update runs that failed."),
     "nats_reconnects": ("rebaser_nats_reconnects", "Reconnects to NATS."),

@@ -65,6 +65,12 @@ class ChangeSetRecord:
     # The shard whose streams ``applied_seq``, ``task_seq`` and ``suspect`` count in (sequences are per stream).
     # Taken from another shard after a layout change, they start over (see ChangeSetStore.acquire).
     shard: int = 0
+    # The change set's event feed (rebaser_core.api.events): durable events committed so far (the last one's seq),
+    # and those not yet known to be stored in the events stream (each as its JSON-model form). The next owner publishes
+    # ``outbox`` again (the stream drops repeats by Nats-Msg-Id), so a crash between a commit and its events'
+    # publication loses none of them.
+    events: int = 0
+    outbox: tuple[Mapping[str, Any], ...] = ()
 
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
@@ -80,7 +86,10 @@ class ChangeSetRecord:
             "handed_back": self.handed_back,
             "suspect": list(self.suspect) if self.suspect else None,
             "shard": self.shard,
+            "events": self.events,
         }
+        if self.outbox:
+            head["outbox"] = [dict(event) for event in self.outbox]
         return (
             bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
         )
@@ -111,6 +120,8 @@ class ChangeSetRecord:
             handed_back=bool(raw.get("handed_back", False)),
             suspect=(int(suspect[0]), int(suspect[1])) if (suspect := raw.get("suspect")) else None,
             shard=int(raw.get("shard", 0)),
+            events=int(raw.get("events", 0)),
+            outbox=tuple(item for item in raw.get("outbox", ()) if isinstance(item, dict)),
         )
 
     def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:

@@ -32,6 +32,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.testing import describe_state
 from tests.support.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
+from tests.support.events import check_feed, stored_events
 from tests.support.proxy import TcpProxy
 
 # Seconds of faults per scenario in the long (``slow``) runs: ``REBASER_CHAOS_SECONDS=300 make chaos`` for a
@@ -167,6 +168,10 @@ async def _run(
                 record = await store.read(ChangeSet(wk, cs))
                 assert record is not None
                 assert record.state["applied"] == ids, f"{cs}: lost, duplicated or reordered"
+                # The feed: every applied request's event once, in order, none from a fenced owner.
+                events = await stored_events(conn.jetstream(timeout=10), Settings(prefix=prefix), wk, cs)
+                assert any(e.durable for e in events), f"{cs}: no events"
+                assert check_feed(events, ids) == [], f"{cs}: {check_feed(events, ids)}"
             events = read_record(applies)
             overlaps = apply_overlaps(events, PAUSES)
             assert overlaps == [], f"two daemons applied to one change set at once: {overlaps[:5]}"

@@ -36,6 +36,7 @@ from rebaser_core.testing import wait_for
 from rebaser_server.app import AppState, ChangeSet, CommitHooks
 from rebaser_server.changeset.context import Placement, Report, Stats
 from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
 from rebaser_server.changeset.hooks import Hooks
@@ -190,6 +191,15 @@ async def owned(nc: NatsClient, subject_prefix: str) -> AsyncIterator[Owned]:
             trimmer=trimmer,
             replies=replies,
             report=report,
+            feed=ChangeSetFeed(
+                cs,
+                requester=requester,
+                subjects=settings.subjects,
+                owner="owner",
+                stats=stats,
+                timeout=5,
+                enabled=settings.events,
+            ),
             notify_dvu=lambda: dvu_notified.append(None),
         )
         state = Owned(

@@ -1,0 +1,100 @@
+"""``rebaser watch WK [CS]``: a live line per event of a change set, or of every change set of a workspace.
+
+``--since N`` replays from after durable event N (one change set); ``--json`` prints each event as one JSON object
+per line. A gap in the feed (events older than the stream keeps) is one line on stderr, and the watch goes on.
+Ctrl-C ends it. nats-py is imported once the options are checked (``rebaser --help`` must answer at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import click
+
+from rebaser_client.admin_cli import _connection_options, _run, _subjects, _ulid
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+
+    from rebaser_core.api import ChangeSetEvent
+
+__all__ = ["event_line", "watch"]
+
+
+def event_line(event: ChangeSetEvent, *, workspace: bool) -> str:
+    """One event for people: time, change set (when following a workspace), seq, kind, what it says."""
+    at = datetime.fromtimestamp(event.at, UTC).strftime("%H:%M:%S.%f")[:-3]
+    where = f"{event.change_set_id} " if workspace else ""
+    seq = f"#{event.seq}" if event.durable else f"(after #{event.seq})"
+    parts: list[str] = []
+    if event.request_id is not None:
+        parts.append(f"request {event.request_id}")
+    if event.status is not None and event.kind not in ("applied", "conflicts"):
+        parts.append(event.status)
+    if event.updates_performed is not None:
+        parts.append(f"{event.updates_performed} updates")
+    if event.conflicts is not None:
+        parts.append(f"{event.conflicts} conflicts")
+    if event.snapshot_address:
+        parts.append(f"snapshot {event.snapshot_address[:16]}")
+    if event.reason:
+        parts.append(f"reason {event.reason}")
+    if event.duration_s is not None:
+        parts.append(f"{event.duration_s * 1000:.1f} ms")
+    if event.error:
+        parts.append(f"error {event.error}")
+    if event.kind in ("taken", "released"):
+        parts.append(f"owner {event.owner} epoch {event.epoch}")
+    return f"{at} {where}{seq:>12} {event.kind:<13} {', '.join(parts)}".rstrip()
+
+
+@click.command()
+@_connection_options
+@click.argument("workspace")
+@click.argument("change_set", required=False)
+@click.option(
+    "--since",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Replay from after this durable event seq (0: all the stream keeps). Needs CHANGE_SET.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event, one per line.")
+def watch(
+    nats_url: str,
+    prefix: str | None,
+    workspace: str,
+    change_set: str | None,
+    since: int | None,
+    as_json: bool,
+) -> None:
+    """Follow a change set's events (or, without CHANGE_SET, a whole workspace's) as they happen."""
+    wk = _ulid(WorkspacePk, workspace, "WORKSPACE")
+    cs = None if change_set is None else _ulid(ChangeSetId, change_set, "CHANGE_SET")
+    if since is not None and cs is None:
+        raise click.BadParameter("--since needs a CHANGE_SET (seqs are per change set)", param_hint="--since")
+    subjects = _subjects(prefix)
+
+    async def follow(nc: NatsClient) -> None:
+        from rebaser_client._events import EventStream
+        from rebaser_core.errors import EventsLost
+
+        async with EventStream(nc, subjects, wk, cs, since) as stream:
+            while True:
+                try:
+                    event = await stream.__anext__()
+                except EventsLost as gap:
+                    click.echo(f"gap: {gap}", err=True)
+                    continue
+                except StopAsyncIteration:
+                    return
+                if as_json:
+                    click.echo(json.dumps(event.model_dump(mode="json"), separators=(",", ":")))
+                else:
+                    click.echo(event_line(event, workspace=cs is None))
+
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends
+        _run(nats_url, follow)

@@ -1,0 +1,286 @@
+"""The event feed of one owned change set (rebaser_core.api.events): decided with the commit, published after it.
+
+A commit group's durable events are numbered from the record's ``events`` counter and written into the record that
+is committed (``outbox``), *then* published: an owner fenced at the commit publishes nothing, and an owner that
+dies between the commit and the publication leaves them in the record for the next owner, who publishes them again
+(:meth:`ChangeSetFeed.taken`). Publication never waits on the request path: each event's acknowledgement comes back
+to a callback. One that fails is published again before the next ones; while unacknowledged it stays in the
+outbox of every commit (at most :data:`OUTBOX_MAX`; beyond that the oldest are given up, and a follower sees the
+gap in ``seq``).
+
+Notices (taken, released, settled, DVU started or failed) are not committed: published once, in order with the
+rest, on this owner's word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from rebaser_core import headers as h
+from rebaser_core.api import (
+    CHANGE_SET_EVENT,
+    ChangeSetEvent,
+    ContentType,
+    EventKind,
+    event_msg_id,
+    reason_class,
+)
+from rebaser_core.api.codec import encode_body
+from rebaser_core.ids import RequestId
+from rebaser_core.requester import Answer, Requester
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import check_pub_ack
+from rebaser_core.tracing import TRACE_HEADERS
+from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.context import Stats
+from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.record.model import ChangeSetRecord
+
+__all__ = ["OUTBOX_MAX", "SETTLED_AFTER", "ChangeSetFeed"]
+
+log = logging.getLogger(__name__)
+
+# A change set is said to be settled once nothing was queued and no DVU due for this long: a caller that sends its
+# next request as soon as the last is answered does not get a notice between every two.
+SETTLED_AFTER = 0.05
+
+# Unacknowledged durable events carried in the record: a NATS outage longer than a few groups gives up the oldest
+# (the record must stay small: it is written on every commit).
+OUTBOX_MAX = 256
+
+_STATUS_KIND: dict[str, EventKind] = {
+    "success": "applied",
+    "conflicts": "conflicts",
+    "refused": "refused",
+    "error": "error_reply",
+}
+
+
+class ChangeSetFeed:
+    """What one owned change set tells its followers. ``enabled`` False: nothing is staged or published."""
+
+    def __init__(
+        self,
+        change_set: ChangeSet,
+        *,
+        requester: Requester,
+        subjects: Subjects,
+        owner: str,
+        stats: Stats,
+        timeout: float,
+        enabled: bool,
+    ) -> None:
+        self._change_set = change_set
+        self._requester = requester
+        self._subject = subjects.events(change_set.workspace_id, change_set.change_set_id)
+        self._owner = owner
+        self._stats = stats
+        self._timeout = timeout
+        self.enabled = enabled
+        self._epoch = 0
+        self._seq = 0  # the last durable event's seq (committed)
+        # seq -> durable events (their JSON-model form) published, or to publish, and not yet acknowledged; and the
+        # ones whose publication failed, published again before anything newer.
+        self._unconfirmed: dict[int, dict[str, Any]] = {}
+        self._failed: set[int] = set()
+        self._staged: list[tuple[int, dict[str, Any], dict[str, str]]] = []
+        self._settle: asyncio.TimerHandle | None = None
+        self._notices: set[asyncio.Task[None]] = set()
+
+    # -- durable events -------------------------------------------------------------------------------
+    def stage(self, record: ChangeSetRecord, decisions: Iterable[Decision]) -> ChangeSetRecord:
+        """``record`` (about to be committed) with the events of ``decisions`` numbered and in its outbox."""
+        if not self.enabled:
+            return record
+        events = [event for decision in decisions if (event := self._outcome(decision)) is not None]
+        return self._stage(record, events)
+
+    def stage_dvu(self, record: ChangeSetRecord, duration: float) -> ChangeSetRecord:
+        """``record`` (a DVU run's, about to be committed) with its ``dvu_finished`` event."""
+        if not self.enabled:
+            return record
+        return self._stage(record, [(self._event("dvu_finished", duration_s=round(duration, 6)), {})])
+
+    def _stage(
+        self, record: ChangeSetRecord, events: list[tuple[dict[str, object], dict[str, str]]]
+    ) -> ChangeSetRecord:
+        self._not_quiet()
+        self._staged = []
+        seq = record.events
+        for fields, trace in events:
+            seq += 1
+            event = _event_data(self._change_set, seq=seq, durable=True, **fields)
+            self._staged.append((seq, event, trace))
+        if not self._staged and not self._unconfirmed:
+            return record if not record.outbox else replace(record, outbox=())
+        outbox = [*self._unconfirmed.values(), *(event for _, event, _ in self._staged)][-OUTBOX_MAX:]
+        return replace(record, events=seq, outbox=tuple(outbox))
+
+    async def committed(self) -> None:
+        """The record staged last is committed: publish what failed before, then its events."""
+        if not self.enabled:
+            return
+        staged, self._staged = self._staged, []
+        for seq in sorted(self._failed):
+            await self._publish(seq, self._unconfirmed[seq], {})
+        self._failed.clear()
+        for seq, event, trace in staged:
+            self._unconfirmed[seq] = event
+            self._seq = seq
+            await self._publish(seq, event, trace)
+        while len(self._unconfirmed) > OUTBOX_MAX:  # given up: no longer in any outbox
+            dropped = next(iter(self._unconfirmed))
+            del self._unconfirmed[dropped]
+            self._failed.discard(dropped)
+
+    def dropped(self) -> None:
+        """The record staged last was not committed (fenced, failed): its events never happened."""
+        self._staged = []
+
+    def _outcome(self, decision: Decision) -> tuple[dict[str, object], dict[str, str]] | None:
+        response = decision.response
+        if response is None or not decision.processed or decision.record is None:
+            return None  # answered from the record (evented when first processed), or nothing decided yet
+        if decision.kind is Kind.REPLAYED:
+            return None
+        status = response.status
+        fields: dict[str, object] = {"request_id": response.id, "status": status.kind}
+        if decision.dead_letter is not None:
+            fields.update(kind="dead_lettered", reason=reason_class(decision.dead_letter))
+        else:
+            fields["kind"] = _STATUS_KIND[status.kind]
+        updates = getattr(status, "updates_performed", None)
+        if isinstance(updates, int):
+            fields["updates_performed"] = updates
+        address = getattr(status, "snapshot_address", None)
+        if isinstance(address, str):
+            fields["snapshot_address"] = address[:512]
+        conflicts = getattr(status, "conflicts", None)
+        if conflicts is not None:
+            fields["conflicts"] = len(conflicts)
+        kind = fields.pop("kind")
+        return self._event(kind, **fields), _trace_of(decision.msg)  # type: ignore[arg-type]
+
+    # -- notices ------------------------------------------------------------------------------------
+    def quiet(self) -> None:
+        """Nothing is queued and no DVU due: say ``settled`` unless something happens within SETTLED_AFTER."""
+        if not self.enabled:
+            return
+        self._not_quiet()
+        self._settle = asyncio.get_running_loop().call_later(SETTLED_AFTER, self._settled)
+
+    def _not_quiet(self) -> None:
+        if self._settle is not None:
+            self._settle.cancel()
+            self._settle = None
+
+    def _settled(self) -> None:
+        self._settle = None
+        task = asyncio.create_task(self.notice("settled"))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    def close(self) -> None:
+        """The ownership ends: no settled notice from this owner any more."""
+        self._not_quiet()
+
+    async def taken(self, record: ChangeSetRecord) -> None:
+        """The change set is acquired with ``record``: publish what the last owner left unpublished, then say so."""
+        self._epoch, self._seq = record.epoch, record.events
+        if not self.enabled:
+            return
+        for event in record.outbox:
+            seq = _seq_of(event)
+            if seq is not None:
+                self._unconfirmed[seq] = dict(event)
+                await self._publish(seq, dict(event), {})
+        await self.notice("taken")
+
+    async def notice(self, kind: EventKind, **fields: object) -> None:
+        """Publish a notice (not committed; published once)."""
+        if not self.enabled:
+            return
+        event = _event_data(self._change_set, seq=self._seq, durable=False, **self._event(kind, **fields))
+        await self._publish(None, event, {})
+
+    def _event(self, kind: EventKind, **fields: object) -> dict[str, object]:
+        return {"kind": kind, "owner": self._owner, "epoch": self._epoch, **fields}
+
+    # -- publication ----------------------------------------------------------------------------------
+    async def _publish(self, seq: int | None, event: dict[str, Any], trace: Mapping[str, str]) -> None:
+        headers = {
+            h.CONTENT_TYPE: ContentType.CBOR.value,
+            h.MESSAGE_TYPE: CHANGE_SET_EVENT.name,
+            h.MESSAGE_VERSION: "1",
+            **trace,
+        }
+        if seq is not None:
+            ws, cs = self._change_set.workspace_id, self._change_set.change_set_id
+            headers[h.NATS_MSG_ID] = event_msg_id(ws, cs, seq)
+        try:
+            await self._requester.send(
+                self._subject,
+                encode_body(event, ContentType.CBOR),
+                timeout=self._timeout,
+                headers=headers,
+                on_answer=lambda answer: self._answered(seq, answer),
+            )
+        except (nats.errors.Error, OSError) as err:
+            self._answered(seq, err)
+
+    def _answered(self, seq: int | None, answer: Answer) -> None:
+        error: Exception | None = answer if isinstance(answer, Exception) else None
+        if error is None:
+            assert isinstance(answer, Msg)
+            try:
+                check_pub_ack(answer.data, self._subject)
+            except Exception as err:
+                error = err
+        if error is None:
+            self._stats.events_published += 1
+            if seq is not None:
+                self._unconfirmed.pop(seq, None)
+            return
+        self._stats.event_publish_failures += 1
+        if seq is not None and seq in self._unconfirmed:
+            self._failed.add(seq)  # published again before the next events
+        log.warning("%s: publishing an event failed: %r", self._change_set, error)
+
+
+def _event_data(change_set: ChangeSet, *, seq: int, durable: bool, **fields: object) -> dict[str, Any]:
+    """A new event, checked by its model, in the JSON-model form it is published and kept in the outbox in."""
+    event = ChangeSetEvent(
+        id=RequestId.new(),
+        workspace_id=change_set.workspace_id,
+        change_set_id=change_set.change_set_id,
+        seq=seq,
+        durable=durable,
+        at=time.time(),
+        **fields,  # type: ignore[arg-type]
+    )
+    data: dict[str, Any] = event.__pydantic_serializer__.to_python(event, mode="json")
+    return data
+
+
+def _seq_of(event: Mapping[str, Any]) -> int | None:
+    """The seq of a durable event the last owner left in the record's outbox (None: not one we can read)."""
+    try:
+        return (
+            CHANGE_SET_EVENT.current.model_validate(event, strict=False).seq if event.get("durable") else None
+        )
+    except ValueError:
+        return None
+
+
+def _trace_of(msg: Msg) -> dict[str, str]:
+    """The trace context the request carried, for its event: a follower's span can join the request's trace."""
+    headers = msg.headers or {}
+    return {name: value for name in TRACE_HEADERS if (value := headers.get(name)) is not None}

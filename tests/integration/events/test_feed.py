@@ -1,0 +1,210 @@
+"""The change-set event feed against a real nats-server: every outcome once, in order, after its commit; resumable
+from a seq; a gap told, with its size; a workspace filter; junk on the events subjects skipped; a crash between a
+commit and its events' publication loses none of them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client import ChangeSetEvent, EventsLost, EventStream, RebaserClient, SetLiteral
+from rebaser_core.api import CHANGE_SET_EVENT, MAX_EVENT_BYTES
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.testing import wait_for
+from rebaser_server.app import ChangeSet
+from rebaser_server.record.store import TaskDelivery
+from rebaser_server.testing import fast_settings, running_daemon
+from tests.support.apps import RecordingApp
+from tests.support.events import check_feed, stored_events
+
+
+async def _durable(stream: EventStream, count: int, timeout: float = 20) -> list[ChangeSetEvent]:
+    """The next ``count`` durable events of ``stream`` (notices skipped)."""
+    found: list[ChangeSetEvent] = []
+    while len(found) < count:
+        event = await stream.next(timeout)
+        if event.durable:
+            found.append(event)
+    return found
+
+
+async def test_a_follower_sees_every_applied_request_once_in_order(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        async with client.watch(wk, cs, since=0) as feed:
+            sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=n)]) for n in range(30)]
+            last = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
+            sent.append(last.id)
+            events = await _durable(feed, len(sent))
+        assert [e.request_id for e in events] == sent
+        assert [e.seq for e in events] == list(range(1, len(sent) + 1))
+        assert {e.kind for e in events} == {"applied"}
+        assert all(e.status == "success" and e.updates_performed == 1 for e in events[:-1])
+        record = await daemon.store.read(ChangeSet(wk, cs))
+        assert record is not None and record.events == len(sent)
+        assert daemon.stats.events_published >= len(sent)
+        assert daemon.stats.event_publish_failures == 0
+
+
+async def test_notices_say_taken_settled_and_released(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, quiescent_period=0.2)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        async with client.watch(wk, cs) as feed:
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=20)
+            kinds: list[str] = []
+            while "released" not in kinds:
+                event = await feed.next(20)
+                kinds.append(event.kind)
+                assert event.owner == daemon.owner
+                assert event.epoch >= 1
+        # Taken first; the request; its DVU (started, then committed); settled once nothing is due; released.
+        assert kinds[0] == "taken"
+        assert kinds.index("applied") < kinds.index("dvu_started") < kinds.index("dvu_finished")
+        assert kinds.index("dvu_finished") < kinds.index("settled") < kinds.index("released")
+
+
+async def test_a_follower_that_stops_and_resumes_from_since_misses_nothing(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        first = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(10)]
+        async with client.watch(wk, cs, since=0) as feed:
+            seen = await _durable(feed, 5)
+        assert [e.request_id for e in seen] == first[:5]
+        more = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/b", value=n)]) for n in range(5)]
+        async with client.watch(wk, cs, since=seen[-1].seq) as feed:
+            rest = await _durable(feed, 10)
+        assert [e.request_id for e in rest] == first[5:] + more
+        assert [e.seq for e in rest] == list(range(6, 16))
+
+
+async def test_a_since_older_than_the_retention_is_a_typed_gap(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # The stream keeps 10 events per change set: the first requests' events are gone.
+    settings = fast_settings(subject_prefix, events_max_per_change_set=10)
+    async with running_daemon(nc, settings, RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(20)]
+        await client.wait_settled(wk, cs, timeout=20)
+        async with client.watch(wk, cs, since=2) as feed:
+            with pytest.raises(EventsLost) as lost:
+                await _durable(feed, 1)
+            # Iterating on resumes right after the gap.
+            after = await _durable(feed, 1)
+        gap = lost.value
+        assert gap.expected == 3 and gap.got > 3 and gap.lost == gap.got - 3
+        assert after[0].seq == gap.got
+        assert after[0].request_id == sent[gap.got - 1]
+
+
+async def test_a_workspace_follower_sees_only_its_workspace(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+        wk, other = WorkspacePk.new(), WorkspacePk.new()
+        one, two = ChangeSetId.new(), ChangeSetId.new()
+        async with client.watch(wk) as feed:
+            mine = {
+                await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=1)]) for cs in (one, two)
+            }
+            await client.enqueue_updates_with_reply(other, one, [SetLiteral(path="/a", value=1)], timeout=20)
+            seen = await _durable(feed, 2)
+            assert {e.request_id for e in seen} == mine
+            assert {e.change_set_id for e in seen} == {one, two}
+            # Nothing of the other workspace comes, though its request was answered before ours were all seen.
+            await client.enqueue_updates_with_reply(wk, one, [], timeout=20)
+            (last,) = await _durable(feed, 1)
+            assert last.workspace_id == wk and last.change_set_id == one
+
+
+async def test_junk_on_the_events_subject_is_skipped_not_fatal(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix)
+    async with running_daemon(nc, settings, RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        subject = settings.subjects.events(wk, cs)
+        js = nc.jetstream()
+        async with client.watch(wk, cs) as feed:
+            junk = [
+                (b"\xff\x00garbage", None),
+                (b"{}", {"X-MESSAGE-TYPE": "ChangeSetEvent", "X-MESSAGE-VERSION": "1"}),
+                (b"\x00" * (MAX_EVENT_BYTES + 1), {"X-MESSAGE-TYPE": "ChangeSetEvent"}),
+                (b"", {"X-MESSAGE-TYPE": "ChangeSetEvent", "X-MESSAGE-VERSION": "99"}),
+            ]
+            for body, headers in junk:
+                await js.publish(subject, body, headers=headers)
+            # An event of another change set, on this one's subject.
+            forged = ChangeSetEvent(
+                id=RequestId.new(),
+                workspace_id=wk,
+                change_set_id=ChangeSetId.new(),
+                kind="applied",
+                seq=1,
+                durable=True,
+                at=0.0,
+            )
+            headers, body = CHANGE_SET_EVENT.encode(forged)
+            await js.publish(subject, body, headers=headers)
+            rid = await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=1)])
+            (event,) = await _durable(feed, 1)
+        assert event.request_id == rid
+        assert feed.malformed == len(junk) + 1
+
+
+async def test_events_left_unpublished_by_a_dead_owner_are_published_by_the_next(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    """The owner died after committing a group and before publishing its events: they are in the record's outbox,
+    and the next owner publishes them (under their Nats-Msg-Id) before anything of its own."""
+    settings = fast_settings(subject_prefix)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        first = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)], timeout=20)
+        change_set = ChangeSet(wk, cs)
+        await wait_for(lambda: not daemon.owned, timeout=20, message="released")
+        record = await daemon.store.read(change_set)
+        assert record is not None and record.events == 1
+        # What the dead owner's last commit would hold: two more durable events, committed, never published.
+        lost = [
+            {
+                "id": str(RequestId.new()),
+                "workspace_id": str(wk),
+                "change_set_id": str(cs),
+                "kind": "applied",
+                "seq": seq,
+                "durable": True,
+                "at": 1.0,
+                "request_id": str(RequestId.new()),
+                "status": "success",
+                "updates_performed": 1,
+            }
+            for seq in (2, 3)
+        ]
+        # Taken by an owner that then died (a later delivery of the same task message: not stale).
+        delivery = TaskDelivery(record.task_seq, record.task_delivery + 1)
+        handle = (await daemon.store.acquire(change_set, "dead", record.state, delivery)).handle
+        await handle.commit(replace(handle.record, events=3, outbox=tuple(lost)))
+        async with client.watch(wk, cs, since=1) as feed:
+            nxt = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/a", value=2)], timeout=20
+            )
+            events = await _durable(feed, 3)
+        assert [e.seq for e in events] == [2, 3, 4]
+        assert [str(e.request_id) for e in events[:2]] == [e["request_id"] for e in lost]
+        assert events[2].request_id == nxt.id
+        assert first.ok and nxt.ok
+        # Each stored once (or repeated as the same event), no hole, no other event under their seqs.
+        applied = [e["request_id"] for e in lost]
+        stored = await stored_events(nc.jetstream(), settings, wk, cs)
+        assert check_feed(stored, [str(first.id), *applied, str(nxt.id)]) == []
+        assert sorted({e.seq for e in stored if e.durable}) == [1, 2, 3, 4]

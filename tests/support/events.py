@@ -1,0 +1,66 @@
+"""What the events stream holds, read raw (no follower's dedupe or gap check), and the feed's promises checked on it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent
+from rebaser_core.errors import ProtocolError
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.settings import Settings
+
+
+async def stored_events(
+    js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId
+) -> list[ChangeSetEvent]:
+    """Every event the stream holds for one change set, in stream order, repeats included."""
+    subjects = settings.subjects
+    info = await js.stream_info(subjects.events_stream, subjects_filter=subjects.events(wk, cs))
+    if not (info.state.subjects or {}).get(subjects.events(wk, cs)):
+        return []
+    sub = await js.subscribe(
+        subjects.events(wk, cs),
+        stream=subjects.events_stream,
+        ordered_consumer=True,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+    )
+    events: list[ChangeSetEvent] = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            with contextlib.suppress(ProtocolError):  # not an event: the feed's promises are about events
+                events.append(CHANGE_SET_EVENT.decode(msg.headers, msg.data))
+            if msg.metadata.num_pending == 0:
+                return events
+    finally:
+        await sub.unsubscribe()
+
+
+def check_feed(events: Sequence[ChangeSetEvent], applied: Sequence[str]) -> list[str]:
+    """What is wrong with a change set's stored events, given the request ids its record says were applied in
+    order: each durable seq holds one event only (a republish is the same event, never another: no fenced owner's
+    event shows), the seqs kept have no hole, and the applied requests' events name exactly the tail of ``applied``
+    the stream still keeps, once each, in order."""
+    problems: list[str] = []
+    by_seq: dict[int, ChangeSetEvent] = {}
+    for event in events:
+        if not event.durable:
+            continue
+        seen = by_seq.setdefault(event.seq, event)
+        if seen.id != event.id:
+            problems.append(
+                f"seq {event.seq} holds two events: {seen.kind} {seen.id} and {event.kind} {event.id}"
+            )
+    seqs = sorted(by_seq)
+    if seqs and seqs != list(range(seqs[0], seqs[-1] + 1)):
+        problems.append(f"durable seqs have holes: {seqs[0]}..{seqs[-1]}, {len(seqs)} kept")
+    requests = [str(by_seq[s].request_id) for s in seqs if by_seq[s].request_id is not None]
+    if requests and (len(requests) > len(applied) or list(applied[-len(requests) :]) != requests):
+        problems.append(f"events name {len(requests)} requests that are not the tail of the applied ones")
+    if seqs and seqs[0] == 1 and len(requests) != len(applied):
+        problems.append(f"all events kept, yet {len(requests)} name requests and {len(applied)} were applied")
+    return problems
