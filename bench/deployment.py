@@ -25,10 +25,13 @@ from rebaser_core.subjects import Subjects
 
 # "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
 # "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
+# "nofeed" is "rebaser" with the change-set event feed off (REBASER_EVENTS=false): the feed's cost is the ratio.
 APPS = {
     "rebaser": "rebaser_server.apps.counter:CounterApp",
+    "nofeed": "rebaser_server.apps.counter:CounterApp",
     "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
 }
+IMPL_ENV = {"nofeed": {"REBASER_EVENTS": "false"}}
 
 
 class Harness(Protocol):
@@ -86,7 +89,7 @@ class Deployment:
             ]
             marker = "rebaser daemon serving"
         await self.attach(nc)
-        full_env = {**bench.env, **(env or {})}
+        full_env = {**bench.env, **IMPL_ENV.get(self.impl, {}), **(env or {})}
         args = [*bench.wrap, *args]
         self.procs = [bench.procs.spawn(f"{self.prefix}-{i}", args, full_env) for i in range(self.daemons)]
         for proc in self.procs:

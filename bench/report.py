@@ -169,6 +169,19 @@ def summary_rows(report: Report) -> list[list[str]]:
                 lambda v: v <= 2,
             )
         )
+    feed = {(r.daemons, r.change_sets): r for r in report.results if r.impl == "rebaser"}
+    rows.append(
+        _row(
+            "event feed on ÷ off (no-op app throughput)",
+            "≥ 0.95",
+            [
+                (f"{r.daemons}d/{r.change_sets}cs", _ratio(feed[(r.daemons, r.change_sets)].rps, r.rps))
+                for r in report.results
+                if r.impl == "nofeed" and (r.daemons, r.change_sets) in feed
+            ],
+            lambda v: v >= 0.95,
+        )
+    )
     rows.append(
         _row(
             "no-op app cold p50 ÷ hand-written cold p50",

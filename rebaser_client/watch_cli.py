@@ -47,6 +47,8 @@ def event_line(event: ChangeSetEvent, *, workspace: bool) -> str:
         parts.append(f"{event.duration_s * 1000:.1f} ms")
     if event.error:
         parts.append(f"error {event.error}")
+    if event.settled:
+        parts.append("settled")
     if event.kind in ("taken", "released"):
         parts.append(f"owner {event.owner} epoch {event.epoch}")
     return f"{at} {where}{seq:>12} {event.kind:<13} {', '.join(parts)}".rstrip()

@@ -1,7 +1,7 @@
 """``ChangeSetEvent`` v1 on ``[P.]rebaser.events.<workspace>.<change_set>``: what happened to a change set.
 
 The owning daemon publishes one event per outcome to the ``REBASER_EVENTS`` stream, after the commit that made the
-outcome true (docs/protocol.md §14, docs/events.md). Events never carry request bodies or values: ids, kinds,
+outcome true (docs/protocol.md §17, docs/events.md). Events never carry request bodies or values: ids, kinds,
 counts and times, each field bounded, so an event is always under :data:`MAX_EVENT_BYTES`.
 
 Two sorts of event:
@@ -10,8 +10,12 @@ Two sorts of event:
   committed with the change set's record, numbered ``seq`` = 1, 2, 3, ... per change set without holes. A follower
   that sees ``seq`` jump knows how many it missed. Republished by the next owner if the daemon died before
   publishing them, under the same ``Nats-Msg-Id``, so they are stored once (and a follower drops a repeat by ``seq``).
-- **notices** (``taken``, ``released``, ``settled``, ``dvu_started``, ``dvu_failed``): what the owner saw, not
-  committed; ``seq`` is the durable event before it. A crash can lose a notice; it is never repeated.
+- **notices** (``taken``, ``released``, ``dvu_started``, ``dvu_failed``): what the owner saw, not committed;
+  ``seq`` is the durable event before it. A crash can lose a notice; it is never repeated.
+
+A change set is *settled* (nothing queued, no DVU due) as of a durable event whose ``settled`` is true: the flag, not
+an event of its own, because a change set that is idle between requests (the common case) would otherwise cost a
+second message per request.
 """
 
 from __future__ import annotations
@@ -44,14 +48,13 @@ EventKind = Literal[
     "dvu_finished",
     "taken",
     "released",
-    "settled",
     "dvu_started",
     "dvu_failed",
 ]
 DURABLE_KINDS: frozenset[str] = frozenset(
     {"applied", "conflicts", "refused", "error_reply", "dead_lettered", "dvu_finished"}
 )
-NOTICE_KINDS: frozenset[str] = frozenset({"taken", "released", "settled", "dvu_started", "dvu_failed"})
+NOTICE_KINDS: frozenset[str] = frozenset({"taken", "released", "dvu_started", "dvu_failed"})
 
 # Every field below is bounded, so an encoded event stays far under this (checked by the tests); a follower refuses a
 # larger one before decoding it.
@@ -72,8 +75,10 @@ class ChangeSetEvent(MessageVersion):
     # Durable events: 1, 2, 3, ... per change set. A notice: the seq of the durable event before it.
     seq: int = Field(ge=0, le=2**53)
     durable: bool
-    at: float = Field(ge=0, le=1e11)  # wall clock, Unix seconds, when the daemon published it
-    owner: str = Field(default="", max_length=_SHORT)  # the owning daemon's name
+    at: float = Field(ge=0, le=1e11)  # wall clock, Unix seconds, when the daemon decided it
+    # Durable events: nothing was queued behind it and no DVU was due once it was committed.
+    settled: bool = False
+    owner: str = Field(default="", max_length=_SHORT)  # notices: the owning daemon's name
     epoch: int = Field(default=0, ge=0, le=2**53)  # the ownership: bumped by every takeover
     # Request outcomes.
     request_id: RequestId | None = None

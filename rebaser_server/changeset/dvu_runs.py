@@ -142,7 +142,8 @@ class ChangeSetDvu:
                     # What the state points to is written before the record that points to it is committed.
                     await hooks.before_commit(change_set, state)
                     updated = replace(handle.record, state=state, dvu_pending=False)
-                    await handle.commit(feed.stage_dvu(updated, time.monotonic() - started))
+                    settled = self._activity.lull.is_set()  # no request waiting (this run left no DVU due)
+                    await handle.commit(feed.stage_dvu(updated, time.monotonic() - started, settled=settled))
                 except BaseException as err:
                     feed.dropped()
                     hooks.abandoned(change_set)
@@ -150,8 +151,6 @@ class ChangeSetDvu:
                         await feed.notice("dvu_failed", error=type(err).__name__[:128])
                     raise
                 await feed.committed()
-                if self._activity.lull.is_set():
-                    feed.quiet()
             report.stats.dvu_runs += 1
             self._ended = time.monotonic()
             self._took = self._ended - started

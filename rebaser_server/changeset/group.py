@@ -146,7 +146,9 @@ class CommitGroup:
                     await self._replies.dead_letter(decision.msg, decision.seq, decision.dead_letter)
             staged = self._staged
             if staged is not None:
-                staged = self._feed.stage(staged, decisions)
+                # Settled once committed: nothing queued behind the last request, no DVU due.
+                settled = not self._waiting and not staged.dvu_pending and decisions[-1].processed
+                staged = self._feed.stage(staged, decisions, settled=settled)
                 with report.observe.commit(change_set, self._traces):
                     await self._commit_hooks.before_commit(change_set, staged.state)
                     await self._handle.commit(staged)
@@ -157,13 +159,6 @@ class CommitGroup:
             for decision in decisions:
                 if decision.response is not None:
                     await self._replies.send(decision.msg.headers or {}, decision.response, decision.inbox)
-            if (
-                staged is not None
-                and not self._waiting
-                and not staged.dvu_pending
-                and decisions[-1].processed
-            ):
-                self._feed.quiet()
             if self._seqs:
                 await self._trimmer.processed(self._seqs)
             if self._dvu:

@@ -218,7 +218,6 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
-            self._feed.close()
             owning.keeper.remove(self)
             await self._dvu.stop(timeout=settings.nats_timeout)
             if not consumer.done():

@@ -50,7 +50,7 @@ async def test_a_follower_sees_every_applied_request_once_in_order(
         assert daemon.stats.event_publish_failures == 0
 
 
-async def test_notices_say_taken_settled_and_released(
+async def test_notices_say_taken_and_released_and_the_last_event_settled(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     settings = fast_settings(subject_prefix, quiescent_period=0.2)
@@ -58,16 +58,44 @@ async def test_notices_say_taken_settled_and_released(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with client.watch(wk, cs) as feed:
             await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=20)
-            kinds: list[str] = []
-            while "released" not in kinds:
-                event = await feed.next(20)
-                kinds.append(event.kind)
-                assert event.owner == daemon.owner
-                assert event.epoch >= 1
-        # Taken first; the request; its DVU (started, then committed); settled once nothing is due; released.
-        assert kinds[0] == "taken"
-        assert kinds.index("applied") < kinds.index("dvu_started") < kinds.index("dvu_finished")
-        assert kinds.index("dvu_finished") < kinds.index("settled") < kinds.index("released")
+            events: list[ChangeSetEvent] = []
+            while not events or events[-1].kind != "released":
+                events.append(await feed.next(20))
+        assert all(e.owner == daemon.owner for e in events if not e.durable)
+        assert all(e.epoch >= 1 for e in events)
+        kinds = [e.kind for e in events]
+        # Taken first; the request (a DVU due: not settled); its DVU (started, then committed: settled); released.
+        assert kinds == ["taken", "applied", "dvu_started", "dvu_finished", "released"]
+        applied, finished = events[1], events[3]
+        assert not applied.settled and finished.settled
+        assert (applied.seq, finished.seq) == (1, 2)
+        assert finished.duration_s is not None and finished.duration_s >= 0
+        # A notice carries the seq of the durable event before it.
+        assert [e.seq for e in events if not e.durable] == [0, 1, 2]
+
+
+async def test_a_dead_lettered_request_is_told_with_its_reason_class(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix)
+    async with running_daemon(nc, settings, RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        async with client.watch(wk, cs, since=0) as feed:
+            poison = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/poison", value=1)], timeout=20
+            )
+            # Bytes with no headers on the change set's request subject: refused before any app sees them.
+            await nc.jetstream().publish(settings.subjects.requests(wk, cs), b"\xff junk")
+            ok = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
+            events = await _durable(feed, 3)
+        assert not poison.ok and ok.ok
+        assert [(e.kind, e.reason) for e in events] == [
+            ("dead_lettered", "UnprocessableError"),
+            ("dead_lettered", "MissingHeader"),
+            ("applied", None),
+        ]
+        assert events[0].request_id == poison.id and events[0].status == "error"
+        assert events[2].settled
 
 
 async def test_a_follower_that_stops_and_resumes_from_since_misses_nothing(

@@ -1,0 +1,131 @@
+"""What the feed stages for each kind of decision, checked against the wire model (the feed builds events as plain
+dicts, not through the model, so this is where they are held to it). No NATS: nothing is published here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+
+from rebaser_core.api import (
+    CHANGE_SET_EVENT,
+    DURABLE_KINDS,
+    NOTICE_KINDS,
+    Conflict,
+    ConflictsStatus,
+    ContentType,
+    EnqueueUpdatesResponse,
+    ErrorStatus,
+    RefusedStatus,
+    ResponseStatus,
+    SuccessStatus,
+)
+from rebaser_core.api.codec import encode_body
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.requester import Requester
+from rebaser_core.subjects import Subjects
+from rebaser_server.app import ChangeSet
+from rebaser_server.changeset.context import Stats
+from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.changeset.events import ChangeSetFeed
+from rebaser_server.record.model import ChangeSetRecord
+
+CS = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
+
+
+def _feed() -> ChangeSetFeed:
+    return ChangeSetFeed(
+        CS,
+        requester=Requester(None),  # type: ignore[arg-type]  # never used: nothing is published
+        subjects=Subjects(),
+        owner="daemon-1",
+        stats=Stats(),
+        timeout=1,
+        enabled=True,
+    )
+
+
+def _decision(status: ResponseStatus, dead_letter: str | None = None) -> Decision:
+    response = EnqueueUpdatesResponse(
+        id=RequestId.new(), workspace_id=CS.workspace_id, change_set_id=CS.change_set_id, status=status
+    )
+    msg = Msg(_client=None, subject="rebaser.requests.x.y", headers={"traceparent": "00-abc-def-01"})  # type: ignore[arg-type]
+    record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
+    return Decision(Kind.APPLIED, 5, msg, record, response, dead_letter=dead_letter)
+
+
+def _valid(event: dict[str, Any]) -> Any:
+    return CHANGE_SET_EVENT.current.model_validate(event, strict=False)
+
+
+@pytest.mark.parametrize(
+    ("status", "dead_letter", "kind", "fields"),
+    [
+        (
+            SuccessStatus(updates_performed=3, snapshot_address="ab" * 32),
+            None,
+            "applied",
+            {"updates_performed": 3},
+        ),
+        (
+            ConflictsStatus(conflicts=[Conflict(path="/a", expected_version="1", actual_version="2")] * 2),
+            None,
+            "conflicts",
+            {"conflicts": 2},
+        ),
+        (RefusedStatus(message="no"), None, "refused", {"status": "refused"}),
+        (ErrorStatus(message="x", retryable=False), None, "error_reply", {"status": "error"}),
+        (
+            ErrorStatus(message="gave up after 3 attempts: RuntimeError: x", retryable=False),
+            "gave up after 3 attempts: RuntimeError: x",
+            "dead_lettered",
+            {"reason": "max_attempts"},
+        ),
+    ],
+)
+def test_each_outcome_is_its_kind_of_event(
+    status: ResponseStatus, dead_letter: str | None, kind: str, fields: dict[str, Any]
+) -> None:
+    feed = _feed()
+    record = ChangeSetRecord(epoch=1, owner="daemon-1", state={}, events=4)
+    staged = feed.stage(record, [_decision(status, dead_letter)], settled=True)
+    assert staged.events == 5
+    (event_dict,) = staged.outbox
+    event = _valid(dict(event_dict))
+    assert (event.kind, event.seq, event.durable, event.settled) == (kind, 5, True, True)
+    assert event.owner == "" and event.request_id is not None  # the owner is told by the notices
+    for name, value in fields.items():
+        assert getattr(event, name) == value
+    # The encoded form is what followers decode.
+    headers = {"X-MESSAGE-TYPE": "ChangeSetEvent", "X-MESSAGE-VERSION": "1"}
+    assert CHANGE_SET_EVENT.decode(headers, encode_body(dict(event_dict), ContentType.CBOR)) == event
+
+
+def test_a_group_numbers_its_events_and_only_the_last_says_settled() -> None:
+    feed = _feed()
+    record = ChangeSetRecord(epoch=1, owner="daemon-1", state={}, events=0)
+    decisions = [_decision(SuccessStatus(updates_performed=1)) for _ in range(3)]
+    staged = feed.stage(record, decisions, settled=True)
+    events = [_valid(dict(e)) for e in staged.outbox]
+    assert [e.seq for e in events] == [1, 2, 3]
+    assert [e.settled for e in events] == [False, False, True]
+    assert [str(e.request_id) for e in events] == [str(d.response.id) for d in decisions if d.response]
+    # Not committed: dropped, nothing is carried into the next commit.
+    feed.dropped()
+    again = feed.stage(record, [], settled=False)
+    assert again.outbox == () and again.events == 0
+
+
+@pytest.mark.parametrize("kind", sorted(DURABLE_KINDS | NOTICE_KINDS))
+def test_every_kind_the_feed_builds_is_a_valid_event(kind: str) -> None:
+    event = _feed()._event(kind, duration_s=0.5)  # type: ignore[arg-type]
+    event["seq"] = 0
+    assert _valid(event).durable is (kind in DURABLE_KINDS)
+
+
+def test_a_disabled_feed_stages_nothing() -> None:
+    feed = _feed()
+    feed.enabled = False
+    record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
+    assert feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], settled=True) is record
