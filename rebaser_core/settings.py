@@ -65,7 +65,9 @@ class Settings(BaseModel):
         24 * 3600.0, ge=0, description="How long events are kept for followers to catch up (0: for ever)."
     )
     events_max_per_change_set: int = Field(
-        1000, ge=1, description="Events kept per change set; the oldest go first."
+        1000,
+        ge=1,
+        description="Messages kept per change set in REBASER_EVENTS (events and notices); the oldest go first.",
     )
     max_active_change_sets: int = Field(
         10_000,

@@ -107,6 +107,9 @@ def event_msg_id(workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | s
     return f"ev.{workspace_id}.{change_set_id}.{seq}"
 
 
+# The handler's own words (rebaser_server.changeset.handling); the app's error text follows them.
+_GAVE_UP = re.compile(r"^gave up after \d+ attempts: ")
+_CRASHED = re.compile(r"^gave up after \d+ attempts: every daemon that took this request died or froze")
 _CLASS_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]{0,63}):")
 
 
@@ -114,7 +117,7 @@ def reason_class(reason: str) -> str:
     """The class of a dead letter's reason (the reason itself may hold text from the request): ``crashed`` (every
     daemon that took it died or froze), ``max_attempts`` (the app failed it that many times), the error's class
     name (``DecodeError``, ``UnprocessableError``, ...) or ``other``."""
-    if reason.startswith("gave up after"):
-        return "crashed" if "died or froze" in reason else "max_attempts"
+    if _GAVE_UP.match(reason):
+        return "crashed" if _CRASHED.match(reason) else "max_attempts"
     named = _CLASS_NAME.match(reason)
     return named[1] if named else "other"

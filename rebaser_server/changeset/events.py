@@ -8,12 +8,14 @@ to a callback. One that fails is published again before the next ones; while una
 outbox of every commit (at most :data:`OUTBOX_MAX`; beyond that the oldest are given up, and a follower sees the
 gap in ``seq``).
 
-Notices (taken, released, settled, DVU started or failed) are not committed: published once, in order with the
+Notices (taken, released, DVU started or failed) are not committed: published once, in order with the
 rest, on this owner's word.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -35,8 +37,9 @@ from rebaser_core.api import (
     reason_class,
 )
 from rebaser_core.api.codec import encode_body
+from rebaser_core.errors import ProtocolError
 from rebaser_core.ids import RequestId
-from rebaser_core.requester import Answer, Requester
+from rebaser_core.requester import Answer, Requester, last_message_direct
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import check_pub_ack
 from rebaser_core.tracing import TRACE_HEADERS
@@ -89,6 +92,9 @@ class ChangeSetFeed:
         self._unconfirmed: dict[int, dict[str, Any]] = {}
         self._failed: set[int] = set()
         self._staged: list[tuple[int, dict[str, Any], dict[str, str]]] = []
+        self._stream = subjects.events_stream
+        self._taking: asyncio.Future[None] | None = None  # the take's publications (taken)
+        self._confirmed = asyncio.Event()  # set when no durable event awaits its acknowledgement
 
     # -- durable events -------------------------------------------------------------------------------
     def stage(
@@ -130,9 +136,8 @@ class ChangeSetFeed:
         if not self.enabled:
             return
         staged, self._staged = self._staged, []
-        for seq in sorted(self._failed):
-            await self._publish(seq, self._unconfirmed[seq], {})
-        self._failed.clear()
+        await self._taken()
+        await self._republish_failed()
         for seq, event, trace in staged:
             self._unconfirmed[seq] = event
             self._seq = seq
@@ -169,25 +174,88 @@ class ChangeSetFeed:
         return fields, _trace_of(decision.msg)
 
     # -- notices ------------------------------------------------------------------------------------
-    async def taken(self, record: ChangeSetRecord) -> None:
-        """The change set is acquired with ``record``: publish what the last owner left unpublished, then say so."""
+    def taken(self, record: ChangeSetRecord) -> None:
+        """The change set is acquired with ``record``. In the background (off the cold path; anything this owner
+        publishes waits for it): publish again what the last owner left in the outbox and the stream does not hold
+        yet, then say ``taken``."""
         self._epoch, self._seq = record.epoch, record.events
-        if not self.enabled:
-            return
-        for event in record.outbox:
-            seq = _seq_of(event)
-            if seq is not None:
-                self._unconfirmed[seq] = dict(event)
-                await self._publish(seq, dict(event), {})
-        await self.notice("taken")
+        if self.enabled:
+            self._taking = asyncio.ensure_future(self._take(record.outbox))
+
+    async def _take(self, outbox: Iterable[Mapping[str, Any]]) -> None:
+        left = sorted(((seq, dict(e)) for e in outbox if (seq := _seq_of(e)) is not None), key=lambda x: x[0])
+        if left:
+            # The last owner's last events are usually stored: published again after the stream's duplicate window
+            # they would be stored twice. A ``released`` notice stored last says that every durable event up to its
+            # seq was acknowledged (:meth:`released`); after anything else (a crash) all are published again, and
+            # the window or the followers' check of seq drops what was stored already.
+            try:
+                last = await last_message_direct(
+                    self._requester, self._stream, self._subject, timeout=self._timeout
+                )
+                stored = _released_seq(last)
+            except (nats.errors.Error, TimeoutError, ValueError) as err:
+                log.warning(
+                    "%s: reading the last event failed, publishing the outbox again: %r",
+                    self._change_set,
+                    err,
+                )
+                stored = 0
+            for seq, event in left:
+                if seq > stored:
+                    self._unconfirmed[seq] = event
+                    await self._publish(seq, event, {})
+        await self._publish(None, self._notice("taken"), {})
+
+    def close(self) -> None:
+        """The ownership is over: whatever of the take is still unpublished is left to the next owner."""
+        taking, self._taking = self._taking, None
+        if taking is not None:
+            taking.cancel()
+
+    async def _taken(self) -> None:
+        """Wait for the take's own publications (they come before anything else this owner says)."""
+        taking, self._taking = self._taking, None
+        if taking is not None:
+            try:
+                await taking
+            except Exception as err:  # published as far as it got: a follower sees the gap, if any
+                log.warning("%s: publishing the last owner's events failed: %r", self._change_set, err)
 
     async def notice(self, kind: EventKind, **fields: object) -> None:
         """Publish a notice (not committed; published once)."""
         if not self.enabled:
             return
+        await self._taken()
+        await self._publish(None, self._notice(kind, **fields), {})
+
+    async def released(self, reason: str) -> None:
+        """Say ``released``, while still the owner, once every durable event is stored (what failed is published
+        again first; waiting at most the NATS timeout). Its seq is the last durable event up to which all are
+        acknowledged, so the next owner publishes again only what may be missing."""
+        if not self.enabled:
+            return
+        await self._taken()
+        await self._republish_failed()
+        if self._unconfirmed:
+            self._confirmed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timeout):
+                    await self._confirmed.wait()
+        event = self._notice("released", reason=reason[:128])
+        if self._unconfirmed:
+            event["seq"] = min(self._unconfirmed) - 1
+        await self._publish(None, event, {})
+
+    async def _republish_failed(self) -> None:
+        for seq in sorted(self._failed):
+            await self._publish(seq, self._unconfirmed[seq], {})
+        self._failed.clear()
+
+    def _notice(self, kind: EventKind, **fields: object) -> dict[str, Any]:
         event = self._event(kind, **fields)
         event["seq"] = self._seq
-        await self._publish(None, event, {})
+        return event
 
     def _event(self, kind: EventKind, **fields: object) -> dict[str, Any]:
         """A new event in its JSON-model form (ChangeSetEvent v1; ``seq`` still to set). Built as a dict: a
@@ -242,6 +310,8 @@ class ChangeSetFeed:
             self._stats.events_published += 1
             if seq is not None:
                 self._unconfirmed.pop(seq, None)
+                if not self._unconfirmed:
+                    self._confirmed.set()
             return
         self._stats.event_publish_failures += 1
         if seq is not None and seq in self._unconfirmed:
@@ -257,6 +327,17 @@ def _seq_of(event: Mapping[str, Any]) -> int | None:
         )
     except ValueError:
         return None
+
+
+def _released_seq(msg: Msg | None) -> int:
+    """The seq of a ``released`` notice (every durable event up to it is stored); 0 for anything else."""
+    if msg is None:
+        return 0
+    try:
+        event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
+    except ProtocolError:
+        return 0
+    return event.seq if event.kind == "released" else 0
 
 
 def _trace_of(msg: Msg) -> dict[str, str]:

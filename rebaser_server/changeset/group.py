@@ -9,12 +9,11 @@ group is carried out at once: when nothing more is waiting, when the group is fu
 
 1. the **dead letters** (before the commit: a crash in between leaves the requests unprocessed, and the next owner
    copies them again, deduplicated by their stream sequence; after it, a crash would lose the copies);
-2. the record's **commit** (compare-and-set: fenced if another owner took over);
+2. the record's **commit** (compare-and-set: fenced if another owner took over), with the group's **events**
+   numbered and in its outbox; they are published right after it (:mod:`~rebaser_server.changeset.events`);
 3. the **counters**, then the **replies** (never before the commit, so no reply announces what a crash could undo);
-4. the **events** of the group, numbered and put in the committed record's outbox before the commit, published
-   after it (:mod:`~rebaser_server.changeset.events`);
-5. the **removal** of the processed requests from the stream (:mod:`~rebaser_server.changeset.trimmer`);
-6. the **DVU** notification, if an applied request made one due.
+4. the **removal** of the processed requests from the stream (:mod:`~rebaser_server.changeset.trimmer`);
+5. the **DVU** notification, if an applied request made one due.
 
 A crash loses nothing that was acknowledged to anyone: the uncommitted requests are simply processed again by the
 next owner.

@@ -206,7 +206,7 @@ class ChangeSetProcessor:
                 idempotency_window=settings.idempotency_window,
                 on_failure=self._fail,
             )
-            await self._feed.taken(self._handle.record)
+            self._feed.taken(self._handle.record)
             await report.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start(self._handle)
             await self._bind(await consumer)
@@ -218,6 +218,7 @@ class ChangeSetProcessor:
             await self._wait_for_outcome()
             return await self._finish_task(self._result.result())
         finally:
+            self._feed.close()
             owning.keeper.remove(self)
             await self._dvu.stop(timeout=settings.nats_timeout)
             if not consumer.done():
@@ -407,7 +408,7 @@ class ChangeSetProcessor:
         await self._trimmer.flush(settings.nats_timeout)
         if result.outcome.hands_back or result.outcome is Outcome.RELEASED:
             # Said while still the owner: after the ack (or nack) the next owner's ``taken`` may come first.
-            await self._feed.notice("released", reason=result.outcome.value[:128])
+            await self._feed.released(result.outcome.value)
         if result.outcome.hands_back:
             await mark_handed_back(self._handle, self.lease, settings.nats_timeout)
         if result.outcome is not Outcome.RELEASED:

@@ -4,10 +4,14 @@ commit and its events' publication loses none of them."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
 from nats.aio.client import Client as NatsClient
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rebaser_client import ChangeSetEvent, EventsLost, EventStream, RebaserClient, SetLiteral
 from rebaser_core.api import CHANGE_SET_EVENT, MAX_EVENT_BYTES
@@ -236,3 +240,58 @@ async def test_events_left_unpublished_by_a_dead_owner_are_published_by_the_next
         stored = await stored_events(nc.jetstream(), settings, wk, cs)
         assert check_feed(stored, [str(first.id), *applied, str(nxt.id)]) == []
         assert sorted({e.seq for e in stored if e.durable}) == [1, 2, 3, 4]
+
+
+async def test_an_event_carries_its_requests_trace_context(nc: NatsClient, subject_prefix: str) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = fast_settings(subject_prefix)
+    try:
+        async with running_daemon(nc, settings, RecordingApp()):
+            wk, cs = WorkspacePk.new(), ChangeSetId.new()
+            async with RebaserClient(nc, prefix=subject_prefix, tracer_provider=provider) as client:
+                with provider.get_tracer("test").start_as_current_span("caller") as caller:
+                    reply = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
+            assert reply.ok
+            sub = await nc.jetstream().subscribe(
+                settings.subjects.events(wk, cs),
+                stream=settings.subjects.events_stream,
+                ordered_consumer=True,
+            )
+            try:
+                while True:
+                    msg = await sub.next_msg(timeout=10)
+                    event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
+                    if event.durable:
+                        break
+            finally:
+                await sub.unsubscribe()
+        traceparent = (msg.headers or {}).get("traceparent", "")
+        assert traceparent.split("-")[1] == f"{caller.get_span_context().trace_id:032x}"
+    finally:
+        provider.shutdown()
+
+
+async def test_the_next_owner_does_not_store_again_what_the_last_one_published(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    """The record keeps its last group's events (the outbox) after they are stored; the next owner reads the last
+    stored event and publishes only what is missing, so nothing is stored twice after the duplicate window."""
+    window = 0.3
+    settings = fast_settings(subject_prefix, duplicate_window=window, quiescent_period=0.05)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        change_set = ChangeSet(wk, cs)
+        sent = []
+        for n in range(3):
+            sent.append((await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)).id)
+            await wait_for(lambda: not daemon.owned, timeout=20, message=f"released after request {n}")
+            record = await daemon.store.read(change_set)
+            assert record is not None and [e["seq"] for e in record.outbox] == [n + 1]
+            await asyncio.sleep(window * 2)  # the stream's duplicate window must be over: that is the point
+        stored = await stored_events(nc.jetstream(), settings, wk, cs)
+    durable = [e for e in stored if e.durable]
+    assert [e.seq for e in durable] == [1, 2, 3]
+    assert [e.request_id for e in durable] == sent
+    assert [e.kind for e in stored if not e.durable].count("taken") == 3

@@ -103,6 +103,7 @@ def test_the_msg_id_names_the_change_set_and_the_seq() -> None:
             "crashed",
         ),
         ("gave up after 5 attempts: RuntimeError: boom", "max_attempts"),
+        ("gave up after 5 attempts: RuntimeError: the worker died or froze", "max_attempts"),
         ("DecodeError: body is not valid application/cbor", "DecodeError"),
         ("UnprocessableError: request for X was published on Y", "UnprocessableError"),
         ("a request body a user wrote: with a colon", "other"),
