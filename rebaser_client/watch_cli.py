@@ -2,18 +2,23 @@
 
 ``--since N`` replays from after durable event N (one change set); ``--json`` prints each event as one JSON object
 per line. A gap in the feed (events older than the stream keeps) is one line on stderr, and the watch goes on.
-Ctrl-C ends it. nats-py is imported once the options are checked (``rebaser --help`` must answer at once).
+On a terminal each change set's state (owner, backlog, settled, DVU running) is kept up to date in place below
+the lines (``_watch_state``). Ctrl-C ends it. nats-py is imported once the options are checked (``rebaser --help``
+must answer at once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from rebaser_client._watch_state import WatchState
 from rebaser_client.admin_cli import _connection_options, _run, _subjects, _ulid
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 
@@ -54,6 +59,40 @@ def event_line(event: ChangeSetEvent, *, workspace: bool) -> str:
     return f"{at} {where}{seq:>12} {event.kind:<13} {', '.join(parts)}".rstrip()
 
 
+class _Display:
+    """Prints each event's line; with ``live``, also each change set's state, in place below the lines (rich)."""
+
+    def __init__(self, live: bool, workspace: bool, console: Any = None) -> None:
+        self._workspace = workspace
+        self._state = WatchState()
+        self._live: Any = None
+        if live:
+            from rich.live import Live
+            from rich.text import Text
+
+            self._text = Text
+            self._live = Live(Text(""), console=console, auto_refresh=False, transient=True)
+
+    def __enter__(self) -> Callable[[ChangeSetEvent], None]:
+        if self._live is not None:
+            self._live.__enter__()
+        return self._show
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def _show(self, event: ChangeSetEvent) -> None:
+        line = event_line(event, workspace=self._workspace)
+        if self._live is None:
+            click.echo(line)
+            return
+        self._state.update(event)
+        self._live.console.print(line, highlight=False, markup=False)
+        status = "\n".join(self._state.lines(workspace=self._workspace))
+        self._live.update(self._text(status, style="bold"), refresh=True)
+
+
 @click.command()
 @_connection_options
 @click.argument("workspace")
@@ -84,19 +123,24 @@ def watch(
         from rebaser_client._events import EventStream
         from rebaser_core.errors import EventsLost
 
-        async with EventStream(nc, subjects, wk, cs, since) as stream:
-            while True:
-                try:
-                    event = await stream.__anext__()
-                except EventsLost as gap:
-                    click.echo(f"gap: {gap}", err=True)
-                    continue
-                except StopAsyncIteration:
-                    return
-                if as_json:
-                    click.echo(json.dumps(event.model_dump(mode="json"), separators=(",", ":")))
-                else:
-                    click.echo(event_line(event, workspace=cs is None))
+        with _Display(live, cs is None) as show:
+            async with EventStream(nc, subjects, wk, cs, since) as stream:
+                while True:
+                    try:
+                        event = await stream.__anext__()
+                    except EventsLost as gap:
+                        click.echo(f"gap: {gap}", err=True)
+                        continue
+                    except StopAsyncIteration:
+                        return
+                    if as_json:
+                        click.echo(json.dumps(event.model_dump(mode="json"), separators=(",", ":")))
+                    else:
+                        show(event)
+
+    # On a terminal, each change set's state (owner, backlog, settled, DVU running) is kept up to date under the
+    # lines; written to a pipe or a file, only the lines.
+    live = not as_json and sys.stdout.isatty()
 
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends
         _run(nats_url, follow)

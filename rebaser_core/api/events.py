@@ -87,6 +87,8 @@ class ChangeSetEvent(MessageVersion):
     snapshot_address: str | None = Field(default=None, max_length=_ADDRESS)
     conflicts: int | None = Field(default=None, ge=0, le=2**53)
     reason: str | None = Field(default=None, max_length=_SHORT)  # dead_lettered: the reason's class
+    # Request outcomes: requests already waiting behind it when it was decided (the change set's backlog then).
+    queued: int | None = Field(default=None, ge=0, le=2**53)
     # DVU runs.
     duration_s: float | None = Field(default=None, ge=0, le=1e9)
     error: str | None = Field(default=None, max_length=_SHORT)  # dvu_failed: the error's class

@@ -98,13 +98,23 @@ class ChangeSetFeed:
 
     # -- durable events -------------------------------------------------------------------------------
     def stage(
-        self, record: ChangeSetRecord, decisions: Iterable[Decision], *, settled: bool
+        self,
+        record: ChangeSetRecord,
+        decisions: Iterable[Decision],
+        queued: Iterable[int],
+        *,
+        settled: bool,
     ) -> ChangeSetRecord:
         """``record`` (about to be committed) with the events of ``decisions`` numbered and in its outbox.
-        ``settled``: nothing is queued behind the last one and no DVU is due (its event says so)."""
+        ``queued``: the requests already waiting behind each decision; ``settled``: nothing is queued behind the
+        last one and no DVU is due (its event says so)."""
         if not self.enabled:
             return record
-        events = [event for decision in decisions if (event := self._outcome(decision)) is not None]
+        events = [
+            event
+            for decision, waiting in zip(decisions, queued, strict=True)
+            if (event := self._outcome(decision, waiting)) is not None
+        ]
         return self._stage(record, events, settled)
 
     def stage_dvu(self, record: ChangeSetRecord, duration: float, *, settled: bool) -> ChangeSetRecord:
@@ -151,7 +161,7 @@ class ChangeSetFeed:
         """The record staged last was not committed (fenced, failed): its events never happened."""
         self._staged = []
 
-    def _outcome(self, decision: Decision) -> tuple[dict[str, Any], dict[str, str]] | None:
+    def _outcome(self, decision: Decision, queued: int) -> tuple[dict[str, Any], dict[str, str]] | None:
         response = decision.response
         if response is None or not decision.processed or decision.record is None:
             return None  # answered from the record (evented when first processed), or nothing decided yet
@@ -164,6 +174,7 @@ class ChangeSetFeed:
             fields = self._event(_STATUS_KIND[status.kind])
         fields["request_id"] = str(response.id)
         fields["status"] = status.kind
+        fields["queued"] = queued
         # By type, not getattr: a missing attribute of a pydantic model is a slow exception.
         if type(status) is SuccessStatus:
             fields["updates_performed"] = status.updates_performed

@@ -94,7 +94,7 @@ class CommitGroup:
         self._report = report
         self._feed = feed
         self._notify_dvu = notify_dvu
-        self._waiting = 0  # requests already behind the last one staged
+        self._waiting: list[int] = []  # requests already behind each one staged (its event says so)
         self._staged: ChangeSetRecord | None = None
         self._decisions: list[Decision] = []
         self._seqs: list[
@@ -122,7 +122,7 @@ class CommitGroup:
 
     def stage(self, decision: Decision, waiting: int = 0) -> None:
         """Add one request's decision to the group (``waiting`` more requests already behind it)."""
-        self._waiting = waiting
+        self._waiting.append(waiting)
         if decision.record is not None:
             self._staged = decision.record
         self._decisions.append(decision)
@@ -146,8 +146,8 @@ class CommitGroup:
             staged = self._staged
             if staged is not None:
                 # Settled once committed: nothing queued behind the last request, no DVU due.
-                settled = not self._waiting and not staged.dvu_pending and decisions[-1].processed
-                staged = self._feed.stage(staged, decisions, settled=settled)
+                settled = not self._waiting[-1] and not staged.dvu_pending and decisions[-1].processed
+                staged = self._feed.stage(staged, decisions, self._waiting, settled=settled)
                 with report.observe.commit(change_set, self._traces):
                     await self._commit_hooks.before_commit(change_set, staged.state)
                     await self._handle.commit(staged)
@@ -204,5 +204,6 @@ class CommitGroup:
         # have been discarded (lease lost) with nothing staged, and the app must not keep it for ever.
         self._commit_hooks.abandoned(self._change_set)
         self._staged, self._decisions, self._seqs, self._dvu, self._traces = None, [], [], False, []
+        self._waiting = []
         self.open = False
         self._handle.lock.release()

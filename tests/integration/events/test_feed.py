@@ -46,6 +46,8 @@ async def test_a_follower_sees_every_applied_request_once_in_order(
             events = await _durable(feed, len(sent))
         assert [e.request_id for e in events] == sent
         assert [e.seq for e in events] == list(range(1, len(sent) + 1))
+        assert all(e.queued is not None for e in events)
+        assert events[-1].queued == 0 and events[-1].settled
         assert {e.kind for e in events} == {"applied"}
         assert all(e.status == "success" and e.updates_performed == 1 for e in events[:-1])
         record = await daemon.store.read(ChangeSet(wk, cs))

@@ -89,7 +89,7 @@ def test_each_outcome_is_its_kind_of_event(
 ) -> None:
     feed = _feed()
     record = ChangeSetRecord(epoch=1, owner="daemon-1", state={}, events=4)
-    staged = feed.stage(record, [_decision(status, dead_letter)], settled=True)
+    staged = feed.stage(record, [_decision(status, dead_letter)], [0], settled=True)
     assert staged.events == 5
     (event_dict,) = staged.outbox
     event = _valid(dict(event_dict))
@@ -106,14 +106,15 @@ def test_a_group_numbers_its_events_and_only_the_last_says_settled() -> None:
     feed = _feed()
     record = ChangeSetRecord(epoch=1, owner="daemon-1", state={}, events=0)
     decisions = [_decision(SuccessStatus(updates_performed=1)) for _ in range(3)]
-    staged = feed.stage(record, decisions, settled=True)
+    staged = feed.stage(record, decisions, [2, 1, 0], settled=True)
     events = [_valid(dict(e)) for e in staged.outbox]
     assert [e.seq for e in events] == [1, 2, 3]
+    assert [e.queued for e in events] == [2, 1, 0]
     assert [e.settled for e in events] == [False, False, True]
     assert [str(e.request_id) for e in events] == [str(d.response.id) for d in decisions if d.response]
     # Not committed: dropped, nothing is carried into the next commit.
     feed.dropped()
-    again = feed.stage(record, [], settled=False)
+    again = feed.stage(record, [], [], settled=False)
     assert again.outbox == () and again.events == 0
 
 
@@ -128,4 +129,4 @@ def test_a_disabled_feed_stages_nothing() -> None:
     feed = _feed()
     feed.enabled = False
     record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
-    assert feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], settled=True) is record
+    assert feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=True) is record
