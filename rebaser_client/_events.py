@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -21,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from rebaser_core.api import CHANGE_SET_EVENT, MAX_EVENT_BYTES, ChangeSetEvent
-from rebaser_core.errors import EventsLost, ProtocolError, RebaserUnavailable
+from rebaser_core.errors import EventsLost, InvalidSubject, ProtocolError, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
 
@@ -29,9 +30,33 @@ __all__ = ["EventStream"]
 
 log = logging.getLogger(__name__)
 
-# Pending messages the ordered consumer may push before the follower reads them: a slow follower holds the server
-# back (flow control), never the daemon, which only publishes to the stream.
-_PENDING_MSGS = 1024
+
+def _consumer_name() -> str:
+    """A new name for the follower's consumer. A named consumer is created on the API subject that carries its filter
+    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), which NATS permissions can confine to one workspace
+    (docs/nats-accounts.conf); an unnamed one is created on ``...CREATE.<stream>``, which allows any filter."""
+    return f"rebaser_watch_{secrets.token_hex(8)}"
+
+
+def _rename_on_recreate(sub: Any) -> None:
+    """Give each consumer nats-py's ordered consumer recreates (after a lost delivery or missed heartbeats) a new
+    name, as the server gives unnamed ones: the old consumer may still exist until the server reaps it, and
+    recreating under its name then fails (its delivery policy cannot change), stalling the feed until then.
+
+    nats-py has no option for it: this wraps its (private) recreation hook; without the hook, a recreation keeps the
+    name and only stalls for those seconds."""
+    jsi: Any = getattr(getattr(sub, "_sub", None), "_jsi", None)
+    recreate = getattr(jsi, "recreate_consumer", None)
+    config = getattr(jsi, "_ccreq", None)
+    if recreate is None or not isinstance(config, js_api.ConsumerConfig):
+        log.debug("nats-py's ordered consumer has no recreation hook: its consumer keeps its name")
+        return
+
+    async def recreate_renamed() -> None:
+        config.name = _consumer_name()
+        await recreate()
+
+    jsi.recreate_consumer = recreate_renamed
 
 
 class EventStream:
@@ -50,6 +75,7 @@ class EventStream:
     ) -> None:
         self._nc = nc
         self._workspace_id = workspace_id
+        self._subjects = subjects
         if change_set_id is None:
             self._filter = subjects.events_of_workspace(workspace_id)
         else:
@@ -79,10 +105,11 @@ class EventStream:
                 stream=self._stream,
                 ordered_consumer=True,
                 deliver_policy=policy,
-                pending_msgs_limit=_PENDING_MSGS,
+                config=js_api.ConsumerConfig(name=_consumer_name()),
             )
         except (nats.errors.Error, TimeoutError) as err:
             raise RebaserUnavailable(f"cannot follow {self._filter}: {err!r}") from err
+        _rename_on_recreate(self._sub)
         return self
 
     async def close(self) -> None:
@@ -152,7 +179,12 @@ class EventStream:
         except ProtocolError as err:
             self._skip(msg, str(err))
             return None
-        if event.workspace_id != self._workspace_id or not msg.subject.endswith(str(event.change_set_id)):
+        try:
+            on = self._subjects.parse_events(msg.subject)
+        except InvalidSubject as err:
+            self._skip(msg, str(err))
+            return None
+        if (on.workspace_id, on.change_set_id) != (event.workspace_id, event.change_set_id):
             self._skip(msg, "its ids are not those of its subject")
             return None
         return event

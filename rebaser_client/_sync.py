@@ -167,6 +167,10 @@ class SyncEventStream:
         """The next event, or ``TimeoutError`` after ``timeout`` seconds."""
         return self._client._run(self._stream.next(timeout))
 
+    def resume_points(self) -> dict[ChangeSetId, int]:
+        """Each change set's last durable seq seen: ``since`` for a watch that goes on from here."""
+        return self._stream.resume_points()
+
     @property
     def malformed(self) -> int:
         return self._stream.malformed

@@ -297,3 +297,22 @@ async def test_the_next_owner_does_not_store_again_what_the_last_one_published(
     assert [e.seq for e in durable] == [1, 2, 3]
     assert [e.request_id for e in durable] == sent
     assert [e.kind for e in stored if not e.durable].count("taken") == 3
+
+
+async def test_a_follower_that_falls_behind_a_replay_loses_nothing(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    count = 1500
+    settings = fast_settings(subject_prefix, events_max_per_change_set=2 * count)  # all kept
+    async with running_daemon(nc, settings, RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(count)]
+        await client.wait_settled(wk, cs, timeout=60)
+        async with client.watch(wk, cs, since=0) as feed:
+            await feed.start()
+            sub = feed._sub  # the follower reads nothing until the replay has piled up unread
+
+            # The server pushes until its flow control waits for the follower (about 1,000 messages here).
+            await wait_for(lambda: sub.pending_msgs >= 900, timeout=30, message="the replay piled up, unread")
+            events = await _durable(feed, count)
+        assert [e.request_id for e in events] == sent
