@@ -40,9 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
     parser.add_argument(
         "--impl",
-        default="baseline,rebaser,nofeed,snapshots",
+        default="baseline,rebaser,feed,snapshots",
         help="comma-separated: baseline (hand-written nats-py), rebaser (framework + CounterApp), "
-        "nofeed (the same with the event feed off), snapshots (framework + the default SnapshotApp)",
+        "feed (the same with the event feed on), snapshots (framework + the default SnapshotApp)",
     )
     parser.add_argument(
         "--burst", type=int, default=None, help="change sets in the burst (default 10000; 0: no burst)"

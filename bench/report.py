@@ -169,15 +169,15 @@ def summary_rows(report: Report) -> list[list[str]]:
                 lambda v: v <= 2,
             )
         )
-    feed = {(r.daemons, r.change_sets): r for r in report.results if r.impl == "rebaser"}
+    off = {(r.daemons, r.change_sets): r for r in report.results if r.impl == "rebaser"}
     rows.append(
         _row(
             "event feed on ÷ off (no-op app throughput)",
             "≥ 0.95",
             [
-                (f"{r.daemons}d/{r.change_sets}cs", _ratio(feed[(r.daemons, r.change_sets)].rps, r.rps))
+                (f"{r.daemons}d/{r.change_sets}cs", _ratio(r.rps, off[(r.daemons, r.change_sets)].rps))
                 for r in report.results
-                if r.impl == "nofeed" and (r.daemons, r.change_sets) in feed
+                if r.impl == "feed" and (r.daemons, r.change_sets) in off
             ],
             lambda v: v >= 0.95,
         )

@@ -58,8 +58,9 @@ class Settings(BaseModel):
         64 * 1024, ge=0, description="A dead letter keeps at most this many bytes of the request's body."
     )
     events: bool = Field(
-        True,
-        description="Publish every change set's events to the REBASER_EVENTS stream (docs/events.md).",
+        False,
+        description="Publish every change set's events to the REBASER_EVENTS stream (docs/events.md). Off by "
+        "default: the feed costs 10 to 20 % of the throughput of a busy daemon (docs/BENCHMARKS.md).",
     )
     events_max_age: float = Field(
         24 * 3600.0, ge=0, description="How long events are kept for followers to catch up (0: for ever)."

@@ -44,6 +44,7 @@ STALLED = float(os.environ.get("REBASER_CHAOS_STALLED", "60"))
 
 ENV = {
     "REBASER_STORAGE": "file",
+    "REBASER_EVENTS": "true",  # the feed's promises are checked in every scenario (tests/support/events.py)
     "REBASER_ACK_WAIT": "3",
     "REBASER_PROGRESS_PERIOD": "0.5",
     "REBASER_QUIESCENT_PERIOD": "0.3",

@@ -37,7 +37,7 @@ async def _durable(stream: EventStream, count: int, timeout: float = 20) -> list
 async def test_a_follower_sees_every_applied_request_once_in_order(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
+    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with client.watch(wk, cs, since=0) as feed:
             sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=n)]) for n in range(30)]
@@ -59,7 +59,7 @@ async def test_a_follower_sees_every_applied_request_once_in_order(
 async def test_notices_say_taken_and_released_and_the_last_event_settled(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix, quiescent_period=0.2)
+    settings = fast_settings(subject_prefix, events=True, quiescent_period=0.2)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with client.watch(wk, cs) as feed:
@@ -83,7 +83,7 @@ async def test_notices_say_taken_and_released_and_the_last_event_settled(
 async def test_a_dead_lettered_request_is_told_with_its_reason_class(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix)
+    settings = fast_settings(subject_prefix, events=True)
     async with running_daemon(nc, settings, RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with client.watch(wk, cs, since=0) as feed:
@@ -107,7 +107,7 @@ async def test_a_dead_lettered_request_is_told_with_its_reason_class(
 async def test_a_follower_that_stops_and_resumes_from_since_misses_nothing(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         first = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(10)]
         async with client.watch(wk, cs, since=0) as feed:
@@ -124,7 +124,7 @@ async def test_a_since_older_than_the_retention_is_a_typed_gap(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     # The stream keeps 10 events per change set: the first requests' events are gone.
-    settings = fast_settings(subject_prefix, events_max_per_change_set=10)
+    settings = fast_settings(subject_prefix, events=True, events_max_per_change_set=10)
     async with running_daemon(nc, settings, RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(20)]
@@ -143,7 +143,7 @@ async def test_a_since_older_than_the_retention_is_a_typed_gap(
 async def test_a_workspace_follower_sees_only_its_workspace(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, other = WorkspacePk.new(), WorkspacePk.new()
         one, two = ChangeSetId.new(), ChangeSetId.new()
         async with client.watch(wk) as feed:
@@ -163,7 +163,7 @@ async def test_a_workspace_follower_sees_only_its_workspace(
 async def test_junk_on_the_events_subject_is_skipped_not_fatal(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix)
+    settings = fast_settings(subject_prefix, events=True)
     async with running_daemon(nc, settings, RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         subject = settings.subjects.events(wk, cs)
@@ -200,7 +200,7 @@ async def test_events_left_unpublished_by_a_dead_owner_are_published_by_the_next
 ) -> None:
     """The owner died after committing a group and before publishing its events: they are in the record's outbox,
     and the next owner publishes them (under their Nats-Msg-Id) before anything of its own."""
-    settings = fast_settings(subject_prefix)
+    settings = fast_settings(subject_prefix, events=True)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         first = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)], timeout=20)
@@ -248,7 +248,7 @@ async def test_an_event_carries_its_requests_trace_context(nc: NatsClient, subje
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    settings = fast_settings(subject_prefix)
+    settings = fast_settings(subject_prefix, events=True)
     try:
         async with running_daemon(nc, settings, RecordingApp()):
             wk, cs = WorkspacePk.new(), ChangeSetId.new()
@@ -281,7 +281,7 @@ async def test_the_next_owner_does_not_store_again_what_the_last_one_published(
     """The record keeps its last group's events (the outbox) after they are stored; the next owner reads the last
     stored event and publishes only what is missing, so nothing is stored twice after the duplicate window."""
     window = 0.3
-    settings = fast_settings(subject_prefix, duplicate_window=window, quiescent_period=0.05)
+    settings = fast_settings(subject_prefix, events=True, duplicate_window=window, quiescent_period=0.05)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         change_set = ChangeSet(wk, cs)
@@ -303,7 +303,7 @@ async def test_a_follower_that_falls_behind_a_replay_loses_nothing(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     count = 1500
-    settings = fast_settings(subject_prefix, events_max_per_change_set=2 * count)  # all kept
+    settings = fast_settings(subject_prefix, events=True, events_max_per_change_set=2 * count)  # all kept
     async with running_daemon(nc, settings, RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(count)]

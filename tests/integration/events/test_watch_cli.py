@@ -54,7 +54,7 @@ async def _interrupt(proc: asyncio.subprocess.Process) -> int:
 async def test_watch_prints_each_event_as_json_and_stops_on_ctrl_c(
     nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(3)]
         await client.wait_settled(wk, cs, timeout=20)
@@ -73,7 +73,7 @@ async def test_watch_prints_each_event_as_json_and_stops_on_ctrl_c(
 async def test_watch_of_a_workspace_prints_lines_for_people(
     nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         proc = await _watch(str(wk), "--nats-url", nats_url, "--prefix", subject_prefix)
         try:
@@ -96,7 +96,7 @@ async def test_watch_of_a_workspace_prints_lines_for_people(
 async def test_a_follower_that_never_reads_holds_nobody_up(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         # Subscribed and never read: the server stops pushing to it (flow control), the daemon only publishes.
         async with client.watch(wk, cs, since=0):

@@ -154,7 +154,7 @@ async def test_follower_reads_its_workspace_events_and_no_other(
 ) -> None:
     errors: list[str] = []
     follower_nc = await _connect_follower(accounts_server, errors)
-    settings = fast_settings(None)
+    settings = fast_settings(None, events=True)
     subjects = settings.subjects
     stream = subjects.events_stream
     other, cs, other_cs = WorkspacePk.new(), ChangeSetId.new(), ChangeSetId.new()
@@ -301,7 +301,7 @@ async def test_follower_recreates_its_consumer_within_its_permissions(
     is lost, and the feed goes on from where it was."""
     errors: list[str] = []
     follower_nc = await _connect_follower(accounts_server, errors)
-    settings = fast_settings(None)
+    settings = fast_settings(None, events=True)
     stream = settings.subjects.events_stream
     cs = ChangeSetId.new()
     js = daemon_nc.jetstream()
@@ -334,7 +334,7 @@ async def test_follower_answers_flow_control_within_its_permissions(
     ``$JS.FC.REBASER_EVENTS.>`` its consumer stops for good after some 2 MB."""
     errors: list[str] = []
     follower_nc = await _connect_follower(accounts_server, errors)
-    settings = fast_settings(None)
+    settings = fast_settings(None, events=True)
     subjects = settings.subjects
     cs = ChangeSetId.new()
     js = daemon_nc.jetstream()
