@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from rebaser_client._watch_state import WatchState
-from rebaser_client.admin_cli import _connection_options, _run, _subjects, _ulid
+from rebaser_client.admin_cli import _connection_options, _subjects, _ulid
+from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 
 if TYPE_CHECKING:
@@ -143,4 +145,34 @@ def watch(
     live = not as_json and sys.stdout.isatty()
 
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends
-        _run(nats_url, follow)
+        _watch_until_stopped(nats_url, follow)
+
+
+def _watch_until_stopped(nats_url: str, follow: Callable[[NatsClient], Awaitable[None]]) -> None:
+    """Connect and follow until Ctrl-C (or the connection closes). The connection is closed, not drained: a
+    watch has nothing to flush, and a drain would wait for the events still pushed to it (up to nats-py's 30 s)."""
+    import asyncio
+
+    from rebaser_client._admin import admin_connect
+
+    async def main() -> None:
+        # Ctrl-C and SIGTERM end the watch, whatever this process inherited (a parent that ignores SIGINT makes
+        # Python leave it ignored, and asyncio then installs nothing for it).
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        nc = await admin_connect(nats_url)
+        try:
+            await follow(nc)
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        pass  # stopped by a signal: a watch's normal end
+    except RebaserError as err:
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None

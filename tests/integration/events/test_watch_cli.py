@@ -19,6 +19,11 @@ from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 
 
+def _inherit_an_ignored_sigint() -> None:
+    # As a parent that ignores SIGINT leaves it (pytest-xdist's workers may): Python then installs no handler for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 async def _watch(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -29,6 +34,7 @@ async def _watch(*args: str) -> asyncio.subprocess.Process:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(os.environ),
+        preexec_fn=_inherit_an_ignored_sigint,
     )
 
 
