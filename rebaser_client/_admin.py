@@ -22,6 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from rebaser_client._admin_record import RecentReply, RecordView
+from rebaser_client._pause_read import PausedLine, all_pauses, pauses_of
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
 from rebaser_core.connect import ConnectOptions, connect, redact_url
@@ -35,6 +36,7 @@ from rebaser_core.errors import (
 )
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.monitoring import read_servers_sync
+from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ __all__ = [
     "ADMIN_TIMEOUT",
     "ChangeSetLine",
     "ChangeSetReport",
+    "PausedLine",
     "Progress",
     "QueuedRequest",
     "RecentReply",
@@ -142,6 +145,10 @@ class StatusReport:
     # What an acknowledged request survives, from the streams' replicas and the servers' sync setting as read from
     # their monitoring endpoints (rebaser_core.durability).
     durability: Durability | None = None
+    # Paused change sets and workspaces (oldest pause first, at most ``limit``), with what is queued behind each.
+    pauses: tuple[PausedLine, ...] = ()
+    pauses_total: int = 0  # all of them, listed or not (at most MAX_LISTED_PAUSES are read: see pauses_more)
+    pauses_more: bool = False  # there were more than MAX_LISTED_PAUSES: pauses_total counts only those
 
     @property
     def owners(self) -> dict[str, int]:
@@ -278,6 +285,7 @@ async def status_report(
         dlq, dead = await r.subject_counts(subjects.dead_letter_stream, subjects.dead_letters_all)
         summaries.append(dlq)
         records = await r.records()
+        paused, pauses_more = await all_pauses(r.js, subjects, timeout=ADMIN_TIMEOUT)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     if all(s.messages is None for s in summaries):
@@ -314,8 +322,27 @@ async def status_report(
     replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
     durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)
     return StatusReport(
-        subjects.prefix, tuple(summaries), consumer, records, tuple(out), len(lines), durability
+        subjects.prefix,
+        tuple(summaries),
+        consumer,
+        records,
+        tuple(out),
+        len(lines),
+        durability,
+        pauses=tuple(_with_queued(p, lines) for p in paused[:limit]),
+        pauses_total=len(paused),
+        pauses_more=pauses_more,
     )
+
+
+def _with_queued(line: PausedLine, lines: Mapping[tuple[str, str], Mapping[str, int]]) -> PausedLine:
+    """``line`` with the requests queued behind it: its change set's, or every change set's of its workspace."""
+    wk, cs = line.workspace_id, line.change_set_id
+    if cs is not None:
+        queued = lines.get((wk, cs), {}).get("queued", 0)
+    else:
+        queued = sum(counts.get("queued", 0) for (w, _), counts in lines.items() if w == wk)
+    return PausedLine(wk, cs, line.pause, queued)
 
 
 def _dead_letter_parser(subjects: Subjects) -> Callable[[str], Any]:
@@ -355,6 +382,12 @@ class ChangeSetReport:
     queued: tuple[QueuedRequest, ...]  # the first ``limit``, in order
     dead_letters: int
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    pause: Pause | None = None  # the change set's own pause
+    workspace_pause: Pause | None = None  # its workspace's: it holds the change set too
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None or self.workspace_pause is not None
 
 
 def _summary(request: EnqueueUpdatesRequest) -> str:
@@ -409,6 +442,7 @@ async def change_set_report(
             subjects.dead_letter_stream, subjects.dead_letter(workspace_id, change_set_id)
         )
         task = await r.task_state(workspace_id, change_set_id, await r.delivered_upto())
+        pause, workspace_pause = await pauses_of(r.js, subjects, workspace_id, change_set_id)
         total = queued.get(subject, 0)
         found: list[QueuedRequest] = []
         seq = 0
@@ -425,8 +459,16 @@ async def change_set_report(
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     dead_count = dead.get(subjects.dead_letter(workspace_id, change_set_id), 0)
-    if record is None and not total and task == "none" and not dead_count:
+    if record is None and not total and task == "none" and not dead_count and pause is None:
         return None
     return ChangeSetReport(
-        str(workspace_id), str(change_set_id), record, task, total, tuple(found), dead_count
+        str(workspace_id),
+        str(change_set_id),
+        record,
+        task,
+        total,
+        tuple(found),
+        dead_count,
+        pause=pause,
+        workspace_pause=workspace_pause,
     )

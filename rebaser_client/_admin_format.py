@@ -10,9 +10,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rebaser_client._admin import ChangeSetReport, RecordView, StatusReport, StreamSummary
+from rebaser_client._admin import ChangeSetReport, PausedLine, RecordView, StatusReport, StreamSummary
 from rebaser_client._admin_dlq import DeadLetter
 from rebaser_core.durability import Durability
+from rebaser_core.pauses import Pause
 
 __all__ = [
     "change_set_json",
@@ -22,6 +23,8 @@ __all__ = [
     "dead_letters_json",
     "dead_letters_view",
     "human_age",
+    "pause_json",
+    "pause_text",
     "shorten",
     "status_json",
     "status_view",
@@ -72,8 +75,66 @@ def _age(value: datetime | None, now: datetime) -> float | None:
     return None if value is None else round(max(0.0, (now - value).total_seconds()), 3)
 
 
+# -- pauses --------------------------------------------------------------------------------------------------------
+def pause_json(pause: Pause, now: datetime, **extra: Any) -> dict[str, Any]:
+    """A pause as JSON: cause, reason, since (UTC), how long ago, the request that kept failing; then ``extra``."""
+    return {
+        **extra,
+        "cause": pause.cause,
+        "reason": pause.reason,
+        "since": _time(datetime.fromtimestamp(pause.since, UTC)),
+        "paused_seconds": _age(datetime.fromtimestamp(pause.since, UTC), now),
+        "request_id": pause.request_id,
+    }
+
+
+def pause_text(pause: Pause, now: datetime) -> str:
+    """``for 4m05s (operator: deploying a fix)``, ``… request 01J…`` for a pause after max_attempts."""
+    age = human_age(_age(datetime.fromtimestamp(pause.since, UTC), now))
+    why = f"{pause.cause}: {shorten(pause.reason, 100)}" if pause.reason else pause.cause
+    request = f", request {pause.request_id}" if pause.request_id else ""
+    return f"for {age} ({why}{request})"
+
+
+def _paused_line_json(line: PausedLine, now: datetime) -> dict[str, Any]:
+    return pause_json(
+        line.pause,
+        now,
+        workspace_id=line.workspace_id,
+        change_set_id=line.change_set_id,
+        queued=line.queued,
+    )
+
+
+def _pauses_view(report: StatusReport, now: datetime) -> RenderableType:
+    listed = len(report.pauses)
+    total = f"{report.pauses_total}+" if report.pauses_more else str(report.pauses_total)
+    if not listed:
+        return Text("paused: none")
+    table = Table(
+        title=f"paused change sets and workspaces: {total}"
+        + (f" (the {listed} oldest listed)" if report.pauses_more or listed < report.pauses_total else ""),
+        title_justify="left",
+    )
+    for column in ("workspace", "change set", "since", "cause", "reason", "request", "queued"):
+        table.add_column(column, justify="right" if column in ("since", "queued") else "left")
+    for line in report.pauses:
+        pause = line.pause
+        table.add_row(
+            line.workspace_id,
+            line.change_set_id or "(all)",
+            human_age(_age(datetime.fromtimestamp(pause.since, UTC), now)),
+            pause.cause,
+            shorten(pause.reason, 80) or "-",
+            pause.request_id or "-",
+            str(line.queued),
+        )
+    return table
+
+
 # -- status --------------------------------------------------------------------------------------------------------
-def status_json(report: StatusReport) -> dict[str, Any]:
+def status_json(report: StatusReport, now: datetime | None = None) -> dict[str, Any]:
+    now = now or datetime.now(UTC)
     return {
         "prefix": report.prefix,
         "streams": [
@@ -107,10 +168,13 @@ def status_json(report: StatusReport) -> dict[str, Any]:
             }
             for line in report.change_sets
         ],
+        "pauses_total": report.pauses_total,
+        "pauses_more": report.pauses_more,  # more than were read: pauses_total counts only those read
+        "pauses": [_paused_line_json(line, now) for line in report.pauses],
     }
 
 
-def status_view(report: StatusReport) -> RenderableType:
+def status_view(report: StatusReport, now: datetime | None = None) -> RenderableType:
     prefix = f"prefix {report.prefix}" if report.prefix else "no prefix: the default names"
     streams = Table(title=f"streams ({prefix})", title_justify="left")
     for column in ("stream", "messages", "bytes", "sequences", "consumers", "replicas"):
@@ -164,6 +228,7 @@ def status_view(report: StatusReport) -> RenderableType:
             str(line.dead_letters),
         )
     parts.append(change_sets if report.change_sets else Text("change sets with work or dead letters: none"))
+    parts.append(_pauses_view(report, now or datetime.now(UTC)))
     return Group(*parts)
 
 
@@ -196,6 +261,13 @@ def change_set_json(report: ChangeSetReport) -> dict[str, Any]:
         "workspace_id": report.workspace_id,
         "change_set_id": report.change_set_id,
         "task": report.task,
+        "paused": report.paused,
+        # Its own pause first, then its workspace's ("via"): either one holds it.
+        "pauses": [
+            pause_json(pause, report.now, via=via)
+            for via, pause in (("change_set", report.pause), ("workspace", report.workspace_pause))
+            if pause is not None
+        ],
         "record": _record_json(record),
         "queued_total": report.queued_total,
         "queued": [
@@ -229,6 +301,13 @@ def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> Renderable
         report.task
     ]
     head.add_row("task", owner)
+    if report.pause is not None:
+        head.add_row("paused", Text(pause_text(report.pause, report.now), style="yellow"))
+    if report.workspace_pause is not None:
+        head.add_row(
+            "paused" if report.pause is None else "workspace paused",
+            Text(f"with its workspace, {pause_text(report.workspace_pause, report.now)}", style="yellow"),
+        )
     if record is None:
         head.add_row("record", "none (never processed)")
     else:

@@ -50,6 +50,7 @@ class RecordView:
     suspect: tuple[int, int] | None
     handed_back: bool
     recent: tuple[RecentReply, ...]  # oldest first
+    shard: int = 0  # the shard whose requests stream ``applied_seq`` counts in
 
     @classmethod
     def decode(cls, data: bytes) -> RecordView:
@@ -72,6 +73,7 @@ class RecordView:
                 suspect=(int(suspect[0]), int(suspect[1])) if suspect else None,
                 handed_back=bool(raw.get("handed_back", False)),
                 recent=tuple(_recent(entry_request_id(item), entry_status(item)) for item in entries),
+                shard=int(raw.get("shard", 0)),
             )
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
             raise DecodeError(f"change-set record is not valid: {err}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -50,6 +50,10 @@ from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import ensure_connected
 from rebaser_core.tracing import get_tracer, inject, recording
+
+if TYPE_CHECKING:
+    from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+    from rebaser_core.pauses import Pause
 
 __all__ = ["RebaserClient", "Updates"]
 
@@ -347,7 +351,81 @@ class RebaserClient:
             raise RebaserUnavailable(f"storing batch {address} failed: {err}") from None
         return StoredUpdates(address=address)
 
+    # -- operators: pausing (rebaser_client._admin_pause has the rules) ------------------------------
+    async def pause_change_set(
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        reason: str = "",
+        *,
+        wait: float | None = None,
+    ) -> PauseResult:
+        """Pause a change set: its owner lets it go at the next request boundary, requests are still accepted. A
+        change set paused already keeps its first pause (``already``). ``wait``: return only once no daemon holds
+        it (``StillHeld``, a ``RebaserTimeout``, if one still does after ``wait`` seconds)."""
+        from rebaser_client import _admin_pause
+
+        wk, cs = self._ids(workspace_id, change_set_id)
+        return await _admin_pause.pause_change_set(self._nc, self._subjects, wk, cs, reason, wait=wait)
+
+    async def resume_change_set(
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
+    ) -> ResumeResult:
+        """Remove the change set's pause (none: not an error) and give it a task if it has requests queued."""
+        from rebaser_client import _admin_pause
+
+        wk, cs = self._ids(workspace_id, change_set_id)
+        return await _admin_pause.resume_change_set(self._nc, self._subjects, wk, cs)
+
+    async def pause_workspace(
+        self, workspace_id: WorkspacePk | str, reason: str = "", *, wait: float | None = None
+    ) -> PauseResult:
+        """Pause every change set of a workspace (those created later too); ``wait`` as for a change set."""
+        from rebaser_client import _admin_pause
+
+        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
+        return await _admin_pause.pause_workspace(self._nc, self._subjects, wk, reason, wait=wait)
+
+    async def resume_workspace(self, workspace_id: WorkspacePk | str) -> ResumeResult:
+        """Remove the workspace's pause and give a task to each of its change sets with requests queued."""
+        from rebaser_client import _admin_pause
+
+        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
+        return await _admin_pause.resume_workspace(self._nc, self._subjects, wk)
+
+    async def skip_request(
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        request_id: RequestId | str,
+    ) -> SkipResult:
+        """Move a paused change set's first queued request, which must be ``request_id``, to the dead letters
+        (``NotPaused``, ``HeldByDaemon`` or ``NotFirstInLine``, all ``RebaserRefused``, and nothing done otherwise)."""
+        from rebaser_client import _admin_pause
+
+        wk, cs = self._ids(workspace_id, change_set_id)
+        rid = _as_id(RequestId, request_id, "request_id")
+        return await _admin_pause.skip_request(self._nc, self._subjects, wk, cs, rid)
+
+    async def pause_of(
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
+    ) -> tuple[Pause | None, Pause | None]:
+        """(the change set's own pause, its workspace's pause), None where there is none: either one holds it."""
+        from rebaser_client import _admin_pause
+
+        wk, cs = self._ids(workspace_id, change_set_id)
+        return await _admin_pause.pause_of(self._nc, self._subjects, wk, cs)
+
     # -- internals ----------------------------------------------------------------------------------
+    @staticmethod
+    def _ids(
+        workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
+    ) -> tuple[WorkspacePk, ChangeSetId]:
+        return (
+            _as_id(WorkspacePk, workspace_id, "workspace_id"),
+            _as_id(ChangeSetId, change_set_id, "change_set_id"),
+        )
+
     @staticmethod
     def _request(
         workspace_id: WorkspacePk | str,

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from rebaser_client._client import RebaserClient, Updates
 from rebaser_client._events import EventStream
@@ -20,6 +20,10 @@ from rebaser_core.api import (
 )
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+
+if TYPE_CHECKING:
+    from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+    from rebaser_core.pauses import Pause
 
 __all__ = ["SyncEventStream", "SyncRebaserClient"]
 
@@ -136,6 +140,39 @@ class SyncRebaserClient:
         self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str, **kwargs: Any
     ) -> WaitSettledResponse:
         return self._run(self._client.wait_settled(workspace_id, change_set_id, **kwargs))
+
+    # -- operators: pausing (RebaserClient's methods) -------------------------------------------------
+    def pause_change_set(
+        self,
+        workspace_id: WorkspacePk | str,
+        change_set_id: ChangeSetId | str,
+        reason: str = "",
+        **kwargs: Any,
+    ) -> PauseResult:
+        return self._run(self._client.pause_change_set(workspace_id, change_set_id, reason, **kwargs))
+
+    def resume_change_set(
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
+    ) -> ResumeResult:
+        return self._run(self._client.resume_change_set(workspace_id, change_set_id))
+
+    def pause_workspace(
+        self, workspace_id: WorkspacePk | str, reason: str = "", **kwargs: Any
+    ) -> PauseResult:
+        return self._run(self._client.pause_workspace(workspace_id, reason, **kwargs))
+
+    def resume_workspace(self, workspace_id: WorkspacePk | str) -> ResumeResult:
+        return self._run(self._client.resume_workspace(workspace_id))
+
+    def skip_request(
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str, request_id: RequestId | str
+    ) -> SkipResult:
+        return self._run(self._client.skip_request(workspace_id, change_set_id, request_id))
+
+    def pause_of(
+        self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
+    ) -> tuple[Pause | None, Pause | None]:
+        return self._run(self._client.pause_of(workspace_id, change_set_id))
 
     def watch(
         self,

@@ -1,4 +1,5 @@
-"""``rebaser`` admin commands: status, change-set show/purge, dlq list/show/replay/drop, wait.
+"""``rebaser`` admin commands: status, change-set show/purge, dlq list/show/replay/drop, wait (``change-set
+pause/resume/skip`` and ``workspace`` are in ``pause_cli``).
 
 Tables for people, JSON with ``--json``. Operator mistakes (NATS unreachable, an unknown change set or dead letter, a
 bad id) are one line and a non-zero exit. JetStream reads and writes are in ``_admin``/``_admin_ops``, the
@@ -204,7 +205,7 @@ def status(
 # -- change-set ------------------------------------------------------------------------------------------------------
 @click.group("change-set")
 def change_set() -> None:
-    """Inspect or purge one change set."""
+    """Inspect, purge, pause, resume one change set, or skip its first request."""
 
 
 @change_set.command("show")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rebaser_client import pause_cli
 from rebaser_client._cli_imports import defer_aiohttp
 from rebaser_client._cli_types import NATS_URL, SECONDS
 from rebaser_client.admin_cli import ADMIN_COMMANDS
@@ -203,6 +204,7 @@ def main() -> None:
 for _command in ADMIN_COMMANDS:  # status, change-set, dlq, wait: rebaser_client/admin_cli.py
     main.add_command(_command)
 main.add_command(watch)  # rebaser_client/watch_cli.py
+pause_cli.register(main)  # change-set pause/resume/skip, workspace pause/resume: rebaser_client/pause_cli.py
 
 
 @main.command("new-id")

@@ -57,6 +57,11 @@ class Settings(BaseModel):
     dead_letter_max_body: int = Field(
         64 * 1024, ge=0, description="A dead letter keeps at most this many bytes of the request's body."
     )
+    on_max_attempts: Literal["dead_letter", "pause"] = Field(
+        "dead_letter",
+        description="After a request failed max_attempts times: dead-letter it and go on with the next one, or pause "
+        "the change set with the request first in line (docs/pausing.md).",
+    )
     events: bool = Field(
         False,
         description="Publish every change set's events to the REBASER_EVENTS stream (docs/events.md). Off by "

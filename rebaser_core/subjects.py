@@ -40,6 +40,7 @@ SNAPSHOTS_BUCKET = "REBASER_SNAPSHOTS"
 BATCHES_BUCKET = "REBASER_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
 LAYOUT_BUCKET = "REBASER_LAYOUT"
+PAUSES_BUCKET = "REBASER_PAUSES"
 EVENTS_STREAM = "REBASER_EVENTS"
 LAYOUT_KEY = "layout"
 
@@ -127,6 +128,11 @@ class Subjects:
         return self._name(EVENTS_STREAM)
 
     @property
+    def pauses_bucket(self) -> str:
+        """KV bucket of paused change sets and workspaces (rebaser_core.pauses)."""
+        return self._name(PAUSES_BUCKET)
+
+    @property
     def layout_bucket(self) -> str:
         """KV bucket holding the shard layout (one key, ``layout``): see rebaser_core.layout."""
         return self._name(LAYOUT_BUCKET)
@@ -183,6 +189,10 @@ class Subjects:
     # -- per change set ---------------------------------------------------------------------------
     def requests(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return f"{self._requests_head}{workspace_id}.{change_set_id}"
+
+    def requests_of_workspace(self, workspace_id: WorkspacePk) -> str:
+        """The filter of every change set's requests of one workspace (in this shard)."""
+        return f"{self._requests_head}{workspace_id}.*"
 
     def task(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return f"{self._tasks_head}{workspace_id}.{change_set_id}.process"

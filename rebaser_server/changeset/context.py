@@ -12,11 +12,13 @@ each owned change set, which passes on to every piece below it only what that pi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from rebaser_core.layout import Layout
+from rebaser_core.pauses import Pause
 from rebaser_core.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
@@ -24,7 +26,7 @@ from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.ops.observe import Observer
 from rebaser_server.record.direct_reads import DirectReads
 
-__all__ = ["Nats", "Placement", "Report", "Stats"]
+__all__ = ["Nats", "Pauses", "Placement", "Report", "Stats"]
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Stats:
     # Events published to the change sets' feed and acknowledged, and publications that failed (changeset/events.py).
     events_published: int = 0
     event_publish_failures: int = 0
+    tasks_paused: int = 0  # ownerships ended by a pause (or taken while paused: acked, nothing done)
     dvu_runs: int = 0
     dvu_failures: int = 0
     nats_reconnects: int = 0
@@ -102,6 +105,19 @@ class Nats:
         subject = subjects.requests(change_set.workspace_id, change_set.change_set_id)
         last = await self.reads.last_message(subjects.requests_stream, subject, timeout=timeout)
         return last is not None
+
+
+class Pauses(Protocol):
+    """Paused change sets and workspaces as the daemon sees them (rebaser_server.daemon.pauses)."""
+
+    def paused(self, change_set: ChangeSet) -> Pause | None:
+        """What holds ``change_set``, as last seen (no round trip)."""
+
+    async def holding(self, change_set: ChangeSet) -> Pause | None:
+        """What holds ``change_set`` now (asks the bucket if the view says paused)."""
+
+    async def pause(self, change_set: ChangeSet, pause: Pause) -> None:
+        """Store a pause this daemon decided."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from rebaser_core.api import EnqueueUpdatesResponse
-from rebaser_server.changeset.outcome import Retry, Wedged
+from rebaser_server.changeset.outcome import PauseNow, Retry, Wedged
 from rebaser_server.changeset.replies import UNCHECKED, Unchecked
 from rebaser_server.record.model import ChangeSetRecord
 
@@ -57,7 +57,7 @@ class Decision:
     # Why the request is copied to the dead-letter stream (None: it is not).
     dead_letter: str | None = None
     dvu: bool = False  # a dependent values update is due once committed
-    error: Retry | Wedged | None = None  # RETRY: how the task ends once the attempt is committed
+    error: Retry | Wedged | PauseNow | None = None  # RETRY: how the task ends once the attempt is committed
 
     @property
     def processed(self) -> bool:

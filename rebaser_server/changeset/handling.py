@@ -34,13 +34,15 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import FencedError, ProtocolError, RefusedError, UnprocessableError
 from rebaser_core.headers import check_msg_id
+from rebaser_core.ids import RequestId
 from rebaser_core.inbox import reply_inbox_of, request_id_of
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.app.calls import apply_request
 from rebaser_server.changeset.decisions import Decision, Kind
-from rebaser_server.changeset.outcome import LeaseLost, Retry, Wedged
+from rebaser_server.changeset.outcome import LeaseLost, PauseNow, Retry, Wedged
+from rebaser_server.changeset.replies import UNCHECKED, Unchecked
 from rebaser_server.ops.observe import Observer
 from rebaser_server.record.model import ChangeSetRecord
 
@@ -94,6 +96,7 @@ class RequestHandler:
         self._change_set = change_set
         self._app = app
         self._max_attempts = settings.max_attempts
+        self._pause_on_max = settings.on_max_attempts == "pause"
         self._window = settings.idempotency_window
         self._backoff, self._backoff_max = settings.retry_backoff, settings.retry_backoff_max
         self._observe = observe
@@ -144,9 +147,35 @@ class RequestHandler:
                 f"gave up after {count} attempts: every daemon that took this request died or froze "
                 "before finishing it"
             )
+            if self._pause_on_max:
+                counted = replace(record, suspect=(seq, count))
+                return self._pause(msg, seq, counted, request_id_of(msg.headers or {}), reason, UNCHECKED)
             log.error("%s: request seq %d %s", self._change_set, seq, reason)
             return self._refused(msg, seq, record, reason)
         return Decision(Kind.COUNTED, seq, msg, replace(record, suspect=(seq, count)))
+
+    def _pause(
+        self,
+        msg: Msg,
+        seq: int,
+        counted: ChangeSetRecord,
+        request_id: RequestId,
+        reason: str,
+        inbox: str | Unchecked | None,
+    ) -> Decision:
+        """``on_max_attempts = "pause"``: the attempts are committed, the caller told the change set is paused (not
+        remembered as the request's reply: it is tried again on resume), the request stays first in line, and the
+        task ends by pausing the change set."""
+        message = f"ChangeSetPaused: {reason}; the change set is paused until an operator resumes or skips it"
+        response = EnqueueUpdatesResponse(
+            id=request_id,
+            workspace_id=self._change_set.workspace_id,
+            change_set_id=self._change_set.change_set_id,
+            status=ErrorStatus(message=message, retryable=True),
+        )
+        return Decision(
+            Kind.RETRY, seq, msg, counted, response, inbox, error=PauseNow(str(request_id), reason)
+        )
 
     def _refused(self, msg: Msg, seq: int, record: ChangeSetRecord, reason: str) -> Decision:
         headers = msg.headers or {}
@@ -195,6 +224,9 @@ class RequestHandler:
                 retry.__cause__ = err
                 return Decision(Kind.RETRY, seq, msg, counted, error=retry)
             reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}"
+            if self._pause_on_max:
+                counted = replace(record, attempts={**record.attempts, rid: attempts})
+                return self._pause(msg, seq, counted, request.id, reason, inbox)
         else:
             response = EnqueueUpdatesResponse(
                 id=request.id,

@@ -21,6 +21,9 @@ class Outcome(enum.Enum):
         "lease_lost"  # the lease ran out (paused, partitioned, slow): the server may have redelivered
     )
     STALE = "stale"  # the delivery was already stale when taken (it waited in a paused daemon's buffer)
+    PAUSED = (
+        "paused"  # the change set is paused: let go (task acked), nothing more applied until it is resumed
+    )
 
     @property
     def hands_back(self) -> bool:
@@ -37,6 +40,7 @@ TASK_COUNTERS = {
     Outcome.RETRY: "tasks_retried",
     Outcome.INTERRUPTED: "tasks_interrupted",
     Outcome.WEDGED: "tasks_wedged",
+    Outcome.PAUSED: "tasks_paused",
 }
 
 
@@ -63,6 +67,15 @@ class LeaseLost(Exception):
     """The lease on the task ran out: stop at once, touch nothing."""
 
 
+class PauseNow(Exception):
+    """A request failed ``max_attempts`` times under ``on_max_attempts = "pause"``: pause the change set (the
+    request stays first in line) and let it go."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.request_id = request_id
+
+
 def failed(err: Exception, retry_backoff: float) -> TaskResult:
     """How a task ends after ``err`` while one of its requests was processed: the typed failures end it their own
     way; anything else (NATS or KV trouble, a bug) is retried after ``retry_backoff``, the request still first in
@@ -75,4 +88,6 @@ def failed(err: Exception, retry_backoff: float) -> TaskResult:
         return TaskResult(Outcome.RETRY, err.delay, str(err))
     if isinstance(err, Wedged):
         return TaskResult(Outcome.WEDGED, reason="request handler overran handler_deadline")
+    if isinstance(err, PauseNow):
+        return TaskResult(Outcome.PAUSED, reason=str(err))
     return TaskResult(Outcome.RETRY, retry_backoff, f"{type(err).__name__}: {err}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSetReader, RebaserApp
-from rebaser_server.changeset.context import Nats, Placement, Report
+from rebaser_server.changeset.context import Nats, Pauses, Placement, Report
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.task.keeper import LeaseKeeper
@@ -30,3 +30,4 @@ class Owning:
     report: Report
     placement: Placement
     reader: ChangeSetReader  # what the app may read besides its change set (given with each ChangeSet)
+    pauses: Pauses  # paused change sets and workspaces

@@ -28,6 +28,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from rebaser_core.errors import FencedError
+from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, CommitHooks
 from rebaser_server.changeset.consumer import RequestConsumer
@@ -37,7 +38,15 @@ from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
 from rebaser_server.changeset.migration import draining
-from rebaser_server.changeset.outcome import LeaseLost, Outcome, Retry, TaskResult, Wedged, failed
+from rebaser_server.changeset.outcome import (
+    LeaseLost,
+    Outcome,
+    PauseNow,
+    Retry,
+    TaskResult,
+    Wedged,
+    failed,
+)
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.postprocess import PostProcess
 from rebaser_server.changeset.quiet import look, may_give_way
@@ -89,6 +98,8 @@ class ChangeSetProcessor:
         # Held while one request is processed; release takes it to wait for the request in hand.
         self._request_lock = asyncio.Lock()
         self._handle: ChangeSetHandle | None = None
+        # A pause this ownership decided (a request failed max_attempts times): stored before the task is acked.
+        self._pause_to_store: Pause | None = None
         # Taken over from an owner that died or froze: count an attempt against the first request, and commit
         # every request on its own for the rest of this ownership (PostProcess, one_by_one).
         self._unclean = False
@@ -153,6 +164,10 @@ class ChangeSetProcessor:
         """The names of the shard this change set's task came from."""
         return self._names
 
+    def pause(self, reason: str) -> None:
+        """The change set was paused: finish the request in hand, then let it go (no DVU, no release check)."""
+        self._finish(Outcome.PAUSED, reason=f"paused: {reason}")
+
     def interrupt(self) -> None:
         """Graceful shutdown: finish the request in hand (bounded), then hand the task back."""
         self._finish(Outcome.INTERRUPTED, reason="shutdown")
@@ -164,6 +179,11 @@ class ChangeSetProcessor:
             # Delivered before this process was paused (it sat in the pull buffer): the server may have given the
             # task to another daemon meanwhile. Acting on it (even a nack) could take it from that daemon.
             return TaskResult(Outcome.STALE, reason="task delivery older than the lease")
+        paused = await owning.pauses.holding(self.change_set)
+        if paused is not None:
+            # Taken while paused (a request published since, or a task from before the pause): let it go untouched.
+            await self.lease.ack(timeout=settings.nats_timeout)
+            return TaskResult(Outcome.PAUSED, reason=f"paused: {paused.reason}")
         # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
         owning.keeper.add(self)
         # The change set's consumer is created while its record is read and bumped (one round trip fewer before
@@ -258,6 +278,10 @@ class ChangeSetProcessor:
                 # Paused or cut off past the lease: another daemon may own the change set now. Apply nothing.
                 self._finish(Outcome.LEASE_LOST, reason="lease ran out before a request")
                 return
+            paused = self._owning.pauses.paused(self.change_set)
+            if paused is not None:  # a request boundary: nothing more is applied
+                self.pause(paused.reason)
+                return
             post = self._post
             assert post is not None
             try:
@@ -275,6 +299,9 @@ class ChangeSetProcessor:
                         if decision.kind is not Kind.COUNTED:
                             break
                         unclean = False
+            except PauseNow as err:
+                self._pause_to_store = Pause.now("max_attempts", str(err), err.request_id)
+                self._fail(err)
             except Exception as err:
                 self._fail(err)
             except asyncio.CancelledError:
@@ -401,11 +428,17 @@ class ChangeSetProcessor:
                             owned=result.outcome not in (Outcome.FENCED, Outcome.LEASE_LOST)
                         )
         await self._consumer.close()
-        if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
+        if result.outcome in (
+            Outcome.RELEASED,
+            Outcome.RETRY,
+            Outcome.INTERRUPTED,
+        ):  # not PAUSED: no DVU then
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
         await self._trimmer.flush(settings.nats_timeout)
+        if result.outcome is Outcome.PAUSED:
+            return await self._let_go_paused(result)
         if result.outcome.hands_back or result.outcome is Outcome.RELEASED:
             # Said while still the owner: after the ack (or nack) the next owner's ``taken`` may come first.
             await self._feed.released(result.outcome.value)
@@ -423,3 +456,20 @@ class ChangeSetProcessor:
             settings=settings,
             report=owning.report,
         )
+
+    async def _let_go_paused(self, result: TaskResult) -> TaskResult:
+        """Paused: store the pause this ownership decided (if any), then ack the task without the release's
+        "anything queued?" check: the queue waits for the resume, which gives the change set a task again."""
+        owning = self._owning
+        timeout = owning.settings.nats_timeout
+        if self._pause_to_store is not None:
+            try:
+                await owning.pauses.pause(self.change_set, self._pause_to_store)
+            except Exception as err:  # not stored: the request stays first and fails again later
+                log.warning("%s: storing the pause failed (%r); retrying the task", self.change_set, err)
+                return TaskResult(Outcome.RETRY, owning.settings.retry_backoff, f"pause not stored: {err!r}")
+            log.error("%s: paused: %s", self.change_set, self._pause_to_store.reason)
+        await self._feed.released(Outcome.PAUSED.value)
+        if self.lease.held():  # else another daemon may hold the task now: acking would take it from it
+            await self.lease.ack(timeout=timeout)
+        return result

@@ -17,7 +17,8 @@ from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse, oldest_form
-from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, RebaserRefused, Unsupported
+from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
+from rebaser_core.errors import InvalidReplyInbox, RebaserRefused, Unsupported
 from rebaser_core.inbox import reply_inbox_of
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -103,21 +104,10 @@ class Replies:
         self, subject: str, original_headers: Mapping[str, str] | None, data: bytes, seq: int, reason: str
     ) -> bool:
         """:meth:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
-        subjects = self.subjects
-        try:
-            change_set = subjects.parse_any_requests(subject)
-            target = subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
-        except InvalidSubject:
-            target = subjects.dead_letter_malformed
-        reason = _one_ascii_line(reason, _MAX_REASON)
-        marks = {
-            h.DEAD_LETTER_REASON: reason,
-            h.DEAD_LETTER_SUBJECT: _one_ascii_line(subject, _MAX_REASON),
-            h.DEAD_LETTER_SEQUENCE: str(seq),
-            # Dedupe by original sequence: a request dead-lettered twice (its delete failed) is stored once.
-            h.NATS_MSG_ID: f"{subjects.for_shard(subjects.shard_of_subject(subject)).requests_stream}:{seq}",
-        }
-        headers, body = _bounded_copy(original_headers, data, self._settings.dead_letter_max_body)
+        target = dead_letter_subject(self.subjects, subject)
+        marks = dead_letter_marks(self.subjects, subject, seq, reason)
+        reason = marks[h.DEAD_LETTER_REASON]
+        headers, body = bounded_copy(original_headers, data, self._settings.dead_letter_max_body)
         try:
             await self._store(target, body, {**headers, **marks})
         except RebaserRefused as err:
@@ -147,41 +137,3 @@ class Replies:
             "could not dead-letter request seq %d of %s (%s); it is dropped: %s", seq, subject, err, reason
         )
         return False
-
-
-# A dead letter's reason is one header value: one line, ASCII (nats-py reads other values back as email Header
-# objects), bounded.
-_MAX_REASON = 1024
-# Original headers kept in a dead letter: each at most this long, all together within MAX_HEADER_BYTES minus room
-# for the headers the daemon adds.
-_MAX_KEPT_HEADER = 1024
-_MAX_KEPT_HEADERS = h.MAX_HEADER_BYTES - 2 * _MAX_REASON
-
-
-def _one_ascii_line(text: str, limit: int) -> str:
-    return " ".join(text.split()).encode("ascii", "backslashreplace").decode()[:limit]
-
-
-def _bounded_copy(
-    headers: Mapping[str, str] | None, data: bytes, max_body: int
-) -> tuple[dict[str, str], bytes]:
-    """The request's headers and body as the dead letter keeps them: JetStream's own ``Nats-*`` headers left out,
-    oversized headers dropped (counted), the body cut to ``max_body`` bytes (its length noted)."""
-    kept: dict[str, str] = {}
-    dropped, total = 0, 0
-    for name, value in (headers or {}).items():
-        if name.lower().startswith("nats-"):  # JetStream's own, in whatever case the caller wrote them
-            continue
-        size = len(name) + len(str(value)) + 4
-        if len(name) > 128 or size > _MAX_KEPT_HEADER or total + size > _MAX_KEPT_HEADERS:
-            dropped += 1
-            continue
-        kept[name] = _one_ascii_line(str(value), _MAX_KEPT_HEADER)
-        total += size
-    if dropped:
-        kept[h.DEAD_LETTER_HEADERS_DROPPED] = str(dropped)
-    body = data
-    if len(body) > max_body:
-        kept[h.DEAD_LETTER_TRUNCATED] = str(len(body))
-        body = body[:max_body]
-    return kept, body

@@ -22,8 +22,9 @@ from nats.aio.client import Client as NatsClient
 from rebaser_core import nats_speedups
 from rebaser_core.durability import Durability, meets
 from rebaser_core.errors import DurabilityTooLow
-from rebaser_core.ids import RequestId
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.pauses import Pause
 from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
@@ -36,6 +37,7 @@ from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
 from rebaser_server.daemon.owned import OwnedChangeSets
+from rebaser_server.daemon.pauses import PauseWatcher
 from rebaser_server.daemon.puller import TaskPuller
 from rebaser_server.daemon.shards import ShardPullers
 from rebaser_server.daemon.startup import set_up_with_retries
@@ -100,10 +102,12 @@ class Daemon:
         replies = Replies(nc, settings, subjects, stats, report.observe)
         keeper = LeaseKeeper(nc, period=settings.progress_period, on_renewed=renewed)
         self._reader = StoreReader(js, settings, store)
+        # Paused change sets and workspaces (rebaser_core.pauses), watched: an owned one is let go when paused.
+        self.pauses = PauseWatcher(js, settings, on_pause=self._on_pause)
         self._owning = Owning(
-            nats, settings, app, store, owner, keeper, replies, report, placement, self._reader
+            nats, settings, app, store, owner, keeper, replies, report, placement, self._reader, self.pauses
         )
-        self.sweeper = Sweeper(nats, settings, placement, replies)
+        self.sweeper = Sweeper(nats, settings, placement, replies, paused=self.pauses.paused)
         self.queries = QueryService(nc, js, settings, app=app, store=store, placement=placement)
         self._sweep = sweep
         # Change sets taken but not yet past their cold path, and waiting for a slot (rebaser_server.daemon.admission).
@@ -116,7 +120,9 @@ class Daemon:
         self.shards = ShardPullers(nats, settings, placement, self._pull, expires=_FETCH_TIMEOUT)
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
-        self.health = StatusReporter(nc, settings, self.watch, layout=lambda: placement.layout)
+        self.health = StatusReporter(
+            nc, settings, self.watch, layout=lambda: placement.layout, paused=self.pauses.targets
+        )
         self._durability = DurabilityCheck(js, settings)
         # Why the daemon stopped by itself (None: it was asked to, or has not stopped); the CLI exits non-zero then.
         self.failure: str | None = None
@@ -224,6 +230,7 @@ class Daemon:
             await self.shards.set_up()  # the layout (flags checked against it) and every shard's streams
             await self._owning.store.open()
             await self._reader.open()
+            await self.pauses.start()  # before any task is taken: a paused change set is never touched
 
         await set_up_with_retries(prepare, self._start_app, timeout=timeout, stopping=lambda: self._stopping)
 
@@ -360,6 +367,13 @@ class Daemon:
             return "the lease keeper has stopped"
         return None
 
+    def _on_pause(self, workspace: WorkspacePk, change_set: ChangeSetId | None, pause: Pause) -> None:
+        """A pause appeared: the owned change sets it covers let go at their next request boundary."""
+        for processor in self._owned.processors():
+            held = processor.change_set
+            if held.workspace_id == workspace and change_set in (None, held.change_set_id):
+                processor.pause(pause.reason)
+
     async def status(self) -> dict[str, Any]:
         """Everything ``/status`` shows (:func:`rebaser_server.ops.status.status_of`)."""
         return await status_of(self)
@@ -388,6 +402,7 @@ class Daemon:
         if left:
             log.error("%d change sets did not finish handing back in time", left)
         await self._owning.keeper.stop()
+        await self.pauses.stop()
         self._app_stopping = True
         for what, stop in (("queries", self.queries.stop), ("app", self._owning.app.stop)):
             try:

@@ -16,9 +16,11 @@ import random
 from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import ParsedSubject, Subjects
 from rebaser_core.tasks import publish_task
+from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.junk import JunkRemover
@@ -42,13 +44,22 @@ def _parse_all(
 
 
 class Sweeper:
-    def __init__(self, nats: Nats, settings: Settings, placement: Placement, replies: Replies) -> None:
+    def __init__(
+        self,
+        nats: Nats,
+        settings: Settings,
+        placement: Placement,
+        replies: Replies,
+        *,
+        paused: Callable[[ChangeSet], Pause | None] = lambda _: None,
+    ) -> None:
         self._nats = nats
         self._settings = settings
         self._placement = placement  # the shard layout, as the daemon follows it: every shard is swept
         self.sweeps = 0
         self.orphans_found = 0
         self.junk = JunkRemover(nats.js, replies)
+        self._paused = paused
         # The loop's own stop flag: nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11,
         # and a sweep loop stopped only by it would go on sweeping after its daemon stopped.
         self._stopped = False
@@ -90,6 +101,8 @@ class Sweeper:
             await self.junk.remove(subjects.tasks_stream, junk, dead_letter=False)
         found = 0
         for change_set in sorted(queued - tasked, key=str):
+            if self._paused(ChangeSet(change_set.workspace_id, change_set.change_set_id)) is not None:
+                continue  # paused: its queue waits for the resume, which gives it a task
             if await self._publish(subjects, change_set):
                 found += 1
         return found

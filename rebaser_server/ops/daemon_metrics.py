@@ -81,6 +81,7 @@ _TASK_OUTCOMES = {
     "tasks_lease_lost": "lease_lost",
     "tasks_stale": "stale",
     "tasks_dropped": "dropped",
+    "tasks_paused": "paused",
 }
 # Task outcomes that nack the task (Outcome.hands_back).
 _NACKS = ("tasks_retried", "tasks_interrupted", "tasks_wedged")
@@ -149,6 +150,19 @@ class DaemonCollector(Collector):
             "Settled queries this daemon holds now (each until its change set settles or it times out).",
             value=daemon.settled_waits,
         )
+        change_sets, workspaces = daemon.pauses.counts
+        paused = GaugeMetricFamily(
+            "rebaser_paused", "Paused change sets and workspaces, as this daemon sees them.", labels=["kind"]
+        )
+        paused.add_metric(["change_set"], change_sets)
+        paused.add_metric(["workspace"], workspaces)
+        yield paused
+        pauses = CounterMetricFamily(
+            "rebaser_pauses", "Pauses seen appear since start-up, by cause.", labels=["cause"]
+        )
+        for cause in ("operator", "max_attempts"):
+            pauses.add_metric([cause], daemon.pauses.pauses.get(cause, 0))
+        yield pauses
         durability = daemon.durability
         if durability is not None:
             # A state set (one series per level, 1 for the current one): alert on rebaser_durability{level=...}.

@@ -15,10 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
 from rebaser_core.connect import connection_state, redact_url
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.settings import Settings
 from rebaser_core.shard_info import shard_facts
@@ -29,6 +31,9 @@ __all__ = ["ConnectionWatch", "JetStreamFacts", "StatusReporter"]
 log = logging.getLogger(__name__)
 
 _FACTS_TTL = 1.0
+# The backlog of at most this many pauses is counted (one stream info per pause and shard, once a second at most).
+_PAUSED_COUNTED = 50
+
 # A status call must answer fast even when JetStream does not: /readyz takes at most this long (give probes a
 # timeout above it), and a JetStream that cannot answer in time makes the daemon not ready.
 _INFO_TIMEOUT = 2.0
@@ -103,6 +108,8 @@ class JetStreamFacts:
     requests_waiting: int | None = None  # messages in REBASER_REQUESTS (queued or being applied)
     requests_bytes: int | None = None
     dead_letters: int | None = None
+    # Requests queued for paused change sets (and workspaces): they wait for a resume, not for a daemon.
+    paused_backlog: int | None = None
     # Per shard: backlog, consumers, pull requests waiting and the stream leader (rebaser streams show, too).
     shards: tuple[dict[str, Any], ...] = ()
     # Shards with tasks waiting and no daemon pulling (pinned mode with its daemon down, or every daemon full).
@@ -123,12 +130,14 @@ class StatusReporter:
         watch: ConnectionWatch,
         *,
         layout: Callable[[], Layout],
+        paused: Callable[[], list[tuple[WorkspacePk, ChangeSetId | None]]] = list,
     ) -> None:
         self._nc = nc
         self._settings = settings
         # Shard 0's names and the shared ones; the layout is read at every fetch (it changes while serving).
         self._subjects: Subjects = settings.subjects
         self._layout = layout
+        self._paused = paused
         self._js = nc.jetstream(timeout=_INFO_TIMEOUT)
         self.watch = watch
         self._facts = JetStreamFacts()
@@ -183,6 +192,7 @@ class StatusReporter:
             for names in shards
         ]
         dlq = ok(subjects.dead_letter_stream)
+        paused_backlog = await self._paused_backlog(shards)
 
         def total(key: str) -> int | None:
             values = [s[key] for s in per_shard]
@@ -194,6 +204,7 @@ class StatusReporter:
             requests_waiting=total("requests_waiting"),
             requests_bytes=total("requests_bytes"),
             dead_letters=None if dlq is None else int(dlq.state.messages),
+            paused_backlog=paused_backlog,
             shards=tuple(per_shard),
             unserved_shards=tuple(s["shard"] for s in per_shard if s["tasks_waiting"] and not s["pulling"]),
             missing=missing,
@@ -201,6 +212,23 @@ class StatusReporter:
             checked_at=time.time(),
             fetched_mono=time.monotonic(),
         )
+
+    async def _paused_backlog(self, shards: list[Subjects]) -> int | None:
+        """Requests queued for what is paused (the first _PAUSED_COUNTED pauses; None if a count failed)."""
+        total = 0
+        for workspace, change_set in self._paused()[:_PAUSED_COUNTED]:
+            for names in shards:
+                subject = (
+                    names.requests_of_workspace(workspace)
+                    if change_set is None
+                    else names.requests(workspace, change_set)
+                )
+                try:
+                    info = await self._js.stream_info(names.requests_stream, subjects_filter=subject)
+                except (nats.errors.Error, TimeoutError, NotFoundError):
+                    return None
+                total += sum((info.state.subjects or {}).values())
+        return total
 
     def not_ready(self, facts: JetStreamFacts, stale: bool, *, stopping: bool, owned: int = 0) -> list[str]:
         """Why the daemon is not ready (empty: ready). A disconnect shorter than ``ready_max_disconnected`` is
@@ -224,6 +252,8 @@ class StatusReporter:
                 "wait for an owner"
             )
         backlog = facts.requests_waiting
+        if backlog is not None and facts.paused_backlog:
+            backlog -= facts.paused_backlog  # it waits for a resume, not for a daemon
         if settings.ready_max_backlog >= 0 and backlog is not None and backlog > settings.ready_max_backlog:
             reasons.append(f"{backlog} requests waiting (ready_max_backlog {settings.ready_max_backlog})")
         return reasons

@@ -44,7 +44,26 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
         "jetstream": health.facts_dict(facts, stale),
         "durability": None if daemon.durability is None else daemon.durability.as_dict(),
         "settled_waits": daemon.settled_waits,
+        "paused": _paused(daemon),
         "last_request_at": stats["last_request_at"],
         "last_publish_at": stats["last_publish_at"],
         "stats": dict(stats),
+    }
+
+
+# At most this many paused change sets and workspaces are listed on /status (all are counted).
+STATUS_MAX_PAUSED = 100
+
+
+def _paused(daemon: DaemonView) -> dict[str, Any]:
+    pauses = daemon.pauses
+    change_sets, workspaces = pauses.counts
+    return {
+        "change_sets": change_sets,
+        "workspaces": workspaces,
+        "pauses_by_cause": dict(pauses.pauses),
+        "held": [
+            {"what": what, "cause": p.cause, "reason": p.reason, "since": p.since, "request_id": p.request_id}
+            for what, p in pauses.listed()[:STATUS_MAX_PAUSED]
+        ],
     }

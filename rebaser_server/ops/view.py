@@ -11,18 +11,33 @@ from typing import Protocol
 
 from rebaser_core.durability import Durability
 from rebaser_core.layout import Layout
+from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 from rebaser_server.ops.health import StatusReporter
 from rebaser_server.ops.observe import Observer
 
-__all__ = ["Counters", "DaemonView"]
+__all__ = ["Counters", "DaemonView", "PausesView"]
 
 
 class Counters(Protocol):
     """A daemon's counters (``Stats``), read as a mapping of field to value."""
 
     def as_dict(self) -> Mapping[str, float | int | None]: ...
+
+
+class PausesView(Protocol):
+    """Paused change sets and workspaces as a daemon sees them (rebaser_server.daemon.pauses)."""
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(paused change sets, paused workspaces)."""
+
+    @property
+    def pauses(self) -> Mapping[str, int]:
+        """Pauses seen appear since start-up, by cause."""
+
+    def listed(self) -> list[tuple[str, Pause]]: ...
 
 
 class DaemonView(Protocol):
@@ -64,6 +79,9 @@ class DaemonView(Protocol):
 
     @property
     def observe(self) -> Observer: ...
+
+    @property
+    def pauses(self) -> PausesView: ...
 
     def alive(self) -> str | None:
         """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""

@@ -1,0 +1,624 @@
+"""Pausing and resuming a change set or a whole workspace, and skipping a paused change set's first request.
+
+A pause is a key of the ``REBASER_PAUSES`` bucket (:mod:`rebaser_core.pauses`); the daemons watch it. A paused change
+set is let go by its owner at its next request boundary, and a daemon that takes a paused change set's task acks it
+and does nothing; its requests are still accepted and stored meanwhile.
+
+- **Pause** stores ``Pause.now("operator", reason)``. Pausing what is paused already keeps the first pause (its
+  cause, reason and ``since``) and says so. With ``wait``, returns once no daemon holds the change set (its task is
+  not delivered to one): :class:`StillHeld` if one still does after ``wait`` seconds (it stays paused).
+- **Resume** deletes the key, then gives a task to the change set (to every change set of the workspace) that has
+  requests queued, so a daemon takes it again. Resuming what is not paused does the same and is not an error. A
+  change set stays paused while its workspace is (and a workspace's change sets paused on their own stay so).
+- **Skip** (only while paused, and while no daemon holds the change set) copies the first queued request to the
+  dead-letter stream, reason ``skipped by an operator``, then deletes it from the requests stream. The copy keeps the
+  whole body, so ``rebaser dlq replay`` can send it again later. The copy is deduplicated by the request's stream
+  sequence: a skip that failed after its copy and is run again stores no second one.
+
+Every JetStream call has a deadline (``ADMIN_TIMEOUT``); NATS trouble is :class:`RebaserUnavailable`, a deployment
+that does not exist :class:`RebaserRefused` (``_admin.js_error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg, StorageType
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from rebaser_client._admin import ADMIN_TIMEOUT, js_error, parse_ids, task_state
+from rebaser_client._admin_record import RecordView
+from rebaser_client._pause_read import PausedLine, all_pauses, pauses_of, read_pause
+from rebaser_client._routing import fetch_layout
+from rebaser_core import headers as h
+from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
+from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserTimeout, RebaserUnavailable
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.layout import Layout
+from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
+from rebaser_core.subjects import Subjects
+from rebaser_core.tasks import check_pub_ack, publish_task
+
+__all__ = [
+    "RESUME_BOUND",
+    "SKIP_REASON",
+    "HeldByDaemon",
+    "NotFirstInLine",
+    "NotPaused",
+    "PauseResult",
+    "ResumeResult",
+    "SkipResult",
+    "SkipTarget",
+    "StillHeld",
+    "check_skip",
+    "list_pauses",
+    "pause_change_set",
+    "pause_of",
+    "pause_workspace",
+    "resume_change_set",
+    "resume_workspace",
+    "skip_request",
+]
+
+SKIP_REASON = "skipped by an operator"
+# A workspace's resume gives a task to at most this many of its change sets (and a workspace pause's wait watches at
+# most this many tasks). The rest get theirs from the daemons' orphan sweep (every ``sweep_interval``, 30 s by
+# default), which gives a task to every change set with requests queued and none, unless it is paused.
+RESUME_BOUND = 10_000
+_POLL = 0.1
+_PUBLISH_AT_ONCE = 64
+# nats-server's answer to deleting a sequence that holds no message.
+_NO_MESSAGE = 10057
+
+
+class NotPaused(RebaserRefused):
+    """Skipping a request of a change set that is not paused: the daemons may be applying it right now."""
+
+    def __init__(self, workspace_id: object, change_set_id: object) -> None:
+        super().__init__(
+            f"change set {workspace_id}/{change_set_id} is not paused: pause it first "
+            f"(rebaser change-set pause {workspace_id} {change_set_id})"
+        )
+
+
+class NotFirstInLine(RebaserRefused):
+    """The request to skip is not the change set's first queued one (``found``: the first one's id, None if nothing
+    is queued or its id cannot be read)."""
+
+    def __init__(
+        self, workspace_id: object, change_set_id: object, request_id: str, found: str | None, seq: int
+    ) -> None:
+        where = f"{workspace_id}/{change_set_id}"
+        if seq == 0:
+            what = f"nothing is queued for change set {where}"
+        elif found is None:
+            what = f"the first request queued for {where} (seq {seq}) has no readable id"
+        else:
+            what = f"the first request queued for {where} is {found} (seq {seq})"
+        super().__init__(f"request {request_id} is not first in line: {what}")
+        self.found = found
+        self.seq = seq
+
+
+class HeldByDaemon(RebaserRefused):
+    """A daemon still holds the paused change set (it lets go at its next request boundary): try again."""
+
+
+class StillHeld(RebaserTimeout):
+    """Paused, but a daemon still held the change set (or one of the workspace's) when the wait ran out: it lets go
+    at its next request boundary (a request being applied is finished first)."""
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    workspace_id: str
+    change_set_id: str | None  # None: the whole workspace
+    pause: Pause  # the pause in effect: the one stored now, or the first one if it was paused already
+    already: bool  # it was paused already: the first pause is kept
+    let_go: bool | None  # with a wait: no daemon holds it any more; None: not waited for
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    workspace_id: str
+    change_set_id: str | None  # None: the whole workspace
+    was: Pause | None  # the pause removed; None: it was not paused
+    queued: int  # change sets with requests queued (one at most for a change set)
+    tasks_published: int  # of those, given a task now
+    tasks_existing: int  # of those, that had one already
+    left_to_sweep: int = 0  # over RESUME_BOUND: given their task by the daemons' orphan sweep
+    # For a change set: its workspace's pause, which still holds it. For a workspace: its change sets paused on their
+    # own, which stay paused.
+    workspace_pause: Pause | None = None
+    still_paused: int = 0
+
+
+@dataclass(frozen=True)
+class SkipResult:
+    workspace_id: str
+    change_set_id: str
+    request_id: str
+    seq: int  # its sequence in the requests stream
+    stream: str
+    dead_letter_seq: int  # the copy's sequence in the dead-letter stream
+    duplicate: bool  # the copy was stored already (an earlier skip of it failed before the delete)
+    deleted: bool  # False: it was gone from the requests stream already (purged meanwhile)
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------------
+def _js(nc: NatsClient) -> JetStreamContext:
+    return nc.jetstream(timeout=ADMIN_TIMEOUT)
+
+
+def _workspace_filter(pattern: str, workspace_id: WorkspacePk) -> str:
+    """A shard's ``…requests[.<k>].*.*`` (or tasks) filter narrowed to one workspace: ``…<wk>.*``."""
+    return pattern.replace("*", str(workspace_id), 1)
+
+
+async def _bucket(js: JetStreamContext, subjects: Subjects) -> KeyValue:
+    """The pauses bucket, created with the deployment's replicas and storage (those of its requests stream) if no
+    daemon has created it yet."""
+    kv = await open_pauses(js, subjects, create=False)
+    if kv is not None:
+        return kv
+    # NotFoundError if there is none: no deployment here (js_error says so).
+    info = await js.stream_info(subjects.requests_stream)
+    storage = "memory" if info.config.storage == StorageType.MEMORY else "file"
+    replicas = int(info.config.num_replicas or 1)
+    kv = await open_pauses(js, subjects, create=True, replicas=replicas, storage=storage)
+    assert kv is not None
+    return kv
+
+
+async def _store(kv: KeyValue, key: str, pause: Pause) -> tuple[Pause, bool]:
+    """(the pause in effect, whether it was there already). Never overwrites a pause: the first one is kept."""
+    for _ in range(3):
+        try:
+            await kv.create(key, pause.encode())
+            return pause, False
+        except KeyWrongLastSequenceError:
+            existing = await read_pause(kv, key)
+        if existing is not None:
+            return existing, True
+        try:  # not a pause (the daemons ignore it) or deleted meanwhile: overwrite what is there now
+            entry = await kv.get(key)
+            await kv.update(key, pause.encode(), last=entry.revision)
+            return pause, False
+        except (KeyNotFoundError, KeyWrongLastSequenceError):
+            continue  # deleted or rewritten meanwhile: look again
+    raise RebaserUnavailable(f"the pause {key} keeps changing under this command: try again")
+
+
+async def _wait_let_go(
+    nc: NatsClient,
+    subjects: Subjects,
+    targets: list[tuple[WorkspacePk, ChangeSetId]],
+    layout: Layout | None,
+    wait: float,
+    what: str,
+) -> None:
+    """Return once none of ``targets`` has its task delivered to a daemon; :class:`StillHeld` after ``wait``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    pending = list(targets)
+    while True:
+        still = []
+        for wk, cs in pending:
+            if await task_state(nc, _shard(subjects, layout, wk, cs), wk, cs) == "owned":
+                still.append((wk, cs))
+        pending = still
+        if not pending:
+            return
+        left = deadline - loop.time()
+        if left <= 0:
+            held = f"{pending[0][0]}/{pending[0][1]}" + (
+                f" and {len(pending) - 1} more" if len(pending) > 1 else ""
+            )
+            raise StillHeld(
+                f"{what} is paused, but after {wait:g}s a daemon still holds {held}: it is being let go (at its "
+                "next request boundary); see `rebaser change-set show`"
+            )
+        await asyncio.sleep(min(_POLL, left))
+
+
+async def _read_layout(nc: NatsClient, subjects: Subjects) -> Layout | None:
+    try:
+        return await fetch_layout(nc, subjects)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise RebaserUnavailable(f"reading the shard layout failed: {err or type(err).__name__}") from None
+
+
+def _shard(subjects: Subjects, layout: Layout | None, wk: WorkspacePk, cs: ChangeSetId) -> Subjects:
+    """The names of the change set's shard now (its task's)."""
+    return subjects if layout is None else subjects.for_shard(layout.shard_of(wk, cs))
+
+
+def _shards_of(subjects: Subjects, layout: Layout | None, wk: WorkspacePk, cs: ChangeSetId) -> list[Subjects]:
+    """The change set's shards, in the order its requests are applied: while the layout changes its old shard
+    first, then its current one."""
+    if layout is None:
+        return [subjects]
+    current = layout.shard_of(wk, cs)
+    old = layout.old_shard_of(wk, cs)
+    return [subjects.for_shard(s) for s in ([current] if old is None else [old, current])]
+
+
+async def _has_queued(
+    js: JetStreamContext, shards: Iterable[Subjects], wk: WorkspacePk, cs: ChangeSetId
+) -> bool:
+    for names in shards:
+        try:
+            await js.get_last_msg(names.requests_stream, names.requests(wk, cs), direct=True)
+            return True
+        except NotFoundError:
+            continue
+    return False
+
+
+async def _give_tasks(
+    nc: NatsClient, subjects: Subjects, layout: Layout | None, targets: list[tuple[WorkspacePk, ChangeSetId]]
+) -> int:
+    """Publish each change set's task (in its current shard); how many were created (the others had one)."""
+    created = 0
+    for at in range(0, len(targets), _PUBLISH_AT_ONCE):
+        batch = targets[at : at + _PUBLISH_AT_ONCE]
+        subjects_of = [_shard(subjects, layout, wk, cs).task(wk, cs) for wk, cs in batch]
+        results = await asyncio.gather(*(publish_task(nc, s, timeout=ADMIN_TIMEOUT) for s in subjects_of))
+        created += sum(results)
+    return created
+
+
+async def _record(
+    js: JetStreamContext, subjects: Subjects, wk: WorkspacePk, cs: ChangeSetId
+) -> RecordView | None:
+    try:
+        kv = await js.key_value(subjects.change_sets_bucket)
+        entry = await kv.get(subjects.change_set_key(wk, cs))
+    except (BucketNotFoundError, KeyNotFoundError):
+        return None
+    return None if not entry.value else RecordView.decode(entry.value)
+
+
+def _name(wk: object, cs: object | None) -> str:
+    return f"workspace {wk}" if cs is None else f"change set {wk}/{cs}"
+
+
+# -- reading ---------------------------------------------------------------------------------------------------------
+async def pause_of(
+    nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> tuple[Pause | None, Pause | None]:
+    """(the change set's own pause, its workspace's pause); None where there is none. Either one holds it."""
+    try:
+        return await pauses_of(_js(nc), subjects, workspace_id, change_set_id)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+
+
+async def list_pauses(nc: NatsClient, subjects: Subjects) -> list[PausedLine]:
+    """Every paused change set and workspace, oldest pause first (at most ``MAX_LISTED_PAUSES``; ``queued`` is not
+    counted here: ``status_report`` does)."""
+    try:
+        found, _ = await all_pauses(_js(nc), subjects, timeout=ADMIN_TIMEOUT)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    return found
+
+
+# -- pause -----------------------------------------------------------------------------------------------------------
+async def pause_change_set(
+    nc: NatsClient,
+    subjects: Subjects,
+    workspace_id: WorkspacePk,
+    change_set_id: ChangeSetId,
+    reason: str = "",
+    *,
+    wait: float | None = None,
+) -> PauseResult:
+    """Pause a change set (see the module docstring). ``wait``: seconds to wait for its owner to let it go."""
+    wk, cs = workspace_id, change_set_id
+    try:
+        kv = await _bucket(_js(nc), subjects)
+        pause, already = await _store(kv, change_set_key(wk, cs), Pause.now("operator", reason))
+        layout = await _read_layout(nc, subjects) if wait is not None else None
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    if wait is not None:
+        await _wait_let_go(nc, subjects, [(wk, cs)], layout, wait, _name(wk, cs))
+    return PauseResult(str(wk), str(cs), pause, already, None if wait is None else True)
+
+
+async def pause_workspace(
+    nc: NatsClient,
+    subjects: Subjects,
+    workspace_id: WorkspacePk,
+    reason: str = "",
+    *,
+    wait: float | None = None,
+) -> PauseResult:
+    """Pause every change set of a workspace, those created later too. ``wait``: seconds to wait until no daemon
+    holds any of them (those with a task: at most ``RESUME_BOUND`` are watched)."""
+    wk = workspace_id
+    try:
+        kv = await _bucket(_js(nc), subjects)
+        pause, already = await _store(kv, workspace_key(wk), Pause.now("operator", reason))
+        layout = await _read_layout(nc, subjects) if wait is not None else None
+        targets = await _with_tasks(nc, subjects, layout, wk) if wait is not None else []
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    if wait is not None:
+        await _wait_let_go(nc, subjects, targets, layout, wait, _name(wk, None))
+    return PauseResult(str(wk), None, pause, already, None if wait is None else True)
+
+
+async def _subjects_of_workspace(
+    js: JetStreamContext, stream: str, filter_: str, parse: Callable[[str], Any]
+) -> dict[tuple[str, str], int]:
+    try:
+        info = await js.stream_info(stream, subjects_filter=filter_)
+    except NotFoundError:  # a shard whose streams are not created yet (or deleted): nothing there
+        return {}
+    found: dict[tuple[str, str], int] = {}
+    for subject, count in (info.state.subjects or {}).items():
+        ids = parse_ids(subject, parse)
+        if ids is not None and count:
+            found[ids] = found.get(ids, 0) + count
+    return found
+
+
+async def _with_tasks(
+    nc: NatsClient, subjects: Subjects, layout: Layout | None, wk: WorkspacePk
+) -> list[tuple[WorkspacePk, ChangeSetId]]:
+    """The workspace's change sets that have a task (in any shard), at most RESUME_BOUND."""
+    js = _js(nc)
+    found: set[tuple[str, str]] = set()
+    for shard in range(1) if layout is None else layout.shards:
+        names = subjects.for_shard(shard)
+        found |= (
+            await _subjects_of_workspace(
+                js, names.tasks_stream, _workspace_filter(names.tasks_stream_subject, wk), names.parse_task
+            )
+        ).keys()
+    return [(WorkspacePk(w), ChangeSetId(c)) for w, c in sorted(found)[:RESUME_BOUND]]
+
+
+# -- resume ----------------------------------------------------------------------------------------------------------
+async def resume_change_set(
+    nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> ResumeResult:
+    """Remove the change set's pause, then give it a task if it has requests queued."""
+    wk, cs = workspace_id, change_set_id
+    js = _js(nc)
+    try:
+        kv = await open_pauses(js, subjects, create=False)
+        was = None
+        workspace_pause = None
+        if kv is not None:
+            key = change_set_key(wk, cs)
+            was = await read_pause(kv, key)
+            await kv.delete(key)
+            workspace_pause = await read_pause(kv, workspace_key(wk))
+        layout = await _read_layout(nc, subjects)
+        # After the delete: a daemon that takes the task now sees no pause (or the workspace's).
+        queued = await _has_queued(js, _shards_of(subjects, layout, wk, cs), wk, cs)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    created = await _give_tasks(nc, subjects, layout, [(wk, cs)]) if queued else 0
+    return ResumeResult(
+        str(wk),
+        str(cs),
+        was,
+        int(queued),
+        created,
+        int(queued) - created,
+        workspace_pause=workspace_pause,
+    )
+
+
+async def resume_workspace(nc: NatsClient, subjects: Subjects, workspace_id: WorkspacePk) -> ResumeResult:
+    """Remove the workspace's pause, then give a task to each of its change sets that has requests queued in any
+    shard and is not paused on its own: at most ``RESUME_BOUND`` of them (in id order); the others get theirs from
+    the daemons' orphan sweep (``left_to_sweep`` says how many)."""
+    wk = workspace_id
+    js = _js(nc)
+    try:
+        kv = await open_pauses(js, subjects, create=False)
+        was = None
+        own: set[str] = set()
+        if kv is not None:
+            key = workspace_key(wk)
+            was = await read_pause(kv, key)
+            await kv.delete(key)
+            # Read after the delete: a change set resumed meanwhile is either seen resumed here, or gets its task from
+            # its own resume (which publishes after its delete, when the workspace is no longer paused).
+            paused, _ = await all_pauses(js, subjects, timeout=ADMIN_TIMEOUT)
+            own = {
+                p.change_set_id for p in paused if p.workspace_id == str(wk) and p.change_set_id is not None
+            }
+        layout = await _read_layout(nc, subjects)
+        queued: set[tuple[str, str]] = set()
+        for shard in range(1) if layout is None else layout.shards:
+            names = subjects.for_shard(shard)
+            queued |= (
+                await _subjects_of_workspace(
+                    js,
+                    names.requests_stream,
+                    _workspace_filter(names.requests_stream_subject, wk),
+                    names.parse_requests,
+                )
+            ).keys()
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    ready = sorted((w, c) for w, c in queued if c not in own)
+    chosen = [(WorkspacePk(w), ChangeSetId(c)) for w, c in ready[:RESUME_BOUND]]
+    created = await _give_tasks(nc, subjects, layout, chosen)
+    return ResumeResult(
+        str(wk),
+        None,
+        was,
+        len(ready),
+        created,
+        len(chosen) - created,
+        left_to_sweep=len(ready) - len(chosen),
+        still_paused=len(own),
+    )
+
+
+# -- skip ------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SkipTarget:
+    """The request a skip would move: the paused change set's first in line."""
+
+    workspace_id: str
+    change_set_id: str
+    request_id: str
+    seq: int
+    stream: str  # the requests stream (of its shard) holding it
+    subject: str
+    headers: dict[str, str] = field(repr=False)
+    data: bytes = field(repr=False)
+
+
+async def check_skip(
+    nc: NatsClient,
+    subjects: Subjects,
+    workspace_id: WorkspacePk,
+    change_set_id: ChangeSetId,
+    request_id: RequestId | str,
+) -> SkipTarget:
+    """What :func:`skip_request` would move, if it may: :class:`NotPaused`, :class:`HeldByDaemon` while a daemon
+    still holds the change set, :class:`NotFirstInLine` (naming the first request's id) otherwise."""
+    from rebaser_core.api import ENQUEUE_UPDATES_REQUEST  # pydantic: only here
+
+    wk, cs = workspace_id, change_set_id
+    wanted = str(request_id).upper()
+    js = _js(nc)
+    try:
+        pause, workspace_pause = await pauses_of(js, subjects, wk, cs)
+        if pause is None and workspace_pause is None:
+            raise NotPaused(wk, cs)
+        layout = await _read_layout(nc, subjects)
+        shards = _shards_of(subjects, layout, wk, cs)
+        if await task_state(nc, shards[-1], wk, cs) == "owned":
+            raise HeldByDaemon(
+                f"change set {wk}/{cs} is paused, but a daemon still holds it (it lets go at its next request "
+                "boundary): try again in a moment, or pause it with --wait"
+            )
+        record = await _record(js, subjects, wk, cs)
+        first = await _first_queued(js, shards, wk, cs, record)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    if first is None:
+        raise NotFirstInLine(wk, cs, wanted, None, 0)
+    names, msg = first
+    seq = int(msg.seq or 0)
+    headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
+    data = msg.data or b""
+    try:
+        found: str | None = str(ENQUEUE_UPDATES_REQUEST.decode(headers, data).id)
+    except ProtocolError:
+        found = h.get_header(headers, h.NATS_MSG_ID)
+    if found is None or found.upper() != wanted:
+        raise NotFirstInLine(wk, cs, wanted, found, seq)
+    return SkipTarget(
+        str(wk), str(cs), found.upper(), seq, names.requests_stream, msg.subject or "", headers, data
+    )
+
+
+async def skip_request(
+    nc: NatsClient,
+    subjects: Subjects,
+    workspace_id: WorkspacePk,
+    change_set_id: ChangeSetId,
+    request_id: RequestId | str,
+) -> SkipResult:
+    """Move the paused change set's first queued request, which must be ``request_id``, to the dead letters: a copy
+    first (reason ``skipped by an operator``), then its delete from the requests stream. Refused, nothing done, as
+    :func:`check_skip` says."""
+    target = await check_skip(nc, subjects, workspace_id, change_set_id, request_id)
+    seq = target.seq
+    dead_letter_seq, duplicate = await _copy_to_dead_letters(
+        nc, subjects, target.subject, target.headers, target.data, seq
+    )
+    deleted = await _delete(_js(nc), target.stream, seq, dead_letter_seq)
+    return SkipResult(
+        target.workspace_id,
+        target.change_set_id,
+        target.request_id,
+        seq,
+        target.stream,
+        dead_letter_seq,
+        duplicate,
+        deleted,
+    )
+
+
+async def _first_queued(
+    js: JetStreamContext, shards: list[Subjects], wk: WorkspacePk, cs: ChangeSetId, record: RecordView | None
+) -> tuple[Subjects, RawStreamMsg] | None:
+    """The first request not yet processed, and its shard's names; None if none is queued. A request at or below the
+    record's watermark (in the shard it counts in) is processed, only awaiting its removal."""
+    order = [names.shard for names in shards]
+    start = order.index(record.shard) if record is not None and record.shard in order else 0
+    for names in shards[start:]:
+        after = record.applied_seq if record is not None and record.shard == names.shard else 0
+        try:
+            # From the stream leader (not a direct get a lagging replica may answer).
+            msg = await js.get_msg(
+                names.requests_stream, seq=after + 1, subject=names.requests(wk, cs), next=True
+            )
+        except NotFoundError:
+            continue
+        return names, msg
+    return None
+
+
+async def _copy_to_dead_letters(
+    nc: NatsClient, subjects: Subjects, subject: str, headers: dict[str, str], data: bytes, seq: int
+) -> tuple[int, bool]:
+    """Store the request's copy as the daemons do (rebaser_core.dead_letter_copy), keeping its whole body."""
+    target = dead_letter_subject(subjects, subject)
+    kept, body = bounded_copy(headers, data, max_body=len(data))
+    marks = dead_letter_marks(subjects, subject, seq, SKIP_REASON)
+    try:
+        ack = await nc.request(target, body, headers={**kept, **marks}, timeout=ADMIN_TIMEOUT)
+    except nats.errors.NoRespondersError:
+        raise RebaserUnavailable(f"no stream stores {target}: has a daemon set this deployment up?") from None
+    except (TimeoutError, nats.errors.Error) as err:
+        raise RebaserUnavailable(
+            f"copying request seq {seq} to the dead letters failed ({err or type(err).__name__}): nothing was "
+            "skipped"
+        ) from None
+    stored = check_pub_ack(ack.data, target) or 0
+    return stored, bool(json.loads(ack.data).get("duplicate", False))
+
+
+async def _delete(js: JetStreamContext, stream: str, seq: int, dead_letter_seq: int) -> bool:
+    try:
+        await js.delete_msg(stream, seq)
+    except (NotFoundError, APIError) as err:
+        if isinstance(err, APIError) and err.err_code != _NO_MESSAGE:
+            raise RebaserRefused(
+                f"request seq {seq} was copied to dead letter {dead_letter_seq} but not deleted from {stream}: "
+                f"{err}; skipping it again stores no second copy"
+            ) from None
+        return False  # removed meanwhile
+    except (TimeoutError, nats.errors.Error) as err:
+        raise RebaserUnavailable(
+            f"request seq {seq} was copied to dead letter {dead_letter_seq} but not deleted from {stream} "
+            f"({err or type(err).__name__}); skipping it again stores no second copy"
+        ) from None
+    return True

@@ -1,0 +1,90 @@
+"""Reading the pauses bucket (``rebaser_core.pauses``) for operators: one change set's pauses, or all of them.
+
+Below both ``_admin`` (``status`` and ``change-set show`` show pauses) and ``_admin_pause`` (which writes them).
+NATS errors are left to the caller, which turns them into its one line.
+
+A value that is not a pause is skipped, as the daemons skip it: it pauses nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from rebaser_core.errors import DecodeError
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.pauses import Pause, change_set_key, open_pauses, parse_key, workspace_key
+from rebaser_core.subjects import Subjects
+
+__all__ = ["MAX_LISTED_PAUSES", "PausedLine", "all_pauses", "pauses_of", "read_pause"]
+
+# `status` reads every pause to count them and sum their queues; past this many it stops reading (and says so).
+MAX_LISTED_PAUSES = 10_000
+
+
+@dataclass(frozen=True)
+class PausedLine:
+    """A paused change set (``change_set_id`` set) or workspace (None), and what is queued behind it."""
+
+    workspace_id: str
+    change_set_id: str | None
+    pause: Pause
+    queued: int = 0  # requests in the streams (of every change set of the workspace, for a workspace)
+
+
+async def read_pause(kv: KeyValue, key: str) -> Pause | None:
+    try:
+        entry = await kv.get(key)  # a deleted key raises KeyDeletedError, a KeyNotFoundError
+    except KeyNotFoundError:
+        return None
+    try:
+        return Pause.decode(entry.value or b"")
+    except DecodeError:
+        return None
+
+
+async def pauses_of(
+    js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> tuple[Pause | None, Pause | None]:
+    """(the change set's own pause, its workspace's pause); each None if there is none."""
+    kv = await open_pauses(js, subjects, create=False)
+    if kv is None:
+        return None, None
+    own = await read_pause(kv, change_set_key(workspace_id, change_set_id))
+    return own, await read_pause(kv, workspace_key(workspace_id))
+
+
+async def all_pauses(
+    js: JetStreamContext, subjects: Subjects, *, bound: int = MAX_LISTED_PAUSES, timeout: float = 5.0
+) -> tuple[list[PausedLine], bool]:
+    """(every pause, oldest first; True if there were more than ``bound`` and the rest was not read)."""
+    kv = await open_pauses(js, subjects, create=False)
+    if kv is None:
+        return [], False
+    found: list[PausedLine] = []
+    truncated = False
+    watcher = await kv.watchall(ignore_deletes=True)
+    try:
+        while (entry := await watcher.updates(timeout=timeout)) is not None:  # type: ignore[no-untyped-call]
+            target = parse_key(entry.key)
+            if target is None:
+                continue
+            try:
+                pause = Pause.decode(entry.value or b"")
+            except DecodeError:
+                continue
+            if len(found) >= bound:
+                truncated = True
+                break
+            wk, cs = target
+            found.append(PausedLine(str(wk), None if cs is None else str(cs), pause))
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await watcher.stop()  # type: ignore[no-untyped-call]
+    found.sort(key=lambda line: (line.pause.since, line.workspace_id, line.change_set_id or ""))
+    return found, truncated

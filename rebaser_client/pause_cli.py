@@ -1,0 +1,323 @@
+"""``rebaser change-set pause|resume|skip`` and ``rebaser workspace pause|resume``: holding work back (issue 39).
+
+A paused change set is let go by its owner at its next request boundary and taken by no daemon until it is
+resumed; its requests are still accepted and stored. ``skip`` moves a paused change set's first request to the dead
+letters (asks first; ``--yes`` does not). ``rebaser_client._admin_pause`` does the work; this module parses options
+and prints, as ``admin_cli`` does (whose connection options, one-line errors and ``--json`` it shares). Its
+``change-set`` commands join ``admin_cli``'s group (:func:`register`).
+
+nats-py, pydantic and rich are imported by the commands, once their options are checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from rebaser_client._cli_types import SECONDS
+from rebaser_client.admin_cli import (
+    _confirm_connected,
+    _connection_options,
+    _json_option,
+    _print_json,
+    _run,
+    _subjects,
+    _ulid,
+    change_set,
+    plural,
+)
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+
+    from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+
+__all__ = [
+    "pause_json",
+    "pause_line",
+    "register",
+    "resume_json",
+    "resume_lines",
+    "skip_json",
+    "skip_line",
+    "workspace",
+]
+
+
+def _ids(workspace_id: str, change_set_id: str) -> tuple[WorkspacePk, ChangeSetId]:
+    return _ulid(WorkspacePk, workspace_id, "WORKSPACE"), _ulid(ChangeSetId, change_set_id, "CHANGE_SET")
+
+
+def _what(workspace_id: str, change_set_id: str | None) -> str:
+    return (
+        f"workspace {workspace_id}" if change_set_id is None else f"change set {workspace_id}/{change_set_id}"
+    )
+
+
+def _wait_options(f: Any) -> Any:
+    f = click.option(
+        "--timeout",
+        type=SECONDS,
+        default=30.0,
+        show_default=True,
+        help="With --wait: seconds to wait at most (exit 1 if a daemon still holds it then; it stays paused).",
+    )(f)
+    f = click.option(
+        "--wait/--no-wait",
+        default=True,
+        show_default=True,
+        help="Return only once no daemon holds it any more (its owner lets it go at its next request boundary).",
+    )(f)
+    f = click.option("--reason", default="", help="Why (shown by `status` and `change-set show`).")(f)
+    return f
+
+
+# -- what is printed (pure: tests/unit/client/test_pause_format.py) ------------------------------------------------
+def pause_json(result: PauseResult, now: datetime) -> dict[str, Any]:
+    from rebaser_client._admin_format import pause_json as pause_data
+
+    return {
+        "workspace_id": result.workspace_id,
+        "change_set_id": result.change_set_id,
+        "already_paused": result.already,
+        "let_go": result.let_go,
+        "pause": pause_data(result.pause, now),
+    }
+
+
+def pause_line(result: PauseResult, now: datetime) -> str:
+    from rebaser_client._admin_format import pause_text
+
+    what = _what(result.workspace_id, result.change_set_id)
+    if result.already:
+        line = f"{what} was paused already, {pause_text(result.pause, now)}: that pause is kept"
+    else:
+        line = f"paused {what}" + (f" ({result.pause.reason})" if result.pause.reason else "")
+    if result.let_go:
+        line += "; no daemon holds it"
+    elif result.let_go is None:
+        line += "; its owner lets it go at its next request boundary"
+    return line
+
+
+def resume_json(result: ResumeResult, now: datetime) -> dict[str, Any]:
+    from rebaser_client._admin_format import pause_json as pause_data
+
+    data = asdict(result)
+    data["was"] = None if result.was is None else pause_data(result.was, now)
+    data["workspace_pause"] = (
+        None if result.workspace_pause is None else pause_data(result.workspace_pause, now)
+    )
+    return data
+
+
+def resume_lines(result: ResumeResult, now: datetime) -> list[str]:
+    from rebaser_client._admin_format import pause_text
+
+    what = _what(result.workspace_id, result.change_set_id)
+    head = (
+        f"{what} was not paused"
+        if result.was is None
+        else f"resumed {what} (paused {pause_text(result.was, now)})"
+    )
+    if result.change_set_id is not None:
+        if not result.queued:
+            tasks = "nothing is queued"
+        elif result.tasks_published:
+            tasks = "gave it a task: a daemon takes it"
+        else:
+            tasks = "it has a task already"
+    else:
+        tasks = (
+            f"{plural(result.queued, 'change set')} with requests queued: {result.tasks_published} given a task"
+            + (f", {result.tasks_existing} had one" if result.tasks_existing else "")
+        )
+    lines = [f"{head}; {tasks}"]
+    if result.left_to_sweep:
+        lines.append(
+            f"note: {plural(result.left_to_sweep, 'change set')} past the first {result.queued - result.left_to_sweep} "
+            "get their task from the daemons' orphan sweep (within its interval, 30 s by default)"
+        )
+    if result.still_paused:
+        lines.append(f"note: {plural(result.still_paused, 'change set')} paused on their own stay paused")
+    if result.workspace_pause is not None:
+        lines.append(
+            f"note: its workspace is paused ({pause_text(result.workspace_pause, now)}): the change set stays "
+            f"paused until `rebaser workspace resume {result.workspace_id}`"
+        )
+    return lines
+
+
+def skip_json(result: SkipResult) -> dict[str, Any]:
+    return asdict(result)
+
+
+def skip_line(result: SkipResult) -> str:
+    copy = "stored already as" if result.duplicate else "now"
+    gone = "" if result.deleted else " (it had left the requests stream meanwhile)"
+    return (
+        f"skipped request {result.request_id} (seq {result.seq} of {result.stream}){gone}: {copy} dead letter "
+        f"{result.dead_letter_seq} (`rebaser dlq show {result.dead_letter_seq}`); the change set stays paused: "
+        f"`rebaser change-set resume {result.workspace_id} {result.change_set_id}`"
+    )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- change-set pause | resume | skip --------------------------------------------------------------------------------
+@click.command("pause")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.argument("change_set_id", metavar="CHANGE_SET")
+@_wait_options
+@_connection_options
+@_json_option
+def change_set_pause(
+    workspace_id: str,
+    change_set_id: str,
+    reason: str,
+    wait: bool,
+    timeout: float,
+    nats_url: str,
+    prefix: str | None,
+    as_json: bool,
+) -> None:
+    """Pause a change set: its owner lets it go at the next request boundary, no daemon takes it until it is
+    resumed; its requests are still accepted and stored. Pausing a paused change set keeps the first pause."""
+    wk, cs = _ids(workspace_id, change_set_id)
+    subjects = _subjects(prefix)
+    from rebaser_client._admin_pause import pause_change_set
+
+    result = _run(
+        nats_url,
+        lambda nc: pause_change_set(nc, subjects, wk, cs, reason, wait=timeout if wait else None),
+    )
+    if as_json:
+        _print_json(pause_json(result, _now()))
+    else:
+        click.echo(pause_line(result, _now()))
+
+
+@click.command("resume")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.argument("change_set_id", metavar="CHANGE_SET")
+@_connection_options
+@_json_option
+def change_set_resume(
+    workspace_id: str, change_set_id: str, nats_url: str, prefix: str | None, as_json: bool
+) -> None:
+    """Resume a paused change set: remove its pause and give it a task if requests are queued (not paused: nothing
+    to remove, the task all the same)."""
+    wk, cs = _ids(workspace_id, change_set_id)
+    subjects = _subjects(prefix)
+    from rebaser_client._admin_pause import resume_change_set
+
+    result = _run(nats_url, lambda nc: resume_change_set(nc, subjects, wk, cs))
+    if as_json:
+        _print_json(resume_json(result, _now()))
+    else:
+        click.echo("\n".join(resume_lines(result, _now())))
+
+
+@click.command("skip")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@click.argument("change_set_id", metavar="CHANGE_SET")
+@click.argument("request_id", metavar="REQUEST_ID")
+@_connection_options
+@_json_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def change_set_skip(
+    workspace_id: str,
+    change_set_id: str,
+    request_id: str,
+    nats_url: str,
+    prefix: str | None,
+    as_json: bool,
+    yes: bool,
+) -> None:
+    """Move a paused change set's first queued request, REQUEST_ID, to the dead letters (reason "skipped by an
+    operator"; `rebaser dlq replay` can send it again). Refused unless the change set is paused and REQUEST_ID is
+    first in line. Asks first (--yes does not)."""
+    wk, cs = _ids(workspace_id, change_set_id)
+    rid = _ulid(RequestId, request_id, "REQUEST_ID")
+    subjects = _subjects(prefix)
+    from rebaser_client._admin_pause import check_skip, skip_request
+
+    async def work(nc: NatsClient) -> SkipResult:
+        target = await check_skip(nc, subjects, wk, cs, rid)  # refused before the question, as `dlq drop` is
+        await _confirm_connected(
+            yes,
+            f"Move request {target.request_id} (seq {target.seq}), first in line of {wk}/{cs}, to the dead letters?",
+        )
+        return await skip_request(nc, subjects, wk, cs, rid)
+
+    result = _run(nats_url, work)
+    if as_json:
+        _print_json(skip_json(result))
+    else:
+        click.echo(skip_line(result))
+
+
+# -- workspace pause | resume -----------------------------------------------------------------------------------------
+@click.group("workspace")
+def workspace() -> None:
+    """Pause or resume every change set of a workspace."""
+
+
+@workspace.command("pause")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@_wait_options
+@_connection_options
+@_json_option
+def workspace_pause(
+    workspace_id: str,
+    reason: str,
+    wait: bool,
+    timeout: float,
+    nats_url: str,
+    prefix: str | None,
+    as_json: bool,
+) -> None:
+    """Pause every change set of a workspace, those created later too (each is let go at its next request
+    boundary; requests are still accepted and stored). A change set's own pause is independent of it."""
+    wk = _ulid(WorkspacePk, workspace_id, "WORKSPACE")
+    subjects = _subjects(prefix)
+    from rebaser_client._admin_pause import pause_workspace
+
+    result = _run(
+        nats_url, lambda nc: pause_workspace(nc, subjects, wk, reason, wait=timeout if wait else None)
+    )
+    if as_json:
+        _print_json(pause_json(result, _now()))
+    else:
+        click.echo(pause_line(result, _now()))
+
+
+@workspace.command("resume")
+@click.argument("workspace_id", metavar="WORKSPACE")
+@_connection_options
+@_json_option
+def workspace_resume(workspace_id: str, nats_url: str, prefix: str | None, as_json: bool) -> None:
+    """Resume a workspace: remove its pause and give a task to each of its change sets with requests queued
+    (change sets paused on their own stay paused)."""
+    wk = _ulid(WorkspacePk, workspace_id, "WORKSPACE")
+    subjects = _subjects(prefix)
+    from rebaser_client._admin_pause import resume_workspace
+
+    result = _run(nats_url, lambda nc: resume_workspace(nc, subjects, wk))
+    if as_json:
+        _print_json(resume_json(result, _now()))
+    else:
+        click.echo("\n".join(resume_lines(result, _now())))
+
+
+def register(main: click.Group) -> None:
+    """Add ``pause``, ``resume`` and ``skip`` to ``admin_cli``'s ``change-set`` group and ``workspace`` to ``main``."""
+    for command in (change_set_pause, change_set_resume, change_set_skip):
+        change_set.add_command(command)
+    main.add_command(workspace)

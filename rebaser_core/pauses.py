@@ -1,0 +1,119 @@
+"""Paused change sets and workspaces: what a pause says, and where it is kept (the ``REBASER_PAUSES`` KV bucket).
+
+A pause is one key of the bucket: ``cs.<workspace>.<change_set>`` holds a change set, ``ws.<workspace>`` every change
+set of a workspace (those created after the pause too). Its value says why, since when and who asked
+(:class:`Pause`). Resuming deletes the key. The bucket is file-stored with the deployment's replicas, so a pause
+survives daemon restarts, failover and NATS restarts. Every daemon watches it (``rebaser_server.daemon.pauses``);
+operators and the client's admin API write it (``rebaser_client._admin_pause``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KeyValue
+
+from rebaser_core.errors import DecodeError
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.subjects import Subjects
+
+__all__ = [
+    "MAX_PAUSE_BYTES",
+    "Pause",
+    "PauseCause",
+    "change_set_key",
+    "open_pauses",
+    "parse_key",
+    "workspace_key",
+]
+
+PauseCause = Literal["operator", "max_attempts"]
+
+# A pause's value is a few hundred bytes; anything longer in the bucket is not one of ours and is ignored.
+MAX_PAUSE_BYTES = 4096
+_REASON_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Why a change set (or a workspace) is paused. ``request_id``: the request that kept failing (cause
+    ``max_attempts``), first in line and tried again on resume."""
+
+    cause: PauseCause
+    reason: str
+    since: float  # wall clock, Unix seconds
+    request_id: str | None = None
+
+    @classmethod
+    def now(cls, cause: PauseCause, reason: str, request_id: str | None = None) -> Pause:
+        return cls(cause, reason[:_REASON_MAX], time.time(), request_id)
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Pause:
+        """A stored pause, read as untrusted bytes (``DecodeError`` if it is not one)."""
+        if len(data) > MAX_PAUSE_BYTES:
+            raise DecodeError(f"pause of {len(data)} bytes, over {MAX_PAUSE_BYTES}")
+        try:
+            raw = json.loads(data)
+            cause, reason, since = raw["cause"], raw["reason"], float(raw["since"])
+            request_id = raw.get("request_id")
+        except (ValueError, KeyError, TypeError) as err:
+            raise DecodeError(f"not a pause: {err}") from None
+        if cause not in ("operator", "max_attempts") or not isinstance(reason, str):
+            raise DecodeError("not a pause: unknown cause or reason")
+        if request_id is not None and not isinstance(request_id, str):
+            raise DecodeError("not a pause: request_id")
+        return cls(cause, reason[:_REASON_MAX], since, request_id)
+
+
+def change_set_key(workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
+    return f"cs.{workspace_id}.{change_set_id}"
+
+
+def workspace_key(workspace_id: WorkspacePk) -> str:
+    return f"ws.{workspace_id}"
+
+
+def parse_key(key: str) -> tuple[WorkspacePk, ChangeSetId | None] | None:
+    """(workspace, change set or None for a workspace pause) of a pause key; None if it is not one."""
+    parts = key.split(".")
+    try:
+        if len(parts) == 3 and parts[0] == "cs":
+            return WorkspacePk(parts[1]), ChangeSetId(parts[2])
+        if len(parts) == 2 and parts[0] == "ws":
+            return WorkspacePk(parts[1]), None
+    except ValueError:
+        return None
+    return None
+
+
+async def open_pauses(
+    js: JetStreamContext, subjects: Subjects, *, create: bool, replicas: int = 1, storage: str = "file"
+) -> KeyValue | None:
+    """The pauses bucket; None if it does not exist and ``create`` is false (then nothing is paused)."""
+    try:
+        return await js.key_value(subjects.pauses_bucket)
+    except BucketNotFoundError:
+        if not create:
+            return None
+    with contextlib.suppress(nats.errors.Error):  # created concurrently by another daemon: open it below
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=subjects.pauses_bucket,
+                history=1,
+                storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
+                replicas=replicas,
+            )
+        )
+    return await js.key_value(subjects.pauses_bucket)
