@@ -52,7 +52,8 @@ from rebaser_core.tasks import ensure_connected
 from rebaser_core.tracing import get_tracer, inject, recording
 
 if TYPE_CHECKING:
-    from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+    from rebaser_client._admin_pause import PauseResult, ResumeResult
+    from rebaser_client._admin_skip import SkipResult
     from rebaser_core.pauses import Pause
 
 __all__ = ["RebaserClient", "Updates"]
@@ -401,11 +402,11 @@ class RebaserClient:
     ) -> SkipResult:
         """Move a paused change set's first queued request, which must be ``request_id``, to the dead letters
         (``NotPaused``, ``HeldByDaemon`` or ``NotFirstInLine``, all ``RebaserRefused``, and nothing done otherwise)."""
-        from rebaser_client import _admin_pause
+        from rebaser_client import _admin_skip
 
         wk, cs = self._ids(workspace_id, change_set_id)
         rid = _as_id(RequestId, request_id, "request_id")
-        return await _admin_pause.skip_request(self._nc, self._subjects, wk, cs, rid)
+        return await _admin_skip.skip_request(self._nc, self._subjects, wk, cs, rid)
 
     async def pause_of(
         self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str

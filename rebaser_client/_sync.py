@@ -22,7 +22,8 @@ from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 if TYPE_CHECKING:
-    from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+    from rebaser_client._admin_pause import PauseResult, ResumeResult
+    from rebaser_client._admin_skip import SkipResult
     from rebaser_core.pauses import Pause
 
 __all__ = ["SyncEventStream", "SyncRebaserClient"]

@@ -34,7 +34,8 @@ from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
-    from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+    from rebaser_client._admin_pause import PauseResult, ResumeResult
+    from rebaser_client._admin_skip import SkipResult
 
 __all__ = [
     "pause_json",
@@ -246,7 +247,7 @@ def change_set_skip(
     wk, cs = _ids(workspace_id, change_set_id)
     rid = _ulid(RequestId, request_id, "REQUEST_ID")
     subjects = _subjects(prefix)
-    from rebaser_client._admin_pause import check_skip, skip_request
+    from rebaser_client._admin_skip import check_skip, skip_request
 
     async def work(nc: NatsClient) -> SkipResult:
         target = await check_skip(nc, subjects, wk, cs, rid)  # refused before the question, as `dlq drop` is

@@ -50,7 +50,7 @@ from rebaser_server.changeset.outcome import (
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.postprocess import PostProcess
 from rebaser_server.changeset.quiet import look, may_give_way
-from rebaser_server.changeset.release import mark_handed_back, release
+from rebaser_server.changeset.release import let_go_paused, mark_handed_back, release
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
 from rebaser_server.record.store import ChangeSetHandle, StaleDelivery, TaskDelivery
@@ -438,7 +438,15 @@ class ChangeSetProcessor:
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)
         await self._trimmer.flush(settings.nats_timeout)
         if result.outcome is Outcome.PAUSED:
-            return await self._let_go_paused(result)
+            return await let_go_paused(
+                self.change_set,
+                self.lease,
+                pauses=owning.pauses,
+                decided=self._pause_to_store,
+                feed=self._feed,
+                settings=settings,
+                result=result,
+            )
         if result.outcome.hands_back or result.outcome is Outcome.RELEASED:
             # Said while still the owner: after the ack (or nack) the next owner's ``taken`` may come first.
             await self._feed.released(result.outcome.value)
@@ -456,20 +464,3 @@ class ChangeSetProcessor:
             settings=settings,
             report=owning.report,
         )
-
-    async def _let_go_paused(self, result: TaskResult) -> TaskResult:
-        """Paused: store the pause this ownership decided (if any), then ack the task without the release's
-        "anything queued?" check: the queue waits for the resume, which gives the change set a task again."""
-        owning = self._owning
-        timeout = owning.settings.nats_timeout
-        if self._pause_to_store is not None:
-            try:
-                await owning.pauses.pause(self.change_set, self._pause_to_store)
-            except Exception as err:  # not stored: the request stays first and fails again later
-                log.warning("%s: storing the pause failed (%r); retrying the task", self.change_set, err)
-                return TaskResult(Outcome.RETRY, owning.settings.retry_backoff, f"pause not stored: {err!r}")
-            log.error("%s: paused: %s", self.change_set, self._pause_to_store.reason)
-        await self._feed.released(Outcome.PAUSED.value)
-        if self.lease.held():  # else another daemon may hold the task now: acking would take it from it
-            await self.lease.ack(timeout=timeout)
-        return result

@@ -16,16 +16,18 @@ import contextlib
 import logging
 from dataclasses import replace
 
+from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
-from rebaser_server.changeset.context import Nats, Report
+from rebaser_server.changeset.context import Nats, Pauses, Report
+from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.outcome import Outcome, TaskResult
 from rebaser_server.record.store import ChangeSetHandle
 from rebaser_server.task.lease import Lease
 
-__all__ = ["mark_handed_back", "release"]
+__all__ = ["let_go_paused", "mark_handed_back", "release"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +101,29 @@ async def mark_handed_back(handle: ChangeSetHandle | None, lease: Lease, timeout
         async with asyncio.timeout(min(timeout, max(0.001, lease.remaining()))):
             async with handle.lock:
                 await handle.commit(replace(handle.record, handed_back=True))
+
+
+async def let_go_paused(
+    change_set: ChangeSet,
+    lease: Lease,
+    *,
+    pauses: Pauses,
+    decided: Pause | None,
+    feed: ChangeSetFeed,
+    settings: Settings,
+    result: TaskResult,
+) -> TaskResult:
+    """Let a paused change set go: store the pause this ownership ``decided`` (a request failed max_attempts
+    times), say released, then ack the task *without* the release's "anything queued?" check: the queue waits for
+    the resume, which gives the change set a task again."""
+    if decided is not None:
+        try:
+            await pauses.pause(change_set, decided)
+        except Exception as err:  # not stored: the request stays first and fails again later
+            log.warning("%s: storing the pause failed (%r); retrying the task", change_set, err)
+            return TaskResult(Outcome.RETRY, settings.retry_backoff, f"pause not stored: {err!r}")
+        log.error("%s: paused: %s", change_set, decided.reason)
+    await feed.released(Outcome.PAUSED.value)
+    if lease.held():  # else another daemon may hold the task now: acking would take it from it
+        await lease.ack(timeout=settings.nats_timeout)
+    return result

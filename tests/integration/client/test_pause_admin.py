@@ -27,9 +27,6 @@ from rebaser_client._admin import change_set_report, status_report
 from rebaser_client._admin_dlq import dead_letters
 from rebaser_client._admin_ops import check_replayable
 from rebaser_client._admin_pause import (
-    SKIP_REASON,
-    HeldByDaemon,
-    NotFirstInLine,
     NotPaused,
     StillHeld,
     list_pauses,
@@ -38,8 +35,8 @@ from rebaser_client._admin_pause import (
     pause_workspace,
     resume_change_set,
     resume_workspace,
-    skip_request,
 )
+from rebaser_client._admin_skip import SKIP_REASON, HeldByDaemon, NotFirstInLine, skip_request
 from rebaser_client.cli import main as cli
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates

@@ -9,7 +9,8 @@ from rich.console import Console
 
 from rebaser_client import _admin_format as fmt
 from rebaser_client._admin import ChangeSetReport, PausedLine, RecordView, StatusReport, StreamSummary
-from rebaser_client._admin_pause import PauseResult, ResumeResult, SkipResult
+from rebaser_client._admin_pause import PauseResult, ResumeResult
+from rebaser_client._admin_skip import SkipResult
 from rebaser_client.pause_cli import pause_json, pause_line, resume_json, resume_lines, skip_json, skip_line
 from rebaser_core import headers as h
 from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
