@@ -23,6 +23,8 @@ that does not exist :class:`RebaserRefused` (``_admin.js_error``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +45,10 @@ from rebaser_client._admin import ADMIN_TIMEOUT, js_error, parse_ids, task_state
 from rebaser_client._admin_record import RecordView
 from rebaser_client._pause_read import PausedLine, all_pauses, pauses_of, read_pause
 from rebaser_client._routing import fetch_layout
-from rebaser_core.errors import RebaserRefused, RebaserTimeout, RebaserUnavailable
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core import headers as h
+from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent, EventKind
+from rebaser_core.errors import DecodeError, RebaserRefused, RebaserTimeout, RebaserUnavailable
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
 from rebaser_core.subjects import Subjects
@@ -245,6 +249,39 @@ async def _record(
     return None if not entry.value else RecordView.decode(entry.value)
 
 
+async def _tell_followers(
+    nc: NatsClient, subjects: Subjects, wk: WorkspacePk, cs: ChangeSetId, kind: EventKind, reason: str
+) -> None:
+    """With the event feed on (its stream exists): a ``paused`` or ``resumed`` notice for the change set's
+    followers, after the last durable event its record counts. Best effort: the pause itself is what counts."""
+    js = _js(nc)
+    try:
+        await js.stream_info(subjects.events_stream)
+    except NotFoundError:
+        return  # the feed is off
+    except (TimeoutError, nats.errors.Error):
+        return
+    try:
+        record = await _record(js, subjects, wk, cs)
+    except (TimeoutError, nats.errors.Error, DecodeError):
+        return
+    event = ChangeSetEvent(
+        id=RequestId.new(),
+        workspace_id=wk,
+        change_set_id=cs,
+        kind=kind,
+        seq=0 if record is None else record.events,
+        durable=False,
+        at=time.time(),
+        owner="operator",
+        reason=reason[:128] or None,
+    )
+    headers, body = CHANGE_SET_EVENT.encode(event)
+    headers.pop(h.NATS_MSG_ID, None)  # a notice carries none (docs/protocol.md §17)
+    with contextlib.suppress(TimeoutError, nats.errors.Error):
+        await js.publish(subjects.events(wk, cs), body, headers=headers, timeout=ADMIN_TIMEOUT)
+
+
 def _name(wk: object, cs: object | None) -> str:
     return f"workspace {wk}" if cs is None else f"change set {wk}/{cs}"
 
@@ -288,6 +325,8 @@ async def pause_change_set(
         layout = await _read_layout(nc, subjects) if wait is not None else None
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
+    if not already:
+        await _tell_followers(nc, subjects, wk, cs, "paused", reason)
     if wait is not None:
         await _wait_let_go(nc, subjects, [(wk, cs)], layout, wait, _name(wk, cs))
     return PauseResult(str(wk), str(cs), pause, already, None if wait is None else True)
@@ -368,6 +407,8 @@ async def resume_change_set(
         queued = await _has_queued(js, _shards_of(subjects, layout, wk, cs), wk, cs)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
+    if was is not None:
+        await _tell_followers(nc, subjects, wk, cs, "resumed", was.reason)
     created = await _give_tasks(nc, subjects, layout, [(wk, cs)]) if queued else 0
     return ResumeResult(
         str(wk),

@@ -51,6 +51,7 @@ class RecordView:
     handed_back: bool
     recent: tuple[RecentReply, ...]  # oldest first
     shard: int = 0  # the shard whose requests stream ``applied_seq`` counts in
+    events: int = 0  # durable events of the change set's feed so far (the last one's seq)
 
     @classmethod
     def decode(cls, data: bytes) -> RecordView:
@@ -74,6 +75,7 @@ class RecordView:
                 handed_back=bool(raw.get("handed_back", False)),
                 recent=tuple(_recent(entry_request_id(item), entry_status(item)) for item in entries),
                 shard=int(raw.get("shard", 0)),
+                events=int(raw.get("events", 0)),
             )
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
             raise DecodeError(f"change-set record is not valid: {err}") from None

@@ -10,8 +10,9 @@ Two sorts of event:
   committed with the change set's record, numbered ``seq`` = 1, 2, 3, ... per change set without holes. A follower
   that sees ``seq`` jump knows how many it missed. Republished by the next owner if the daemon died before
   publishing them, under the same ``Nats-Msg-Id``, so they are stored once (and a follower drops a repeat by ``seq``).
-- **notices** (``taken``, ``released``, ``dvu_started``, ``dvu_failed``): what the owner saw, not committed;
-  ``seq`` is the durable event before it. A crash can lose a notice; it is never repeated.
+- **notices** (``taken``, ``released``, ``dvu_started``, ``dvu_failed``; ``paused`` and ``resumed``, said by the
+  operator's command or by the owner that paused it after ``max_attempts``): not committed; ``seq`` is the durable
+  event before it. A crash can lose a notice; it is never repeated.
 
 A change set is *settled* (nothing queued, no DVU due) as of a durable event whose ``settled`` is true: the flag, not
 an event of its own, because a change set that is idle between requests (the common case) would otherwise cost a
@@ -50,11 +51,15 @@ EventKind = Literal[
     "released",
     "dvu_started",
     "dvu_failed",
+    "paused",
+    "resumed",
 ]
 DURABLE_KINDS: frozenset[str] = frozenset(
     {"applied", "conflicts", "refused", "error_reply", "dead_lettered", "dvu_finished"}
 )
-NOTICE_KINDS: frozenset[str] = frozenset({"taken", "released", "dvu_started", "dvu_failed"})
+NOTICE_KINDS: frozenset[str] = frozenset(
+    {"taken", "released", "dvu_started", "dvu_failed", "paused", "resumed"}
+)
 
 # Every field below is bounded, so an encoded event stays far under this (checked by the tests); a follower refuses a
 # larger one before decoding it.

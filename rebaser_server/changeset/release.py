@@ -123,6 +123,7 @@ async def let_go_paused(
             log.warning("%s: storing the pause failed (%r); retrying the task", change_set, err)
             return TaskResult(Outcome.RETRY, settings.retry_backoff, f"pause not stored: {err!r}")
         log.error("%s: paused: %s", change_set, decided.reason)
+        await feed.notice("paused", reason=decided.cause, request_id=decided.request_id)
     await feed.released(Outcome.PAUSED.value)
     if lease.held():  # else another daemon may hold the task now: acking would take it from it
         await lease.ack(timeout=settings.nats_timeout)

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 
 from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client._admin_pause import pause_change_set, resume_change_set
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
 from rebaser_core.settings import Settings
@@ -194,3 +195,28 @@ async def test_a_pause_is_shown_and_its_backlog_does_not_make_the_daemon_unready
             "16 requests waiting" not in r and "6 requests waiting" in r
             for r in daemon.health.not_ready(more, False, stopping=False)
         )
+
+
+async def test_pause_and_resume_are_told_to_the_change_sets_followers(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, events=True, on_max_attempts="pause", max_attempts=2)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        wk, cs_id = WorkspacePk.new(), ChangeSetId.new()
+        cs = ChangeSet(wk, cs_id)
+        async with client.watch(wk, cs_id) as feed:
+            first = await client.enqueue_updates_with_reply(wk, cs_id, [], timeout=20)
+            await pause_change_set(nc, settings.subjects, wk, cs_id, "by hand", wait=20)
+            await resume_change_set(nc, settings.subjects, wk, cs_id)
+            failing = await client.enqueue_updates_with_reply(
+                wk, cs_id, [SetLiteral(path="/flaky", value=5)], timeout=30
+            )
+            seen: list[tuple[str, str | None]] = []
+            while ("paused", "max_attempts") not in seen:
+                event = await feed.next(20)
+                seen.append((event.kind, event.reason))
+        assert first.ok and not failing.ok
+        # The operator's notice and the owner's letting go come from two processes, in either order.
+        assert {("paused", "by hand"), ("released", "paused")} <= set(seen[: seen.index(("resumed", "by hand"))])
+        assert seen[-1] == ("paused", "max_attempts")
+        assert cs not in daemon.owned
