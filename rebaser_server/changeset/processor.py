@@ -50,7 +50,7 @@ from rebaser_server.changeset.outcome import (
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.postprocess import PostProcess
 from rebaser_server.changeset.quiet import look, may_give_way
-from rebaser_server.changeset.release import let_go_paused, mark_handed_back, release
+from rebaser_server.changeset.release import let_go_paused, mark_handed_back, release, resumed_meanwhile
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
 from rebaser_server.record.store import ChangeSetHandle, StaleDelivery, TaskDelivery
@@ -183,6 +183,14 @@ class ChangeSetProcessor:
         if paused is not None:
             # Taken while paused (a request published since, or a task from before the pause): let it go untouched.
             await self.lease.ack(timeout=settings.nats_timeout)
+            await resumed_meanwhile(
+                self.change_set,
+                self._names,
+                pauses=owning.pauses,
+                nats=owning.nats,
+                settings=settings,
+                report=report,
+            )
             return TaskResult(Outcome.PAUSED, reason=f"paused: {paused.reason}")
         # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
         owning.keeper.add(self)
@@ -444,7 +452,10 @@ class ChangeSetProcessor:
                 pauses=owning.pauses,
                 decided=self._pause_to_store,
                 feed=self._feed,
+                subjects=self._names,
+                nats=owning.nats,
                 settings=settings,
+                report=owning.report,
                 result=result,
             )
         if result.outcome.hands_back or result.outcome is Outcome.RELEASED:

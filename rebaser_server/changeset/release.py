@@ -27,7 +27,7 @@ from rebaser_server.changeset.outcome import Outcome, TaskResult
 from rebaser_server.record.store import ChangeSetHandle
 from rebaser_server.task.lease import Lease
 
-__all__ = ["let_go_paused", "mark_handed_back", "release"]
+__all__ = ["let_go_paused", "mark_handed_back", "release", "resumed_meanwhile"]
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,10 @@ async def let_go_paused(
     pauses: Pauses,
     decided: Pause | None,
     feed: ChangeSetFeed,
+    subjects: Subjects,
+    nats: Nats,
     settings: Settings,
+    report: Report,
     result: TaskResult,
 ) -> TaskResult:
     """Let a paused change set go: store the pause this ownership ``decided`` (a request failed max_attempts
@@ -127,4 +130,28 @@ async def let_go_paused(
     await feed.released(Outcome.PAUSED.value)
     if lease.held():  # else another daemon may hold the task now: acking would take it from it
         await lease.ack(timeout=settings.nats_timeout)
+        await resumed_meanwhile(
+            change_set, subjects, pauses=pauses, nats=nats, settings=settings, report=report
+        )
     return result
+
+
+async def resumed_meanwhile(
+    change_set: ChangeSet,
+    subjects: Subjects,
+    *,
+    pauses: Pauses,
+    nats: Nats,
+    settings: Settings,
+    report: Report,
+) -> None:
+    """After a paused change set's task is acked: if the pause is gone by now, the release's "anything queued?"
+    check. A resume deletes the key, then publishes a task: refused if it came before this ack (the task still
+    existed), and then this read, after the ack, sees the key gone. Still paused: the resume gives the task."""
+    try:
+        if await pauses.holding(change_set) is not None:
+            return
+    except Exception as err:  # NATS trouble: the orphan sweep finds what is queued
+        log.warning("%s: reading its pause after letting it go failed (%r)", change_set, err)
+        return
+    await _task_for_queued(nats, settings.nats_timeout, report, change_set, subjects)
