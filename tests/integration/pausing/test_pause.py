@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
@@ -23,8 +24,10 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.daemon.daemon import Daemon
 from rebaser_server.ops.daemon_metrics import DaemonCollector
 from rebaser_server.ops.metrics import render
+from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
+from tests.support.daemons import daemon_processes, spawn_daemon
 
 
 async def _bucket(nc: NatsClient, settings: Settings) -> KeyValue:
@@ -217,6 +220,49 @@ async def test_pause_and_resume_are_told_to_the_change_sets_followers(
                 seen.append((event.kind, event.reason))
         assert first.ok and not failing.ok
         # The operator's notice and the owner's letting go come from two processes, in either order.
-        assert {("paused", "by hand"), ("released", "paused")} <= set(seen[: seen.index(("resumed", "by hand"))])
+        assert {("paused", "by hand"), ("released", "paused")} <= set(
+            seen[: seen.index(("resumed", "by hand"))]
+        )
         assert seen[-1] == ("paused", "max_attempts")
         assert cs not in daemon.owned
+
+
+async def test_a_pause_survives_a_sigkill_of_the_owner(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    """The owner is SIGKILLed while it holds the paused change set's next request; a new daemon process takes the
+    task after ack_wait and lets it go untouched, until the resume."""
+    env = {
+        "REBASER_STORAGE": "memory",
+        "REBASER_ACK_WAIT": "3",
+        "REBASER_PROGRESS_PERIOD": "0.5",
+        "REBASER_QUIESCENT_PERIOD": "30",
+        "REBASER_SWEEP_INTERVAL": "1",
+    }
+    settings = Settings(prefix=subject_prefix, storage="memory")
+    store = ChangeSetStore(nc.jetstream(), settings)
+    wk, cs_id = WorkspacePk.new(), ChangeSetId.new()
+    cs = ChangeSet(wk, cs_id)
+    async with daemon_processes() as procs:
+        procs.append(await spawn_daemon(nats_url, subject_prefix, tmp_path, env, "first"))
+        await store.open()
+        first = await client.enqueue_updates_with_reply(wk, cs_id, [], timeout=20)
+        await pause_change_set(nc, settings.subjects, wk, cs_id, "before the kill", wait=20)
+        held = await client.enqueue_updates(wk, cs_id, [])  # its task is taken and let go, untouched
+        procs[0].kill()
+        await procs[0].proc.wait()
+        procs.append(await spawn_daemon(nats_url, subject_prefix, tmp_path, env, "second"))
+        later = await client.enqueue_updates(wk, cs_id, [])
+        js = nc.jetstream()
+
+        async def no_task_left() -> bool:
+            info = await js.stream_info(settings.subjects.tasks_stream)
+            return info.state.messages == 0
+
+        await wait_for(no_task_left, timeout=30, message="the new daemon let the paused change set's task go")
+        record = await store.read(cs)
+        assert record is not None and record.state["applied"] == [str(first.id)]
+        await resume_change_set(nc, settings.subjects, wk, cs_id)
+        await client.wait_settled(wk, cs_id, timeout=30)
+        record = await store.read(cs)
+        assert record is not None and record.state["applied"] == [str(first.id), str(held), str(later)]
