@@ -23,6 +23,10 @@ What the owned change sets of one daemon share is cut by concern in :mod:`~rebas
 (the connection, where to report, the shard layout, the counters) and handed to each processor as
 :class:`~rebaser_server.changeset.owning.Owning`; every piece below the processor gets only what it uses.
 
+What the change set's followers are told (its event feed, decided with each commit) is
+:mod:`~rebaser_server.changeset.events`; a paused change set is let go by
+:func:`~rebaser_server.changeset.release.let_go_paused`.
+
 How a task ends is :mod:`~rebaser_server.changeset.outcome`; the order across a shard layout change is
 :mod:`~rebaser_server.changeset.migration`; app steps run under the lease in :mod:`~rebaser_server.changeset.steps`.
 

@@ -9,7 +9,8 @@ Life of a task (the daemon holds the change set's task delivery for all of it, u
    to ``_on_request`` one at a time, in stream order. Nothing is applied unless the lease is held. Each request is
    decided (``handling.py``) and the decision carried out by the post-process step (``postprocess.py``).
 3. **Finish** with one outcome (see ``outcome.py``): quiet for ``quiescent_period`` -> release; retryable failure
-   -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing.
+   -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing; paused
+   (seen before a request, or told by the daemon's watch of the pauses) -> ack, without the release's check.
 4. **Release** (the quiescence race): stop consuming, finish the DVU, ack the task, and only then ask "is any
    request still queued?". A request published before the ack either made its client's task publish fail (a task
    still existed) and is seen by that check, or its task publish comes after the ack and succeeds. Either way it
