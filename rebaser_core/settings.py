@@ -119,6 +119,13 @@ class Settings(BaseModel):
         description="A single apply or DVU step running longer than this is wedged: give up the task.",
     )
     concurrency: int = Field(500, ge=1, description="Change sets one daemon owns at once.")
+    max_owned_per_workspace: int = Field(
+        0,
+        ge=0,
+        description="Change sets of one workspace this daemon owns at once while another workspace has tasks; a "
+        "task over it goes back to the stream with a growing delay (0: half of concurrency, so one workspace's flood "
+        "leaves the other half to the rest, and a workspace alone still gets every slot; docs/fair-share.md).",
+    )
     start_concurrency: int = Field(
         128,
         ge=1,

@@ -61,6 +61,8 @@ class Stats:
     release_checks_failed: int = 0
     # New-shard tasks handed back while their change set still had work in its old shard (a layout change).
     tasks_deferred: int = 0
+    # Tasks handed back with a delay because their workspace owned max_owned_per_workspace change sets here.
+    tasks_deferred_fair_share: int = 0
     # Events published to the change sets' feed and acknowledged, and publications that failed (changeset/events.py).
     events_published: int = 0
     event_publish_failures: int = 0

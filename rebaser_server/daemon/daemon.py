@@ -190,6 +190,15 @@ class Daemon:
         return self._owned.change_sets
 
     @property
+    def owned_by_workspace(self) -> dict[str, int]:
+        """Change sets owned now per workspace (each at most ``max_owned_per_workspace``: the share)."""
+        return {str(wk): n for wk, n in self._owned.fair.by_workspace.items()}
+
+    @property
+    def workspace_share(self) -> int:
+        return self._owned.fair.share
+
+    @property
     def starting(self) -> int:
         """Owned change sets still in their cold path (record, consumer, first request delivered): see ``_pull``."""
         return self._admission.starting
@@ -403,6 +412,7 @@ class Daemon:
             log.error("%d change sets did not finish handing back in time", left)
         await self._owning.keeper.stop()
         await self.pauses.stop()
+        await self._owned.fair.stop()
         self._app_stopping = True
         for what, stop in (("queries", self.queries.stop), ("app", self._owning.app.stop)):
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -21,7 +22,9 @@ from rebaser_server.changeset.outcome import TASK_COUNTERS
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, TaskResult
 from rebaser_server.daemon.admission import Admission
+from rebaser_server.daemon.fairness import FairShare
 from rebaser_server.record.store import NothingToDo, TaskDelivery
+from rebaser_server.task.delivery import Delivery
 
 __all__ = ["OwnedChangeSets"]
 
@@ -29,6 +32,11 @@ log = logging.getLogger(__name__)
 
 # A new-shard task whose change set still has work in its old shard (a layout change) is handed back for this long.
 _DEFER_DELAY = 0.25
+# A task whose workspace is at its share (max_owned_per_workspace) goes back to the stream for this long, doubled at
+# each of its deliveries up to _FAIR_DELAY_MAX: a flood's tasks come back ever more slowly while it stays at its
+# share, and each is tried again within seconds once a slot of its workspace frees.
+_FAIR_DELAY = 0.1
+_FAIR_DELAY_MAX = 1.0
 
 
 class OwnedChangeSets:
@@ -36,6 +44,8 @@ class OwnedChangeSets:
         self._owning = owning
         self._admission = admission
         self._tasks: dict[asyncio.Task[None], ChangeSetProcessor] = {}
+        # Per-workspace share (fairness.py): at most so many change sets of one workspace while others have tasks.
+        self.fair = FairShare(owning.nats, owning.settings, owning.placement)
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -60,7 +70,18 @@ class OwnedChangeSets:
             log.error("dropping malformed task %r: %s", msg.subject, err)
             await msg.term()
             return
-        self._owning.report.stats.tasks_taken += 1
+        stats = self._owning.report.stats
+        if self.fair.must_wait(parsed.workspace_id):
+            # Its workspace has its share here: back to the stream, not lost, tried again after a delay (growing with
+            # each delivery), while other workspaces' tasks are taken meanwhile.
+            settings = self._owning.settings
+            if time.monotonic() - pulled_at < settings.ack_wait - settings.lease_margin:
+                # (A delivery older than that may be another daemon's by now: left alone, it comes back by itself.)
+                stats.tasks_deferred_fair_share += 1
+                delivered = Delivery.of(msg).delivered
+                await msg.nak(delay=min(_FAIR_DELAY * 2 ** min(delivered - 1, 16), _FAIR_DELAY_MAX))
+            return
+        stats.tasks_taken += 1
         change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id, self._owning.reader)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: took task delivery %s", change_set, TaskDelivery.of(msg))
@@ -78,6 +99,7 @@ class OwnedChangeSets:
             change_set, lambda: asyncio.create_task(self._own(processor), name=f"change set {change_set}")
         )
         self._tasks[task] = processor
+        self.fair.taken(parsed.workspace_id)
         self._owning.placement.owned = len(self._tasks)
 
     async def _own(self, processor: ChangeSetProcessor) -> None:
@@ -119,6 +141,7 @@ class OwnedChangeSets:
             setattr(stats, counter, getattr(stats, counter) + 1)
         finally:
             self._tasks.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self.fair.ended(processor.change_set.workspace_id)
             self._owning.placement.owned = len(self._tasks)
             # Ended before it started (stale, lease lost, NATS trouble), or after: either way a slot is free.
             self._admission.started(processor)

@@ -57,6 +57,10 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
         "rebaser_consumer_resets",
         "Request consumers replaced after a lost delivery or two missed heartbeats.",
     ),
+    "tasks_deferred_fair_share": (
+        "rebaser_tasks_deferred_fair_share",
+        "Tasks handed back with a delay: their workspace owned max_owned_per_workspace change sets here.",
+    ),
     "tasks_deferred": (
         "rebaser_tasks_deferred",
         "New-shard tasks handed back while their change set's old shard still held work (a layout change).",
@@ -150,6 +154,14 @@ class DaemonCollector(Collector):
             "Settled queries this daemon holds now (each until its change set settles or it times out).",
             value=daemon.settled_waits,
         )
+        busiest = GaugeMetricFamily(
+            "rebaser_owned_change_sets_by_workspace",
+            "Change sets this daemon owns now, for its 10 busiest workspaces.",
+            labels=["workspace"],
+        )
+        for workspace, owned in sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
+            busiest.add_metric([workspace], owned)
+        yield busiest
         change_sets, workspaces = daemon.pauses.counts
         paused = GaugeMetricFamily(
             "rebaser_paused", "Paused change sets and workspaces, as this daemon sees them.", labels=["kind"]

@@ -40,6 +40,11 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
             "starting": daemon.starting,
             "start_concurrency": settings.start_concurrency,
             "change_sets": [str(cs) for cs in owned[:STATUS_MAX_OWNED]],
+            # The busiest workspaces here, and the share each may have (max_owned_per_workspace).
+            "by_workspace": dict(
+                sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
+            ),
+            "workspace_share": daemon.workspace_share,
         },
         "jetstream": health.facts_dict(facts, stale),
         "durability": None if daemon.durability is None else daemon.durability.as_dict(),
@@ -50,6 +55,9 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
         "stats": dict(stats),
     }
 
+
+# At most this many workspaces are listed with their owned change sets on /status.
+STATUS_MAX_WORKSPACES = 10
 
 # At most this many paused change sets and workspaces are listed on /status (all are counted).
 STATUS_MAX_PAUSED = 100

@@ -83,5 +83,13 @@ class DaemonView(Protocol):
     @property
     def pauses(self) -> PausesView: ...
 
+    @property
+    def owned_by_workspace(self) -> Mapping[str, int]:
+        """Change sets owned now per workspace."""
+
+    @property
+    def workspace_share(self) -> int:
+        """At most this many change sets of one workspace are owned at once (max_owned_per_workspace)."""
+
     def alive(self) -> str | None:
         """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""

@@ -1,0 +1,186 @@
+"""Fair share across workspaces: one workspace's flood against another's awaited requests (docs/fair-share.md).
+
+    .venv/bin/python -m bench.fair_share [--flood 5000] [--per 5] [--b-requests 200] [--b-change-sets 20]
+
+Workspace A enqueues ``--flood`` new change sets with ``--per`` requests each, not awaited; workspace B meanwhile
+sends ``--b-requests`` requests over ``--b-change-sets`` change sets, each caller awaiting its reply. Three runs,
+each on a fresh nats-server and one daemon (the no-op counter app):
+
+- ``B alone``: B's latencies with nothing else;
+- ``A + B, no share``: ``max_owned_per_workspace`` = ``concurrency`` (a workspace may take every slot);
+- ``A + B, share``: the default share (half of ``concurrency``).
+
+Reported: B's p50 and p99, A's drain time (from its first request to the last one applied), and the CPU seconds
+nats-server and the daemon spent. Timings are for reading, not asserting (the test asserts the behaviour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+
+from bench.procs import Processes, cpu_seconds
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.embedded import NatsServer
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.subjects import Subjects
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _one_run(
+    args: argparse.Namespace, label: str, *, flood: bool, share: bool, log_dir: Path
+) -> dict[str, object]:
+    prefix = f"fs{os.getpid()}{label[:1]}{int(time.time() * 1000) % 100000}"
+    with tempfile.TemporaryDirectory() as store, Processes(log_dir) as procs:
+        server = NatsServer(store_dir=Path(store) / "nats")
+        await asyncio.to_thread(server.start)
+        try:
+            env = {
+                **os.environ,
+                "REBASER_CONCURRENCY": str(args.concurrency),
+                "REBASER_QUIESCENT_PERIOD": str(args.quiescent),
+                "REBASER_MAX_OWNED_PER_WORKSPACE": "0" if share else str(args.concurrency),
+            }
+            daemon = procs.spawn(
+                f"{prefix}-daemon",
+                [
+                    sys.executable,
+                    "-m",
+                    "rebaser_server",
+                    "--nats-url",
+                    server.url,
+                    "--prefix",
+                    prefix,
+                    "--app",
+                    "rebaser_server.apps.counter:CounterApp",
+                    "--http-port",
+                    "-1",
+                    "--log-level",
+                    "WARNING",
+                ],
+                env,
+            )
+            await procs.wait_ready(daemon, "rebaser daemon serving")
+            nc = await nats.connect(server.url)
+            try:
+                return await _traffic(args, nc, prefix, server.pid or 0, daemon.pid, flood=flood, label=label)
+            finally:
+                await nc.close()
+        finally:
+            await asyncio.to_thread(server.stop)
+
+
+async def _traffic(
+    args: argparse.Namespace,
+    nc: nats.NATS,
+    prefix: str,
+    server_pid: int,
+    daemon_pid: int,
+    *,
+    flood: bool,
+    label: str,
+) -> dict[str, object]:
+    client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
+    a, b = WorkspacePk.new(), WorkspacePk.new()
+    cpu0 = cpu_seconds(server_pid), cpu_seconds(daemon_pid)
+    started = time.monotonic()
+
+    async def send_flood() -> None:
+        change_sets = [ChangeSetId.new() for _ in range(args.flood)]
+        queue = [(cs, n) for n in range(args.per) for cs in change_sets]
+        it = iter(queue)
+
+        async def sender() -> None:
+            for cs, n in it:
+                await client.enqueue_updates(a, cs, [SetLiteral(path="/n", value=n)])
+
+        await asyncio.gather(*(sender() for _ in range(32)))
+
+    async def flood_drained() -> float:
+        js = nc.jetstream()
+        subjects = Subjects(prefix)
+        while True:
+            info = await js.stream_info(
+                subjects.requests_stream, subjects_filter=subjects.requests_of_workspace(a)
+            )
+            if not info.state.subjects and sent.done():
+                return time.monotonic() - started
+            await asyncio.sleep(0.2)  # polling the stream: the drain has no event to await
+
+    latencies: list[float] = []
+
+    async def b_caller(change_sets: list[ChangeSetId], count: int) -> None:
+        for i in range(count):
+            cs = change_sets[i % len(change_sets)]
+            t = time.monotonic()
+            reply = await client.enqueue_updates_with_reply(
+                b, cs, [SetLiteral(path="/n", value=i)], timeout=120
+            )
+            assert reply.ok, reply
+            latencies.append(time.monotonic() - t)
+
+    sent = asyncio.ensure_future(send_flood() if flood else asyncio.sleep(0))
+    if flood:
+        await asyncio.sleep(0.5)  # B starts once the flood is under way (its pacing, not a wait for a result)
+    b_sets = [ChangeSetId.new() for _ in range(args.b_change_sets)]
+    callers = min(10, args.b_change_sets)  # each caller its own change sets: one request at a time on each
+    await asyncio.gather(*(b_caller(b_sets[i::callers], args.b_requests // callers) for i in range(callers)))
+    b_done = time.monotonic() - started
+    drain = await flood_drained() if flood else None
+    await sent
+    cpu1 = cpu_seconds(server_pid), cpu_seconds(daemon_pid)
+    result = {
+        "run": label,
+        "b_p50_ms": round(_quantile(latencies, 0.5) * 1000, 1),
+        "b_p99_ms": round(_quantile(latencies, 0.99) * 1000, 1),
+        "b_done_s": round(b_done, 1),
+        "a_drain_s": None if drain is None else round(drain, 1),
+        "server_cpu_s": round(cpu1[0] - cpu0[0], 1),
+        "daemon_cpu_s": round(cpu1[1] - cpu0[1], 1),
+    }
+    print(result, flush=True)
+    return result
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
+    log_dir = Path(tempfile.mkdtemp(prefix="rebaser-fair-share-"))
+    runs = [("B alone", False, True), ("A + B, no share", True, False), ("A + B, share", True, True)]
+    return [
+        await _one_run(args, label, flood=flood, share=share, log_dir=log_dir) for label, flood, share in runs
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flood", type=int, default=5000, help="workspace A's new change sets")
+    parser.add_argument("--per", type=int, default=5, help="requests per change set of A")
+    parser.add_argument("--b-requests", type=int, default=200)
+    parser.add_argument("--b-change-sets", type=int, default=20)
+    parser.add_argument(
+        "--concurrency", type=int, default=500, help="REBASER_CONCURRENCY (the production default)"
+    )
+    parser.add_argument("--quiescent", type=float, default=2.0, help="REBASER_QUIESCENT_PERIOD")
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    print("\n| run | B p50 ms | B p99 ms | A drain s | nats-server CPU s | daemon CPU s |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['run']} | {r['b_p50_ms']} | {r['b_p99_ms']} | {r['a_drain_s'] or '-'} | "
+            f"{r['server_cpu_s']} | {r['daemon_cpu_s']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
