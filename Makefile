@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (only Python >= 3.11 and make needed):
 #   make run    the daemon on an embedded nats-server, with demo traffic to watch
-#   make test   lint (container files too), type-check and the test suite against real nats-servers (what CI runs)
+#   make test   lint (container files and docs too), type-check and the test suite against real nats-servers (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -34,9 +34,12 @@ lint: validate
 # called directly.
 COMPOSE = $$($(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))')
 
+# The docs site too: --strict turns a broken link or anchor, or a page missing from mkdocs.yml's nav, into a failure.
+# It is built into a temporary directory, removed afterwards.
 validate: $(BIN)/.installed
 	$(BIN)/hadolint Dockerfile
 	$(COMPOSE) --file docker-compose.yml config --quiet
+	site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(BIN)/mkdocs build --strict --site-dir "$$site"
 
 # The suite waits far more than it computes (daemons starting, periods running out): more workers than cores.
 TEST_WORKERS ?= 6

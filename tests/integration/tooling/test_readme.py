@@ -1,5 +1,7 @@
-"""The README's code runs as shown: every ```python block, and every ```sh block marked ``runnable``, against a
-daemon of its own (the default app, an embedded nats-server on a free port), found through ``REBASER_NATS_URL``.
+"""The README's code, and that of the docs pages listed in ``PAGES``, runs as shown: every ```python block, and
+every ```sh block marked ``runnable`` (in its info string, as the README does, or by a ``<!-- runnable -->`` line
+right before the fence, which the docs site renders), against a daemon of its own (the default app, an embedded
+nats-server on a free port), found through ``REBASER_NATS_URL``.
 
 Blocks are run as a user would paste them: Python as a file with the project's interpreter, shell through
 ``bash -eu -o pipefail`` in a directory whose ``.venv/bin`` is this interpreter's, so ``.venv/bin/rebaser`` resolves.
@@ -17,26 +19,34 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-README = ROOT / "README.md"
-# A fence at the start of a line: its info string, then the body up to the closing fence.
-_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+# The pages whose blocks are pasted as they are: the README, and the page it sends a new user to.
+PAGES = (ROOT / "README.md", ROOT / "docs" / "client.md")
+# A fence at the start of a line (after an optional marker line): its info string, then the body up to the
+# closing fence.
+_FENCE = re.compile(r"^(<!-- runnable -->\n)?```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 _LISTENING = re.compile(rb"embedded nats-server listening on (nats://\S+)")
 
 
-def readme_blocks() -> list[tuple[str, str]]:
-    """(kind, code) of the blocks to run: kind is "python" or "sh"."""
+def page_blocks(page: Path) -> list[tuple[str, str]]:
+    """(kind, code) of the page's blocks to run: kind is "python" or "sh"."""
     blocks = []
-    for info, body in _FENCE.findall(README.read_text()):
+    for marker, info, body in _FENCE.findall(page.read_text()):
         words = info.split()
         if words[:1] == ["python"]:
             blocks.append(("python", body))
-        elif words[:1] in (["sh"], ["console"], ["bash"]) and "runnable" in words[1:]:
+        elif words[:1] in (["sh"], ["console"], ["bash"]) and (marker or "runnable" in words[1:]):
             blocks.append(("sh", body))
     return blocks
 
 
-def test_the_readme_has_runnable_blocks() -> None:
-    kinds = [kind for kind, _ in readme_blocks()]
+def readme_blocks() -> list[tuple[str, str]]:
+    """(kind, code) of every page's blocks to run, in ``PAGES`` order."""
+    return [block for page in PAGES for block in page_blocks(page)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_the_page_has_runnable_blocks(page: Path) -> None:
+    kinds = [kind for kind, _ in page_blocks(page)]
     assert "python" in kinds and "sh" in kinds, kinds
 
 
@@ -84,7 +94,7 @@ async def readme_daemon(tmp_path: Path) -> AsyncIterator[str]:
 @pytest.mark.parametrize(
     ("kind", "code"),
     readme_blocks(),
-    ids=[f"{kind}-{n}" for n, (kind, _) in enumerate(readme_blocks())],
+    ids=[f"{page.stem}-{kind}-{n}" for page in PAGES for n, (kind, _) in enumerate(page_blocks(page))],
 )
 async def test_readme_block_runs(readme_daemon: str, tmp_path: Path, kind: str, code: str) -> None:
     workdir = tmp_path / "paste"
@@ -112,5 +122,5 @@ async def test_readme_block_runs(readme_daemon: str, tmp_path: Path, kind: str, 
             proc.kill()
             await proc.wait()
     assert proc.returncode == 0, (
-        f"README {kind} block failed ({proc.returncode}):\n{code}\n--- output:\n{out.decode()}"
+        f"{kind} block failed ({proc.returncode}):\n{code}\n--- output:\n{out.decode()}"
     )
