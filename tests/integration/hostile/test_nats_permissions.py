@@ -280,7 +280,12 @@ async def test_follower_reads_its_workspace_events_and_no_other(
                 await write(other, other_cs, 3)
                 [third] = await _durable(workspace_feed, 1)
                 assert (third.workspace_id, third.change_set_id, third.seq) == (FOLLOWED, cs, 3)
-                await asyncio.sleep(1)
+                # One more of its own after the other's last: once it arrives, anything leaked before it has too
+                # (the server delivers to one connection in order).
+                await write(FOLLOWED, cs, 4)
+                [fourth] = await _durable(workspace_feed, 1)
+                assert fourth.seq == 4
+                await follower_nc.flush()
                 assert workspace_feed.malformed == 0
             finally:
                 await workspace_feed.close()
