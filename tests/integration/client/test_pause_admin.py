@@ -476,7 +476,9 @@ async def test_a_paused_change_set_is_not_applied_until_resumed(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=0)], timeout=10)
         await client.pause_change_set(wk, cs, "hold on", wait=10)
-        before = daemon.stats.tasks_paused  # the owner's letting go, if it still held the change set
+        # The owner's letting go is counted by the time it no longer lists the change set.
+        await wait_for(lambda: all(o.change_set_id != cs for o in daemon.owned), timeout=20)
+        before = daemon.stats.tasks_paused
         rid = str(await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=1)]))
         # Its task was taken and let go untouched (a daemon that applied it would have done so by then).
         await wait_for(
