@@ -198,10 +198,7 @@ def change_set_pause(
         nats_url,
         lambda nc: pause_change_set(nc, subjects, wk, cs, reason, wait=timeout if wait else None),
     )
-    if as_json:
-        _print_json(pause_json(result, _now()))
-    else:
-        click.echo(pause_line(result, _now()))
+    _show_pause(result, as_json)
 
 
 @click.command("resume")
@@ -219,10 +216,7 @@ def change_set_resume(
     from rebaser_client._admin_pause import resume_change_set
 
     result = _run(nats_url, lambda nc: resume_change_set(nc, subjects, wk, cs))
-    if as_json:
-        _print_json(resume_json(result, _now()))
-    else:
-        click.echo("\n".join(resume_lines(result, _now())))
+    _show_resume(result, as_json)
 
 
 @click.command("skip")
@@ -293,10 +287,7 @@ def workspace_pause(
     result = _run(
         nats_url, lambda nc: pause_workspace(nc, subjects, wk, reason, wait=timeout if wait else None)
     )
-    if as_json:
-        _print_json(pause_json(result, _now()))
-    else:
-        click.echo(pause_line(result, _now()))
+    _show_pause(result, as_json)
 
 
 @workspace.command("resume")
@@ -311,10 +302,23 @@ def workspace_resume(workspace_id: str, nats_url: str, prefix: str | None, as_js
     from rebaser_client._admin_pause import resume_workspace
 
     result = _run(nats_url, lambda nc: resume_workspace(nc, subjects, wk))
+    _show_resume(result, as_json)
+
+
+def _show_pause(result: PauseResult, as_json: bool) -> None:
+    now = _now()
     if as_json:
-        _print_json(resume_json(result, _now()))
+        _print_json(pause_json(result, now))
     else:
-        click.echo("\n".join(resume_lines(result, _now())))
+        click.echo(pause_line(result, now))
+
+
+def _show_resume(result: ResumeResult, as_json: bool) -> None:
+    now = _now()
+    if as_json:
+        _print_json(resume_json(result, now))
+    else:
+        click.echo("\n".join(resume_lines(result, now)))
 
 
 def register(main: click.Group) -> None:

@@ -9,18 +9,17 @@ cheap, and unlike a KV watch (an ordered consumer) it needs nothing re-created a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import AssignmentMode, Layout
+from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 
 __all__ = ["LayoutFollower", "init_layout", "open_layout", "read_layout", "write_layout"]
@@ -41,22 +40,14 @@ async def open_layout(
     storage: str = "file",
 ) -> KeyValue | None:
     """The layout bucket; None if it does not exist and ``create`` is false."""
-    try:
-        return await js.key_value(subjects.layout_bucket)
-    except BucketNotFoundError:
-        if not create:
-            return None
-    with contextlib.suppress(nats.errors.Error):  # created concurrently by another daemon: open it below
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=subjects.layout_bucket,
-                history=5,
-                direct=True,  # clients read it with one direct get (rebaser_client._routing)
-                storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
-                replicas=replicas,
-            )
-        )
-    return await js.key_value(subjects.layout_bucket)
+    config = KeyValueConfig(
+        bucket=subjects.layout_bucket,
+        history=5,
+        direct=True,  # clients read it with one direct get (rebaser_client._routing)
+        storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
+        replicas=replicas,
+    )
+    return await open_bucket(js, config, create=create)
 
 
 async def read_layout(kv: KeyValue, subjects: Subjects) -> tuple[Layout, int] | None:

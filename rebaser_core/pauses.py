@@ -9,20 +9,18 @@ operators and the client's admin API write it (``rebaser_client._admin_pause``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 
 __all__ = [
@@ -102,18 +100,10 @@ async def open_pauses(
     js: JetStreamContext, subjects: Subjects, *, create: bool, replicas: int = 1, storage: str = "file"
 ) -> KeyValue | None:
     """The pauses bucket; None if it does not exist and ``create`` is false (then nothing is paused)."""
-    try:
-        return await js.key_value(subjects.pauses_bucket)
-    except BucketNotFoundError:
-        if not create:
-            return None
-    with contextlib.suppress(nats.errors.Error):  # created concurrently by another daemon: open it below
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=subjects.pauses_bucket,
-                history=1,
-                storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
-                replicas=replicas,
-            )
-        )
-    return await js.key_value(subjects.pauses_bucket)
+    config = KeyValueConfig(
+        bucket=subjects.pauses_bucket,
+        history=1,
+        storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
+        replicas=replicas,
+    )
+    return await open_bucket(js, config, create=create)

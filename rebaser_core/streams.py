@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from rebaser_core.settings import Settings
@@ -21,6 +23,7 @@ __all__ = [
     "ensure_shard",
     "ensure_streams",
     "events_stream_config",
+    "open_bucket",
     "open_object_store",
     "requests_stream_config",
     "split",
@@ -45,6 +48,21 @@ async def open_object_store(js: JetStreamContext, name: str, settings: Settings)
             name,
             js_api.ObjectStoreConfig(bucket=name, storage=_storage(settings), replicas=settings.replicas),
         )
+
+
+async def open_bucket(
+    js: JetStreamContext, config: js_api.KeyValueConfig, *, create: bool
+) -> KeyValue | None:
+    """The KV bucket ``config`` names; created with ``config`` if it does not exist and ``create`` (else None)."""
+    assert config.bucket is not None
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        if not create:
+            return None
+    with contextlib.suppress(nats.errors.Error):  # created concurrently by another daemon: open it below
+        return await js.create_key_value(config)
+    return await js.key_value(config.bucket)
 
 
 def split(total: int, streams: int) -> int:

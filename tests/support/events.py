@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from rebaser_client import EventStream
 from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent
 from rebaser_core.errors import ProtocolError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -64,3 +65,13 @@ def check_feed(events: Sequence[ChangeSetEvent], applied: Sequence[str]) -> list
     if seqs and seqs[0] == 1 and len(requests) != len(applied):
         problems.append(f"all events kept, yet {len(requests)} name requests and {len(applied)} were applied")
     return problems
+
+
+async def next_durable(stream: EventStream, count: int, timeout: float = 20) -> list[ChangeSetEvent]:
+    """The next ``count`` durable events of ``stream`` (notices skipped)."""
+    found: list[ChangeSetEvent] = []
+    while len(found) < count:
+        event = await stream.next(timeout)
+        if event.durable:
+            found.append(event)
+    return found

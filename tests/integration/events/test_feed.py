@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rebaser_client import ChangeSetEvent, EventsLost, EventStream, RebaserClient, SetLiteral
+from rebaser_client import ChangeSetEvent, EventsLost, RebaserClient, SetLiteral
 from rebaser_core.api import CHANGE_SET_EVENT, MAX_EVENT_BYTES
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.testing import wait_for
@@ -21,17 +21,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.record.store import TaskDelivery
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
-from tests.support.events import check_feed, stored_events
-
-
-async def _durable(stream: EventStream, count: int, timeout: float = 20) -> list[ChangeSetEvent]:
-    """The next ``count`` durable events of ``stream`` (notices skipped)."""
-    found: list[ChangeSetEvent] = []
-    while len(found) < count:
-        event = await stream.next(timeout)
-        if event.durable:
-            found.append(event)
-    return found
+from tests.support.events import check_feed, next_durable, stored_events
 
 
 async def test_a_follower_sees_every_applied_request_once_in_order(
@@ -43,7 +33,7 @@ async def test_a_follower_sees_every_applied_request_once_in_order(
             sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=n)]) for n in range(30)]
             last = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
             sent.append(last.id)
-            events = await _durable(feed, len(sent))
+            events = await next_durable(feed, len(sent))
         assert [e.request_id for e in events] == sent
         assert [e.seq for e in events] == list(range(1, len(sent) + 1))
         assert all(e.queued is not None for e in events)
@@ -93,7 +83,7 @@ async def test_a_dead_lettered_request_is_told_with_its_reason_class(
             # Bytes with no headers on the change set's request subject: refused before any app sees them.
             await nc.jetstream().publish(settings.subjects.requests(wk, cs), b"\xff junk")
             ok = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
-            events = await _durable(feed, 3)
+            events = await next_durable(feed, 3)
         assert not poison.ok and ok.ok
         assert [(e.kind, e.reason) for e in events] == [
             ("dead_lettered", "UnprocessableError"),
@@ -111,11 +101,11 @@ async def test_a_follower_that_stops_and_resumes_from_since_misses_nothing(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         first = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(10)]
         async with client.watch(wk, cs, since=0) as feed:
-            seen = await _durable(feed, 5)
+            seen = await next_durable(feed, 5)
         assert [e.request_id for e in seen] == first[:5]
         more = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/b", value=n)]) for n in range(5)]
         async with client.watch(wk, cs, since=seen[-1].seq) as feed:
-            rest = await _durable(feed, 10)
+            rest = await next_durable(feed, 10)
         assert [e.request_id for e in rest] == first[5:] + more
         assert [e.seq for e in rest] == list(range(6, 16))
 
@@ -131,9 +121,9 @@ async def test_a_since_older_than_the_retention_is_a_typed_gap(
         await client.wait_settled(wk, cs, timeout=20)
         async with client.watch(wk, cs, since=2) as feed:
             with pytest.raises(EventsLost) as lost:
-                await _durable(feed, 1)
+                await next_durable(feed, 1)
             # Iterating on resumes right after the gap.
-            after = await _durable(feed, 1)
+            after = await next_durable(feed, 1)
         gap = lost.value
         assert gap.expected == 3 and gap.got > 3 and gap.lost == gap.got - 3
         assert after[0].seq == gap.got
@@ -151,12 +141,12 @@ async def test_a_workspace_follower_sees_only_its_workspace(
                 await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=1)]) for cs in (one, two)
             }
             await client.enqueue_updates_with_reply(other, one, [SetLiteral(path="/a", value=1)], timeout=20)
-            seen = await _durable(feed, 2)
+            seen = await next_durable(feed, 2)
             assert {e.request_id for e in seen} == mine
             assert {e.change_set_id for e in seen} == {one, two}
             # Nothing of the other workspace comes, though its request was answered before ours were all seen.
             await client.enqueue_updates_with_reply(wk, one, [], timeout=20)
-            (last,) = await _durable(feed, 1)
+            (last,) = await next_durable(feed, 1)
             assert last.workspace_id == wk and last.change_set_id == one
 
 
@@ -190,7 +180,7 @@ async def test_junk_on_the_events_subject_is_skipped_not_fatal(
             headers, body = CHANGE_SET_EVENT.encode(forged)
             await js.publish(subject, body, headers=headers)
             rid = await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=1)])
-            (event,) = await _durable(feed, 1)
+            (event,) = await next_durable(feed, 1)
         assert event.request_id == rid
         assert feed.malformed == len(junk) + 1
 
@@ -232,7 +222,7 @@ async def test_events_left_unpublished_by_a_dead_owner_are_published_by_the_next
             nxt = await client.enqueue_updates_with_reply(
                 wk, cs, [SetLiteral(path="/a", value=2)], timeout=20
             )
-            events = await _durable(feed, 3)
+            events = await next_durable(feed, 3)
         assert [e.seq for e in events] == [2, 3, 4]
         assert [str(e.request_id) for e in events[:2]] == [e["request_id"] for e in lost]
         assert events[2].request_id == nxt.id
@@ -314,5 +304,5 @@ async def test_a_follower_that_falls_behind_a_replay_loses_nothing(
 
             # The server pushes until its flow control waits for the follower (about 1,000 messages here).
             await wait_for(lambda: sub.pending_msgs >= 900, timeout=30, message="the replay piled up, unread")
-            events = await _durable(feed, count)
+            events = await next_durable(feed, count)
         assert [e.request_id for e in events] == sent

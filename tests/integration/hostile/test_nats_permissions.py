@@ -15,13 +15,14 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from rebaser_client import ChangeSetEvent, EventStream, RebaserClient, SetLiteral
+from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded import NatsServer
 from rebaser_core.errors import RebaserRefused, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
+from tests.support.events import next_durable
 
 CONF = Path(__file__).parents[3] / "docs" / "nats-accounts.conf"
 # The workspace whose events the user follower-1 of that configuration may read.
@@ -139,16 +140,6 @@ async def _connect_follower(server: NatsServer, errors: list[str]) -> NatsClient
     )
 
 
-async def _durable(stream: EventStream, count: int, timeout: float = 20) -> list[ChangeSetEvent]:
-    """The next ``count`` durable events of ``stream`` (notices skipped)."""
-    found: list[ChangeSetEvent] = []
-    while len(found) < count:
-        event = await stream.next(timeout)
-        if event.durable:
-            found.append(event)
-    return found
-
-
 async def test_follower_reads_its_workspace_events_and_no_other(
     accounts_server: NatsServer, daemon_nc: NatsClient
 ) -> None:
@@ -182,7 +173,7 @@ async def test_follower_reads_its_workspace_events_and_no_other(
 
             # Its workspace: one change set from the start, then the whole workspace.
             async with follower.watch(FOLLOWED, cs, since=0) as feed:
-                events = await _durable(feed, 2)
+                events = await next_durable(feed, 2)
             assert [(e.workspace_id, e.change_set_id, e.kind, e.seq) for e in events] == [
                 (FOLLOWED, cs, "applied", 1),
                 (FOLLOWED, cs, "applied", 2),
@@ -190,7 +181,7 @@ async def test_follower_reads_its_workspace_events_and_no_other(
             workspace_feed = follower.watch(FOLLOWED, since={cs: 0})
             await workspace_feed.start()
             try:
-                assert [e.seq for e in await _durable(workspace_feed, 2)] == [1, 2]
+                assert [e.seq for e in await next_durable(workspace_feed, 2)] == [1, 2]
 
                 # Another workspace: watch() is refused, a change set or the whole workspace (the consumer is not
                 # created: the API request is a permission violation, so it is never answered).
@@ -278,12 +269,12 @@ async def test_follower_reads_its_workspace_events_and_no_other(
                 await write(other, other_cs, 2)
                 await write(FOLLOWED, cs, 2)
                 await write(other, other_cs, 3)
-                [third] = await _durable(workspace_feed, 1)
+                [third] = await next_durable(workspace_feed, 1)
                 assert (third.workspace_id, third.change_set_id, third.seq) == (FOLLOWED, cs, 3)
                 # One more of its own after the other's last: once it arrives, anything leaked before it has too
                 # (the server delivers to one connection in order).
                 await write(FOLLOWED, cs, 4)
-                [fourth] = await _durable(workspace_feed, 1)
+                [fourth] = await next_durable(workspace_feed, 1)
                 assert fourth.seq == 4
                 await follower_nc.flush()
                 assert workspace_feed.malformed == 0
@@ -318,12 +309,12 @@ async def test_follower_recreates_its_consumer_within_its_permissions(
             write = [SetLiteral(path="/n", value=1)]
             assert (await writer.enqueue_updates_with_reply(FOLLOWED, cs, write, timeout=20)).ok
             async with RebaserClient(follower_nc).watch(FOLLOWED, cs, since=0) as feed:
-                assert [e.seq for e in await _durable(feed, 1)] == [1]
+                assert [e.seq for e in await next_durable(feed, 1)] == [1]
                 [lost] = await js.consumers_info(stream)
                 await js.delete_consumer(stream, lost.name)
                 assert (await writer.enqueue_updates_with_reply(FOLLOWED, cs, write, timeout=20)).ok
                 # nats-py notices the missing heartbeats (two of 5 s) and creates the consumer again.
-                assert [e.seq for e in await _durable(feed, 1, timeout=40)] == [2]
+                assert [e.seq for e in await next_durable(feed, 1, timeout=40)] == [2]
                 [again] = await js.consumers_info(stream)
                 assert again.name != lost.name
                 assert again.config.filter_subject == settings.subjects.events(FOLLOWED, cs)
@@ -355,7 +346,7 @@ async def test_follower_answers_flow_control_within_its_permissions(
             updates = [SetLiteral(path="/n", value=1)]
             assert (await writer.enqueue_updates_with_reply(FOLLOWED, cs, updates, timeout=20)).ok
             async with RebaserClient(follower_nc).watch(FOLLOWED, since={}) as feed:
-                [event] = await _durable(feed, 1, timeout=30)
+                [event] = await next_durable(feed, 1, timeout=30)
                 assert (event.change_set_id, event.seq) == (cs, 1)
                 assert feed.malformed == filler
         assert not [e for e in errors if "permissions violation" in e], errors
