@@ -224,7 +224,8 @@ async def test_pause_and_resume_are_told_to_the_change_sets_followers(
             seen[: seen.index(("resumed", "by hand"))]
         )
         assert seen[-1] == ("paused", "max_attempts")
-        assert cs not in daemon.owned
+        # The pause notice comes before the owner's letting go finishes (it stores the pause, tells, then acks).
+        await wait_for(lambda: cs not in daemon.owned, timeout=20, message="the paused change set let go")
 
 
 async def test_a_pause_survives_a_sigkill_of_the_owner(
