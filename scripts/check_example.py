@@ -32,11 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         env_dir, project = work / "venv", work / example.name
         venv.EnvBuilder(with_pip=True).create(env_dir)
         python = env_dir / "bin" / "python"
-        # A copy of the checkout without its own virtualenv or caches: what `pip install rebaser` would get.
+        # What `pip install rebaser` would get: the build files and the packages, not the whole checkout (a test
+        # run beside this one writes and removes files there, coverage data among them, while it is copied).
         source = work / "rebaser"
-        shutil.copytree(
-            ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "*cache*", "*.egg-info", "build")
-        )
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(ROOT / name, source / name)
+        for package in ("rebaser_core", "rebaser_client", "rebaser_server"):
+            shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(
             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source), "pytest"],
             check=True,
