@@ -1,4 +1,6 @@
-"""The yardstick: the same task lifecycle written as a minimal raw nats-py loop (no versioning, no KV, no storage).
+"""The plain yardstick: the same task lifecycle written as a minimal raw nats-py loop (no versioning, no KV, no
+storage). ``--fair`` runs the fair one instead (``bench/fair_loop.py``: the daemon's lease and a record per change
+set, committed after each request), the one the targets are set against; this one stays as a reference.
 
 Client: publish the request (await the JetStream ack), then the empty task (err_code 10077 = already has one).
 Worker (``python -m bench.baseline --url U --prefix P --quiet S``): pull tasks from one shared durable consumer (in
@@ -38,7 +40,9 @@ def names(prefix: str) -> dict[str, str]:
     }
 
 
-async def setup_streams(js: JetStreamContext, prefix: str) -> None:
+async def setup_streams(js: JetStreamContext, prefix: str, *, fair: bool = False) -> None:
+    """The streams and the tasks consumer; ``fair``: on the daemon's lease, and the records bucket
+    (``bench/fair_loop.py``)."""
     n = names(prefix)
     await js.add_stream(
         name=n["tasks_stream"],
@@ -57,8 +61,14 @@ async def setup_streams(js: JetStreamContext, prefix: str) -> None:
         max_consumers=20_000,  # one ordered consumer per active change set; the server default caps at 1,000
         allow_direct=True,
     )
+    ack_wait = 30.0
+    if fair:
+        from bench.fair_loop import ACK_WAIT, setup_records
+
+        ack_wait = ACK_WAIT
+        await setup_records(js, prefix)
     config = api.ConsumerConfig(
-        durable_name="tasks", ack_policy=api.AckPolicy.EXPLICIT, ack_wait=30.0, max_ack_pending=20_000
+        durable_name="tasks", ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait, max_ack_pending=20_000
     )
     await js.add_consumer(n["tasks_stream"], config)
 
@@ -119,6 +129,9 @@ class Worker:
         self.nc, self.js, self.n, self.quiet = nc, nc.jetstream(timeout=10.0), names(prefix), quiet
         self.stopping = False
         self.owned: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Before the first pull (the fair loop opens its records bucket and starts renewing)."""
 
     async def pull(self) -> None:
         """Pull requests for up to 256 tasks, each task owned the moment it arrives (nats-py's ``fetch(n)`` would
@@ -204,9 +217,14 @@ class Worker:
         await publish_task(self.nc, task_msg.subject)
 
 
-async def serve(url: str, prefix: str, quiet: float) -> None:
+async def serve(url: str, prefix: str, quiet: float, fair: bool = False) -> None:
     nc = await nats.connect(url, max_reconnect_attempts=-1)
     worker = Worker(nc, prefix, quiet)
+    if fair:
+        from bench.fair_loop import FairWorker
+
+        worker = FairWorker(nc, prefix, quiet)
+    await worker.start()
     # The daemon's garbage-collector settings (rebaser_server.cli.main.tune_gc), so the yardstick gets them too;
     # the same variable turns them off for both (--daemon-env REBASER_GC_THRESHOLD=0).
     threshold = int(os.environ.get("REBASER_GC_THRESHOLD", "100000"))
@@ -233,8 +251,11 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--quiet", type=float, default=5.0)
+    parser.add_argument(
+        "--fair", action="store_true", help="the fair loop: the daemon's lease and a record per change set"
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.url, args.prefix, args.quiet))
+    asyncio.run(serve(args.url, args.prefix, args.quiet, args.fair))
 
 
 if __name__ == "__main__":

@@ -52,12 +52,21 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:
     sys.path[0] = str(REPO)
 
-from bench.deployment import APPS, Deployment  # noqa: E402
+from bench.deployment import APPS, LOOPS, Deployment  # noqa: E402
 from bench.options import parse_args  # noqa: E402
 from bench.procs import Processes  # noqa: E402
 from bench.report import Report, write_outputs  # noqa: E402
 from bench.syscalls import SyscallCounter  # noqa: E402
-from bench.workload import BurstResult, CpuMeter, DvuResult, Result, drive, first_of_each, ms  # noqa: E402
+from bench.workload import (  # noqa: E402
+    BurstResult,
+    CpuMeter,
+    DvuResult,
+    IdleResult,
+    Result,
+    drive,
+    first_of_each,
+    ms,
+)
 from rebaser_client import RebaserClient  # noqa: E402
 from rebaser_core.api import SetFunction, SetLiteral, SuccessStatus, Update  # noqa: E402
 from rebaser_core.embedded import NatsServer  # noqa: E402
@@ -71,7 +80,7 @@ DVU_APPS = {"natural": "rebaser_server.apps.snapshots:SnapshotApp", "10x": "benc
 # -- scenarios ------------------------------------------------------------------------------------------------
 @dataclass
 class Scenario:
-    impl: str  # "baseline", or an APPS key
+    impl: str  # "baseline" or "fair" (the hand-written loops), or an APPS key
     daemons: int
     change_sets: int
 
@@ -231,6 +240,49 @@ class Bench:
             first_errors=sorted(set(measured.errors))[:5],
         )
 
+    async def idle(self, impl: str) -> IdleResult:
+        """``--idle`` change sets taken (one request each) and then left idle, held for the whole window: the CPU of
+        a window with them held, less that of the same window before any was taken, per change set and second."""
+        count, window = self.args.idle, self.args.idle_window
+        nc = await nats.connect(self.server.url, max_reconnect_attempts=-1)
+        dep = Deployment(self, impl, 1)
+        env = {
+            "REBASER_CONCURRENCY": str(max(self.args.concurrency, count)),
+            # Idle for longer than the run: none is let go while measured.
+            "REBASER_QUIESCENT_PERIOD": str(10 * window + 60),
+        }
+        try:
+            await dep.start(nc, env=env)
+            change_sets = [ChangeSetId.new() for _ in range(count)]
+
+            async def send(i: int, c: int) -> bool:
+                return await dep.send(change_sets[c], i)
+
+            empty = CpuMeter(dep.pids())
+            await asyncio.sleep(window)
+            empty.stop(window)
+            measured = await drive(send, list(range(count)), self.args.clients)
+            held = CpuMeter(dep.pids())
+            await asyncio.sleep(window)
+            held.stop(window)
+            _, stream, consumer = dep.streams
+            owned = (await nc.jetstream().consumer_info(stream, consumer)).num_ack_pending
+        finally:
+            await dep.stop(nc)
+            await nc.close()
+        ack_wait = float(self.env.get("REBASER_ACK_WAIT", "2.5")) if impl not in LOOPS else 2.5
+        return IdleResult(
+            impl=impl,
+            change_sets=count,
+            window_s=window,
+            owned=owned,
+            ack_wait=ack_wait,
+            cpu_us_per_s_per_change_set={
+                k: round((held.used[k] - empty.used[k]) / window / count * 1e6, 2) for k in held.used
+            },
+            errors=len(measured.errors),
+        )
+
     async def dvu_burst(self, cost: str) -> DvuResult:
         """``--dvu-requests`` requests at once on one change set whose attributes depend on ``/x``."""
         count = self.args.dvu_requests
@@ -298,7 +350,7 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     bench = Bench(args, server, procs)
     impls = [impl.strip() for impl in args.impl.split(",") if impl.strip()]
-    unknown = set(impls) - {"baseline", *APPS}
+    unknown = set(impls) - {*LOOPS, *APPS}
     if unknown:
         raise SystemExit(f"unknown --impl {', '.join(sorted(unknown))}")
     report = Report(args)
@@ -319,15 +371,16 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
                         + (f" (e.g. {result.first_errors[0]})" if result.first_errors else ""),
                         flush=True,
                     )
-            # Report the run with the median throughput of each implementation.
+            # Report the run with the median throughput of each implementation; "vs base" is against the fair loop
+            # (the plain one if it did not run).
             medians = {impl: sorted(rs, key=lambda r: r.rps)[len(rs) // 2] for impl, rs in runs.items()}
-            base = medians.get("baseline")
+            base = medians.get("fair", medians.get("baseline"))
             for impl, result in medians.items():
-                if impl != "baseline" and base is not None and base.rps > 0:
+                if impl not in LOOPS and base is not None and base.rps > 0:
                     result.ratio = round(result.rps / base.rps, 3)
                 report.results.append(result)
     if args.burst > 0:
-        for impl in [i for i in ("baseline", "rebaser") if i in impls]:
+        for impl in [i for i in ("baseline", "fair", "rebaser") if i in impls]:
             log(f"burst: {impl}, {args.burst} change sets x 1 request")
             burst = await bench.burst(impl)
             report.bursts.append(burst)
@@ -337,6 +390,12 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
                 + (f" (e.g. {burst.first_errors[0]})" if burst.first_errors else ""),
                 flush=True,
             )
+    if args.idle > 0:
+        for impl in [i for i in ("fair", "rebaser") if i in impls]:
+            log(f"idle: {impl}, {args.idle} change sets owned and idle")
+            idle = await bench.idle(impl)
+            report.idles.append(idle)
+            print(f"    {idle.line()}", flush=True)
     if args.dvu_requests > 0 and "snapshots" in impls:
         for cost in DVU_APPS:
             log(f"DVU burst: {args.dvu_requests} requests on one change set, {cost} DVU cost")

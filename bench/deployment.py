@@ -33,6 +33,9 @@ APPS = {
     "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
 }
 IMPL_ENV = {"feed": {"REBASER_EVENTS": "true"}, "rebaser": {"REBASER_EVENTS": "false"}}
+# The hand-written loops (bench/baseline.py): "baseline" the plain one, "fair" the one on the daemon's lease that
+# commits a record per request (bench/fair_loop.py).
+LOOPS = ("baseline", "fair")
 
 
 class Harness(Protocol):
@@ -62,8 +65,8 @@ class Deployment:
 
     async def start(self, nc: Client, env: dict[str, str] | None = None) -> None:
         bench = self.bench
-        if self.impl == "baseline":
-            await setup_streams(nc.jetstream(), self.prefix)
+        if self.impl in LOOPS:
+            await setup_streams(nc.jetstream(), self.prefix, fair=self.impl == "fair")
             args = [
                 sys.executable,
                 "-m",
@@ -73,7 +76,8 @@ class Deployment:
                 "--prefix",
                 self.prefix,
             ]
-            args += ["--quiet", str(bench.args.quiescent)]
+            args += ["--quiet", str((env or {}).get("REBASER_QUIESCENT_PERIOD", bench.args.quiescent))]
+            args += ["--fair"] if self.impl == "fair" else []
             marker = "baseline worker ready"
         else:
             args = [sys.executable, "-m", "rebaser_server", "--nats-url", bench.server.url]
@@ -99,7 +103,7 @@ class Deployment:
     async def attach(self, nc: Client) -> None:
         """The client side on ``nc``: what :meth:`send` uses (``start`` calls it; bench/instructions.py's client
         process calls it alone, for daemons another process started)."""
-        if self.impl == "baseline":
+        if self.impl in LOOPS:
             self.base = BaselineClient(nc, self.prefix)
             await self.base.start()
         else:
@@ -127,7 +131,7 @@ class Deployment:
     @property
     def streams(self) -> tuple[str, str, str]:
         """(requests stream, tasks stream, tasks consumer)."""
-        if self.impl == "baseline":
+        if self.impl in LOOPS:
             n = names(self.prefix)
             return n["requests_stream"], n["tasks_stream"], "tasks"
         s = Subjects(self.prefix)

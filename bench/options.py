@@ -40,8 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
     parser.add_argument(
         "--impl",
-        default="baseline,rebaser,feed,snapshots",
-        help="comma-separated: baseline (hand-written nats-py), rebaser (framework + CounterApp), "
+        default="baseline,fair,rebaser,feed,snapshots",
+        help="comma-separated: baseline (the plain hand-written nats-py loop), fair (the hand-written loop on the "
+        "daemon's lease, committing a record per request: the yardstick), rebaser (framework + CounterApp), "
         "feed (the same with the event feed on), snapshots (framework + the default SnapshotApp)",
     )
     parser.add_argument(
@@ -49,6 +50,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--dvu-requests", type=int, default=None, help="requests in the DVU burst (default 1000; 0: none)"
+    )
+    parser.add_argument(
+        "--idle",
+        type=int,
+        default=None,
+        help="change sets held idle in the idle-cost scenario (default 1000; quick 200; 0: none)",
+    )
+    parser.add_argument(
+        "--idle-window", type=float, default=10.0, help="seconds the idle cost is measured over (and before)"
     )
     parser.add_argument("--quiescent", type=float, default=5.0, help="quiescent period, seconds")
     parser.add_argument(
@@ -109,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.per_change_set = 3 if args.quick else 10
     if args.burst is None:
         args.burst = 1000 if args.quick else 10_000
+    if args.idle is None:
+        args.idle = 200 if args.quick else 1000
     if args.dvu_requests is None:
         args.dvu_requests = 300 if args.quick else 1000
     args.argv = sys.argv[1:] if argv is None else list(argv)

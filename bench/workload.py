@@ -54,6 +54,30 @@ class BurstResult:
 
 
 @dataclass
+class IdleResult:
+    """What holding change sets costs while nothing happens: CPU per second per owned, idle change set (the run
+    with them owned less the same window with none owned), by process group."""
+
+    impl: str
+    change_sets: int
+    window_s: float
+    owned: int  # task deliveries pending ack at the end of the window: still held
+    ack_wait: float  # the failover bound: how long a dead owner's change sets stall
+    cpu_us_per_s_per_change_set: dict[str, float] = field(default_factory=dict)
+    errors: int = 0
+
+    def line(self) -> str:
+        cost = ", ".join(
+            f"{k} {v:.1f} µs/s ({v / 1e4:.4f} % of a core)"
+            for k, v in self.cpu_us_per_s_per_change_set.items()
+        )
+        return (
+            f"idle {self.impl}: {self.owned} of {self.change_sets} change sets held over {self.window_s:g}s "
+            f"(failover bound {self.ack_wait:g}s), {self.errors} errors; CPU per owned idle change set: {cost}"
+        )
+
+
+@dataclass
 class DvuResult:
     cost: str  # "natural" or "10x"
     requests: int

@@ -18,14 +18,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 ROWS = (
-    "no-op app throughput ÷ hand-written",
-    "built-in app throughput ÷ hand-written",
-    "no-op app cold p99 ÷ hand-written cold p99",
-    "no-op app cold p99 ÷ its own warm p99",
-    "burst (20 change sets x 1): drain time ÷ hand-written",
-    "daemon CPU per request ÷ hand-written",
-    "client CPU per request ÷ hand-written",
+    "no-op app throughput ÷ fair loop",
+    "built-in app throughput ÷ fair loop",
+    "fair loop throughput ÷ plain loop (reference)",
+    "no-op app throughput ÷ plain loop (reference)",
+    "daemon CPU per request ÷ fair loop's",
+    "client CPU per request ÷ fair loop's",
     "throughput ratio the CPU per request allows",
+    "no-op app cold p99 ÷ fair loop's cold p99",
+    "burst (20 change sets x 1): drain time ÷ fair loop's",
+    "idle: nats-server CPU per owned idle change set ÷ fair loop's",
+    "idle: daemon CPU per owned idle change set ÷ fair loop's",
+    "event feed on ÷ off",
     "2 daemons ÷ 1 daemon (throughput)",
     "DVU burst (20 requests on one change set), natural DVU cost",
     "DVU burst (20 requests on one change set), 10x DVU cost",
@@ -40,6 +44,7 @@ def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
     doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
     args = ["--per-change-set", "4", "--change-sets", "10", "--daemons", "1,2", "--burst", "20"]
     args += ["--dvu-requests", "20", "--quiescent", "0.5", "--clients", "8", "--doc", str(doc)]
+    args += ["--idle", "20", "--idle-window", "0.5"]
     _run("bench.py", args, timeout=100)
     page = doc.read_text()
     assert "kept above" in page and "kept below" in page  # hand-written notes survive a rewrite
