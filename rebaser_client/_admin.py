@@ -22,6 +22,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from rebaser_client._admin_record import RecentReply, RecordView
+from rebaser_client._admin_workspaces import (
+    DaemonsOwned,
+    WorkspaceLine,
+    busiest_workspaces,
+    read_daemons_owned,
+)
 from rebaser_client._pause_read import PausedLine, all_pauses, pauses_of
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_core import headers as h
@@ -149,6 +155,10 @@ class StatusReport:
     pauses: tuple[PausedLine, ...] = ()
     pauses_total: int = 0  # all of them, listed or not (at most MAX_LISTED_PAUSES are read: see pauses_more)
     pauses_more: bool = False  # there were more than MAX_LISTED_PAUSES: pauses_total counts only those
+    # The busiest workspaces (_admin_workspaces: tasks and queued from the streams, owned from the daemons read).
+    workspaces: tuple[WorkspaceLine, ...] = ()
+    workspaces_total: int = 0
+    daemons: DaemonsOwned = field(default_factory=lambda: DaemonsOwned({}, 0))
 
     @property
     def owners(self) -> dict[str, int]:
@@ -244,8 +254,10 @@ async def status_report(
     limit: int = 50,
     progress: Progress = no_progress,
     monitoring_urls: Sequence[str] = (),
+    daemon_urls: Sequence[str] = (),
 ) -> StatusReport:
-    """Streams, the tasks consumers, and the ``limit`` busiest change sets (most requests queued first). With shards
+    """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the busiest
+    workspaces (owned change sets read from ``daemon_urls``, the daemons' health endpoints). With shards
     (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures summed."""
     r = _Reader(nc, subjects)
     summaries: list[StreamSummary] = []
@@ -319,6 +331,8 @@ async def status_report(
         )
         progress(done, len(chosen))
     servers, problems = await asyncio.to_thread(read_servers_sync, monitoring_urls)
+    daemons = await asyncio.to_thread(read_daemons_owned, daemon_urls)
+    workspaces, workspaces_total = busiest_workspaces(lines.items(), daemons)
     replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
     durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)
     return StatusReport(
@@ -332,6 +346,9 @@ async def status_report(
         pauses=tuple(_with_queued(p, lines) for p in paused[:limit]),
         pauses_total=len(paused),
         pauses_more=pauses_more,
+        workspaces=workspaces,
+        workspaces_total=workspaces_total,
+        daemons=daemons,
     )
 
 

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from rebaser_client._admin import ChangeSetReport, PausedLine, RecordView, StatusReport, StreamSummary
 from rebaser_client._admin_dlq import DeadLetter
+from rebaser_client._admin_format_workspaces import workspaces_json, workspaces_view
 from rebaser_core.durability import Durability
 from rebaser_core.pauses import Pause
 
@@ -171,6 +172,8 @@ def status_json(report: StatusReport, now: datetime | None = None) -> dict[str, 
         "pauses_total": report.pauses_total,
         "pauses_more": report.pauses_more,  # more than were read: pauses_total counts only those read
         "pauses": [_paused_line_json(line, now) for line in report.pauses],
+        # The busiest workspaces; owned and waiting are null unless a daemon's /status was read (--daemon-url).
+        **workspaces_json(report.workspaces, report.workspaces_total, report.daemons),
     }
 
 
@@ -228,6 +231,7 @@ def status_view(report: StatusReport, now: datetime | None = None) -> Renderable
             str(line.dead_letters),
         )
     parts.append(change_sets if report.change_sets else Text("change sets with work or dead letters: none"))
+    parts.append(workspaces_view(report.workspaces, report.workspaces_total, report.daemons))
     parts.append(_pauses_view(report, now or datetime.now(UTC)))
     return Group(*parts)
 

@@ -181,10 +181,24 @@ async def _confirm_connected(yes: bool, question: str) -> None:
     help="Monitoring endpoint of each NATS server (http://host:8222), to read its sync setting for the durability "
     "line (none: shown as unknown unless the streams are replicated).",
 )
+@click.option(
+    "--daemon-url",
+    "daemon_urls",
+    multiple=True,
+    envvar="REBASER_DAEMON_URLS",
+    help="Health endpoint of each daemon (http://host:9464), to read the change sets it owns per workspace (none: "
+    "each workspace's owned and waiting change sets are shown as unknown).",
+)
 def status(
-    nats_url: str, prefix: str | None, as_json: bool, limit: int, monitoring_urls: tuple[str, ...]
+    nats_url: str,
+    prefix: str | None,
+    as_json: bool,
+    limit: int,
+    monitoring_urls: tuple[str, ...],
+    daemon_urls: tuple[str, ...],
 ) -> None:
-    """Streams, the tasks consumer, owners, backlogs, dead letters and durability of the deployment."""
+    """Streams, the tasks consumer, owners, backlogs, the busiest workspaces, dead letters and durability of the
+    deployment."""
     subjects = _subjects(prefix)
     from rebaser_client import _admin_format as fmt
     from rebaser_client._admin import status_report
@@ -193,7 +207,12 @@ def status(
         report = _run(
             nats_url,
             lambda nc: status_report(
-                nc, subjects, limit=limit, progress=progress, monitoring_urls=monitoring_urls
+                nc,
+                subjects,
+                limit=limit,
+                progress=progress,
+                monitoring_urls=monitoring_urls,
+                daemon_urls=daemon_urls,
             ),
         )
     if as_json:

@@ -23,6 +23,7 @@ from rebaser_core.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.hooks import Hooks
+from rebaser_server.changeset.quiet import GiveWay
 from rebaser_server.ops.observe import Observer
 from rebaser_server.record.direct_reads import DirectReads
 
@@ -135,13 +136,18 @@ class Report:
 @dataclass
 class Placement:
     """Where the daemon stands in the cluster: the shard layout as last read (the shard pullers follow it, and it
-    may change while change sets are owned), and ``pressure``: every slot of this daemon is taken while other
-    change sets wait for an owner, so idle change sets let go early."""
+    may change while change sets are owned), and ``give_way``: while every slot of this daemon is taken and other
+    change sets wait for an owner (``pressure``), which workspaces' idle change sets let go early (quiet.py)."""
 
     layout: Layout = field(default_factory=Layout)
-    pressure: bool = False
+    give_way: GiveWay = field(default_factory=GiveWay)
     # The NATS servers fsync every write before acknowledging it (as last checked: rebaser_server.ops.durability):
     # a write then costs a disk flush, and removals of processed requests are batched (trimmer.py).
     fsync_always: bool = False
     # Change sets this daemon owns now (each has a consumer on its shard's requests stream).
     owned: int = 0
+
+    @property
+    def pressure(self) -> bool:
+        """Every slot of this daemon is taken while other change sets wait for an owner."""
+        return self.give_way.pressure

@@ -377,11 +377,14 @@ class ChangeSetProcessor:
         return True
 
     def _giving_way(self) -> bool:
-        """Others wait for a slot (the daemon is full), or the change set's shard moved (the layout changed, looked
-        at every time: it may change while owned): this ownership then only drains the old shard, and lets go once
-        idle so that its new shard's task goes on."""
+        """Others wait for a slot (the daemon is full) and this change set's workspace is one that gives way now (the
+        busiest first: quiet.GiveWay), or the change set's shard moved (the layout changed, looked at every time: it
+        may change while owned): this ownership then only drains the old shard, and lets go once idle so that its
+        new shard's task goes on."""
         placement = self._owning.placement
-        return placement.pressure or draining(placement.layout, self.change_set, self._names)
+        return placement.give_way.covers(self.change_set.workspace_id) or draining(
+            placement.layout, self.change_set, self._names
+        )
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:

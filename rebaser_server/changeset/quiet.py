@@ -2,7 +2,7 @@
 
 The processor asks :func:`look` each time it wakes up while it owns a change set: release now, or look again
 when? The watchdog asks :func:`may_give_way` on every pass, to wake the processor early when others wait for a
-slot.
+slot, and :class:`GiveWay` whether its workspace is one that gives way now.
 
 - A change set whose consumer has **caught up** (nothing queued) lets go after ``quiescent_period`` without a
   request; while others wait for a slot (the daemon is full) or its shard moves away (a layout change drains it),
@@ -12,16 +12,37 @@ slot.
   stalled consumer; the release check hands the queued requests to a fresh activation).
 - A change set idle long enough but with a request in hand (its step waits for something) does not let go under
   it: it looks again when that request ends.
+- Under pressure the busiest workspaces give way first (:class:`GiveWay`): for :data:`BUSIEST_FIRST` seconds only
+  the idle change sets of the workspaces owning at least an even part of the daemon do; a small workspace's idle
+  change set stays, so a flood that fills the daemon makes room from its own change sets. Should that free no slot
+  (the busiest have none idle), any idle change set gives way after that, so nobody waits a whole quiet period.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["PRESSURE_QUIET", "Look", "look", "may_give_way", "release_after"]
+from rebaser_core.ids import WorkspacePk
+
+__all__ = [
+    "BUSIEST_FIRST",
+    "PRESSURE_QUIET",
+    "GiveWay",
+    "Look",
+    "busiest",
+    "look",
+    "may_give_way",
+    "release_after",
+]
 
 PRESSURE_QUIET = 1.0
 """Seconds without a request after which a caught-up change set gives way to others waiting for a slot."""
+
+BUSIEST_FIRST = 3.0
+"""Seconds of pressure (no slot freed meanwhile) during which only the busiest workspaces' idle change sets give way.
+Long enough for them to be woken (the watchdog, every ``progress_period``) and to let go (a few round trips); any
+idle change set gives way after it."""
 
 # Looked again this much after the limit, so a wake-up right at it does not find the change set a hair short.
 _SLACK = 0.001
@@ -74,3 +95,41 @@ def may_give_way(idle: float, *, caught_up: bool) -> bool:
     caught up, and no request for :data:`PRESSURE_QUIET`. The watchdog asks this first, as it is the cheaper
     question."""
     return caught_up and idle >= PRESSURE_QUIET
+
+
+def busiest(owned: Mapping[WorkspacePk, int]) -> frozenset[WorkspacePk]:
+    """The workspaces whose idle change sets give way first: those owning at least an even part of what this daemon
+    owns (the most owned always among them; all of them when every workspace owns as many)."""
+    total, workspaces = sum(owned.values()), len(owned)
+    return frozenset(wk for wk, n in owned.items() if n * workspaces >= total)
+
+
+class GiveWay:
+    """Who gives way while this daemon is full and others wait for a slot: set by the daemon's pull loop (at most
+    about once a second, one pass over the workspaces owned), read by each owned change set's watchdog (one set
+    lookup: no scan of the change sets, however many are owned)."""
+
+    __slots__ = ("_first", "_since")
+
+    def __init__(self) -> None:
+        self._since: float | None = None  # when the pressure began (monotonic); None: no pressure
+        self._first: frozenset[WorkspacePk] | None = None  # who gives way now; None: any workspace
+
+    @property
+    def pressure(self) -> bool:
+        return self._since is not None
+
+    def press(self, owned: Mapping[WorkspacePk, int], now: float) -> None:
+        """Others still wait for a slot, and none was freed since the last look; ``owned``: change sets owned here
+        per workspace."""
+        if self._since is None:
+            self._since = now
+        self._first = busiest(owned) if now - self._since < BUSIEST_FIRST else None
+
+    def ease(self) -> None:
+        """A slot is free, or nobody waits: nothing gives way (a new pressure starts with the busiest again)."""
+        self._since, self._first = None, None
+
+    def covers(self, workspace: WorkspacePk) -> bool:
+        """Whether an idle change set of ``workspace`` gives way now."""
+        return self._since is not None and (self._first is None or workspace in self._first)

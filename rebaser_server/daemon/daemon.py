@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
@@ -258,17 +259,21 @@ class Daemon:
 
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
-        settings = self._owning.settings
+        settings, give_way = self._owning.settings, self._owning.placement.give_way
         while not self._stopping:
             free = settings.concurrency - len(self._owned)
             if free <= 0:
                 # Every slot is taken: stop pulling until a change set is released. Meanwhile, if other change sets
                 # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
-                # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default).
+                # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default); the
+                # busiest workspaces' first, so a flood makes room from its own (quiet.GiveWay).
                 freed = await self._admission.wait()
-                self._owning.placement.pressure = not freed and await self._others_waiting()
+                if not freed and await self._others_waiting():
+                    give_way.press(self._owned.fair.by_workspace, time.monotonic())
+                else:
+                    give_way.ease()
                 continue
-            self._owning.placement.pressure = False
+            give_way.ease()
             # Admission: at most start_concurrency change sets in their cold path at once (admission.py).
             room = self._admission.room()
             if room <= 0:

@@ -1,0 +1,58 @@
+"""The busiest workspaces of ``rebaser status`` as JSON-able data and as a rich table. Pure: no NATS, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from rebaser_client._admin_workspaces import DaemonsOwned, WorkspaceLine
+
+__all__ = ["workspaces_json", "workspaces_view"]
+
+
+def workspaces_json(lines: tuple[WorkspaceLine, ...], total: int, daemons: DaemonsOwned) -> dict[str, Any]:
+    return {
+        "workspaces_total": total,
+        "workspaces": [
+            {
+                "workspace_id": w.workspace_id,
+                "owned": w.owned,  # null: no daemon read
+                "waiting": w.waiting,
+                "tasks": w.tasks,
+                "queued": w.queued,
+            }
+            for w in lines
+        ],
+        "daemons_read": daemons.read,
+        "daemon_problems": list(daemons.problems),
+    }
+
+
+def workspaces_view(lines: tuple[WorkspaceLine, ...], total: int, daemons: DaemonsOwned) -> RenderableType:
+    read = Text(
+        f"  owned: as {daemons.read} daemons read say"
+        if daemons.known
+        else "  owned and waiting unknown: no daemon read (--daemon-url)"
+    )
+    problems = [Text(f"  {problem}", style="yellow") for problem in daemons.problems]
+    if not lines:
+        return Group(Text("workspaces with work: none"), *problems)
+    table = Table(
+        title=f"workspaces with work: {total}"
+        + (f" (the {len(lines)} busiest listed)" if len(lines) < total else ""),
+        title_justify="left",
+    )
+    for column in ("workspace", "owned", "waiting", "change sets with a task", "queued"):
+        table.add_column(column, justify="left" if column == "workspace" else "right")
+    for w in lines:
+        table.add_row(
+            w.workspace_id,
+            "?" if w.owned is None else str(w.owned),
+            "?" if w.waiting is None else str(w.waiting),
+            str(w.tasks),
+            str(w.queued),
+        )
+    return Group(table, read, *problems)

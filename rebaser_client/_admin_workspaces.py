@@ -1,0 +1,122 @@
+"""Per workspace, for ``rebaser status``: how many change sets the daemons own and how many wait for an owner.
+
+Where each figure comes from, chosen to stay cheap with thousands of change sets:
+
+- **tasks**: change sets with a task in the tasks streams (owned by a daemon, or waiting for one), and **queued**:
+  requests in the requests streams. Both come from the subject counts ``status_report`` reads anyway (one stream info
+  with ``subjects_filter`` per stream and shard); no call per change set.
+- **owned**: what the daemons say they own, from each one's ``/status`` (``owned.by_workspace``: its ten busiest
+  workspaces), read over HTTP when the operator names the daemons (``--daemon-url``). The streams cannot tell it:
+  a task handed back for fairness (a delayed nak) is as delivered as an owned one until it comes back.
+- **waiting**: tasks not owned, ``tasks - owned`` (queued behind the others, or handed back for fairness).
+
+Blocking and standard-library only for the HTTP part (run in a thread), like :mod:`rebaser_core.monitoring`.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+__all__ = ["WORKSPACES_LISTED", "DaemonsOwned", "WorkspaceLine", "busiest_workspaces", "read_daemons_owned"]
+
+# Workspaces listed by ``rebaser status`` (the busiest first); all are counted.
+WORKSPACES_LISTED = 10
+# One daemon's /status is read within this long, or counts as not read.
+READ_TIMEOUT = 2.0
+# A /status document is tens of KiB at most: a larger answer is not a daemon's, and is not read further.
+_MAX_STATUS_BYTES = 4 * 1024 * 1024
+# No proxy from the environment: a daemon's health endpoint is reached directly.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class WorkspaceLine:
+    workspace_id: str
+    tasks: int  # change sets with a task: owned by a daemon or waiting for one
+    queued: int  # requests in the requests streams (processed ones not yet removed included)
+    owned: int | None  # change sets the daemons read own (None: no daemon was read)
+
+    @property
+    def waiting(self) -> int | None:
+        """Tasks no daemon owns (None: unknown, no daemon was read)."""
+        return None if self.owned is None else max(0, self.tasks - self.owned)
+
+
+@dataclass(frozen=True)
+class DaemonsOwned:
+    """Change sets owned per workspace, summed over the daemons read."""
+
+    by_workspace: Mapping[str, int]
+    read: int  # daemons whose /status was read
+    problems: tuple[str, ...] = ()  # why the others could not be
+
+    @property
+    def known(self) -> bool:
+        return self.read > 0
+
+
+def busiest_workspaces(
+    change_sets: Iterable[tuple[tuple[str, str], Mapping[str, int]]],
+    owned: DaemonsOwned,
+    *,
+    limit: int = WORKSPACES_LISTED,
+) -> tuple[tuple[WorkspaceLine, ...], int]:
+    """The ``limit`` busiest workspaces (most change sets with a task or owned first, then most queued), and how
+    many have a task, a queued request or an owned change set. ``change_sets``: ((workspace, change set),
+    {"task": n, "queued": n, ...}) as ``status_report`` counts them."""
+    tasks: Counter[str] = Counter()
+    queued: Counter[str] = Counter()
+    for (wk, _), counts in change_sets:
+        if counts.get("task"):
+            tasks[wk] += 1
+        if counts.get("queued"):
+            queued[wk] += counts["queued"]
+    workspaces = set(tasks) | set(queued) | set(owned.by_workspace)
+    lines = [
+        WorkspaceLine(wk, tasks[wk], queued[wk], owned.by_workspace.get(wk, 0) if owned.known else None)
+        for wk in workspaces
+    ]
+    # Owned change sets all have a task; a daemon read a moment after the streams may own one they did not show yet.
+    lines.sort(key=lambda line: (-max(line.tasks, line.owned or 0), -line.queued, line.workspace_id))
+    return tuple(lines[:limit]), len(lines)
+
+
+def _read_one(url: str) -> tuple[Mapping[str, int] | None, str | None]:
+    where = f"{url.rstrip('/')}/status"
+    if not where.startswith(("http://", "https://")):
+        return None, f"{url}: not an http:// or https:// URL"
+    try:
+        with _OPENER.open(where, timeout=READ_TIMEOUT) as response:
+            body = response.read(_MAX_STATUS_BYTES + 1)
+        if len(body) > _MAX_STATUS_BYTES:
+            return None, f"{where} answered more than {_MAX_STATUS_BYTES} bytes"
+        status = json.loads(body)
+    except (OSError, ValueError) as err:  # URLError and timeouts are OSErrors; bad JSON a ValueError
+        return None, f"{where}: {type(err).__name__} {err}".strip()
+    owned = status.get("owned") if isinstance(status, dict) else None
+    by_workspace = owned.get("by_workspace") if isinstance(owned, dict) else None
+    if not isinstance(by_workspace, dict):
+        return None, f"{where} shows no owned.by_workspace (not a rebaser daemon, or an older one)"
+    return {str(wk): int(n) for wk, n in by_workspace.items() if isinstance(n, int)}, None
+
+
+def read_daemons_owned(urls: Sequence[str]) -> DaemonsOwned:
+    """Each daemon's owned change sets per workspace (``urls``: their health endpoints, ``http://host:9464``),
+    summed. Read at once: a daemon that does not answer costs its timeout once."""
+    if not urls:
+        return DaemonsOwned({}, 0)
+    with ThreadPoolExecutor(len(urls), thread_name_prefix="rebaser-daemon-status") as pool:
+        reads = list(pool.map(_read_one, urls))
+    total: Counter[str] = Counter()
+    for owned, _ in reads:
+        total.update(owned or {})
+    return DaemonsOwned(
+        dict(total),
+        sum(1 for owned, _ in reads if owned is not None),
+        tuple(problem for _, problem in reads if problem is not None),
+    )
