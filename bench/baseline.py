@@ -1,6 +1,6 @@
 """The plain yardstick: the same task lifecycle written as a minimal raw nats-py loop (no versioning, no KV, no
-storage). ``--fair`` runs the fair one instead (``bench/fair_loop.py``: the daemon's lease and a record per change
-set, committed after each request), the one the targets are set against; this one stays as a reference.
+storage). The targets are set against the fair one, ``bench/fair_loop.py`` (the daemon's lease and a record per change
+set, committed after each request); this one stays as a reference.
 
 Client: publish the request (await the JetStream ack), then the empty task (err_code 10077 = already has one).
 Worker (``python -m bench.baseline --url U --prefix P --quiet S``): pull tasks from one shared durable consumer (in
@@ -40,9 +40,8 @@ def names(prefix: str) -> dict[str, str]:
     }
 
 
-async def setup_streams(js: JetStreamContext, prefix: str, *, fair: bool = False) -> None:
-    """The streams and the tasks consumer; ``fair``: on the daemon's lease, and the records bucket
-    (``bench/fair_loop.py``)."""
+async def setup_streams(js: JetStreamContext, prefix: str, *, ack_wait: float = 30.0) -> None:
+    """The streams and the tasks consumer (the fair loop's ``setup`` gives it the daemon's ``ack_wait``)."""
     n = names(prefix)
     await js.add_stream(
         name=n["tasks_stream"],
@@ -61,12 +60,6 @@ async def setup_streams(js: JetStreamContext, prefix: str, *, fair: bool = False
         max_consumers=20_000,  # one ordered consumer per active change set; the server default caps at 1,000
         allow_direct=True,
     )
-    ack_wait = 30.0
-    if fair:
-        from bench.fair_loop import ACK_WAIT, setup_records
-
-        ack_wait = ACK_WAIT
-        await setup_records(js, prefix)
     config = api.ConsumerConfig(
         durable_name="tasks", ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait, max_ack_pending=20_000
     )
@@ -217,13 +210,9 @@ class Worker:
         await publish_task(self.nc, task_msg.subject)
 
 
-async def serve(url: str, prefix: str, quiet: float, fair: bool = False) -> None:
+async def serve(url: str, prefix: str, quiet: float, worker_class: type[Worker] = Worker) -> None:
     nc = await nats.connect(url, max_reconnect_attempts=-1)
-    worker = Worker(nc, prefix, quiet)
-    if fair:
-        from bench.fair_loop import FairWorker
-
-        worker = FairWorker(nc, prefix, quiet)
+    worker = worker_class(nc, prefix, quiet)
     await worker.start()
     # The daemon's garbage-collector settings (rebaser_server.cli.main.tune_gc), so the yardstick gets them too;
     # the same variable turns them off for both (--daemon-env REBASER_GC_THRESHOLD=0).
@@ -246,16 +235,13 @@ async def serve(url: str, prefix: str, quiet: float, fair: bool = False) -> None
     await nc.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(worker_class: type[Worker] = Worker, description: str | None = __doc__) -> None:
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--url", required=True)
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--quiet", type=float, default=5.0)
-    parser.add_argument(
-        "--fair", action="store_true", help="the fair loop: the daemon's lease and a record per change set"
-    )
     args = parser.parse_args()
-    asyncio.run(serve(args.url, args.prefix, args.quiet, args.fair))
+    asyncio.run(serve(args.url, args.prefix, args.quiet, worker_class))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ if not __package__:
 
 from bench.deployment import APPS, LOOPS, Deployment  # noqa: E402
 from bench.options import parse_args  # noqa: E402
-from bench.procs import Processes  # noqa: E402
+from bench.procs import Processes, rss_kb  # noqa: E402
 from bench.report import Report, write_outputs  # noqa: E402
 from bench.syscalls import SyscallCounter  # noqa: E402
 from bench.workload import (  # noqa: E402
@@ -242,46 +242,83 @@ class Bench:
 
     async def idle(self, impl: str) -> IdleResult:
         """``--idle`` change sets taken (one request each) and then left idle, held for the whole window: the CPU of
-        a window with them held, less that of the same window before any was taken, per change set and second."""
+        a window with them held, less that of the same window before any was taken, per change set and second (and
+        the memory, likewise). Then the next request to each, still held; and on a second deployment, the next
+        request to each once it was let go (its quiescent period ran out)."""
         count, window = self.args.idle, self.args.idle_window
         nc = await nats.connect(self.server.url, max_reconnect_attempts=-1)
+        # Idle for longer than the run: none is let go while measured.
+        held_env = {"REBASER_QUIESCENT_PERIOD": str(10 * window + 60)}
         dep = Deployment(self, impl, 1)
-        env = {
-            "REBASER_CONCURRENCY": str(max(self.args.concurrency, count)),
-            # Idle for longer than the run: none is let go while measured.
-            "REBASER_QUIESCENT_PERIOD": str(10 * window + 60),
-        }
+        errors = 0
         try:
-            await dep.start(nc, env=env)
+            await dep.start(nc, env={**self._idle_env(count), **held_env})
             change_sets = [ChangeSetId.new() for _ in range(count)]
 
             async def send(i: int, c: int) -> bool:
                 return await dep.send(change_sets[c], i)
 
             empty = CpuMeter(dep.pids())
+            empty_rss = {k: sum(map(rss_kb, v)) for k, v in dep.pids().items()}
             await asyncio.sleep(window)
             empty.stop(window)
-            measured = await drive(send, list(range(count)), self.args.clients)
+            errors += len((await drive(send, list(range(count)), self.args.clients)).errors)
             held = CpuMeter(dep.pids())
             await asyncio.sleep(window)
             held.stop(window)
+            held_rss = {k: sum(map(rss_kb, v)) for k, v in dep.pids().items()}
             _, stream, consumer = dep.streams
             owned = (await nc.jetstream().consumer_info(stream, consumer)).num_ack_pending
+            next_held = await drive(send, list(range(count)), 8)
+            errors += len(next_held.errors)
         finally:
             await dep.stop(nc)
+        try:
+            next_released, released_errors = await self._next_after_release(nc, impl, count)
+            errors += released_errors
+        finally:
             await nc.close()
-        ack_wait = float(self.env.get("REBASER_ACK_WAIT", "2.5")) if impl not in LOOPS else 2.5
         return IdleResult(
             impl=impl,
             change_sets=count,
             window_s=window,
             owned=owned,
-            ack_wait=ack_wait,
+            ack_wait=float(self.env.get("REBASER_ACK_WAIT", "2.5")) if impl not in LOOPS else 2.5,
             cpu_us_per_s_per_change_set={
                 k: round((held.used[k] - empty.used[k]) / window / count * 1e6, 2) for k in held.used
             },
-            errors=len(measured.errors),
+            rss_kb_per_change_set={k: round((held_rss[k] - empty_rss[k]) / count, 2) for k in held_rss},
+            next_held_ms=(
+                ms(list(next_held.latencies.values()), 0.5),
+                ms(list(next_held.latencies.values()), 0.99),
+            ),
+            next_released_ms=next_released,
+            errors=errors,
         )
+
+    def _idle_env(self, count: int) -> dict[str, str]:
+        return {"REBASER_CONCURRENCY": str(max(self.args.concurrency, count))}
+
+    async def _next_after_release(self, nc: Client, impl: str, count: int) -> tuple[tuple[float, float], int]:
+        """One request to each of ``count`` change sets, then, once every one was let go, the next: its p50 and
+        p99 (ms), and the errors."""
+        dep = Deployment(self, impl, 1)
+        try:
+            await dep.start(nc, env={**self._idle_env(count), "REBASER_QUIESCENT_PERIOD": "1"})
+            change_sets = [ChangeSetId.new() for _ in range(count)]
+
+            async def send(i: int, c: int) -> bool:
+                return await dep.send(change_sets[c], i)
+
+            first = await drive(send, list(range(count)), self.args.clients)
+            deadline = time.monotonic() + 60
+            while await dep.consumers(nc) != 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.25)  # polling the server: every change set let go
+            second = await drive(send, list(range(count)), 8)
+        finally:
+            await dep.stop(nc)
+        lats = list(second.latencies.values())
+        return (ms(lats, 0.5), ms(lats, 0.99)), len(first.errors) + len(second.errors)
 
     async def dvu_burst(self, cost: str) -> DvuResult:
         """``--dvu-requests`` requests at once on one change set whose attributes depend on ``/x``."""

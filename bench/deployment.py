@@ -15,6 +15,7 @@ from typing import Protocol
 import nats.errors
 from nats.aio.client import Client
 
+from bench import fair_loop
 from bench.baseline import BaselineClient, names, setup_streams
 from bench.procs import Processes
 from rebaser_client import RebaserClient
@@ -66,18 +67,20 @@ class Deployment:
     async def start(self, nc: Client, env: dict[str, str] | None = None) -> None:
         bench = self.bench
         if self.impl in LOOPS:
-            await setup_streams(nc.jetstream(), self.prefix, fair=self.impl == "fair")
+            if self.impl == "fair":
+                await fair_loop.setup(nc.jetstream(), self.prefix)
+            else:
+                await setup_streams(nc.jetstream(), self.prefix)
             args = [
                 sys.executable,
                 "-m",
-                "bench.baseline",
+                f"bench.{'fair_loop' if self.impl == 'fair' else 'baseline'}",
                 "--url",
                 bench.server.url,
                 "--prefix",
                 self.prefix,
             ]
             args += ["--quiet", str((env or {}).get("REBASER_QUIESCENT_PERIOD", bench.args.quiescent))]
-            args += ["--fair"] if self.impl == "fair" else []
             marker = "baseline worker ready"
         else:
             args = [sys.executable, "-m", "rebaser_server", "--nats-url", bench.server.url]

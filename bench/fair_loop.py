@@ -11,7 +11,8 @@ does what the daemon must, the way a careful hand-written version would, and not
   means another owner, and ends the ownership.
 
 No versioned envelopes, idempotency window, fence epoch, event feed or DVU: what the daemon does beyond this is what
-the ratios against this loop price. ``python -m bench.baseline --fair`` runs it.
+the ratios against this loop price. ``python -m bench.fair_loop --url U --prefix P --quiet S`` runs a worker, after
+:func:`setup` made its streams.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from bench.baseline import Worker, publish_task
+from bench.baseline import Worker, main, publish_task, setup_streams
 
-__all__ = ["ACK_WAIT", "PROGRESS_PERIOD", "FairWorker", "records_bucket", "setup_records"]
+__all__ = ["ACK_WAIT", "PROGRESS_PERIOD", "FairWorker", "records_bucket", "setup"]
 
 # The daemon's defaults (rebaser_core.settings: ack_wait, progress_period).
 ACK_WAIT = 2.5
@@ -40,7 +41,9 @@ def records_bucket(prefix: str) -> str:
     return f"{prefix}_RECORDS"
 
 
-async def setup_records(js: JetStreamContext, prefix: str) -> None:
+async def setup(js: JetStreamContext, prefix: str) -> None:
+    """The plain loop's streams, its tasks consumer on the daemon's lease, and the records bucket."""
+    await setup_streams(js, prefix, ack_wait=ACK_WAIT)
     await js.create_key_value(
         bucket=records_bucket(prefix), history=1, storage=api.StorageType.FILE, direct=True
     )
@@ -141,3 +144,7 @@ class FairWorker(Worker):
         except NotFoundError:
             return
         await publish_task(self.nc, task_msg.subject)
+
+
+if __name__ == "__main__":
+    main(FairWorker, __doc__)

@@ -34,6 +34,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def rss_kb(pid: int) -> int:
+    """Resident memory of ``pid`` (kB; 0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all processes on this machine spent busy so far (from /proc/stat; 0 if unavailable)."""
     try:

@@ -295,6 +295,16 @@ def _idle_rows(report: Report) -> list[list[str]]:
         if ours.ack_wait > theirs.ack_wait or ours.owned < ours.change_sets:
             row[3] = "**no**"
         rows.append(row)
+    held, released = ours.next_held_ms, ours.next_released_ms
+    rows.append(
+        _row(
+            "idle: the next request once let go ÷ still held (p50, p99): what releasing sooner costs",
+            "(shown)",
+            [("p50", _ratio(released[0], held[0])), ("p99", _ratio(released[1], held[1]))],
+            None,
+        )
+    )
+    rows[-1][2] += f"; {released[0]:.1f}/{released[1]:.1f} ms vs {held[0]:.1f}/{held[1]:.1f} ms"
     return rows
 
 

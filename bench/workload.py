@@ -64,6 +64,13 @@ class IdleResult:
     owned: int  # task deliveries pending ack at the end of the window: still held
     ack_wait: float  # the failover bound: how long a dead owner's change sets stall
     cpu_us_per_s_per_change_set: dict[str, float] = field(default_factory=dict)
+    rss_kb_per_change_set: dict[str, float] = field(
+        default_factory=dict
+    )  # held less none held, by process group
+    # The next request to each change set after the window (8 callers): still held, and after it was let go (a
+    # second deployment whose quiescent period ran out first): what releasing idle change sets sooner costs.
+    next_held_ms: tuple[float, float] = (float("nan"), float("nan"))  # p50, p99
+    next_released_ms: tuple[float, float] = (float("nan"), float("nan"))
     errors: int = 0
 
     def line(self) -> str:
@@ -71,9 +78,13 @@ class IdleResult:
             f"{k} {v:.1f} µs/s ({v / 1e4:.4f} % of a core)"
             for k, v in self.cpu_us_per_s_per_change_set.items()
         )
+        memory = ", ".join(f"{k} {v:.1f} kB" for k, v in self.rss_kb_per_change_set.items())
         return (
             f"idle {self.impl}: {self.owned} of {self.change_sets} change sets held over {self.window_s:g}s "
-            f"(failover bound {self.ack_wait:g}s), {self.errors} errors; CPU per owned idle change set: {cost}"
+            f"(failover bound {self.ack_wait:g}s), {self.errors} errors; CPU per owned idle change set: {cost}; "
+            f"memory per held change set: {memory}; next request p50/p99 ms: held "
+            f"{self.next_held_ms[0]:.1f}/{self.next_held_ms[1]:.1f}, let go "
+            f"{self.next_released_ms[0]:.1f}/{self.next_released_ms[1]:.1f}"
         )
 
 

@@ -29,6 +29,7 @@ ROWS = (
     "burst (20 change sets x 1): drain time ÷ fair loop's",
     "idle: nats-server CPU per owned idle change set ÷ fair loop's",
     "idle: daemon CPU per owned idle change set ÷ fair loop's",
+    "idle: the next request once let go ÷ still held",
     "event feed on ÷ off",
     "2 daemons ÷ 1 daemon (throughput)",
     "DVU burst (20 requests on one change set), natural DVU cost",
