@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:
     sys.path[0] = str(REPO)
 
-from bench.bench import Processes, cpu_seconds, drive, percentile  # noqa: E402
+from bench.procs import Processes, cpu_seconds  # noqa: E402
+from bench.workload import drive, percentile  # noqa: E402
 from rebaser_client import RebaserClient  # noqa: E402
 from rebaser_core.api import SetLiteral, SuccessStatus  # noqa: E402
 from rebaser_core.embedded import NatsCluster  # noqa: E402
