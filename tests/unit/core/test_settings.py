@@ -38,7 +38,7 @@ def test_defaults() -> None:
     assert s.progress_period <= 0.25 * s.ack_wait
     assert s.nats_timeout == 5.0
     assert s.lease_margin == 0.5
-    assert s.quiescent_period == 300.0
+    assert s.quiescent_period == 60.0
     assert s.handler_deadline == 120.0
     assert s.concurrency == 500
     assert s.retry_backoff == 1.0
