@@ -27,13 +27,18 @@ from rebaser_core.subjects import Subjects
 # "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
 # "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
 # "feed" is "rebaser" with the change-set event feed on (REBASER_EVENTS=true; off by default): the feed's cost is the
-# ratio of the two.
+# ratio of the two. "uvloop" is "rebaser" on uvloop (REBASER_EVENT_LOOP=uvloop).
 APPS = {
     "rebaser": "rebaser_server.apps.counter:CounterApp",
     "feed": "rebaser_server.apps.counter:CounterApp",
     "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
+    "uvloop": "rebaser_server.apps.counter:CounterApp",
 }
-IMPL_ENV = {"feed": {"REBASER_EVENTS": "true"}, "rebaser": {"REBASER_EVENTS": "false"}}
+IMPL_ENV = {
+    "feed": {"REBASER_EVENTS": "true"},
+    "rebaser": {"REBASER_EVENTS": "false", "REBASER_EVENT_LOOP": "asyncio"},
+    "uvloop": {"REBASER_EVENTS": "false", "REBASER_EVENT_LOOP": "uvloop"},
+}
 # The hand-written loops (bench/baseline.py): "baseline" the plain one, "fair" the one on the daemon's lease that
 # commits a record per request (bench/fair_loop.py).
 LOOPS = ("baseline", "fair")

@@ -183,6 +183,11 @@ class Settings(BaseModel):
         "collections (docs/operations.md, Memory and garbage collection).",
     )
 
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        "asyncio",
+        description="The daemon process's event loop: Python's own, or uvloop (installed with the `uvloop` extra).",
+    )
+
     # -- hostile input --------------------------------------------------------------------------------------
     reply_inbox_prefix: str = Field(
         DEFAULT_INBOX_PREFIX,

@@ -10,6 +10,7 @@ subcommand are imported when they are used (``scripts/cli_timings.py`` measures 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,22 @@ __all__ = ["main", "serve", "tune_gc"]
 DEV_CLUSTER_SUMMARY = (
     "Run docker-compose.yml's topology as local processes: 3 NATS nodes and N daemons on 127.0.0.1."
 )
+
+
+def run_on_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
+    """``asyncio.run(main)`` on the event loop the settings name (uvloop: imported only then)."""
+    import asyncio
+
+    if event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            main.close()
+            raise click.ClickException(
+                "event_loop is uvloop but uvloop is not installed (pip install 'rebaser[uvloop]')"
+            ) from None
+        return int(uvloop.run(main))
+    return asyncio.run(main)
 
 
 def __getattr__(name: str) -> Any:
@@ -330,7 +347,6 @@ def main(
     """
     if ctx.invoked_subcommand is not None:
         return  # a subcommand (dev-cluster) takes its own options
-    import asyncio
 
     from rebaser_core.connect import ConnectOptions
     from rebaser_core.errors import DurabilityTooLow, LayoutMismatch
@@ -392,7 +408,7 @@ def main(
         **({"data_dir": data_dir} if data_dir else {}),
     )
     try:
-        code = asyncio.run(serve(config, demo=demo))
+        code = run_on_loop(serve(config, demo=demo), settings.event_loop)
     except (LayoutMismatch, DurabilityTooLow) as err:
         # A flag that disagrees with the cluster's shard layout, or a deployment that keeps acknowledged requests
         # less safely than --require-durability asks: one line, no traceback.
