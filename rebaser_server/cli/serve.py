@@ -71,7 +71,8 @@ async def serve(config: ServerConfig, *, demo: bool = False) -> int:
                 await daemon.shutdown()
             # The demo ends the daemon itself; a "Ctrl-C to stop" there would promise the wrong thing.
             until = "the demo follows, then it stops" if demo else "Ctrl-C to stop"
-            _announce(config, f"rebaser daemon serving (app {config.app}); {until}")
+            loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # asyncio or uvloop
+            _announce(config, f"rebaser daemon serving (app {config.app}, {loop} event loop); {until}")
             if demo:
                 from rebaser_server.devtools.demo import run_demo
 
