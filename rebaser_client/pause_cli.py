@@ -1,4 +1,4 @@
-"""``rebaser change-set pause|resume|skip`` and ``rebaser workspace pause|resume``: holding work back (issue 39).
+"""``rebaser change-set pause|resume|skip`` and ``rebaser workspace pause|resume``: holding work back.
 
 A paused change set is let go by its owner at its next request boundary and taken by no daemon until it is
 resumed; its requests are still accepted and stored. ``skip`` moves a paused change set's first request to the dead

@@ -2,16 +2,16 @@
 
 Created with ``CONSUMER.CREATE`` over the daemon's light requester (``rebaser_core.requester``) rather than nats-py's
 ``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` after a request with a random reply token: a
-change set is activated once per quiet period, and every activation paid for it. Only ``num_pending`` is needed, to
+change set is activated once per quiet period, and every activation would pay for it. Only ``num_pending`` is needed, to
 know whether anything is queued. The consumer is named by the daemon (a random name), so every delivery can be
 checked against it from the first on.
 
-Read by a subscription of its own rather than nats-py's ordered consumer (``subscribe_bind``), which gave every
+Read by a subscription of its own rather than nats-py's ordered consumer (``subscribe_bind``), which gives every
 activation a subscription task and queue, an ordered-consumer state object and two more tasks (an idle-heartbeat
-check and a flow-control poll), all created, woken and cancelled per activation, and handed each message through a
+check and a flow-control poll), all created, woken and cancelled per activation, and hands each message through a
 queue to the subscription's task. Here messages are read as nats-py reads them (``subscribe_inline``), checked
-in order (``ordering.Sequences``) and handled one at a time by a task that runs only while some wait. What nats-py
-did is kept, and made stricter:
+in order (``ordering.Sequences``) and handled one at a time by a task that runs only while some wait. What nats-py's
+ordered consumer does is kept, and made stricter:
 
 - a skipped consumer sequence, or a heartbeat naming another last sequence than ours, resets the consumer: a
   new inbox and a new consumer that starts after the last stream sequence taken; the old one is deleted;
@@ -133,7 +133,7 @@ class RequestConsumer:
         """Start delivering to ``handler``, one message at a time, in stream order."""
         self._handler = handler
         # The handling task starts from nats-py's read loop; it runs in the owner's context instead (its take span
-        # is what each request's span links to), as nats-py's subscription task, started from here, did.
+        # is what each request's span links to), as a nats-py subscription task started from here would.
         self._context = contextvars.copy_context()
         self._seq.last_seen = time.monotonic()
         # Nothing is delivered before this subscribes: a push consumer waits for interest on its deliver subject.
@@ -337,7 +337,7 @@ def consumer_config(subject: str, inbox: str, *, heartbeat: float, start: int | 
 @functools.cache
 def _config_template() -> dict[str, Any]:
     """Every request consumer's config but its subjects, heartbeat and start: ``ConsumerConfig.as_dict`` (a walk of
-    its dataclass fields) was a tenth of an activation's CPU in a burst of new change sets."""
+    its dataclass fields) costs a tenth of an activation's CPU in a burst of new change sets."""
     return nats_config("<filter>", "<deliver>", heartbeat=5.0, start=None).as_dict()
 
 

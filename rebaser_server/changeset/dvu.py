@@ -47,7 +47,7 @@ class SerialDvu:
 
     def start(self) -> None:
         """Let runs happen. The loop's task is created by the first notification: most change sets never need a
-        DVU (every literal nobody reads), and a task per activation was measurable under a burst of them."""
+        DVU (every literal nobody reads), and a task per activation is measurable under a burst of them."""
         self._started = True
         if self._permit.is_set():
             self._spawn()

@@ -95,7 +95,7 @@ class ChangeSetDvu:
 
     async def stop(self, timeout: float) -> None:
         await self._loop.stop(timeout=timeout)
-        # Nothing is ended from here any more (a run left behind has nobody to end). ``finish`` is the processor's
+        # Once stopped, nothing is ended from here (a run left behind has nobody to end). ``finish`` is the processor's
         # method, and the processor holds this object: without this the pair is freed only by the cycle collector.
         self._finish = _ended
 

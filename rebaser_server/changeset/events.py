@@ -270,7 +270,7 @@ class ChangeSetFeed:
 
     def _event(self, kind: EventKind, **fields: object) -> dict[str, Any]:
         """A new event in its JSON-model form (ChangeSetEvent v1; ``seq`` still to set). Built as a dict: a
-        model per event was a fifth of the daemon's time per request. The tests check every kind against the
+        model per event costs a fifth of the daemon's time per request. The tests check every kind against the
         model."""
         change_set, durable = self._change_set, kind in DURABLE_KINDS
         event = {

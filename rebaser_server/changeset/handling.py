@@ -234,7 +234,7 @@ class RequestHandler:
                 change_set_id=request.change_set_id,
                 status=applied.status,
             )
-            # One copy of the record for the reply, the new state and the request's sequence (two copies were a
+            # One copy of the record for the reply, the new state and the request's sequence (two copies are a
             # measurable share of a request's CPU).
             staged = record.with_reply(
                 rid,

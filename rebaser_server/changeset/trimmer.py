@@ -10,8 +10,8 @@ sequence. Each removal takes everything processed since the last one:
   instructions per request (``bench/instructions.py``);
 - **more**: one purge of the subject below the last one's sequence, which covers them all (and any left over by
   an earlier owner). A filtered purge visits every consumer of the stream, one per active change set: with a
-  thousand change sets owned it cost the server more than the rest of a request's handling, so it is kept for
-  the batches a handful of deletes cannot cover cheaply.
+  thousand change sets owned it costs the server more than the rest of a request's handling
+  (``bench/server_ops.py --removal``), so it is kept for the batches a handful of deletes cannot cover cheaply.
 
 When the servers fsync every write (``sync_interval: always``, as the daemon last checked it:
 ``Placement.fsync_always``), a delete costs a disk flush per request and a purge one for all it removes, and the

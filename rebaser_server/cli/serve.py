@@ -98,8 +98,9 @@ def tune_gc(threshold: int) -> None:
     collector as it is).
 
     Every owned change set keeps a few hundred objects alive (its processor, nats-py's subscription and tasks), and
-    with Python's threshold of 700 the collector ran thousands of times a second under load and re-walked all of
-    them in its older generations: a third of a daemon's CPU in a burst of new change sets, and pauses of 0.3 s.
+    with Python's threshold of 700 the collector runs thousands of times a second under load and re-walks all of
+    them in its older generations: a third of a daemon's CPU in a burst of new change sets, and pauses of 0.3 s
+    (``bench/bench.py --gc-stats``).
     The ~60,000 objects of start-up (modules, pydantic schemas) never die, so they are frozen out of every walk.
     """
     if threshold <= 0:

@@ -1,8 +1,8 @@
 """Removing messages stored on malformed subjects: they would otherwise stay in their stream for good.
 
 The streams' subject filters (``rebaser.requests.*.*``, ``rebaser.tasks.*.*.process``) keep most junk out, but a
-token can still be anything (``*``, ``>``, 3,000 characters, not a ULID), and streams created by older versions
-took any number of tokens. No daemon will ever consume such a message, so the orphan sweep hands them here:
+token can still be anything (``*``, ``>``, 3,000 characters, not a ULID), and a stream created by an older version
+takes any number of tokens. No daemon will ever consume such a message, so the orphan sweep hands them here:
 requests are dead-lettered with the reason, tasks (empty) are dropped, both are deleted by sequence.
 
 A junk subject cannot be used as a filter to find or purge its messages: a literal ``*`` or ``>`` token would act

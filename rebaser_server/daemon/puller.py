@@ -1,6 +1,6 @@
 """Pulling tasks from the shared tasks consumer in batches, each task handed out the moment it arrives.
 
-nats-py's ``fetch(batch > 1)`` returns only once the whole batch arrived or the pull expired, which stalled newly
+nats-py's ``fetch(batch > 1)`` returns only once the whole batch arrived or the pull expired, which would stall newly
 active change sets (docs/design.md §6); and one task per round trip makes the pull loop itself the queue under a
 burst of new change sets (every activation waits for its own round trip behind the others). So one pull request
 asks for up to ``batch`` tasks and every delivery is yielded as it comes; the

@@ -77,7 +77,7 @@ def _le(bound: float) -> str:
 class LightHistogram(Collector):
     """A histogram exported exactly as prometheus_client's ``Histogram`` exports one (buckets, count, sum,
     created), observed without its cost: ``Histogram.observe`` takes a lock for the sum and another for the
-    bucket, found by a Python loop over the bounds. Two observations per request made that a measurable share of a
+    bucket, found by a Python loop over the bounds. Two observations per request make that a measurable share of a
     daemon's CPU. Observed and scraped on the daemon's one event-loop thread (the health endpoint is aiohttp on
     that loop), so plain integers need no lock."""
 

@@ -64,7 +64,7 @@ class Observer:
 
     def _tracing(self) -> bool:
         """Whether spans go anywhere. Without a provider every span is a no-op, but building one (attributes,
-        the caller's context, a context switch) was a few percent of a daemon's CPU per request: skipped then."""
+        the caller's context, a context switch) costs a few percent of a daemon's CPU per request: skipped then."""
         return recording(self._provider)
 
     @staticmethod
@@ -96,7 +96,7 @@ class Observer:
         headers = msg.headers or {}
         if not self._tracing() and TRACEPARENT not in headers:
             # Nothing to record and no caller's trace to pass on to the reply: logs and metrics only, in one plain
-            # object (nested generator context managers were a few percent of a daemon's CPU per request).
+            # object (nested generator context managers cost a few percent of a daemon's CPU per request).
             return _Measured(self.metrics, headers.get(h.NATS_MSG_ID), change_set, stored_at)
         return self._traced(msg, change_set, headers, stored_at)
 

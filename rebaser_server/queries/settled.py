@@ -11,7 +11,7 @@ commits one), and looks again on each delivery, coalesced; plus after ``_RECHECK
 often, for what changes without a record write (an operator's purge, a task acked). The record is taken from the
 delivery itself, not read back: a consumer delivers a write only once it is stored, whereas a core NATS subscription
 to the KV subject sees a write *before* it is stored (a read right after may still return the previous record,
-measured: the wait then hung until the next re-check) and sees compare-and-set writes the stream refused too. Each
+and the wait would then hang until the next re-check) and sees compare-and-set writes the stream refused too. Each
 wait is a task of its own (a query callback must not hold the subscription), bounded in number (``MAX_WAITS``): each
 holds one consumer.
 """

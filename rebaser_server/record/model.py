@@ -97,7 +97,7 @@ class ChangeSetRecord:
     @classmethod
     def decode(cls, data: bytes) -> ChangeSetRecord:
         try:
-            # Read at every activation, and a record holds its recent replies: the Python walk of 5 KB took 0.3 ms.
+            # Read at every activation, and a record holds its recent replies: a Python walk of 5 KB takes 0.3 ms.
             # Without a byte that could start a tag nothing can expand, and the decoder bounds the depth itself.
             if not (DECODER_BOUNDS_DEPTH and untagged(data)):
                 scan_item(data, scan_item(data, 0, _RECORD_LIMITS), _RECORD_LIMITS)

@@ -103,7 +103,7 @@ def fast_settings(prefix: str | None, **overrides: object) -> Settings:
         "retry_backoff_max": 0.5,
         "shutdown_grace": 5.0,
         # Memory streams reserve their max_bytes from the server's JetStream memory up front: at the production 256
-        # MiB, the session server (one deployment per test) ran out ("insufficient memory resources available",
+        # MiB, a session's server (one deployment per test) runs out ("insufficient memory resources available",
         # err_code 10028) after some 60 tests with daemons.
         "dead_letter_max_bytes": 8 * 1024 * 1024,
     }

@@ -252,8 +252,8 @@ async def _drained(store: ChangeSetStore, wk: WorkspacePk, sent: dict[ChangeSetI
 # (pid, stopped at, continued at), wall clock, of every SIGSTOP in this process's chaos runs.
 PAUSES: list[tuple[int, float, float]] = []
 # "Stopped at" is noted just before the signal is sent, and a running process stops a little later: an apply that
-# started within this of the noted time was frozen in the middle too (one started 2 ms after it was once counted
-# as an overlap: its process logged the start, then stopped for 4.5 s, and ended the apply on resuming).
+# started within this of the noted time was frozen in the middle too (one that starts 2 ms after the noted time
+# logs its start, stops for the whole pause and ends on resuming, which would read as an overlap).
 _STOP_DELIVERY = 0.1
 
 

@@ -665,7 +665,7 @@ def test_any_content_type_header_negotiates_or_is_unsupported(raw: str) -> None:
         assert negotiated.content_type is (ContentType(base) if raw else ContentType.CBOR)
 
 
-# -- regressions: defects found in review and fixed --------------------------------------------------------------
+# -- regressions: defects that must not come back ----------------------------------------------------------------
 
 
 def test_absurdly_long_version_header_is_unsupported() -> None:

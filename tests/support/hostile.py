@@ -1,4 +1,4 @@
-"""Hostile wire input shared by the tests of issue 9: CBOR bombs and friends."""
+"""Hostile wire input shared by the hostile-input tests: CBOR bombs and friends."""
 
 from __future__ import annotations
 

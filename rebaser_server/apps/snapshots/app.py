@@ -216,7 +216,7 @@ class SnapshotApp:
             return
         if "inline" in state:
             # Not written, but cached: the next request of the change set starts from it, and decoding it again
-            # from the record's copy (hash, parse, build) was a few percent of a daemon's CPU per request.
+            # from the record's copy (hash, parse, build) costs a few percent of a daemon's CPU per request.
             # Content-addressed and immutable, so a cached snapshot whose commit then fails harms nothing.
             snapshot, data = kept
             self.store.remember(state["snapshot"], snapshot, len(data))

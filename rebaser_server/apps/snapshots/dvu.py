@@ -99,8 +99,8 @@ def dependent_values_update(
     Returns the new snapshot (no roots left) and the order in which attributes were computed. Linear in the
     affected attributes and their dependency edges (plus sorting, for a deterministic order): a hostile chain of
     50,000 functions must not cost 50,000² steps. With ``limits``, a function whose inputs or value are too large,
-    or whose value would take the snapshot over its size limit, gets an error value instead (eleven ``concat``
-    doublings of a 100 KB literal once made a 391 MB snapshot). ``encoded_size``: ``len(snapshot.encode())``, if
+    or whose value would take the snapshot over its size limit, gets an error value instead (unbounded, eleven
+    ``concat`` doublings of a 100 KB literal make a 391 MB snapshot). ``encoded_size``: ``len(snapshot.encode())``, if
     the caller knows it (else it is measured).
     """
     attributes = dict(snapshot.attributes)

@@ -2,11 +2,11 @@
 
 nats-py's ``ObjectStore.put`` reads the object's info first (a JetStream API call), publishes the chunks and the
 info through its JetStream context, then purges the chunks of any object it replaced; with the snapshot store's own
-"already stored?" look-up in front, a snapshot write cost four sequential round trips, a third of a daemon's CPU
-per request with the built-in app. A snapshot never changes under its address, so here the existence check is
-folded into the write: the chunks go out, then the info message with ``Nats-Expected-Last-Subject-Sequence: 0``,
-which JetStream refuses if the object exists already. The loser of such a race (two daemons writing one snapshot)
-purges its own chunks, which nobody references.
+"already stored?" look-up in front, a snapshot write through it costs four sequential round trips, a third of a
+daemon's CPU per request with the built-in app. A snapshot never changes under its address, so here the existence
+check is folded into the write: the chunks go out, then the info message with
+``Nats-Expected-Last-Subject-Sequence: 0``, which JetStream refuses if the object exists already. The loser of such a
+race (two daemons writing one snapshot) purges its own chunks, which nobody references.
 
 The objects written are the ones nats-py writes (same subjects, same info document, SHA-256 digest, 128 KiB
 chunks), so ``ObjectStore.get`` and every other Object Store client read them as usual.

@@ -60,7 +60,7 @@ class SnapshotStore:
         self._cached_bytes = 0
         # Addresses this store wrote (or found stored), so a snapshot written again (a change set back to an
         # earlier state) costs no round trip. At most cache_size of them, the newest: a large change set writes a
-        # new snapshot per group, and a set of every one of them grew for as long as the daemon ran. Forgetting
+        # new snapshot per group, and a set of every one of them would grow for as long as the daemon runs. Forgetting
         # one costs only the write's "stored already?" check.
         self._written: OrderedDict[str, None] = OrderedDict()
 

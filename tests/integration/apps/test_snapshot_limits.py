@@ -19,7 +19,7 @@ from rebaser_server.testing import fast_settings, running_daemon
 async def test_a_stored_batch_of_20000_stale_updates_gets_a_bounded_conflicts_reply(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    # Unbounded, this reply made the record too large for a NATS message: the commit failed and retried forever.
+    # Unbounded, this reply would make the record too large for a NATS message: the commit would fail and retry forever.
     async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         stale: list[Update] = [
@@ -85,10 +85,10 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     # A 100,000-long chain of functions (the most the default limits allow): seconds of decoding, rebasing,
-    # encoding and dependent values update. On the event loop, it stalled every other change set for all of it.
+    # encoding and dependent values update. On the event loop, it would stall every other change set for all of it.
     # handler_deadline: on a loaded machine the huge steps take longer than the test default (10 s); a step cut short
     # as wedged would be retried from scratch, over and over. ack_wait: beside CPU hogs the lease renewals of the
-    # test default (3 s) were once late five times in a row while the huge step held the GIL, and the request was
+    # test default (3 s) can be late five times in a row while the huge step holds the GIL, and the request is then
     # dead-lettered as one that kills its daemon; this test is about the canary, not about leases.
     settings = fast_settings(subject_prefix, handler_deadline=300, ack_wait=30.0)
     async with running_daemon(nc, settings, SnapshotApp()):
@@ -129,7 +129,7 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
         final = await client.get_change_set(wk, heavy, f"/c{MAX_BATCH_UPDATES - 1}")
         assert final.values == {f"/c{MAX_BATCH_UPDATES - 1}": "v"}
         print(f"\ncanary: {len(latencies)} requests, slowest {max(latencies):.2f}s")
-        # Generous for a busy shared machine (about 0.5 s seen on a quiet one); on the event loop, the stall lasted
+        # Generous for a busy shared machine (about 0.5 s on a quiet one); on the event loop, the stall would last
         # the whole request (about 20 s on a quiet machine). A loaded machine slows the huge request as much as the
         # canary, so the bound grows with it: a stall of a third of the huge request's time is still a failure.
         assert len(latencies) >= 3 and max(latencies) < max(8.0, heavy_seconds / 3), (

@@ -84,7 +84,7 @@ async def test_a_killed_daemons_change_set_is_served_again_within_seconds(
         stall = time.monotonic() - killed
         assert second.ok
         print(f"\nserved again {stall:.2f}s after the owner was killed")
-        # The default ack_wait (2.5 s) bounds it; the old default (30 s) would fail this.
+        # The default ack_wait (2.5 s) bounds it; an ack_wait of 30 s would fail this.
         assert stall < 10
 
 

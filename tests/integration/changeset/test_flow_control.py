@@ -1,7 +1,7 @@
 """An owned change set's ordered consumer answers JetStream's flow control, without a polling task.
 
-nats-py's ordered consumer ran a task per consumer that woke four times a second to send put-off flow-control
-replies. The daemon's own consumer (``consumer.py``) answers a request when the deliveries before it are handled.
+nats-py's ordered consumer runs a task per consumer that wakes four times a second to send put-off flow-control
+replies; the daemon's own consumer (``consumer.py``) answers a request when the deliveries before it are handled.
 A backlog big enough to make the server ask for flow control must drain, with no polling task, and a slow change
 set must hold the server to its window.
 """

@@ -1,9 +1,9 @@
 """No lease outlives its work: once a change set is released, nothing renews its task's lease any more.
 
-A renewal loop that outlived its processor once held a finished task for ever: it was never redelivered and its
-change set never served again (found by the KV write fault battery; the per-change-set keep-alive task's
-cancellation could be swallowed by ``asyncio.wait_for`` inside nats-py on Python 3.11). Renewals now come from the
-daemon's one lease keeper, which drops a change set synchronously when its processor ends.
+A renewal loop that outlives its processor holds a finished task for ever: it is never redelivered and its change
+set never served again (a keep-alive task per change set risks it: its cancellation can be swallowed by
+``asyncio.wait_for`` inside nats-py on Python 3.11). Renewals come from the daemon's one lease keeper, which drops a
+change set synchronously when its processor ends.
 """
 
 from __future__ import annotations

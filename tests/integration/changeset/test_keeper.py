@@ -1,8 +1,8 @@
 """The lease keeper's loop: one pass per period however many change sets start, and still prompt for a lease that
 runs out sooner.
 
-Every new change set used to wake the loop for a pass over *every* watched one: under a burst of activations that
-was quadratic (at 300 owned change sets, a third of a millisecond of CPU per activation).
+A loop woken by every new change set for a pass over *every* watched one is quadratic under a burst of activations
+(at 300 owned change sets, a third of a millisecond of CPU per activation).
 """
 
 from __future__ import annotations

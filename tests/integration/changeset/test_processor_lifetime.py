@@ -1,9 +1,8 @@
 """A change set let go is freed at once, by reference counting, not left for the cycle collector.
 
-Each activation's processor, with its consumer, DVU loop, commit group and nats-py's ordered-consumer objects
-(about sixty objects), used to be held in reference cycles: nats-py's subscription and its ordered-consumer state
-point at each other, and the DVU loop and the processor held each other's methods. In a burst of new change sets
-all of it waited for the collector, whose walks over it cost a tenth of the daemon's CPU, and raised its peak
+Each activation's processor, with its consumer, DVU loop and commit group, must not be held in reference cycles
+(the DVU loop and the processor hold each other's methods until the ownership ends): in a burst of new change sets
+all of it would wait for the collector, whose walks over it cost a tenth of the daemon's CPU and raise its peak
 memory by a fifth. With the collector switched off, every processor must still be gone once its change set is
 released.
 """

@@ -289,7 +289,8 @@ async def test_a_stored_request_that_looks_like_a_heartbeat_is_a_request(
 ) -> None:
     """A request published with an empty body and ``Status: 100`` headers is still a delivery (it has an ack
     subject): it is refused as a request and the change set goes on, instead of being skipped as a control message
-    (which, with nats-py's ordered consumer, broke the sequence and reset the consumer onto it again and again)."""
+    (as nats-py's ordered consumer skips it, breaking the sequence and resetting the consumer onto it again and
+    again)."""
     settings, app = _settings(subject_prefix), RecordingApp()
     async with running_daemon(nc, settings, app) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()

@@ -103,8 +103,9 @@ _BACKGROUND: set[asyncio.Future[None]] = set()
 async def test_a_task_publish_refused_during_a_leader_election_is_retried(
     nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While the tasks stream elects a leader, its subjects have no responders for a second or so (seen in the
-    leader step-down battery). The request is stored by then; its task must still get in."""
+    """While the tasks stream elects a leader, its subjects have no responders for a second or so (the leader
+    step-down battery in ``tests/chaos/test_chaos.py`` shows it). The request is stored by then; its task must still
+    get in."""
     real_publish_task = _publisher.publish_task
     refusals = 3
 

@@ -130,7 +130,7 @@ async def test_removals_linger_and_batch_while_the_servers_fsync_every_write(
         assert hooks.removals == 1
         assert await _stored(nc, stream, subject) == {seqs[3]}
 
-        # Without fsync every write, each processed request is removed at once, as before.
+        # Without fsync every write, each processed request is removed at once.
         eager = Trimmer(
             ChangeSet(wk, cs),
             settings.subjects,

@@ -126,9 +126,9 @@ async def test_replay_of_a_request_that_did_land_is_dropped_by_the_stream(
 async def test_a_client_that_never_read_the_layout_spools_and_replays_to_the_change_sets_shard(
     own_server: NatsServer, subject_prefix: str, tmp_path: Path
 ) -> None:
-    # A client started while NATS is down has not read the layout: it used to route by one stream (shard 0), and
-    # replayed its spool there as soon as NATS came back, before its first read of the layout. The change set's
-    # later requests then went to its real shard: two shards, no order between them.
+    # A client started while NATS is down has not read the layout. Routing by one stream (shard 0), and replaying its
+    # spool there as soon as NATS comes back, before its first read of the layout, would send the change set's later
+    # requests to its real shard: two shards, no order between them.
     settings = fast_settings(subject_prefix, storage="file", streams=3)
     opts = ConnectOptions(servers=(own_server.url,), name="client")
     daemon_nc = await connect(ConnectOptions(servers=(own_server.url,), name="daemon"))

@@ -27,7 +27,7 @@ async def test_oversized_header_block_is_refused_and_its_dead_letter_stored(
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         # Near JetStream's 64 KiB header limit: stored in the requests stream, but a full copy plus the
-        # dead-letter headers would be refused (err 10097), which used to retry for ever.
+        # dead-letter headers would be refused (err 10097): the request must end all the same.
         reply = await raw_call(nc, settings, wk, cs, _garbled(**{"X-Junk": "a" * 65_000}), b"\xff")
         assert reply.status.kind == "error" and "HeadersTooLarge" in reply.status.message
         letter = await dead_letter_of(nc, settings, wk, cs)

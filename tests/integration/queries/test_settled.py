@@ -54,8 +54,8 @@ async def test_wait_returns_only_after_the_dvu_ran(
 async def test_a_record_seen_before_its_request_was_processed_is_read_again(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    # The race CI met: the wait read the record (none yet), the owner then committed the request (DVU due) and
-    # deleted it, and the wait found no request left: settled, with the DVU still to run. Replayed here in order.
+    # The race: the wait reads the record (none yet), the owner then commits the request (DVU due) and deletes it,
+    # and the wait finds no request left: settled, with the DVU still to run. Replayed here in order.
     app = RecordingApp()
     app.dvu_gate = asyncio.Event()  # the DVU stays due, the change set owned
     async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
@@ -135,7 +135,7 @@ async def test_a_wait_held_by_a_daemon_that_stops_is_asked_again(
 async def test_a_timeout_that_is_not_a_number_is_refused_not_asked_forever(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    # NaN never reaches a deadline: the client asked again at once, forever, while the change set stayed unsettled.
+    # NaN never reaches a deadline: the client would ask again at once, forever, while the change set stays unsettled.
     app = RecordingApp()
     app.dvu_gate = asyncio.Event()
     async with running_daemon(nc, fast_settings(subject_prefix), app):

@@ -2,8 +2,8 @@
 cancellation is swallowed.
 
 nats-py's ``request`` awaits ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that arrives as the
-answer does (see test_keepalive.py). A follower loop stopped only by its cancellation then kept running: the
-daemon's could re-assign a stopped daemon's shard pullers, and the client's made ``close()`` wait for ever.
+answer does (see test_keepalive.py). A follower loop stopped only by its cancellation would then keep running:
+the daemon's could re-assign a stopped daemon's shard pullers, and the client's would make ``close()`` wait for ever.
 """
 
 from __future__ import annotations

@@ -127,8 +127,8 @@ async def test_a_daemon_a_layout_change_behind_does_not_take_a_new_shard_task_fo
     nats_url: str, subject_prefix: str
 ) -> None:
     """4 -> 2: a change set moves from shard 3 into shard 1, which exists already. A daemon that has not read the new
-    layout yet (it polls once a second) saw a task from shard 1 as its old shard's drain and went first, applying
-    the new request before the one still queued in shard 3."""
+    layout yet (it polls once a second) must not take a task from shard 1 for its old shard's drain and go first,
+    applying the new request before the one still queued in shard 3."""
     from rebaser_core.ids import ChangeSetId, WorkspacePk
     from rebaser_server.app import ChangeSet
     from rebaser_server.changeset.migration import old_shard_busy
@@ -158,8 +158,8 @@ async def test_a_daemon_a_layout_change_behind_does_not_take_a_new_shard_task_fo
 async def test_purge_while_the_layout_changes_removes_the_old_shards_requests_too(
     nats_url: str, subject_prefix: str
 ) -> None:
-    """``rebaser change-set purge`` looked only in the change set's new shard: what was queued in its old one stayed,
-    and was applied (first) once a daemon served it."""
+    """``rebaser change-set purge`` looks in the change set's old shard too: what is queued there would otherwise
+    stay, and be applied (first) once a daemon serves it."""
     from rebaser_client._admin_ops import purge_change_set
     from rebaser_core.ids import ChangeSetId, WorkspacePk
 

@@ -188,7 +188,7 @@ async def test_the_demo_load_stops_even_if_a_cancellation_is_swallowed(
     nats_url: str, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11: a worker stopped only by its
-    # cancellation went on sending, and the load (and the dev cluster's Ctrl-C) never ended.
+    # cancellation would go on sending, and the load (and the dev cluster's Ctrl-C) would never end.
     entered = asyncio.Event()
 
     async def swallowing(*_args: object, **_kwargs: object) -> object:

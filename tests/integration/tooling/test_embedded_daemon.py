@@ -96,7 +96,7 @@ def _one_line_error(output: str) -> str:
     return errors[0]
 
 
-# ------------------------------------------------------------------------------ restart hands back (issue 14)
+# ----------------------------------------------------------------------------------------- restart hands back
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,7 @@ async def test_the_client_cli_honours_rebaser_nats_url(
         assert proc.returncode == 0, output.decode()
 
 
-# ------------------------------------------------------------------------ durability (issue 36)
+# ----------------------------------------------------------------------------------- durability
 
 
 async def test_the_embedded_server_fsyncs_before_acknowledging_by_default(

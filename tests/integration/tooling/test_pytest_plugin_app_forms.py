@@ -1,10 +1,10 @@
-"""Every form of choosing the app for the pytest plugin's ``rebaser_daemon`` fixture (issue 35 item 4): a class, an
-app object, a factory, a ``"module:attr"`` string, and the ``rebaser_app`` ini option, each against a real daemon
-(``pytester`` runs a small user project in a pytest of its own); and what is none of these fails in one line.
+"""Every form of choosing the app for the pytest plugin's ``rebaser_daemon`` fixture: a class, an app object, a
+factory, a ``"module:attr"`` string, and the ``rebaser_app`` ini option, each against a real daemon (``pytester``
+runs a small user project in a pytest of its own); and what is none of these fails in one line.
 
-A class used to fail: ``RebaserApp`` is a runtime-checkable protocol, so ``isinstance(CounterApp, RebaserApp)`` is
-true of the class itself, and the plugin handed the class to the daemon (``CounterApp.start() missing 1 required
-positional argument``)."""
+A class is the delicate form: ``RebaserApp`` is a runtime-checkable protocol, so ``isinstance(CounterApp, RebaserApp)``
+is true of the class itself, and a plugin that asked that first would hand the class to the daemon
+(``CounterApp.start() missing 1 required positional argument``)."""
 
 from __future__ import annotations
 

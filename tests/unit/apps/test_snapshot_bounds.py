@@ -29,7 +29,7 @@ def settle(updates: list[Update], limits: Limits) -> Snapshot:
 
 
 def test_concat_doublings_stop_at_the_value_limit() -> None:
-    # Eleven doublings of 100 KB once made a 391 MB snapshot.
+    # Unbounded, eleven doublings of 100 KB make a 391 MB snapshot.
     updates: list[Update] = [SetLiteral(path="/d0", value="x" * 100 * KIB)]
     updates += [
         SetFunction(path=f"/d{i}", function="concat", args=[f"/d{i - 1}", f"/d{i - 1}"]) for i in range(1, 12)

@@ -31,7 +31,7 @@ def _cpu_seconds_for_chain(length: int) -> float:
     return time.process_time() - started
 
 
-# The quadratic version took about 20 s for this chain, the linear one about a second. The timeouts are only
+# A quadratic update takes about 20 s for this chain, the linear one about a second. The timeouts are only
 # backstops (generous: a loaded machine starves the test of CPU, wall time says little); linearity is asserted on
 # CPU time, as the ratio between a chain and one ten times as long (about 10 when linear, about 100 when quadratic).
 @pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import sys
 
 # What a command pays for only when it uses it (nats-py brings aiohttp; the wire models are pydantic).
 _HEAVY = ("nats", "aiohttp", "pydantic", "pydantic_core", "rich", "opentelemetry", "ulid")
-# Generous: on a loaded 2-core machine the import takes about 0.1 s, and took 0.7 s before it was made lazy. It is
+# Generous: on a loaded 2-core machine the import takes about 0.1 s, against 0.7 s with every import eager. It is
 # here so the cost cannot creep back unnoticed; scripts/cli_timings.py has the real figures.
 _IMPORT_BOUND = 1.0
 

@@ -1,8 +1,8 @@
-"""The JSON-data-model check of decoded bodies (``codec._check``) decides exactly as its first, plainer version.
+"""The JSON-data-model check of decoded bodies (``codec._check``) decides exactly as a plainer version of it.
 
-The check runs on every request and reply, so it was rewritten for speed (exact type dispatch, scalars without a
-call of their own, no text and integer checks for CBOR that cbor2 already guarantees). The plain version is kept
-here as the specification.
+The check runs on every request and reply, so it is written for speed (exact type dispatch, scalars without a
+call of their own, no text and integer checks for CBOR that cbor2 already guarantees). The plain version here is
+the specification.
 """
 
 from __future__ import annotations

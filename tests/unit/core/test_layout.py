@@ -154,6 +154,6 @@ async def test_an_admin_layout_read_that_times_out_is_one_line(monkeypatch: pyte
         raise nats.errors.TimeoutError
 
     monkeypatch.setattr(_routing, "fetch_layout", no_answer)
-    # A RebaserError is what the admin CLI prints as one line; a bare TimeoutError was a traceback.
+    # A RebaserError is what the admin CLI prints as one line; a bare TimeoutError would be a traceback.
     with pytest.raises(RebaserUnavailable, match="reading the shard layout failed"):
         await _routing.routed(None, Subjects("P"), WK, CS)  # type: ignore[arg-type]

@@ -108,7 +108,7 @@ def test_a_recorded_reply_reads_back_as_the_status_given(status: ResponseStatus)
 def test_a_success_entry_is_compact() -> None:
     """The whole record is written at every commit, with its last 64 replies: those are most of its bytes."""
     ws, cs = WorkspacePk.new(), ChangeSetId.new()
-    for address, limit in ((None, 2_300), (_ADDRESS, 6_500)):  # 5,300 and 9,500 before the compact form
+    for address, limit in ((None, 2_300), (_ADDRESS, 6_500)):  # 5,300 and 9,500 as full statuses
         record = ChangeSetRecord(epoch=1, owner="host:1234:" + str(RequestId.new()), state={"n": 1})
         for i in range(64):
             rid = RequestId.new()
@@ -119,7 +119,7 @@ def test_a_success_entry_is_compact() -> None:
 
 
 def test_a_record_written_before_the_compact_form_still_reads() -> None:
-    """Records written by the previous version hold every reply as ``[request id, status]``, a success too."""
+    """Records of format 3 and earlier (no compact form) hold every reply as ``[request id, status]``, a success too."""
     rids = [str(RequestId.new()) for _ in range(3)]
     statuses: list[dict[str, Any]] = [
         {"kind": "success", "updates_performed": 2, "snapshot_address": _ADDRESS},
