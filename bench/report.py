@@ -110,7 +110,7 @@ def burst_lines(report: Report) -> list[str]:
     )
 
 
-# -- the issue's table: one row per target ----------------------------------------------------------------------
+# -- the targets' table: one row per target ----------------------------------------------------------------------
 def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
 

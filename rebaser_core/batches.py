@@ -5,7 +5,7 @@ content address (the SHA-256 of its bytes), and the request carries only that ad
 of :class:`~rebaser_core.api.InlineUpdates` (compact, keys sorted), so any language can write one.
 
 A batch has at most :data:`MAX_BATCH_UPDATES` updates and :data:`MAX_BATCH_BYTES` bytes (the daemon's
-``max_updates_per_request`` and ``max_stored_batch_bytes`` default to these): a million-update batch once took a
+``max_updates_per_request`` and ``max_stored_batch_bytes`` default to these): a million-update batch takes a
 daemon 30 s and a gigabyte to load. The client refuses to store a larger one (:class:`BatchTooLarge`); a daemon
 refuses a request naming one, counting the updates before it validates any of them.
 """
@@ -81,7 +81,7 @@ def decode_batch(address: str, data: bytes, *, max_updates: int = MAX_BATCH_UPDA
     except (ValueError, RecursionError) as err:
         raise DecodeError(f"stored batch {address} is not JSON: {type(err).__name__}") from None
     updates = raw.get("updates") if isinstance(raw, dict) else None
-    # Count before validating: validation is what costs (a million updates took 30 s).
+    # Count before validating: validation is what costs (a million updates take 30 s).
     if isinstance(updates, list) and len(updates) > max_updates:
         raise DecodeError(
             f"stored batch {address} has {len(updates)} updates, over the limit of {max_updates}"

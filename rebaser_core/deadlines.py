@@ -2,7 +2,7 @@
 
 Every ``asyncio.timeout`` schedules a timer of its own: a handle pushed on the event loop's heap (compared in Python),
 cancelled on the way out, and the loop's clean-up of cancelled handles. For a client making one call per request
-with 64 calls in flight, that was 5 to 14 µs a call (``bench/instructions.py --side client`` counts it). Here the
+with 64 calls in flight, that is 5 to 14 µs a call (``bench/instructions.py --side client`` counts it). Here the
 calls of one :class:`Deadlines` share one timer, armed for the earliest deadline: entering a deadline is a dict
 insert, leaving it a dict pop, and the timer fires about once per timeout, not once per call.
 

@@ -125,10 +125,10 @@ _ULID_TEXT = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 
 
 # A fresh ULID's text, made here rather than by python-ulid's ULID(): a client makes one per request, and that
-# generator (objects, a monotonic policy, a pure-Python encoder) was about 5% of a client's CPU. Same layout: 48 bits
+# generator (objects, a monotonic policy, a pure-Python encoder) is about 5% of a client's CPU. Same layout: 48 bits
 # of Unix milliseconds, 80 random bits; within one millisecond the random part counts up (monotonic, like
 # python-ulid's). Encoded ten bits (two characters) at a time from a table: the time's ten characters once per
-# millisecond, the random part's sixteen for each id (base64's b32encode, a Python loop in 3.11, took three times
+# millisecond, the random part's sixteen for each id (base64's b32encode, a Python loop in 3.11, takes three times
 # as long).
 _CROCKFORD_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = tuple(a + b for a in _CROCKFORD_ALPHABET for b in _CROCKFORD_ALPHABET)

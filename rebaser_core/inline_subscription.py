@@ -2,7 +2,7 @@
 
 nats-py hands each message of a callback subscription to a task of the subscription's own through a queue: a put,
 a wake-up of that task at the next event-loop turn, a get, then the callback. For the replies that only resolve a
-waiting future (JetStream acks, API answers, a request's reply) that hop was most of what a reply cost, and the
+waiting future (JetStream acks, API answers, a request's reply) that hop is most of what a reply costs, and the
 daemon and the client take two or three of them per request.
 
 nats-py also has subscriptions that hand their message to a future (``subscribe(future=...)``, what its old-style

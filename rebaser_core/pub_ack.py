@@ -6,7 +6,7 @@ time. nats-server writes an ack in a fixed form, so the two commonest are matche
 expression each: a stored message (``{"stream":"S","seq":7}``, with a domain, or ``"duplicate": true``) and a
 refusal (``{"error":{"code":503,"err_code":10077,"description":"..."},"stream":"S","seq":0}``, the "this change
 set already has a task" answer). Anything else (another field, an escape, any other spacing) is read by
-``json.loads`` as before, so the result is always the dict ``json.loads`` would give, less the ``stream`` and
+``json.loads``, so the result is always the dict ``json.loads`` would give, less the ``stream`` and
 ``domain`` fields of the fast forms, which no caller reads.
 """
 

@@ -51,7 +51,7 @@ def inject(headers: MutableMapping[str, str], context: Context | None = None) ->
     """Add the trace context (the current span's, or ``context``'s) to message headers; nothing if none."""
     if context is None and not otel_context.get_current() and _default_propagators():
         # An empty context (no span, no baggage: an application without tracing) gives the default propagators
-        # nothing to write; asking them anyway was a few microseconds per request.
+        # nothing to write; asking them anyway costs a few microseconds per request.
         return
     propagate.inject(headers, context=context)
 

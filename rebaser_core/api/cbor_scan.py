@@ -41,7 +41,7 @@ class CborLimits:
 
 # Deleted from the bytes, these leave only what could start a tag (major type 6: 0xC0..0xDB, and the reserved
 # 0xDC..0xDF), or a tag or an array or map (major types 4 and 5: 0x80..0xBF); and the container heads alone. Byte
-# deletions run at C speed: a regular expression search for a tag head took longer than two of them.
+# deletions run at C speed: a regular expression search for a tag head takes longer than two of them.
 _NOT_TAG_HEADS = bytes(b for b in range(256) if not 0xC0 <= b <= 0xDF)
 _NOT_CONTAINER_OR_TAG_HEADS = bytes(b for b in range(256) if not 0x80 <= b <= 0xDF)
 _CONTAINER_HEADS = bytes(range(0x80, 0xC0))

@@ -14,8 +14,8 @@ A sender writes the *oldest* version that can carry a reply (:func:`oldest_form`
 ``refused``, so a client that only knows version 1 keeps working until an application refuses one of its requests.
 
 A status has a bounded size by construction, so a reply always fits in a NATS message and the last
-``idempotency_window`` replies fit in the change set's record (a 20,000-conflict reply once made every commit
-fail): a conflicts status lists at most :data:`MAX_LISTED_CONFLICTS` conflicts and :data:`MAX_STATUS_BYTES` of
+``idempotency_window`` replies fit in the change set's record (unbounded, a 20,000-conflict reply makes every
+commit fail): a conflicts status lists at most :data:`MAX_LISTED_CONFLICTS` conflicts and :data:`MAX_STATUS_BYTES` of
 them (always the first), and says how many more there were in the last listed conflict's message; an error message
 is cut to :data:`MAX_ERROR_MESSAGE_CHARS` characters. :func:`bounded_status` bounds a status tighter still.
 """

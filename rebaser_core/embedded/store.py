@@ -1,7 +1,7 @@
 """One nats-server per store directory, ever.
 
-Two nats-servers on one JetStream store corrupt it (both recover and write the same files; measured: one daemon
-stopped answering for 90 s while its readiness probe still said ready). :class:`StoreGuard` prevents that:
+Two nats-servers on one JetStream store corrupt it (both recover and write the same files; a daemon on such a store
+can stop answering for 90 s while its readiness probe still says ready). :class:`StoreGuard` prevents that:
 
 - an exclusive ``flock`` on ``<store>/rebaser.lock``, held by the process that owns the server for as long as it
   runs one. The kernel drops it when that process dies, however it dies, so a crash never leaves a stale lock;

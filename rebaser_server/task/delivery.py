@@ -4,7 +4,7 @@ JetStream names each delivery in its reply (ack) subject: ``$JS.ACK.<stream>.<co
 <consumer seq>.<stored ns>.<pending>``, with a domain and an account hash after ``ACK`` in the newer form. nats-py's
 ``Msg.metadata`` reads it into two frozen dataclasses and a ``datetime``; each request's handling needs four
 numbers of it (its stream and consumer sequences, how many requests wait behind it, when it was stored), and
-building nats-py's objects was 3 % of a daemon's time per request. This reads the same tokens as nats-py 2.16
+building nats-py's objects costs 3 % of a daemon's time per request. This reads the same tokens as nats-py 2.16
 (``Msg.Metadata._from_reply``): the same forms, ``NotJSMessageError`` for any other, ``ValueError`` where a number
 is not one. It does not build the ``datetime`` nats-py makes of the stored-at time, so a time beyond year 9999,
 which nats-py refuses (``OSError``), is taken as it is (only the queue-wait metric reads it).

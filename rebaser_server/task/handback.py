@@ -3,7 +3,7 @@
 A plain ``-NAK`` only puts the message on the consumer's in-memory redelivery queue; the consumer's stored state
 still says "delivered, awaiting ack". When nats-server restarts before it redelivers (the embedded server stops
 right after its daemon hands back on SIGTERM), the hand-back is lost and the task comes back only once ack_wait
-has passed since the last progress ack: every change set the daemon owned stalled for ~25 s after a restart.
+has passed since the last progress ack: every change set the daemon owned would stall for ~25 s after a restart.
 A nack *with a delay* rewrites the stored pending entry instead, so it survives the restart; a millisecond costs
 nothing. Asking for the server's confirmation ("ack the ack") means that once this returns, the hand-back is done,
 whatever stops next: flushing the connection only proves that the server has read it, not that the consumer has

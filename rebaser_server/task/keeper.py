@@ -89,8 +89,8 @@ class LeaseKeeper:
         a change set that lets go before the next pass (a burst of one-request change sets) needs no renewal."""
         self._watched[id(watched)] = watched
         # Woken early only if this lease may run out before the loop's next wake (a task that waited in a buffer).
-        # Waking it for every new change set made each activation a pass over every watched one: under a burst of
-        # activations that was quadratic.
+        # Waking it for every new change set would make each activation a pass over every watched one: quadratic
+        # under a burst of activations.
         if watched.lease.remaining() < self._wake_at - time.monotonic() + self._period:
             self._wake.set()
 

@@ -15,10 +15,10 @@ proof of ownership; time is. Two facts bound it from below, both measured on thi
   it has *proposed* the new timer to its followers, not once they hold it (nats-server ``consumer.go``:
   ``processAck`` calls ``progressUpdate``, then ``sendAckReply``). If that leader steps down (or dies) just then,
   the new leader has the timer of the renewal before, and looks at its pending tasks 0.5-1.5 s after its election:
-  it redelivers as if the last renewal had never been sent. Seen in the leader step-down chaos run (a task
-  redelivered while its owner, holding a lease from a confirmed renewal, was still applying) and measured by
-  ``bench/progress_ack_probe.py``: with the step-down sent right behind the progress ack, 13 and 8 of 20 confirmed
-  renewals were lost in two runs; sent 0.3 s after the confirmation, none of 20. So a confirmation extends the
+  it redelivers as if the last renewal had never been sent. The leader step-down chaos run provokes it (a task
+  redelivered while its owner, holding a lease from a confirmed renewal, still applies) and
+  ``bench/progress_ack_probe.py`` measures it: with the step-down sent right behind the progress ack, about half of
+  the confirmed renewals are lost; sent 0.3 s after the confirmation, none. So a confirmation extends the
   lease from the *previous* confirmed renewal's send time (the delivery's, for the first one): that renewal was
   confirmed a period or more earlier, time enough to be replicated. A single leader change loses at most the
   proposals of its last moments, at most one renewal per lease.
