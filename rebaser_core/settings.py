@@ -114,6 +114,18 @@ class Settings(BaseModel):
     # nats-server and 30 µs of daemon CPU a second, bench/bench.py's idle scenario), taking it again costs one cold
     # activation (about 2.5 ms of CPU in all, a few ms on its next request). Holding for as long as holding costs
     # what a new activation would is the rent-or-buy answer: never more than twice the best choice in hindsight.
+    lease_mode: Literal["task", "daemon"] = Field(
+        "task",
+        description="task: every owned change set's lease is renewed every progress_period; daemon: one heartbeat "
+        "per daemon every progress_period, each task renewed every quarter of task_ack_wait, and a silent daemon's "
+        "peers hand its tasks back after ack_wait (docs/capacity.md). Every daemon of a deployment uses the same.",
+    )
+    task_ack_wait: float = Field(
+        30.0,
+        gt=0,
+        description="lease_mode daemon: the tasks consumer's ack_wait, how long a task stalls if no peer hands it "
+        "back (its owner died with no other daemon running).",
+    )
     quiescent_period: float = Field(
         60.0, gt=0, description="Release a change set after this long without work."
     )
@@ -291,6 +303,18 @@ class Settings(BaseModel):
         """How long before the server may redeliver a task its owner stops acting on it (see lease.py): room for
         an ack in flight and for cancelling a step."""
         return 0.2 * self.ack_wait
+
+    @property
+    def consumer_ack_wait(self) -> float:
+        """The tasks consumer's ``ack_wait``: ``ack_wait`` itself, or with ``lease_mode`` daemon the longer
+        ``task_ack_wait`` (the daemon's heartbeat and its peers bound a dead daemon's stall to ``ack_wait``)."""
+        return self.ack_wait if self.lease_mode == "task" else max(self.task_ack_wait, self.ack_wait)
+
+    @property
+    def task_renewal_period(self) -> float:
+        """How often each owned task's delivery is renewed: ``progress_period``, or a quarter of
+        ``consumer_ack_wait`` with ``lease_mode`` daemon."""
+        return self.progress_period if self.lease_mode == "task" else 0.25 * self.consumer_ack_wait
 
     @property
     def subjects(self) -> Subjects:

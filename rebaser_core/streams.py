@@ -175,7 +175,7 @@ def tasks_consumer_config(settings: Settings, shard: int = 0, streams: int = 1) 
         filter_subject=subjects.tasks_filter,
         deliver_policy=js_api.DeliverPolicy.ALL,
         ack_policy=js_api.AckPolicy.EXPLICIT,
-        ack_wait=settings.ack_wait,
+        ack_wait=settings.consumer_ack_wait,
         max_deliver=-1,
         max_ack_pending=split(settings.max_active_change_sets, streams),
         num_replicas=settings.replicas,

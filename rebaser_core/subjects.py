@@ -41,6 +41,7 @@ BATCHES_BUCKET = "REBASER_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
 LAYOUT_BUCKET = "REBASER_LAYOUT"
 PAUSES_BUCKET = "REBASER_PAUSES"
+DAEMONS_BUCKET = "REBASER_DAEMONS"
 EVENTS_STREAM = "REBASER_EVENTS"
 LAYOUT_KEY = "layout"
 
@@ -131,6 +132,11 @@ class Subjects:
     def pauses_bucket(self) -> str:
         """KV bucket of paused change sets and workspaces (rebaser_core.pauses)."""
         return self._name(PAUSES_BUCKET)
+
+    @property
+    def daemons_bucket(self) -> str:
+        """KV bucket of the daemons' heartbeats (``lease_mode`` daemon: rebaser_server.task.liveness)."""
+        return self._name(DAEMONS_BUCKET)
 
     @property
     def layout_bucket(self) -> str:

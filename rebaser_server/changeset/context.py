@@ -75,6 +75,9 @@ class Stats:
     reconnect_handbacks: int = 0
     # Owned change sets' request consumers replaced after a lost delivery or a silence (consumer.py).
     consumer_resets: int = 0
+    # lease_mode daemon: peers found silent, and the tasks of theirs handed back (rebaser_server.daemon.liveness).
+    silent_peers: int = 0
+    peer_tasks_handed_back: int = 0
     # Wall clock: the last request answered, and the last write JetStream acknowledged (a purge of processed
     # requests; see trimmer.py).
     last_request_at: float | None = None

@@ -10,6 +10,7 @@ from rebaser_server.app import ChangeSetReader, RebaserApp
 from rebaser_server.changeset.context import Nats, Pauses, Placement, Report
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.record.store import ChangeSetStore
+from rebaser_server.task.heartbeat import Heartbeat
 from rebaser_server.task.keeper import LeaseKeeper
 
 __all__ = ["Owning"]
@@ -31,3 +32,5 @@ class Owning:
     placement: Placement
     reader: ChangeSetReader  # what the app may read besides its change set (given with each ChangeSet)
     pauses: Pauses  # paused change sets and workspaces
+    # lease_mode daemon: the daemon's heartbeat, which bounds every lease too (rebaser_server.task.heartbeat).
+    heartbeat: Heartbeat | None = None

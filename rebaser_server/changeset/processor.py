@@ -86,10 +86,11 @@ class ChangeSetProcessor:
         self.lease = Lease(
             nats.nc,
             task_msg,
-            ack_wait=settings.ack_wait,
-            margin=settings.lease_margin,
+            ack_wait=settings.consumer_ack_wait,
+            margin=0.2 * settings.consumer_ack_wait,
             since=pulled_at,
             requester=nats.requester,
+            heartbeat=owning.heartbeat,
         )
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()

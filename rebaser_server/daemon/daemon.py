@@ -37,6 +37,7 @@ from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
+from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
 from rebaser_server.daemon.puller import TaskPuller
@@ -101,12 +102,28 @@ class Daemon:
 
         nats = Nats(nc, js, requester, store.reads or DirectReads(requester, settings.nats_timeout))
         replies = Replies(nc, settings, subjects, stats, report.observe)
-        keeper = LeaseKeeper(nc, period=settings.progress_period, on_renewed=renewed)
+        keeper = LeaseKeeper(
+            nc, period=settings.progress_period, renew_every=settings.task_renewal_period, on_renewed=renewed
+        )
         self._reader = StoreReader(js, settings, store)
         # Paused change sets and workspaces (rebaser_core.pauses), watched: an owned one is let go when paused.
         self.pauses = PauseWatcher(js, settings, on_pause=self._on_pause)
+        # lease_mode daemon: a heartbeat per daemon, and peers that hand a silent one's tasks back (liveness.py).
+        daemon_leases = settings.lease_mode == "daemon"
+        self.liveness = Liveness(nats, settings, placement, store, owner, stats) if daemon_leases else None
         self._owning = Owning(
-            nats, settings, app, store, owner, keeper, replies, report, placement, self._reader, self.pauses
+            nats,
+            settings,
+            app,
+            store,
+            owner,
+            keeper,
+            replies,
+            report,
+            placement,
+            self._reader,
+            self.pauses,
+            None if self.liveness is None else self.liveness.heartbeat,
         )
         self.sweeper = Sweeper(nats, settings, placement, replies, paused=self.pauses.paused)
         self.queries = QueryService(nc, js, settings, app=app, store=store, placement=placement)
@@ -219,6 +236,8 @@ class Daemon:
             raise DurabilityTooLow(floor)
         await self.queries.start()
         await owning.keeper.start()
+        if self.liveness is not None:
+            await self.liveness.start()  # beating before the first task is taken
         if self._stopping:
             return  # shut down meanwhile: take no task
         await self.shards.start()
@@ -416,6 +435,8 @@ class Daemon:
         if left:
             log.error("%d change sets did not finish handing back in time", left)
         await self._owning.keeper.stop()
+        if self.liveness is not None:
+            await self.liveness.stop()
         await self.pauses.stop()
         await self._owned.fair.stop()
         self._app_stopping = True

@@ -8,6 +8,7 @@ a retry) or left alone (fenced, lease lost, stale), and the outcome counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -71,6 +72,13 @@ class OwnedChangeSets:
             await msg.term()
             return
         stats = self._owning.report.stats
+        heartbeat = self._owning.heartbeat
+        if heartbeat is not None and not heartbeat.held():
+            # lease_mode daemon, and this daemon's heartbeat lapsed: it could hold the task under no generation. A
+            # fresh delivery, never acted on, so its nak can take it from nobody: back at once for another daemon.
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            return
         if self.fair.must_wait(parsed.workspace_id):
             # Its workspace has its share here: back to the stream, not lost, tried again after a delay (growing with
             # each delivery), while other workspaces' tasks are taken meanwhile.

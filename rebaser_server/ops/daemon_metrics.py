@@ -61,6 +61,11 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
         "rebaser_tasks_deferred_fair_share",
         "Tasks handed back with a delay: their workspace owned max_owned_per_workspace change sets here.",
     ),
+    "silent_peers": ("rebaser_silent_peers", "Peer daemons found silent (lease_mode daemon)."),
+    "peer_tasks_handed_back": (
+        "rebaser_peer_tasks_handed_back",
+        "Tasks of silent peer daemons handed back (lease_mode daemon).",
+    ),
     "tasks_deferred": (
         "rebaser_tasks_deferred",
         "New-shard tasks handed back while their change set's old shard still held work (a layout change).",

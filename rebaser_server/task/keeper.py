@@ -45,9 +45,15 @@ class Watched(Protocol):
 
 
 class LeaseKeeper:
-    def __init__(self, nc: NatsClient, *, period: float, on_renewed: Any = None) -> None:
+    def __init__(
+        self, nc: NatsClient, *, period: float, renew_every: float | None = None, on_renewed: Any = None
+    ) -> None:
         self._nc = nc
         self._period = period
+        # Each lease is renewed on the first pass at least this long after its last renewal, less half a period (so
+        # on the pass nearest the due time): every pass with lease_mode task, every quarter of the tasks consumer's
+        # ack_wait with lease_mode daemon (liveness.py).
+        self._renew_after = (period if renew_every is None else renew_every) - 0.5 * period
         self._on_renewed = on_renewed  # called once per confirmed renewal (the daemon's counter)
         self._inbox = nc.new_inbox()
         self._watched: dict[int, Watched] = {}
@@ -131,7 +137,7 @@ class LeaseKeeper:
         for key, watched in list(self._watched.items()):
             if not watched.watch(now):
                 self.remove(watched)
-            elif now - self._last_sent.get(key, -math.inf) >= 0.5 * self._period:  # new ones have none
+            elif now - self._last_sent.get(key, -math.inf) >= self._renew_after:  # new ones have none
                 await self._renew(watched, now)
 
     async def _renew(self, watched: Watched, now: float) -> None:

@@ -40,6 +40,7 @@ from nats.aio.msg import Msg
 
 from rebaser_core.requester import Requester
 from rebaser_server.task.handback import nak_payload
+from rebaser_server.task.heartbeat import Heartbeat
 
 __all__ = ["Lease"]
 
@@ -54,6 +55,7 @@ class Lease:
         margin: float,
         since: float,
         requester: Requester | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self._nc = nc
         self._requester = requester  # the daemon's light request-reply, for the confirmed ack or nak
@@ -65,10 +67,19 @@ class Lease:
         # lease from here, not from its own send time (see the module docstring).
         self._last_confirmed = since
         self.renewals = 0
+        # lease_mode daemon: also bounded by the daemon's heartbeat, in the generation it is taken under (heartbeat.py).
+        self._heartbeat = heartbeat
+        self._generation = heartbeat.generation if heartbeat is not None else 0
 
     def remaining(self) -> float:
         """Seconds the lease is still held (negative once lost)."""
-        return self._expires - self._margin - time.monotonic()
+        own = self._expires - self._margin - time.monotonic()
+        heartbeat = self._heartbeat
+        if heartbeat is None:
+            return own
+        if heartbeat.generation != self._generation:
+            return -1.0
+        return min(own, heartbeat.remaining())
 
     def held(self) -> bool:
         return self.remaining() > 0 and bool(self._nc.is_connected)
@@ -84,7 +95,7 @@ class Lease:
         leader change may lose this one: see the module docstring). A confirmation that arrives after the lease ran
         out proves nothing (the server may have redelivered the task before it applied the progress ack). The
         sending is ``keeper.py``'s."""
-        if self.remaining() <= 0:
+        if self._expires - self._margin - time.monotonic() <= 0:
             return False
         self._expires = max(self._expires, min(self._last_confirmed, sent) + self._ack_wait)
         self._last_confirmed = max(self._last_confirmed, sent)

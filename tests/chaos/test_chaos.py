@@ -340,7 +340,8 @@ async def _one_server_chaos(
     duration: float,
     every: float,
     daemons: int,
-) -> None:
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, int | float]:
     result = await _run(
         [nats_url],
         prefix,
@@ -350,9 +351,11 @@ async def _one_server_chaos(
         fault_every=every,
         replicas=1,
         daemons=daemons,
+        extra_env=extra_env,
     )
     assert result["faults"] >= 1
     _report(label, result)
+    return result
 
 
 def _report(label: str, result: dict[str, int | float]) -> None:
@@ -422,7 +425,61 @@ async def test_daemon_faults(
     )
 
 
-async def _partition_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+# lease_mode daemon (rebaser_server.task.heartbeat): a task's own lease runs 30 s, so a change set of a killed,
+# frozen or cut-off daemon comes back within ack_wait only if its peers hand its tasks back (daemon/liveness.py).
+DAEMON_LEASES = {"REBASER_LEASE_MODE": "daemon", "REBASER_TASK_ACK_WAIT": "30"}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "duration", "every"),
+    [
+        pytest.param("sigkills", 6, 1.5, id="sigkills-smoke"),
+        pytest.param("sigstops", 10, 1, id="sigstops-smoke"),
+        pytest.param("partitions", 10, 1, id="partitions-smoke"),
+        *(
+            pytest.param(
+                scenario,
+                LONG,
+                every,
+                id=f"{scenario}-long",
+                marks=[pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)],
+            )
+            for scenario, every in (("sigkills", 1.5), ("sigstops", 2), ("partitions", 2))
+        ),
+    ],
+)
+async def test_faults_with_daemon_leases(
+    nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
+) -> None:
+    if scenario == "partitions":
+        result = await _partition_chaos(
+            nats_url, subject_prefix, tmp_path, duration=duration, every=every, extra_env=DAEMON_LEASES
+        )
+    else:
+        fault, label, daemons = ONE_SERVER[scenario]
+        result = await _one_server_chaos(
+            nats_url,
+            subject_prefix,
+            tmp_path,
+            fault,
+            label=f"{label}, daemon leases",
+            duration=duration,
+            every=every,
+            daemons=daemons,
+            extra_env=DAEMON_LEASES,
+        )
+    # No change set waited for its task's own 30 s lease: the peers handed it back.
+    assert result["longest_stall_s"] < 15, result
+
+
+async def _partition_chaos(
+    nats_url: str,
+    prefix: str,
+    tmp_path: Path,
+    duration: float,
+    every: float,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, int | float]:
     """Daemon 0 reaches NATS through a TCP proxy that is cut or stalled for longer than ack_wait, in turns."""
     host, port = nats_url.removeprefix("nats://").rsplit(":", 1)
     proxy = TcpProxy(host, int(port))
@@ -446,11 +503,13 @@ async def _partition_chaos(nats_url: str, prefix: str, tmp_path: Path, duration:
             replicas=1,
             daemons=2,
             daemon_urls=lambda index: [proxy.url] if index == 0 else [nats_url],
+            extra_env=extra_env,
         )
     finally:
         await proxy.stop()
     assert result["faults"] >= 1
     _report("partitions (cut or stalled line)", result)
+    return result
 
 
 @lengths("duration, every", (10, 1), (LONG, 2))

@@ -1,0 +1,81 @@
+"""``lease_mode`` daemon: one heartbeat per daemon; a silent daemon's peers hand its tasks back, so its change sets
+wait ``ack_wait``, not the tasks consumer's long ``task_ack_wait``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nats.aio.client import Client as NatsClient
+from nats.js.errors import KeyNotFoundError
+
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.subjects import Subjects
+from rebaser_core.testing import wait_for
+from rebaser_server.task.heartbeat import heartbeat_key
+from tests.support.daemons import daemon_processes, spawn_daemon
+
+ENV = {
+    "REBASER_STORAGE": "memory",
+    "REBASER_LEASE_MODE": "daemon",
+    # Far longer than the waits below: a change set served in time was handed back by a peer.
+    "REBASER_TASK_ACK_WAIT": "120",
+    "REBASER_ACK_WAIT": "2",
+    "REBASER_PROGRESS_PERIOD": "0.5",
+    "REBASER_QUIESCENT_PERIOD": "300",
+}
+
+
+def _owner(log: Path) -> str:
+    """The daemon's owner name, from its "rebaser daemon NAME serving" log line."""
+    for line in log.read_text().splitlines():
+        if "rebaser daemon " in line and " serving (prefix=" in line:
+            return line.split("rebaser daemon ", 1)[1].split(" serving", 1)[0]
+    raise AssertionError(f"no serving line in {log}")
+
+
+async def test_a_killed_daemons_change_sets_are_handed_back_by_a_peer(
+    nc: NatsClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, change_sets = WorkspacePk.new(), [ChangeSetId.new() for _ in range(4)]
+    async with daemon_processes() as procs:
+        first = await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, "a")
+        procs.append(first)
+        for cs in change_sets:  # all four owned by the first daemon, idle, for minutes
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/n", value=1)], timeout=20
+            )
+            assert reply.ok, reply
+        second = await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, "b")
+        procs.append(second)
+        kv = await nc.jetstream().key_value(Subjects(subject_prefix).daemons_bucket)
+        first_key = heartbeat_key(_owner(first.log))
+        await kv.get(first_key)  # it beats
+        first.kill()
+        await first.wait(10)
+        for cs in change_sets:
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/n", value=2)], timeout=30
+            )
+            assert reply.ok, reply
+        assert "handing its change sets back" in second.log.read_text()
+
+        async def key_gone() -> bool:
+            try:
+                await kv.get(first_key)
+            except KeyNotFoundError:
+                return True
+            return False
+
+        await wait_for(key_gone, timeout=20, message="the dead daemon's heartbeat key removed")
+        second_key = heartbeat_key(_owner(second.log))
+        second.terminate()
+        assert await second.wait(30) == 0
+        # A clean stop takes its key along: its peers have nothing of it to hand back.
+        try:
+            await kv.get(second_key)
+        except KeyNotFoundError:
+            pass
+        else:
+            raise AssertionError("a cleanly stopped daemon left its heartbeat key")
