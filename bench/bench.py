@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:
     sys.path[0] = str(REPO)
 
-from bench.deployment import APPS, LOOPS, Deployment  # noqa: E402
+from bench.deployment import APPS, IMPL_ENV, LOOPS, Deployment  # noqa: E402
 from bench.options import parse_args  # noqa: E402
 from bench.procs import Processes, rss_kb  # noqa: E402
 from bench.report import Report, write_outputs  # noqa: E402
@@ -283,7 +283,7 @@ class Bench:
             change_sets=count,
             window_s=window,
             owned=owned,
-            ack_wait=float(self.env.get("REBASER_ACK_WAIT", "2.5")) if impl not in LOOPS else 2.5,
+            ack_wait=self._failover_bound(impl),
             cpu_us_per_s_per_change_set={
                 k: round((held.used[k] - empty.used[k]) / window / count * 1e6, 2) for k in held.used
             },
@@ -295,6 +295,17 @@ class Bench:
             next_released_ms=next_released,
             errors=errors,
         )
+
+    def _failover_bound(self, impl: str) -> float:
+        """How long a dead owner's change sets wait at most: the tasks consumer's ack_wait, or with lease_mode daemon
+        the heartbeat's ack_wait plus one look of the peers (every progress_period)."""
+        if impl in LOOPS:
+            return 2.5
+        env = {**self.env, **IMPL_ENV.get(impl, {})}
+        ack_wait = float(env.get("REBASER_ACK_WAIT", "2.5"))
+        if env.get("REBASER_LEASE_MODE") == "daemon":
+            return ack_wait + float(env.get("REBASER_PROGRESS_PERIOD", "0.5"))
+        return ack_wait
 
     def _idle_env(self, count: int) -> dict[str, str]:
         return {"REBASER_CONCURRENCY": str(max(self.args.concurrency, count))}
@@ -428,7 +439,7 @@ async def main_async(args: argparse.Namespace, server: NatsServer, procs: Proces
                 flush=True,
             )
     if args.idle > 0:
-        for impl in [i for i in ("fair", "rebaser") if i in impls]:
+        for impl in [i for i in ("fair", "rebaser", "leases") if i in impls]:
             log(f"idle: {impl}, {args.idle} change sets owned and idle")
             idle = await bench.idle(impl)
             report.idles.append(idle)

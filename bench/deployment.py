@@ -27,17 +27,22 @@ from rebaser_core.subjects import Subjects
 # "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
 # "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
 # "feed" is "rebaser" with the change-set event feed on (REBASER_EVENTS=true; off by default): the feed's cost is the
-# ratio of the two. "uvloop" is "rebaser" on uvloop (REBASER_EVENT_LOOP=uvloop).
+# ratio of the two. "uvloop" is "rebaser" on uvloop (REBASER_EVENT_LOOP=uvloop); "leases" is "rebaser" with one
+# heartbeat per daemon instead of a lease renewal per change set (REBASER_LEASE_MODE=daemon).
 APPS = {
     "rebaser": "rebaser_server.apps.counter:CounterApp",
     "feed": "rebaser_server.apps.counter:CounterApp",
     "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
     "uvloop": "rebaser_server.apps.counter:CounterApp",
+    "leases": "rebaser_server.apps.counter:CounterApp",
 }
 IMPL_ENV = {
     "feed": {"REBASER_EVENTS": "true"},
     "rebaser": {"REBASER_EVENTS": "false", "REBASER_EVENT_LOOP": "asyncio"},
     "uvloop": {"REBASER_EVENTS": "false", "REBASER_EVENT_LOOP": "uvloop"},
+    # ack_wait 2 s: a peer notices a silent daemon within ack_wait plus its look every progress_period (0.5 s), so a
+    # dead daemon's change sets wait as long as with the default lease_mode's ack_wait of 2.5 s.
+    "leases": {"REBASER_EVENTS": "false", "REBASER_LEASE_MODE": "daemon", "REBASER_ACK_WAIT": "2"},
 }
 # The hand-written loops (bench/baseline.py): "baseline" the plain one, "fair" the one on the daemon's lease that
 # commits a record per request (bench/fair_loop.py).

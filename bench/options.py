@@ -40,9 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
     parser.add_argument(
         "--impl",
-        default="baseline,fair,rebaser,feed,snapshots",
+        default="baseline,fair,rebaser,leases,feed,snapshots",
         help="comma-separated: baseline (the plain hand-written nats-py loop), fair (the hand-written loop on the "
-        "daemon's lease, committing a record per request: the yardstick), rebaser (framework + CounterApp), "
+        "daemon's lease, committing a record per request: the yardstick), rebaser (framework + CounterApp), leases "
+        "(the same with lease_mode daemon), "
         "feed (the same with the event feed on), snapshots (framework + the default SnapshotApp)",
     )
     parser.add_argument(
