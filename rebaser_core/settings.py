@@ -121,7 +121,7 @@ class Settings(BaseModel):
         "peers hand its tasks back after ack_wait (docs/capacity.md). Every daemon of a deployment uses the same.",
     )
     task_ack_wait: float = Field(
-        30.0,
+        60.0,
         gt=0,
         description="lease_mode daemon: the tasks consumer's ack_wait, how long a task stalls if no peer hands it "
         "back (its owner died with no other daemon running).",

@@ -67,6 +67,9 @@ _FETCH_TIMEOUT = 1.0
 _FETCH_BATCH = 256
 # While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
 _RECONNECT_POLL = 0.1
+# lease_mode daemon: how often the watchdog looks at each idle change set (LeaseKeeper's watch_every). A task's own
+# lease runs minutes there; a step overrunning handler_deadline (minutes) is found a second or two later.
+_DAEMON_LEASES_WATCH = 2.0
 
 
 class Daemon:
@@ -102,14 +105,31 @@ class Daemon:
 
         nats = Nats(nc, js, requester, store.reads or DirectReads(requester, settings.nats_timeout))
         replies = Replies(nc, settings, subjects, stats, report.observe)
+        daemon_leases = settings.lease_mode == "daemon"
+
+        def urgent() -> bool:
+            # Watch every owned change set on every pass: the heartbeat lapsed (each must stop at once), others
+            # wait for a slot or a shard drains (idle ones give way).
+            heartbeat = None if self.liveness is None else self.liveness.heartbeat
+            layout = placement.layout
+            return (
+                placement.pressure
+                or layout.previous is not None
+                or (heartbeat is not None and not heartbeat.held())
+            )
+
         keeper = LeaseKeeper(
-            nc, period=settings.progress_period, renew_every=settings.task_renewal_period, on_renewed=renewed
+            nc,
+            period=settings.progress_period,
+            renew_every=settings.task_renewal_period,
+            watch_every=_DAEMON_LEASES_WATCH if daemon_leases else None,
+            urgent=urgent,
+            on_renewed=renewed,
         )
         self._reader = StoreReader(js, settings, store)
         # Paused change sets and workspaces (rebaser_core.pauses), watched: an owned one is let go when paused.
         self.pauses = PauseWatcher(js, settings, on_pause=self._on_pause)
         # lease_mode daemon: a heartbeat per daemon, and peers that hand a silent one's tasks back (liveness.py).
-        daemon_leases = settings.lease_mode == "daemon"
         self.liveness = Liveness(nats, settings, placement, store, owner, stats) if daemon_leases else None
         self._owning = Owning(
             nats,

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from nats.aio.client import Client as NatsClient
@@ -46,7 +47,14 @@ class Watched(Protocol):
 
 class LeaseKeeper:
     def __init__(
-        self, nc: NatsClient, *, period: float, renew_every: float | None = None, on_renewed: Any = None
+        self,
+        nc: NatsClient,
+        *,
+        period: float,
+        renew_every: float | None = None,
+        watch_every: float | None = None,
+        urgent: Callable[[], bool] | None = None,
+        on_renewed: Any = None,
     ) -> None:
         self._nc = nc
         self._period = period
@@ -54,6 +62,12 @@ class LeaseKeeper:
         # on the pass nearest the due time): every pass with lease_mode task, every quarter of the tasks consumer's
         # ack_wait with lease_mode daemon (liveness.py).
         self._renew_after = (period if renew_every is None else renew_every) - 0.5 * period
+        # Each change set is watched on every pass, or (lease_mode daemon, where a task's own lease is long and the
+        # heartbeat bounds them all) every ``watch_every``, unless ``urgent()`` says every pass counts now (the
+        # heartbeat lapsed, others wait for a slot): thousands of idle change sets cost a pass each less often.
+        self._watch_after = 0.0 if watch_every is None else watch_every - 0.5 * period
+        self._urgent = urgent
+        self._last_watched: dict[int, float] = {}
         self._on_renewed = on_renewed  # called once per confirmed renewal (the daemon's counter)
         self._inbox = nc.new_inbox()
         self._watched: dict[int, Watched] = {}
@@ -103,6 +117,7 @@ class LeaseKeeper:
     def remove(self, watched: Watched) -> None:
         self._watched.pop(id(watched), None)
         self._last_sent.pop(id(watched), None)
+        self._last_watched.pop(id(watched), None)
 
     async def _run(self) -> None:
         while True:
@@ -134,10 +149,14 @@ class LeaseKeeper:
         ]
         for token in stale:
             del self._sent[token]
+        every = self._watch_after <= 0 or (self._urgent is not None and self._urgent())
         for key, watched in list(self._watched.items()):
-            if not watched.watch(now):
-                self.remove(watched)
-            elif now - self._last_sent.get(key, -math.inf) >= self._renew_after:  # new ones have none
+            if every or now - self._last_watched.get(key, -math.inf) >= self._watch_after:
+                self._last_watched[key] = now
+                if not watched.watch(now):
+                    self.remove(watched)
+                    continue
+            if now - self._last_sent.get(key, -math.inf) >= self._renew_after:  # new ones have none
                 await self._renew(watched, now)
 
     async def _renew(self, watched: Watched, now: float) -> None:
