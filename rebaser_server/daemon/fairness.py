@@ -39,7 +39,9 @@ class FairShare:
         self._placement = placement
         self.share = settings.max_owned_per_workspace or max(1, settings.concurrency // 2)
         self.by_workspace: Counter[WorkspacePk] = Counter()  # change sets owned here now
-        self._with_tasks: frozenset[WorkspacePk] = frozenset()  # as last read
+        self.tasks: Counter[WorkspacePk] = (
+            Counter()
+        )  # tasks in the streams per workspace (waiting or owned), as last read
         self._read_at = float("-inf")
         self._reading: asyncio.Task[None] | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -50,7 +52,7 @@ class FairShare:
         if self.by_workspace[workspace] < self.share:
             return False
         self._refresh()
-        return any(other != workspace for other in self._with_tasks)
+        return any(other != workspace for other in self.tasks)
 
     def taken(self, workspace: WorkspacePk) -> None:
         self.by_workspace[workspace] += 1
@@ -68,21 +70,28 @@ class FairShare:
         self._read_at = self._clock()
         self._reading = asyncio.create_task(self._read(), name="fair share: workspaces with tasks")
 
+    async def tasks_by_workspace(self) -> Counter[WorkspacePk]:
+        """Tasks in the streams per workspace, read now unless read less than :data:`REFRESH` seconds ago."""
+        if self._clock() - self._read_at >= REFRESH:
+            self._read_at = self._clock()
+            await self._read()
+        return self.tasks
+
     async def _read(self) -> None:
-        found: set[WorkspacePk] = set()
+        found: Counter[WorkspacePk] = Counter()
         try:
             for shard in self._placement.layout.shards:
                 subjects = self._settings.subjects.for_shard(shard)
                 info = await self._nats.js.stream_info(
                     subjects.tasks_stream, subjects_filter=subjects.tasks_all
                 )
-                for subject in info.state.subjects or {}:
+                for subject, count in (info.state.subjects or {}).items():
                     with contextlib.suppress(InvalidSubject):
-                        found.add(subjects.parse_task(subject).workspace_id)
+                        found[subjects.parse_task(subject).workspace_id] += count
         except Exception as err:  # NATS trouble: keep the last view, read again later
             log.debug("reading the workspaces with tasks failed: %r", err)
             return
-        self._with_tasks = frozenset(found)
+        self.tasks = found
 
     async def stop(self) -> None:
         reading, self._reading = self._reading, None

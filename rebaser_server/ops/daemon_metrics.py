@@ -167,6 +167,15 @@ class DaemonCollector(Collector):
         for workspace, owned in sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
             busiest.add_metric([workspace], owned)
         yield busiest
+        with_tasks = GaugeMetricFamily(
+            "rebaser_tasks_by_workspace",
+            "Tasks in the served shards' streams (owned by any daemon, or waiting), for the 10 busiest workspaces, as "
+            "last read (at most once a second, by /status or while a workspace is at its share).",
+            labels=["workspace"],
+        )
+        for workspace, n_tasks in sorted(daemon.tasks_seen_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
+            with_tasks.add_metric([workspace], n_tasks)
+        yield with_tasks
         change_sets, workspaces = daemon.pauses.counts
         paused = GaugeMetricFamily(
             "rebaser_paused", "Paused change sets and workspaces, as this daemon sees them.", labels=["kind"]

@@ -45,6 +45,12 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
                 sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
             ),
             "workspace_share": daemon.workspace_share,
+            # Tasks in the streams of the busiest workspaces: owned (here or elsewhere) or waiting for an owner.
+            "tasks_by_workspace": dict(
+                sorted((await daemon.tasks_by_workspace()).items(), key=lambda kv: -kv[1])[
+                    :STATUS_MAX_WORKSPACES
+                ]
+            ),
         },
         "jetstream": health.facts_dict(facts, stale),
         "durability": None if daemon.durability is None else daemon.durability.as_dict(),

@@ -87,6 +87,13 @@ class DaemonView(Protocol):
     def owned_by_workspace(self) -> Mapping[str, int]:
         """Change sets owned now per workspace."""
 
+    async def tasks_by_workspace(self) -> Mapping[str, int]:
+        """Tasks in the streams per workspace (waiting, or owned by any daemon)."""
+
+    @property
+    def tasks_seen_by_workspace(self) -> Mapping[str, int]:
+        """The same, as last read."""
+
     @property
     def workspace_share(self) -> int:
         """At most this many change sets of one workspace are owned at once (max_owned_per_workspace)."""
