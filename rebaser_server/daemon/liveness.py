@@ -103,7 +103,10 @@ class Reaper:
                 log.debug("reading the heartbeat of %s failed: %r", owner, err)
                 continue
             if latest != revision:
-                continue  # it beat after all: the watch brings the new revision
+                # It beat after all. Counted from now (after the new revision was stored), in case the watch missed
+                # it (a watch can lag, or be lost with its server): the next look needs no watch to be right.
+                self._seen[key] = (latest or 0, time.monotonic(), owner)
+                continue
             log.warning("daemon %s silent for %.1f s: handing its change sets back", owner, now - received)
             try:
                 self._stats.peer_tasks_handed_back += await self.hand_back_tasks_of(owner)
