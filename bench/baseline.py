@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
@@ -158,6 +159,19 @@ class Worker:
                     await done.wait()
         await sub.unsubscribe()
 
+    async def subscribe_requests(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Any:
+        """The change set's ordered push consumer, delivering to ``cb``."""
+        sub = await self.js.subscribe(
+            subject, stream=self.n["requests_stream"], cb=cb, ordered_consumer=True, idle_heartbeat=5.0
+        )
+        # As the daemon does (rebaser_server.changeset.consumer): nats-py's flow-control polling task has
+        # nothing to send for a callback subscription, and wakes four times a second per owned change set.
+        fctask = sub._sub._jsi._fctask
+        if fctask is not None:
+            fctask.cancel()
+            sub._sub._jsi._fctask = None
+        return sub
+
     async def delete(self, seq: int) -> None:
         payload = json.dumps({"seq": seq, "no_erase": True}).encode()
         await self.nc.request(f"$JS.API.STREAM.MSG.DELETE.{self.n['requests_stream']}", payload, timeout=10.0)
@@ -177,19 +191,7 @@ class Worker:
             task.add_done_callback(deletes.discard)
             last = time.monotonic()
 
-        sub = await self.js.subscribe(
-            subject,
-            stream=self.n["requests_stream"],
-            cb=on_request,
-            ordered_consumer=True,
-            idle_heartbeat=5.0,
-        )
-        # As the daemon does (rebaser_server.changeset.consumer): nats-py's flow-control polling task has
-        # nothing to send for a callback subscription, and wakes four times a second per owned change set.
-        fctask = sub._sub._jsi._fctask
-        if fctask is not None:
-            fctask.cancel()
-            sub._sub._jsi._fctask = None
+        sub = await self.subscribe_requests(subject, on_request)
         progress = time.monotonic()
         while (idle := time.monotonic() - last) < self.quiet and not self.stopping:
             await asyncio.sleep(min(self.quiet - idle, 1.0) + 0.001)

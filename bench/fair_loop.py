@@ -118,17 +118,7 @@ class FairWorker(Worker):
             await self.nc.publish(reply_to, json.dumps({"ok": True, "value": body["value"]}).encode())
             last = time.monotonic()
 
-        sub = await self.js.subscribe(
-            subject,
-            stream=self.n["requests_stream"],
-            cb=on_request,
-            ordered_consumer=True,
-            idle_heartbeat=5.0,
-        )
-        fctask = sub._sub._jsi._fctask  # as the plain loop (and the daemon) does
-        if fctask is not None:
-            fctask.cancel()
-            sub._sub._jsi._fctask = None
+        sub = await self.subscribe_requests(subject, on_request)
         # The quiet timer of the plain loop: polled, at most once a second.
         while (idle := time.monotonic() - last) < self.quiet and not self.stopping and not fenced:  # noqa: ASYNC110
             await asyncio.sleep(min(self.quiet - idle, 1.0) + 0.001)

@@ -392,23 +392,31 @@ ONE_SERVER: dict[str, tuple[Fault, str, int]] = {
 }
 
 
-@pytest.mark.parametrize(
-    ("scenario", "duration", "every"),
-    [
-        pytest.param("sigkills", 6, 1.5, id="sigkills-smoke"),
-        pytest.param("sigstops", 10, 1, id="sigstops-smoke"),
-        *(
-            pytest.param(
-                scenario,
-                LONG,
-                every,
-                id=f"{scenario}-long",
-                marks=[pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)],
-            )
-            for scenario, every in (("sigkills", 1.5), ("sigstops", 2))
-        ),
-    ],
-)
+# scenario -> (smoke duration, smoke fault every, long fault every)
+SCENARIO_PACE = {"sigkills": (6, 1.5, 1.5), "sigstops": (10, 1, 2), "partitions": (10, 1, 2)}
+
+
+def scenario_lengths(*scenarios: str) -> pytest.MarkDecorator:
+    """Parametrize ``scenario, duration, every``: a smoke run of each scenario (CI), and a long one (``slow``)."""
+    return pytest.mark.parametrize(
+        ("scenario", "duration", "every"),
+        [
+            *(pytest.param(s, *SCENARIO_PACE[s][:2], id=f"{s}-smoke") for s in scenarios),
+            *(
+                pytest.param(
+                    s,
+                    LONG,
+                    SCENARIO_PACE[s][2],
+                    id=f"{s}-long",
+                    marks=[pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)],
+                )
+                for s in scenarios
+            ),
+        ],
+    )
+
+
+@scenario_lengths("sigkills", "sigstops")
 async def test_daemon_faults(
     nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
 ) -> None:
@@ -430,24 +438,7 @@ async def test_daemon_faults(
 DAEMON_LEASES = {"REBASER_LEASE_MODE": "daemon", "REBASER_TASK_ACK_WAIT": "30"}
 
 
-@pytest.mark.parametrize(
-    ("scenario", "duration", "every"),
-    [
-        pytest.param("sigkills", 6, 1.5, id="sigkills-smoke"),
-        pytest.param("sigstops", 10, 1, id="sigstops-smoke"),
-        pytest.param("partitions", 10, 1, id="partitions-smoke"),
-        *(
-            pytest.param(
-                scenario,
-                LONG,
-                every,
-                id=f"{scenario}-long",
-                marks=[pytest.mark.slow, pytest.mark.timeout(LONG_TIMEOUT)],
-            )
-            for scenario, every in (("sigkills", 1.5), ("sigstops", 2), ("partitions", 2))
-        ),
-    ],
-)
+@scenario_lengths("sigkills", "sigstops", "partitions")
 async def test_faults_with_daemon_leases(
     nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
 ) -> None:
