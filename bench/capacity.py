@@ -4,6 +4,7 @@ Run from the repository root::
 
     python bench/capacity.py                        # 1 and 3 shards, 500 and 2,000 change sets (about 3 minutes)
     python bench/capacity.py --shards 1 3 9 --held 1000 --window 10 --json out.json
+    python bench/capacity.py --lease-mode daemon   # one heartbeat per daemon (docs/capacity.md)
 
 A fresh 3-node JetStream cluster (loopback, file storage, R3 streams, temporary stores) is started here and stopped
 at the end. Per number of shards S and number of change sets N, with its own subject prefix, the shards' leaders
@@ -50,7 +51,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk  # noqa: E402
 async def held_cost(
     args: argparse.Namespace, cluster: NatsCluster, procs: Processes, shards: int, held: int
 ) -> dict[str, Any]:
-    prefix = f"c{shards}x{secrets.token_hex(3)}"
+    prefix = f"c{shards}{args.lease_mode[0]}x{secrets.token_hex(3)}"
     await _set_up(cluster.urls[0], prefix, shards)
     nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1)
     client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
@@ -60,6 +61,7 @@ async def held_cost(
         PYTHONPATH=str(REPO),
         REBASER_CONCURRENCY=str(held + 100),
         REBASER_QUIESCENT_PERIOD=str(10 * args.window + 120),
+        REBASER_LEASE_MODE=args.lease_mode,
     )
     daemons = []
     servers = [n.pid or 0 for n in cluster.nodes]
@@ -142,6 +144,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--settle", type=float, default=5.0, help="seconds waited after start-up, before measuring"
     )
     p.add_argument("--clients", type=int, default=64)
+    p.add_argument(
+        "--lease-mode",
+        choices=["task", "daemon"],
+        default="task",
+        help="the daemons' lease_mode: a renewal per owned change set, or one heartbeat per daemon",
+    )
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
