@@ -232,10 +232,10 @@ class Daemon:
         """Change sets owned now per workspace (each at most ``max_owned_per_workspace``: the share)."""
         return {str(wk): n for wk, n in self._owned.fair.by_workspace.items()}
 
-    async def tasks_by_workspace(self) -> dict[str, int]:
-        """Tasks in the served shards' streams per workspace (waiting, or owned by any daemon); read at most once a
-        second."""
-        return {str(wk): n for wk, n in (await self._owned.fair.tasks_by_workspace()).items()}
+    def tasks_by_workspace(self) -> dict[str, int]:
+        """Tasks in the served shards' streams per workspace (waiting, or owned by any daemon), as last read; asking
+        starts a new read in the background if that is over a second old."""
+        return {str(wk): n for wk, n in self._owned.fair.tasks_by_workspace().items()}
 
     @property
     def tasks_seen_by_workspace(self) -> dict[str, int]:

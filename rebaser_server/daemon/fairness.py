@@ -70,11 +70,10 @@ class FairShare:
         self._read_at = self._clock()
         self._reading = asyncio.create_task(self._read(), name="fair share: workspaces with tasks")
 
-    async def tasks_by_workspace(self) -> Counter[WorkspacePk]:
-        """Tasks in the streams per workspace, read now unless read less than :data:`REFRESH` seconds ago."""
-        if self._clock() - self._read_at >= REFRESH:
-            self._read_at = self._clock()
-            await self._read()
+    def tasks_by_workspace(self) -> Counter[WorkspacePk]:
+        """Tasks in the streams per workspace as last read; a read starts in the background if that is over
+        :data:`REFRESH` seconds old (a status page must not wait on NATS: it is read during outages too)."""
+        self._refresh()
         return self.tasks
 
     async def _read(self) -> None:

@@ -47,9 +47,7 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
             "workspace_share": daemon.workspace_share,
             # Tasks in the streams of the busiest workspaces: owned (here or elsewhere) or waiting for an owner.
             "tasks_by_workspace": dict(
-                sorted((await daemon.tasks_by_workspace()).items(), key=lambda kv: -kv[1])[
-                    :STATUS_MAX_WORKSPACES
-                ]
+                sorted(daemon.tasks_by_workspace().items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
             ),
         },
         "jetstream": health.facts_dict(facts, stale),

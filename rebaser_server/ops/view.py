@@ -87,8 +87,9 @@ class DaemonView(Protocol):
     def owned_by_workspace(self) -> Mapping[str, int]:
         """Change sets owned now per workspace."""
 
-    async def tasks_by_workspace(self) -> Mapping[str, int]:
-        """Tasks in the streams per workspace (waiting, or owned by any daemon)."""
+    def tasks_by_workspace(self) -> Mapping[str, int]:
+        """Tasks in the streams per workspace (waiting, or owned by any daemon), as last read; asking starts a
+        new read if that is old."""
 
     @property
     def tasks_seen_by_workspace(self) -> Mapping[str, int]:

@@ -59,7 +59,7 @@ def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
 def test_bench_profiles_its_daemons_and_shows_the_profile(tmp_path: Path) -> None:
     profiles = tmp_path / "profiles"
     args = ["--impl", "rebaser", "--daemons", "1", "--change-sets", "2", "--per-change-set", "3"]
-    args += ["--burst", "0", "--dvu-requests", "0", "--clients", "2", "--quiescent", "0.5"]
+    args += ["--burst", "0", "--dvu-requests", "0", "--idle", "0", "--clients", "2", "--quiescent", "0.5"]
     _run("bench.py", [*args, "--cprofile", str(profiles)], timeout=100)
     (profile,) = profiles.glob("rebaser_server.*.prof")  # written when the daemon stopped (SIGTERM)
     shown = _run("cprof.py", ["--show", str(profile), "--per", "6", "--top", "50"], timeout=60).stdout
