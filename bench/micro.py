@@ -28,7 +28,10 @@ from rebaser_core.api import (
     InlineUpdates,
     SetLiteral,
     SuccessStatus,
+    oldest_form,
 )
+from rebaser_core.api.codec import ContentType
+from rebaser_core.api.success_reply import decode_success, encode_success
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_server.apps.snapshots.app import _rebased
 from rebaser_server.apps.snapshots.limits import Limits
@@ -144,6 +147,21 @@ def main() -> None:
         (
             f"decode a reply ({len(reply_body)} B)",
             lambda: ENQUEUE_UPDATES_RESPONSE.decode(reply_headers, reply_body),
+            20_000,
+        ),
+        (
+            "decode a success reply: the fast path (the client's)",
+            lambda: decode_success(reply_headers, reply_body, request),
+            20_000,
+        ),
+        (
+            "encode a success reply: in full",
+            lambda: ENQUEUE_UPDATES_RESPONSE.encode(oldest_form(response), ContentType.CBOR),
+            20_000,
+        ),
+        (
+            "encode a success reply: the fast path (the daemon's)",
+            lambda: encode_success(response, ContentType.CBOR),
             20_000,
         ),
         (f"decode a record, 64 replies ({len(data)} B)", lambda: ChangeSetRecord.decode(data), 2_000),

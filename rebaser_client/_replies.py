@@ -12,6 +12,7 @@ from nats.aio.subscription import Subscription
 
 from rebaser_client._queries import check_answers
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, EnqueueUpdatesRequest, EnqueueUpdatesResponse
+from rebaser_core.api.success_reply import decode_success
 from rebaser_core.errors import ProtocolError
 from rebaser_core.inline_subscription import subscribe_inline
 
@@ -67,8 +68,11 @@ class ReplyInbox:
         if future is None or request is None or future.done():
             return  # late or duplicate reply: the caller has moved on
         try:
-            response = ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data)
-            check_answers(request, response)
+            # A success as a daemon sends it, without pydantic; anything else in full (rebaser_core.api.success_reply).
+            response = decode_success(msg.headers, msg.data, request)
+            if response is None:
+                response = ENQUEUE_UPDATES_RESPONSE.decode(msg.headers, msg.data)
+                check_answers(request, response)
             future.set_result(response)
         except ProtocolError as err:
             future.set_exception(err)

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse, oldest_form
+from rebaser_core.api.success_reply import encode_success
 from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
 from rebaser_core.errors import InvalidReplyInbox, RebaserRefused, Unsupported
 from rebaser_core.inbox import reply_inbox_of
@@ -81,8 +82,12 @@ class Replies:
         except Unsupported:
             # The caller's own type is unusable; JSON is the most readable fallback.
             content_type = ContentType.JSON
-        # The oldest version that carries it: a client that only knows version 1 reads all but a refusal.
-        headers, body = ENQUEUE_UPDATES_RESPONSE.encode(oldest_form(response), content_type)
+        # The oldest version that carries it: a client that only knows version 1 reads all but a refusal. A success,
+        # the commonest, without pydantic (the same bytes: rebaser_core.api.success_reply).
+        encoded = encode_success(response, content_type)
+        if encoded is None:
+            encoded = ENQUEUE_UPDATES_RESPONSE.encode(oldest_form(response), content_type)
+        headers, body = encoded
         try:
             # Its span, in the trace context of the request it answers.
             with self._observe.reply(request_headers, headers):
