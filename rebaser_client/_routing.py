@@ -12,7 +12,8 @@ Until the layout has been read (a client started while disconnected, or whose fi
 read is older than ``MAX_LAYOUT_AGE`` (reads failing, or back from a disconnection), the client does not know where a
 change set's requests go: it publishes none (they are spooled, or the caller is told ``RebaserUnavailable``) rather
 than guess (shard 0, or an old layout's shard no daemon serves once a change settled), where a request would be
-applied out of order with the same caller's later ones in the change set's real shard, or not at all.
+applied out of order with the same caller's later ones in the change set's real shard, or not at all. Before it
+says so, an enqueue reads the layout again (up to ``_CONFIRM_READS`` reads, each shared by every enqueue waiting).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ __all__ = ["Router", "fetch_layout", "routed"]
 log = logging.getLogger(__name__)
 
 _READ_TIMEOUT = 2.0
+# Reads an enqueue makes (one after another, shared with every concurrent enqueue) before it calls the layout
+# unknown: a read that times out on a connected client means NATS (or this client's event loop) is slow, not gone.
+_CONFIRM_READS = 3
 # A layout read longer ago than this is not routed by: a client whose reads failed, or that was disconnected, may
 # have missed a layout change, and one that settles (``rebaser streams set`` waits 3 polls) makes its old shards
 # no longer served. The follower reads every DEFAULT_POLL, so a connected client is never this far behind.
@@ -85,6 +89,9 @@ class Router:
         # When the layout was last read from the cluster (an answer saying there is none counts); None: never.
         self._read_at: float | None = None
         self._poller: asyncio.Task[None] | None = None
+        # The read in flight, which every caller that needs one awaits: a burst of enqueues on a stale layout makes
+        # one read, not one each (a thousand reads on a busy connection would each time out).
+        self._reading: asyncio.Future[None] | None = None
         # The poller's own stop flag: asyncio.wait_for (in nats-py's request) can swallow its cancellation on Python
         # 3.11, and close() awaits the poller: without the flag, close would then wait for ever.
         self._closed = False
@@ -128,10 +135,19 @@ class Router:
         return self._read_at is not None and time.monotonic() - self._read_at <= MAX_LAYOUT_AGE
 
     async def confirm(self) -> None:
-        """If the layout is not known (never read, or not lately) and NATS is connected, read it now (errors leave
-        it unknown)."""
-        if not self.known and self._nc.is_connected:
-            await self._follow_once()
+        """If the layout is not known (never read, or not lately) and NATS is connected, read it now: up to
+        ``_CONFIRM_READS`` reads, each shared with every concurrent caller (errors leave it unknown)."""
+        for _ in range(_CONFIRM_READS):
+            if self.known or not self._nc.is_connected:
+                return
+            await self._read_shared()
+
+    async def _read_shared(self) -> None:
+        """Join the read in flight, or start one. Shielded: a caller that gives up does not cancel the others'."""
+        reading = self._reading
+        if reading is None or reading.done():
+            reading = self._reading = asyncio.ensure_future(self._follow_once())
+        await asyncio.shield(reading)
 
     unknown_reason = (
         "the cluster's shard layout has not been read lately (NATS unreachable?): not routing by a guess"
@@ -145,10 +161,12 @@ class Router:
     async def close(self) -> None:
         self._closed = True
         poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+        reading, self._reading = self._reading, None
+        for task in (poller, reading):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def subjects_for(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> Subjects:
         return self._subjects.for_shard(self.layout.shard_of(workspace_id, change_set_id))
@@ -168,7 +186,7 @@ class Router:
         while not self._closed:
             await asyncio.sleep(DEFAULT_POLL)
             if self._nc.is_connected and not self._closed:
-                await self._follow_once()
+                await self._read_shared()
 
     async def _follow_once(self) -> None:
         try:

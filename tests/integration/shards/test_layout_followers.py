@@ -157,3 +157,64 @@ async def test_an_enqueue_is_not_routed_by_a_layout_not_read_lately(
             await client.enqueue_updates(wk, cs, [])
     info = await nc.jetstream().stream_info(Subjects(subject_prefix).requests_stream)
     assert info.state.messages == 1
+
+
+async def test_a_burst_of_enqueues_on_a_stale_layout_shares_one_read(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thousand enqueues that find the layout stale (the client's event loop was busy) make one read between
+    them, not one each: a thousand reads on a busy connection would each time out and refuse every request."""
+    import rebaser_client._routing as routing
+
+    router = Router(nc, Subjects(subject_prefix))
+    await router.start()
+    real_fetch = routing.fetch_layout
+    reads = 0
+    gate = asyncio.Event()
+
+    async def counted_fetch(*args: object, **kwargs: object) -> Layout | None:
+        nonlocal reads
+        reads += 1
+        await gate.wait()  # held until every caller has asked
+        return await real_fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        monkeypatch.setattr(routing, "fetch_layout", counted_fetch)
+        monkeypatch.setattr(router, "_read_at", time.monotonic() - routing.MAX_LAYOUT_AGE - 1)
+        callers = [asyncio.create_task(router.confirm()) for _ in range(1000)]
+        await wait_for(lambda: reads > 0, timeout=5, message="the shared read started")
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*callers), 10)
+        assert router.known
+        assert reads == 1
+    finally:
+        gate.set()
+        await router.close()
+
+
+async def test_a_layout_read_that_times_out_is_tried_again_before_refusing(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connected, with a read that timed out (NATS slow, not gone): the enqueue reads again rather than refuse."""
+    import rebaser_client._routing as routing
+
+    router = Router(nc, Subjects(subject_prefix))
+    await router.start()
+    real_fetch = routing.fetch_layout
+    reads = 0
+
+    async def slow_once(*args: object, **kwargs: object) -> Layout | None:
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            raise TimeoutError("layout read timed out")
+        return await real_fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        monkeypatch.setattr(routing, "fetch_layout", slow_once)
+        monkeypatch.setattr(router, "_read_at", time.monotonic() - routing.MAX_LAYOUT_AGE - 1)
+        await router.confirm()
+        assert router.known
+        assert reads == 2
+    finally:
+        await router.close()
