@@ -17,6 +17,7 @@ import time
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
+from rebaser_server.app.lease import step_deadline
 from rebaser_server.changeset.outcome import LeaseLost
 from rebaser_server.task.lease import Lease
 
@@ -54,7 +55,12 @@ class Steps:
             coro.close()
             raise LeaseLost()
         began = time.monotonic()
-        started = start_step(coro)
+        # What the check found, for the app (lease_deadline()): the step's context is a copy of this one.
+        token = step_deadline.set(began + self._lease.remaining())
+        try:
+            started = start_step(coro)
+        finally:
+            step_deadline.reset(token)
         task = started.task
         if task is None:
             result = started.result

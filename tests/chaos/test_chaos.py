@@ -263,14 +263,19 @@ def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, floa
     An apply is the interval between its "start" and "end" records (an apply cut short by a SIGKILL has no end and
     is left out). An apply its own process was frozen in the middle of (SIGSTOP) is left out too: nothing can stop
     a frozen process from resuming where it was, which is why its commit is fenced; what must never happen is a
-    daemon *starting* an apply without holding the change set, and that is what this finds.
+    daemon *starting* an apply without holding the change set, and that is what this finds. So is an apply that
+    began after the deadline its lease check gave it (``late``): the process stalled between the check and the app
+    (a GC pause, or the machine itself frozen by its host), which is the same thing as a SIGSTOP landing there.
     """
     opened: dict[tuple[object, object], float] = {}
+    late: set[tuple[object, object]] = set()
     intervals: dict[object, list[tuple[float, float, object]]] = {}
     for e in events:
         key = (e["pid"], e["rid"])
         t = float(e["t"])  # type: ignore[arg-type]
         if e["e"] == "start":
+            if e.get("late"):
+                late.add(key)
             opened[key] = t
         elif key in opened:
             start = opened.pop(key)
@@ -278,7 +283,7 @@ def apply_overlaps(events: list[dict[str, object]], pauses: list[tuple[int, floa
                 pid == e["pid"] and start <= stopped + _STOP_DELIVERY and stopped <= t
                 for pid, stopped, _ in pauses
             )
-            if not frozen:
+            if not frozen and key not in late:
                 intervals.setdefault(e["cs"], []).append((start, t, e["pid"]))
     found = []
     for cs, spans in intervals.items():
@@ -721,3 +726,21 @@ async def test_process_faults_with_fsync_always(
             )
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def test_the_overlap_check_finds_a_start_under_another_daemon_s_apply() -> None:
+    """The check itself (pure): two daemons' applies of one change set that overlap are found, unless the later
+    one's process stalled past its lease between the check and the app (``late``), or was stopped there."""
+
+    def apply(pid: int, start: float, end: float, *, late: bool = False) -> list[dict[str, object]]:
+        rid = f"r{pid}-{start}"
+        return [
+            {"e": "start", "cs": "c", "rid": rid, "pid": pid, "t": start, "late": late},
+            {"e": "end", "cs": "c", "rid": rid, "pid": pid, "t": end},
+        ]
+
+    owner = apply(1, 10.0, 10.2) + apply(1, 10.3, 10.5)
+    assert apply_overlaps(owner + apply(2, 10.6, 10.7), []) == []  # one after the other
+    assert len(apply_overlaps(owner + apply(2, 10.35, 10.4), [])) == 1
+    assert apply_overlaps(owner + apply(2, 10.35, 10.4, late=True), []) == []
+    assert apply_overlaps(owner + apply(2, 10.35, 10.4), [(2, 10.3, 14.0)]) == []  # stopped as it began

@@ -10,7 +10,9 @@ Behaviour is steered by the request's updates (inline ``SetLiteral`` on special 
 - ``/exit`` = anything: end the process at once (``os._exit``), as an OOM kill would;
 - ``/block`` = seconds: a blocking sleep that freezes the whole event loop.
 
-With ``REBASER_TEST_RECORD`` set (subprocess daemons), every apply's start and end go to that JSONL file.
+With ``REBASER_TEST_RECORD`` set (subprocess daemons), every apply's start and end go to that JSONL file; a start
+also says whether it came after the deadline the daemon's lease check gave the step (``late``: the process stalled
+between the check and the app, as a SIGSTOP there would stop it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates, SetLiteral, S
 from rebaser_core.errors import RetryableError, UnprocessableError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
-from rebaser_server.app import Applied, AppState, ChangeSet
+from rebaser_server.app import Applied, AppState, ChangeSet, lease_left
 from rebaser_server.record.store import ChangeSetStore
 from tests.support.kv_faults import install_from_env
 
@@ -63,9 +65,17 @@ class RecordingApp:
 
     def _log(self, event: str, change_set: ChangeSet, request_id: str) -> None:
         if self._record:
-            line = json.dumps(
-                {"e": event, "cs": str(change_set), "rid": request_id, "pid": os.getpid(), "t": time.time()}
-            )
+            left = lease_left()
+            entry = {
+                "e": event,
+                "cs": str(change_set),
+                "rid": request_id,
+                "pid": os.getpid(),
+                "t": time.time(),
+            }
+            if event == "start":
+                entry["late"] = left is not None and left < 0
+            line = json.dumps(entry)
             with open(self._record, "a") as f:
                 f.write(line + "\n")
 

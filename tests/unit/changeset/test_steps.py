@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 
 import pytest
 
@@ -167,3 +168,30 @@ async def test_a_cancellation_before_the_first_run_of_a_bare_yield_reaches_the_s
     with pytest.raises(asyncio.CancelledError):
         await started.task
     assert seen == ["step cancelled"]
+
+
+async def test_a_step_is_told_until_when_its_lease_was_sure_to_hold() -> None:
+    """An app with a side effect outside its state can skip it once the lease it began under has run out
+    (``rebaser_server.app.lease_deadline``): set in the step, inline and after its first wait; unset outside."""
+    from types import SimpleNamespace
+
+    from rebaser_server.app import lease_deadline, lease_left
+    from rebaser_server.changeset.steps import Steps
+    from rebaser_server.task.lease import Lease
+
+    since = time.monotonic()
+    nc, msg = SimpleNamespace(is_connected=True), SimpleNamespace(reply="$JS.ACK.t")
+    lease = Lease(nc, msg, ack_wait=10.0, margin=2.0, since=since)  # type: ignore[arg-type]
+    seen: list[float | None] = []
+
+    async def step() -> float | None:
+        seen.append(lease_deadline())
+        await asyncio.sleep(0)  # the rest runs in a task of its own, in the same context
+        seen.append(lease_deadline())
+        return lease_left()
+
+    left = await Steps(lease).run(step())
+    assert seen[0] == seen[1]
+    assert seen[0] is not None and abs(seen[0] - (since + 8.0)) < 0.01  # ack_wait less the margin
+    assert left is not None and 7.0 < left <= 8.0
+    assert lease_deadline() is None and lease_left() is None  # the caller's context is left as it was
