@@ -11,6 +11,8 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import ChangeSetId, RebaserClient, Remove, SetFunction, SetLiteral, WorkspacePk
 from rebaser_core.api import GetChangeSetResponse, Update
+from rebaser_core.streams import ensure_streams
+from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.apps.snapshots.dvu import dependent_values_update
@@ -132,26 +134,41 @@ async def test_stored_batches(nc: NatsClient, client: RebaserClient, subject_pre
 async def test_burst_of_1000_requests_on_one_change_set(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        # Every batch touches its own path, so the final state does not depend on the order in which the
-        # concurrent publishes reach the stream, and all 1,000 can be in flight at once.
-        batches: list[list[Update]] = [
-            [SetFunction(path="/total", function="sum", args=[f"/n{i}" for i in range(0, 999, 37)])]
-        ]
-        batches += [[SetLiteral(path=f"/n{i}", value=i)] for i in range(999)]
-        replies = await asyncio.gather(
-            *(client.enqueue_updates_with_reply(wk, cs, b, timeout=60) for b in batches)
-        )
-        assert all(r.ok for r in replies)
-        state = await settled(client, wk, cs)
-        assert state.values == serial(batches)
-        assert daemon.stats.requests_applied == 1000
-        assert daemon.stats.request_commits < 1000  # requests that queued up were committed in groups
-        print(
-            f"\nburst of 1000 requests: {daemon.stats.dvu_runs} DVU runs, "
-            f"{daemon.stats.request_commits} commits"
-        )
+    settings = fast_settings(subject_prefix)
+    await ensure_streams(nc.jetstream(), settings)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    # Every batch touches its own path, so the final state does not depend on the order in which the
+    # concurrent publishes reach the stream, and all 1,000 can be in flight at once.
+    batches: list[list[Update]] = [
+        [SetFunction(path="/total", function="sum", args=[f"/n{i}" for i in range(0, 999, 37)])]
+    ]
+    batches += [[SetLiteral(path=f"/n{i}", value=i)] for i in range(999)]
+    calls = [asyncio.create_task(client.enqueue_updates_with_reply(wk, cs, b, timeout=60)) for b in batches]
+    try:
+        # All 1,000 are stored before the daemon starts, so it finds them queued, which is what group commits are
+        # for. Started first, on a loaded machine it could keep up with the publishes one request at a time.
+        requests_stream = Subjects(subject_prefix).requests_stream
+
+        async def stored() -> bool:
+            info = await nc.jetstream().stream_info(requests_stream)
+            return info.state.messages == len(batches)
+
+        await wait_for(stored, timeout=60, message="the burst stored")
+        async with running_daemon(nc, settings, SnapshotApp()) as daemon:
+            replies = await asyncio.gather(*calls)
+            assert all(r.ok for r in replies)
+            state = await settled(client, wk, cs)
+            assert state.values == serial(batches)
+            assert daemon.stats.requests_applied == 1000
+            assert daemon.stats.request_commits < 1000  # requests that queued up were committed in groups
+            print(
+                f"\nburst of 1000 requests: {daemon.stats.dvu_runs} DVU runs, "
+                f"{daemon.stats.request_commits} commits"
+            )
+    finally:
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
 
 
 paths = st.sampled_from(["/a", "/b", "/c", "/d"])

@@ -42,7 +42,14 @@ PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 # whether it should run.
 INVENTORY: dict[str, list[str]] = {
     "README.md": ["sh:checked", "python:run", "python:run", "sh:run"],
-    "docs/BENCHMARKS.md": ["plain:shown", "sh:checked", "sh:checked", "sh:checked", "sh:checked"],
+    "docs/BENCHMARKS.md": [
+        "plain:shown",
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+    ],
     "docs/RELIABILITY.md": ["plain:shown"],
     "docs/capacity.md": ["sh:checked"],
     "docs/apps.md": ["text:shown", "python:copy", "sh:checked", "python:copy"],
