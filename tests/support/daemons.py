@@ -75,7 +75,8 @@ async def spawn_daemon(
     )
     out.close()
     daemon = DaemonProcess(proc, log)
-    deadline = asyncio.get_running_loop().time() + 20
+    # A bound on a failure, not a timing: a loaded machine (coverage, many workers) takes far longer than usual.
+    deadline = asyncio.get_running_loop().time() + 60
     try:
         while b"rebaser daemon serving" not in log.read_bytes():
             if proc.returncode is not None or asyncio.get_running_loop().time() > deadline:

@@ -108,7 +108,7 @@ async def test_a_follower_that_never_reads_holds_nobody_up(
         async with client.watch(wk, cs, since=0):
             replies = await asyncio.gather(
                 *(
-                    client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=n)], timeout=30)
+                    client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=n)], timeout=90)
                     for n in range(1200)  # more events than the follower may hold unread (1,024)
                 )
             )

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.timeout(630)  # a virtualenv and a package install: the subprocess's own 600 s bound rules
 def test_the_cart_example_passes_in_a_fresh_virtualenv() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "check_example.py"), "examples/cart"],
