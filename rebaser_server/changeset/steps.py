@@ -56,7 +56,7 @@ class Steps:
             raise LeaseLost()
         began = time.monotonic()
         # What the check found, for the app (lease_deadline()): the step's context is a copy of this one.
-        token = step_deadline.set(began + self._lease.remaining())
+        token = step_deadline.set(self._lease.deadline())
         try:
             started = start_step(coro)
         finally:

@@ -56,7 +56,11 @@ class Heartbeat:
 
     def remaining(self) -> float:
         """Seconds the heartbeat still holds (negative once lapsed)."""
-        return self._expires - self._margin - time.monotonic()
+        return self.deadline() - time.monotonic()
+
+    def deadline(self) -> float:
+        """The monotonic time the heartbeat holds until."""
+        return self._expires - self._margin
 
     def held(self) -> bool:
         return self.remaining() > 0

@@ -73,13 +73,17 @@ class Lease:
 
     def remaining(self) -> float:
         """Seconds the lease is still held (negative once lost)."""
-        own = self._expires - self._margin - time.monotonic()
+        return self.deadline() - time.monotonic()
+
+    def deadline(self) -> float:
+        """The monotonic time the lease is held until (already past once lost)."""
+        own = self._expires - self._margin
         heartbeat = self._heartbeat
         if heartbeat is None:
             return own
         if heartbeat.generation != self._generation:
-            return -1.0
-        return min(own, heartbeat.remaining())
+            return time.monotonic() - 1.0  # taken before a lapse: lost for good
+        return min(own, heartbeat.deadline())
 
     def held(self) -> bool:
         return self.remaining() > 0 and bool(self._nc.is_connected)

@@ -65,7 +65,6 @@ class RecordingApp:
 
     def _log(self, event: str, change_set: ChangeSet, request_id: str) -> None:
         if self._record:
-            left = lease_left()
             entry = {
                 "e": event,
                 "cs": str(change_set),
@@ -74,6 +73,7 @@ class RecordingApp:
                 "t": time.time(),
             }
             if event == "start":
+                left = lease_left()
                 entry["late"] = left is not None and left < 0
             line = json.dumps(entry)
             with open(self._record, "a") as f:

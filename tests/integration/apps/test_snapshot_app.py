@@ -12,7 +12,6 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import ChangeSetId, RebaserClient, Remove, SetFunction, SetLiteral, WorkspacePk
 from rebaser_core.api import GetChangeSetResponse, Update
 from rebaser_core.streams import ensure_streams
-from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.apps.snapshots.dvu import dependent_values_update
@@ -147,10 +146,8 @@ async def test_burst_of_1000_requests_on_one_change_set(
     try:
         # All 1,000 are stored before the daemon starts, so it finds them queued, which is what group commits are
         # for. Started first, on a loaded machine it could keep up with the publishes one request at a time.
-        requests_stream = Subjects(subject_prefix).requests_stream
-
         async def stored() -> bool:
-            info = await nc.jetstream().stream_info(requests_stream)
+            info = await nc.jetstream().stream_info(settings.subjects.requests_stream)
             return info.state.messages == len(batches)
 
         await wait_for(stored, timeout=60, message="the burst stored")

@@ -179,10 +179,7 @@ async def test_a_burst_of_enqueues_on_a_stale_layout_shares_one_read(
         return await real_fetch(*args, **kwargs)  # type: ignore[arg-type]
 
     try:
-        monkeypatch.setattr(routing, "fetch_layout", counted_fetch)
-        # The follower's own reads (one a second) stay out of the count.
-        monkeypatch.setattr(router, "_closed", True)
-        monkeypatch.setattr(router, "_read_at", time.monotonic() - routing.MAX_LAYOUT_AGE - 1)
+        _stale_with_reads_by(router, counted_fetch, monkeypatch)
         callers = [asyncio.create_task(router.confirm()) for _ in range(1000)]
         await wait_for(lambda: reads > 0, timeout=5, message="the shared read started")
         gate.set()
@@ -213,11 +210,19 @@ async def test_a_layout_read_that_times_out_is_tried_again_before_refusing(
         return await real_fetch(*args, **kwargs)  # type: ignore[arg-type]
 
     try:
-        monkeypatch.setattr(routing, "fetch_layout", slow_once)
-        monkeypatch.setattr(router, "_closed", True)  # the follower's own reads stay out of the count
-        monkeypatch.setattr(router, "_read_at", time.monotonic() - routing.MAX_LAYOUT_AGE - 1)
+        _stale_with_reads_by(router, slow_once, monkeypatch)
         await router.confirm()
         assert router.known
         assert reads == 2
     finally:
         await router.close()
+
+
+def _stale_with_reads_by(router: Router, fetch: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router's layout read too long ago, its reads made by ``fetch``, and its follower (one read a second)
+    stopped, so that only the reads the test asks for are counted."""
+    import rebaser_client._routing as routing
+
+    monkeypatch.setattr(routing, "fetch_layout", fetch)
+    monkeypatch.setattr(router, "_closed", True)
+    monkeypatch.setattr(router, "_read_at", time.monotonic() - routing.MAX_LAYOUT_AGE - 1)
