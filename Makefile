@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test lint validate unit chaos bench clean
+.PHONY: run serve test coverage coverage-run lint validate unit chaos bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -45,18 +45,34 @@ validate: $(BIN)/.installed
 # The suite waits far more than it computes (daemons starting, periods running out): more workers than cores.
 TEST_WORKERS ?= 6
 
-# Coverage (daemons and tools started as subprocesses included) costs about a third of the run: `make test
-# COVERAGE=off` for a quicker answer without the map.
-COVERAGE ?= on
+# The suite starts hundreds of Python processes (daemons, CLIs, tools), each importing the project: with bytecode
+# writes off (PYTHONDONTWRITEBYTECODE, set on some machines) every one of them compiles it from source again, and
+# every xdist worker rewrites every test module's asserts again.
+unexport PYTHONDONTWRITEBYTECODE
+
+# Line and branch coverage, daemons and tools started as subprocesses included, doubles the CPU the test workers
+# spend and slows every subprocess: on this project's two-core machines it is a third of the run. `make test` leaves
+# it out (it asserts nothing); `make coverage` runs the same suite with it and prints the map
+# (docs/contributing.md). `make test COVERAGE=on` is the same as `make coverage`.
+COVERAGE ?= off
+
+# --durations: the ten slowest tests, printed after every run, so a test that grows the suite shows (the budget:
+# docs/contributing.md).
+PYTEST_RUN = $(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
 
 test: lint
-	rm -f .coverage .coverage.*
-ifeq ($(COVERAGE),off)
-	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal
+ifeq ($(COVERAGE),on)
+	$(MAKE) --no-print-directory coverage-run
 else
-	$(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal --cov --cov-report=
-	$(BIN)/python scripts/coverage_summary.py
+	$(PYTEST_RUN)
 endif
+
+coverage: lint coverage-run
+
+coverage-run:
+	rm -f .coverage .coverage.*
+	$(PYTEST_RUN) --cov --cov-report=
+	$(BIN)/python scripts/coverage_summary.py
 
 chaos: $(BIN)/.installed
 	# The power-loss simulation needs FUSE (docs/power-loss.md); without it those tests skip and say why.

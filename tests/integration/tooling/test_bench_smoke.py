@@ -37,24 +37,61 @@ ROWS = (
 )
 
 
+# Every implementation, both daemon counts and every kind of scenario: about 80 s and 40 s of CPU (20 scenarios,
+# each starting its own processes), so it runs with the slow tests (`make chaos`); the smoke below runs in CI.
+@pytest.mark.slow
 @pytest.mark.timeout(330)  # about 80 s alone, more beside the rest of the suite on two cores
 def test_bench_writes_the_ratios_page(tmp_path: Path) -> None:
-    doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(
-        "# Benchmarks\n\nkept above\n\n<!-- bench:begin (old) -->\n<!-- bench:end -->\n\nkept below\n"
-    )
-    doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
+    doc = _page(tmp_path)
     args = ["--per-change-set", "4", "--change-sets", "10", "--daemons", "1,2", "--burst", "20"]
     args += ["--dvu-requests", "20", "--quiescent", "0.5", "--clients", "8", "--doc", str(doc)]
     args += ["--idle", "20", "--idle-window", "0.5"]
     _run("bench.py", args, timeout=300)  # about 80 s here; a hang guard, not a timing
     page = doc.read_text()
-    assert "kept above" in page and "kept below" in page  # hand-written notes survive a rewrite
-    for row in ROWS:
-        assert f"| {row}" in page, f"missing row {row!r} in:\n{page}"
+    _check_page(page, ROWS)
     assert "not measured" not in page
-    assert "WRONG" not in page  # the DVU burst's final state is the serial one
     assert "python bench/bench.py --per-change-set 4" in page  # the command that produced it
+
+
+# The rows the smoke run below fills: the project's own implementations, one daemon.
+SMOKE_ROWS = (
+    "built-in app cold p99 ÷ its own warm p99",
+    "no-op app cold p99 ÷ its own warm p99",
+    "DVU burst (4 requests on one change set), natural DVU cost",
+    "DVU burst (4 requests on one change set), 10x DVU cost",
+)
+
+
+@pytest.mark.timeout(330)
+def test_bench_smoke_runs_every_kind_of_scenario_and_writes_the_page(tmp_path: Path) -> None:
+    # Throughput, burst, idle and DVU bursts, for rebaser and the snapshot app on one daemon: every code path of the
+    # bench and its page, in a quarter of the full run's CPU.
+    doc = _page(tmp_path)
+    args = ["--impl", "rebaser,snapshots", "--per-change-set", "2", "--change-sets", "2", "--daemons", "1"]
+    args += ["--burst", "4", "--dvu-requests", "4", "--quiescent", "0.3", "--clients", "2", "--doc", str(doc)]
+    args += ["--idle", "3", "--idle-window", "0.3"]
+    out = _run("bench.py", args, timeout=300).stdout  # a hang guard, not a timing
+    _check_page(doc.read_text(), SMOKE_ROWS)
+    assert "burst rebaser: 4 change sets drained" in out, out
+    assert "idle rebaser: 3 of 3 change sets held" in out, out
+    assert "python bench/bench.py --impl rebaser,snapshots" in doc.read_text()  # the command that produced it
+
+
+def _page(tmp_path: Path) -> Path:
+    """A page with hand-written text around an old generated section."""
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(
+        "# Benchmarks\n\nkept above\n\n<!-- bench:begin (old) -->\n<!-- bench:end -->\n\nkept below\n"
+    )
+    doc.write_text(doc.read_text().replace("<!-- bench:begin (old) -->", _begin_marker()))
+    return doc
+
+
+def _check_page(page: str, rows: tuple[str, ...]) -> None:
+    assert "kept above" in page and "kept below" in page  # hand-written notes survive a rewrite
+    for row in rows:
+        assert f"| {row}" in page, f"missing row {row!r} in:\n{page}"
+    assert "WRONG" not in page  # the DVU burst's final state is the serial one
 
 
 @pytest.mark.timeout(330)
@@ -79,7 +116,8 @@ def _begin_marker() -> str:
 
 
 @pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind (callgrind_control)")
-@pytest.mark.parametrize("side", ["worker", "client"])
+# The client side is the same tool on the other process: with the slow tests (valgrind costs 10 s of CPU a side).
+@pytest.mark.parametrize("side", ["worker", pytest.param("client", marks=pytest.mark.slow)])
 def test_instruction_count_runs_and_reports_per_request(side: str) -> None:
     # A handful of requests under valgrind: that it counts and reports, not what it counts.
     args = ["--impl", "rebaser", "--requests", "20", "--change-sets", "2", "--clients", "2", "--idle", "0.5"]
