@@ -315,8 +315,10 @@ def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> Renderable
     if record is None:
         head.add_row("record", "none (never processed)")
     else:
+        # The record names the daemon that owned it last: its owner only while a daemon holds the task.
         head.add_row(
-            "owner", f"{record.owner} (epoch {record.epoch}{', handed back' if record.handed_back else ''})"
+            "owner" if report.task == "owned" else "last owner",
+            f"{record.owner} (epoch {record.epoch}{', handed back' if record.handed_back else ''})",
         )
         head.add_row("applied up to", f"stream sequence {record.applied_seq}")
         head.add_row("DVU pending", "yes" if record.dvu_pending else "no")

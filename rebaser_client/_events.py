@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import api as js_api
@@ -107,6 +108,12 @@ class EventStream:
                 deliver_policy=policy,
                 config=js_api.ConsumerConfig(name=_consumer_name()),
             )
+        except nats.js.errors.NotFoundError as err:
+            # No events stream: the daemons of this deployment do not publish the feed.
+            raise RebaserUnavailable(
+                f"cannot follow {self._filter}: the deployment has no {self._stream} stream; its daemons publish "
+                "events only with the feed on (REBASER_EVENTS=true, or events = true in their --config file)"
+            ) from err
         except (nats.errors.Error, TimeoutError) as err:
             raise RebaserUnavailable(f"cannot follow {self._filter}: {err!r}") from err
         _rename_on_recreate(self._sub)

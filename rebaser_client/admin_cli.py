@@ -540,9 +540,20 @@ def wait(
 
     async def work(nc: NatsClient) -> Any:
         async with RebaserClient(nc, prefix=prefix) as client:
-            return await client.wait_settled(wk, cs, timeout=timeout)
+            answer = await client.wait_settled(wk, cs, timeout=timeout)
+            if answer.applied_seq == 0 and not answer.dvu_pending and not answer.owned:
+                # Settled with nothing ever processed: a change set no request reached (a mistyped id, say),
+                # unless it has a record of its own (a fork).
+                known = (await client.get_change_set(wk, cs)).exists
+                return answer if known else None
+            return answer
 
     answer = _run(nats_url, work)
+    if answer is None:
+        raise click.ClickException(
+            f"nothing is known of change set {cs} in workspace {wk}: no request for it was processed, and it "
+            "has no record (a mistyped id?)"
+        )
     if as_json:
         _print_json(answer.model_dump(mode="json", exclude={"id", "error"}))
     else:

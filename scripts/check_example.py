@@ -1,5 +1,5 @@
 """Run an example app's tests as a user would: in a fresh virtualenv outside the repository, with rebaser
-installed from this checkout (not editable) and pytest, from a copy of the example's directory.
+installed from this checkout (not editable) with its ``testing`` extra, from a copy of the example's directory.
 
     python scripts/check_example.py [examples/cart]
 
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         for package in ("rebaser_core", "rebaser_client", "rebaser_server"):
             shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(
-            [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source), "pytest"],
+            # What the apps guide says to install: the package with its `testing` extra (pytest comes with it).
+            [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{source}[testing]"],
             check=True,
         )
         shutil.copytree(example, project, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))

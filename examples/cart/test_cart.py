@@ -1,8 +1,8 @@
 """Testing the cart: the app alone (plain Python, no server), and on a real daemon with the pytest plugin.
 
-The plugin comes with rebaser (``pip install rebaser``): ``rebaser_client`` is a client of a daemon that runs the
-app named by the ``rebaser_app`` marker (or the ``rebaser_app`` ini option, see ``pytest.ini``) on an embedded
-nats-server. Each form of the marker is used once below.
+The plugin comes with rebaser (``pip install 'rebaser[testing]'`` brings pytest too): ``rebaser_client`` is a
+client of a daemon that runs the app named by the ``rebaser_app`` marker (or the ``rebaser_app`` ini option, see
+``pytest.ini``) on an embedded nats-server. Each form of the marker is used once below.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from cart import CartApp
 
 from rebaser_client import ChangeSetId, SetLiteral, WorkspacePk
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates, RefusedStatus, Remove
-from rebaser_core.errors import RefusedError
 from rebaser_core.ids import RequestId
-from rebaser_server import ChangeSet
+from rebaser_server import ChangeSet, RefusedError
 from rebaser_server.testing import MemoryReader
 
 

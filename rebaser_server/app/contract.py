@@ -34,6 +34,7 @@ Contract (:class:`RebaserApp`; the base class :class:`~rebaser_server.app.base.A
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -229,10 +230,30 @@ def load_app(spec: str) -> RebaserApp:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"an app is given as 'module:attribute' (e.g. mypackage.apps:CartApp), got {spec!r}")
-    target: Any = importlib.import_module(module_name)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError:
+        raise
+    except Exception as err:
+        # A mistake in the app's own file (a SyntaxError, a NameError at module level): where it is, in one line,
+        # not a traceback through importlib.
+        raise ImportError(f"{module_name} failed to import: {where_raised(err)}") from None
     for part in attr.split("."):
         target = getattr(target, part)
     return make_app(target, spec)
+
+
+def where_raised(err: BaseException) -> str:
+    """``SyntaxError at app.py:3: invalid syntax``: the error's class, the file and line it comes from (for a
+    SyntaxError, the line it is about; else the innermost frame of its traceback), and its message."""
+    if isinstance(err, SyntaxError):
+        file, line, message = err.filename, err.lineno, err.msg
+    else:
+        frames = traceback.extract_tb(err.__traceback__)
+        file, line = (frames[-1].filename, frames[-1].lineno) if frames else (None, None)
+        message = str(err)
+    at = f" at {file}:{line}" if file else ""
+    return f"{type(err).__name__}{at}: {message}"
 
 
 def make_app(target: Any, name: str) -> RebaserApp:

@@ -40,6 +40,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.app.calls import apply_request
+from rebaser_server.changeset.app_failures import app_failures
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.outcome import LeaseLost, PauseNow, Retry, Wedged
 from rebaser_server.changeset.replies import UNCHECKED, Unchecked
@@ -214,6 +215,8 @@ class RequestHandler:
             raise
         except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
             attempts = record.attempts.get(rid, 0) + 1
+            if not isinstance(err, Wedged):  # a wedged step is logged where the watchdog finds it
+                app_failures.failed(self._change_set, rid, attempts, self._max_attempts, err)
             if attempts < self._max_attempts:
                 # Not its sequence: the failed request must stay in the stream, first in line.
                 counted = replace(record, attempts={**record.attempts, rid: attempts})

@@ -12,6 +12,7 @@ import click
 from pydantic import ValidationError
 
 from rebaser_core.settings import Settings
+from rebaser_server.cli.environment import closest
 
 __all__ = ["CONFIG_PATH", "FILE_SETTINGS", "load_config_file", "settings_from", "tunable"]
 
@@ -57,7 +58,10 @@ def load_config_file(ctx: click.Context, _param: click.Parameter, path: Path | N
         elif name in Settings.model_fields:
             settings[name] = value
         else:
-            raise click.BadParameter(f"unknown key {key!r} in {path}", ctx=ctx, param=_param)
+            guess = closest(name, [*by_flag, *Settings.model_fields])
+            shown = guess.replace("_", "-") if guess and "-" in key else guess  # in the file's own spelling
+            hint = f" (did you mean {shown!r}?)" if shown else ""
+            raise click.BadParameter(f"unknown key {key!r} in {path}{hint}", ctx=ctx, param=_param)
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     ctx.meta[FILE_SETTINGS] = settings
     ctx.meta[CONFIG_PATH] = path

@@ -10,6 +10,8 @@ subcommand are imported when they are used (``scripts/cli_timings.py`` measures 
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ from rebaser_server.cli.config_file import (
     settings_from,
     tunable,
 )
+from rebaser_server.cli.environment import known_variables, unknown_variables
 from rebaser_server.daemon.config import (
     DEFAULT_APP,
     DEFAULT_EMBEDDED_HOST,
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
     from rebaser_server.cli.serve import tune_gc
 
 __all__ = ["main", "serve", "tune_gc"]
+
+log = logging.getLogger(__name__)
 
 # What ``rebaser-server --help`` lists for ``dev-cluster`` without importing it (the first sentence of its help;
 # tests/unit/cli/test_server_command_line.py checks it still is).
@@ -353,6 +358,8 @@ def main(
     from rebaser_server.ops.tracing import TracingError, configure_tracing
 
     configure_logging(log_level, log_format)
+    for line in unknown_variables(os.environ, known_variables(ctx.command)):
+        log.warning("%s", line)  # a misspelled variable would be ignored silently otherwise
     try:
         tracing = configure_tracing()
     except TracingError as err:

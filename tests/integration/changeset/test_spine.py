@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import nats
+import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
@@ -190,6 +192,24 @@ async def test_retryable_failure_still_reaches_caller(
         )
         assert response.ok
         assert daemon.stats.requests_retried == 2 and daemon.stats.tasks_retried == 2
+
+
+async def test_an_app_s_failed_attempt_is_logged_once_at_warning_with_its_traceback(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rebaser_server.changeset.app_failures")
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        response = await client.enqueue_updates_with_reply(
+            wk, cs, [SetLiteral(path="/flaky", value=1)], timeout=20
+        )
+        assert response.ok
+    failures = [r for r in caplog.records if r.name == "rebaser_server.changeset.app_failures"]
+    assert len(failures) == 1, [r.getMessage() for r in failures]  # one failed attempt, said once
+    assert failures[0].levelno == logging.WARNING
+    assert "attempt 1 of 5 (will retry): RetryableError: flaky attempt 1" in failures[0].getMessage()
+    assert failures[0].exc_info is not None  # where in the app: the traceback ends in its file
+    assert "tests/support/apps.py" in caplog.text
 
 
 async def test_request_over_max_attempts_is_dead_lettered(

@@ -27,6 +27,7 @@ from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import Applied, AppState, ChangeSet
+from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
 from tests.support.apps import RecordingApp, applied
 
@@ -262,6 +263,21 @@ async def test_wait_command(
         assert app.dvu_runs[str(ChangeSet(wk, cs))] == 1
         text = await rebaser(nats_url, subject_prefix, "wait", str(wk), str(cs))
         assert text.exit_code == 0 and text.output.startswith("settled: ")
+
+
+async def test_wait_on_a_change_set_nothing_is_known_of_says_so(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
+        wk, cs, fork = WorkspacePk.new(), ChangeSetId.new(), ChangeSetId.new()
+        result = await rebaser(nats_url, subject_prefix, "wait", str(wk), str(cs), "--timeout", "10")
+        assert result.exit_code == 1
+        assert f"nothing is known of change set {cs} in workspace {wk}" in one_line_error(result)
+        # A fork has a record of its own and no request of its own: known, and settled.
+        assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)])).ok
+        await client.fork_change_set(wk, fork, cs)
+        result = await rebaser(nats_url, subject_prefix, "wait", str(wk), str(fork), "--timeout", "10")
+        assert result.exit_code == 0 and result.output.startswith("settled: "), result.output
 
 
 async def test_wait_with_a_timeout_that_is_not_a_number_is_one_line(

@@ -9,9 +9,10 @@ import os
 import signal
 import sys
 
+import pytest
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
 from rebaser_client.watch_cli import event_line
 from rebaser_core.api import ChangeSetEvent
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -113,6 +114,15 @@ async def test_a_follower_that_never_reads_holds_nobody_up(
                 )
             )
         assert all(r.ok for r in replies)
+
+
+async def test_following_a_deployment_without_the_feed_says_what_to_turn_on(client: RebaserClient) -> None:
+    # No daemon has published with the feed on under this prefix: there is no events stream to follow.
+    with pytest.raises(RebaserUnavailable) as raised:
+        async with client.watch(WorkspacePk.new()):
+            pass
+    message = str(raised.value)
+    assert "REBASER_EVENTS=true" in message and "NotFoundError" not in message, message
 
 
 def test_a_line_for_people_names_what_happened() -> None:

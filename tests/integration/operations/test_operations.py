@@ -4,6 +4,7 @@ logs with the request's ids, and one line (no traceback) for the usual mistakes.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -144,10 +145,41 @@ def test_a_bad_config_file_is_one_line(tmp_path: Path, served: list[ServerConfig
     config.write_text("no_such_thing = 1\n")
     result = _run(["--config", str(config)])
     assert result.exit_code != 0 and "unknown key 'no_such_thing'" in _one_line_error(result.output)
+    config.write_text("max_attemtps = 3\n")
+    result = _run(["--config", str(config)])
+    assert "unknown key 'max_attemtps'" in _one_line_error(result.output)
+    assert "(did you mean 'max_attempts'?)" in result.output
+    config.write_text("http-prot = 3\n")  # said in the file's own spelling
+    assert "(did you mean 'http-port'?)" in _one_line_error(_run(["--config", str(config)]).output)
     config.write_text("concurrency = \n")
     result = _run(["--config", str(config)])
     assert result.exit_code != 0 and "not valid TOML" in _one_line_error(result.output)
     assert not served
+
+
+def test_a_misspelled_variable_is_said_at_start_up(
+    served: list[ServerConfig], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    result = _run([], {"REBASER_MAX_ATTEMTPS": "3", "REBASER_CONCURRENCY": "2"})
+    assert result.exit_code == 0, result.output
+    said = [r.getMessage() for r in caplog.records if "REBASER_" in r.getMessage()]
+    assert said == [  # the known one is not said
+        "REBASER_MAX_ATTEMTPS is set but rebaser-server does not read it (did you mean REBASER_MAX_ATTEMPTS?)"
+    ]
+    assert all(r.levelno == logging.WARNING for r in caplog.records if "REBASER_" in r.getMessage())
+    assert served[-1].settings.concurrency == 2
+
+
+async def test_a_misspelled_variable_is_one_line_on_the_daemon_s_output(tmp_path: Path) -> None:
+    # The daemon as an operator starts it: the line is on its output, before it fails to reach NATS.
+    url = f"nats://127.0.0.1:{_free_port()}"
+    env = {"REBASER_MAX_ATTEMTPS": "3"}
+    code, output = await run_daemon(("--nats-url", url, "--http-port", "-1"), tmp_path, "daemon", 30, env=env)
+    assert code != 0
+    said = [line for line in output.splitlines() if "REBASER_MAX_ATTEMTPS" in line]
+    assert len(said) == 1 and "did you mean REBASER_MAX_ATTEMPTS?" in said[0], output
+    assert "Traceback" not in output
 
 
 # -------------------------------------------------------------------------------------------- one-line mistakes

@@ -73,6 +73,15 @@ def test_change_set_show_says_whether_and_why_it_is_paused() -> None:
     assert "paused         with its workspace, for 4m05s (operator: deploying a fix)" in only_workspace
 
 
+def test_a_change_set_no_daemon_holds_shows_its_last_owner_not_an_owner() -> None:
+    # A paused (or idle) change set: no daemon holds it (docs/pausing.md); the record only says who held it last.
+    let_go = _render(fmt.change_set_view(_report(OPERATOR, None)))
+    assert "last owner" in let_go and "d1 (epoch 1)" in let_go
+    held = ChangeSetReport(str(WK), str(CS), _report(None, None).record, "owned", 0, (), 0, now=NOW)
+    shown = _render(fmt.change_set_view(held))
+    assert "owner" in shown and "last owner" not in shown
+
+
 def _status(pauses: tuple[PausedLine, ...], total: int, more: bool = False) -> StatusReport:
     return StatusReport(
         None,
