@@ -32,10 +32,12 @@ def workspaces_json(lines: tuple[WorkspaceLine, ...], total: int, daemons: Daemo
 
 
 def workspaces_view(lines: tuple[WorkspaceLine, ...], total: int, daemons: DaemonsOwned) -> RenderableType:
+    # Owned and waiting come from the daemons' /status: without one read, the columns are left out (not shown as
+    # "?"), and the line under the table says how to have them.
     read = Text(
         f"  owned: as {daemons.read} daemons read say"
         if daemons.known
-        else "  owned and waiting unknown: no daemon read (--daemon-url)"
+        else "  owned and waiting not shown: they come from the daemons; give --daemon-url to read them"
     )
     problems = [Text(f"  {problem}", style="yellow") for problem in daemons.problems]
     if not lines:
@@ -45,14 +47,12 @@ def workspaces_view(lines: tuple[WorkspaceLine, ...], total: int, daemons: Daemo
         + (f" (the {len(lines)} busiest listed)" if len(lines) < total else ""),
         title_justify="left",
     )
-    for column in ("workspace", "owned", "waiting", "change sets with a task", "queued"):
+    columns = ("workspace", "owned", "waiting") if daemons.known else ("workspace",)
+    for column in (*columns, "change sets with a task", "queued"):
         table.add_column(column, justify="left" if column == "workspace" else "right")
     for w in lines:
-        table.add_row(
-            w.workspace_id,
-            "?" if w.owned is None else str(w.owned),
-            "?" if w.waiting is None else str(w.waiting),
-            str(w.tasks),
-            str(w.queued),
-        )
+        owned: tuple[str, ...] = ()
+        if daemons.known:
+            owned = ("?" if w.owned is None else str(w.owned), "?" if w.waiting is None else str(w.waiting))
+        table.add_row(w.workspace_id, *owned, str(w.tasks), str(w.queued))
     return Group(table, read, *problems)

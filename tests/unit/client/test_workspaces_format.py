@@ -55,7 +55,9 @@ def test_without_a_daemon_read_owned_and_waiting_are_unknown() -> None:
     assert data["daemons_read"] == 0
     text = _render(fmt.status_view(report))
     assert "workspaces with work: 3" in text and "busiest listed" not in text
-    assert "owned and waiting unknown: no daemon read (--daemon-url)" in text
+    assert "owned and waiting not shown: they come from the daemons; give --daemon-url to read them" in text
+    header = next(line for line in text.splitlines() if "workspace" in line and "queued" in line)
+    assert "owned" not in header and "waiting" not in header and "?" not in text  # no column of unknowns
 
 
 def test_the_table_lists_the_busiest_and_says_how_many_there_are() -> None:
