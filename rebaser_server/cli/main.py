@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 DEV_CLUSTER_SUMMARY = (
     "Run docker-compose.yml's topology as local processes: 3 NATS nodes and N daemons on 127.0.0.1."
 )
+NEW_APP_SUMMARY = "Write a working app and its tests into a new directory, from the apps guide's example."
 
 
 def run_on_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
@@ -85,18 +86,22 @@ class _Group(click.Group):
     :data:`DEV_CLUSTER_SUMMARY`."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), "dev-cluster"})
+        return sorted({*super().list_commands(ctx), "dev-cluster", "new-app"})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "dev-cluster":
             from rebaser_server.devtools.devcluster import command
 
             return command
+        if cmd_name == "new-app":
+            from rebaser_server.devtools.new_app import command as new_app
+
+            return new_app
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
-            formatter.write_dl([("dev-cluster", DEV_CLUSTER_SUMMARY)])
+            formatter.write_dl([("dev-cluster", DEV_CLUSTER_SUMMARY), ("new-app", NEW_APP_SUMMARY)])
 
 
 def _check_sync(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
@@ -348,7 +353,8 @@ def main(
     OTEL_TRACES_EXPORTER variable asks for it (console, or otlp with the rebaser[otlp] extra; OTEL_SERVICE_NAME,
     OTEL_EXPORTER_OTLP_ENDPOINT, ...).
 
-    ``rebaser-server dev-cluster`` runs a local cluster instead (see its --help).
+    ``rebaser-server dev-cluster`` runs a local cluster instead, ``rebaser-server new-app NAME`` writes an app to
+    start from (see their --help).
     """
     if ctx.invoked_subcommand is not None:
         return  # a subcommand (dev-cluster) takes its own options

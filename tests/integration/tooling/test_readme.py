@@ -52,7 +52,7 @@ INVENTORY: dict[str, list[str]] = {
     ],
     "docs/RELIABILITY.md": ["plain:shown"],
     "docs/capacity.md": ["sh:checked"],
-    "docs/apps.md": ["text:shown", "python:copy", "sh:checked", "sh:checked", "python:copy"],
+    "docs/apps.md": ["sh:checked", "text:shown", "python:copy", "sh:checked", "sh:checked", "python:copy"],
     "docs/client.md": ["python:run", "sh:run"],
     "docs/contributing.md": [],
     "docs/deployment.md": ["sh:checked", "sh:checked", "sh:checked"],

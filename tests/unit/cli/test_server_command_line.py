@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from rebaser_server.cli.config_file import settings_from
-from rebaser_server.cli.main import DEV_CLUSTER_SUMMARY, main
+from rebaser_server.cli.main import DEV_CLUSTER_SUMMARY, NEW_APP_SUMMARY, main
 
 
 def test_help_loads_neither_the_daemon_nor_nats() -> None:
@@ -47,6 +47,14 @@ def test_the_dev_cluster_summary_is_its_help() -> None:
     assert (command.help or "").startswith(DEV_CLUSTER_SUMMARY)
     result = CliRunner().invoke(main, ["dev-cluster", "--help"])
     assert result.exit_code == 0 and "--daemons" in result.output  # imported when asked for
+
+
+def test_the_new_app_summary_is_its_help() -> None:
+    from rebaser_server.devtools.new_app import command
+
+    assert (command.help or "").startswith(NEW_APP_SUMMARY)
+    result = CliRunner().invoke(main, ["new-app", "--help"])
+    assert result.exit_code == 0 and "--dir" in result.output  # imported when asked for
 
 
 def test_the_health_endpoint_defaults_are_the_endpoint_s() -> None:
