@@ -18,11 +18,10 @@ from rebaser_core.settings import Settings
 
 __all__ = ["OTHER_KNOWN", "TOOLING_PREFIXES", "closest", "known_variables", "unknown_variables"]
 
-# Read outside any option: the nats-server binary to run (rebaser_core.embedded), and the `rebaser` command's
-# variables (a shell that runs both often sets them all).
-OTHER_KNOWN = frozenset(
-    {"REBASER_NATS_SERVER", "REBASER_NATS_URL", "REBASER_PREFIX", "REBASER_STREAMS", "REBASER_DAEMON_URLS"}
-)
+# Read outside any option of rebaser-server: the nats-server binary to run (rebaser_core.embedded.binary's
+# ENV_NATS_SERVER, named here because importing it loads the embedded server's modules), and the one variable of
+# the `rebaser` command that no daemon option shares (a shell that runs both often sets them all).
+OTHER_KNOWN = frozenset({"REBASER_NATS_SERVER", "REBASER_DAEMON_URLS"})
 TOOLING_PREFIXES = ("REBASER_TEST_", "REBASER_BENCH_", "REBASER_CHAOS_", "REBASER_POWERLOSS_")
 
 

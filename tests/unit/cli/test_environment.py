@@ -31,6 +31,12 @@ def test_every_option_s_variable_and_every_setting_is_known() -> None:
     assert all(name.startswith("REBASER_") for name in KNOWN)
 
 
+def test_the_nats_server_variable_named_by_hand_is_the_one_the_embedded_server_reads() -> None:
+    from rebaser_core.embedded.binary import ENV_NATS_SERVER
+
+    assert ENV_NATS_SERVER in KNOWN
+
+
 def test_a_misspelled_variable_gets_one_line_with_the_closest_name() -> None:
     environ = {
         "REBASER_MAX_ATTEMTPS": "3",
