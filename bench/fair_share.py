@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _one_run(
-    args: argparse.Namespace, label: str, *, flood: bool, share: bool, log_dir: Path
+    args: argparse.Namespace, label: str, *, flood: bool, share: bool, intake: str, log_dir: Path
 ) -> dict[str, object]:
     prefix = f"fs{os.getpid()}{label[:1]}{int(time.time() * 1000) % 100000}"
     with tempfile.TemporaryDirectory() as store, Processes(log_dir) as procs:
@@ -51,6 +52,7 @@ async def _one_run(
                 "REBASER_CONCURRENCY": str(args.concurrency),
                 "REBASER_QUIESCENT_PERIOD": str(args.quiescent),
                 "REBASER_MAX_OWNED_PER_WORKSPACE": "0" if share else str(args.concurrency),
+                "REBASER_INTAKE": intake,
             }
             daemon = procs.spawn(
                 f"{prefix}-daemon",
@@ -74,7 +76,25 @@ async def _one_run(
             await procs.wait_ready(daemon, "rebaser daemon serving")
             nc = await nats.connect(server.url)
             try:
-                return await _traffic(args, nc, prefix, server.pid or 0, daemon.pid, flood=flood, label=label)
+                flooder = None
+                if flood:
+                    # A's flood comes from a process of its own, as another tenant's would: sending it from this
+                    # process would put B's awaits in the queue of the flood's own event loop.
+                    flooder = procs.spawn(
+                        f"{prefix}-flood",
+                        [
+                            sys.executable,
+                            "-m",
+                            "bench.fair_share",
+                            "--flood-worker",
+                            f"{server.url} {prefix} {args.flood} {args.per}",
+                        ],
+                        dict(os.environ),
+                    )
+                    await procs.wait_ready(flooder, "flooding")
+                return await _traffic(
+                    args, nc, prefix, server.pid or 0, daemon.pid, flooder=flooder, label=label
+                )
             finally:
                 await nc.close()
         finally:
@@ -88,32 +108,25 @@ async def _traffic(
     server_pid: int,
     daemon_pid: int,
     *,
-    flood: bool,
+    flooder: subprocess.Popen[bytes] | None,
     label: str,
 ) -> dict[str, object]:
     client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
-    a, b = WorkspacePk.new(), WorkspacePk.new()
+    b = WorkspacePk.new()
     cpu0 = cpu_seconds(server_pid), cpu_seconds(daemon_pid)
     started = time.monotonic()
 
-    async def send_flood() -> None:
-        change_sets = [ChangeSetId.new() for _ in range(args.flood)]
-        queue = [(cs, n) for n in range(args.per) for cs in change_sets]
-        it = iter(queue)
-
-        async def sender() -> None:
-            for cs, n in it:
-                await client.enqueue_updates(a, cs, [SetLiteral(path="/n", value=n)])
-
-        await asyncio.gather(*(sender() for _ in range(32)))
+    async def flood_sent() -> None:
+        assert flooder is not None
+        code = await asyncio.to_thread(flooder.wait)
+        assert code == 0, f"the flood's process failed ({code})"
 
     async def flood_drained() -> float:
         js = nc.jetstream()
         subjects = Subjects(prefix)
         while True:
-            info = await js.stream_info(
-                subjects.requests_stream, subjects_filter=subjects.requests_of_workspace(a)
-            )
+            info = await js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
+            # Only A's requests are left once B is done.
             if not info.state.subjects and sent.done():
                 return time.monotonic() - started
             await asyncio.sleep(0.2)  # polling the stream: the drain has no event to await
@@ -130,7 +143,8 @@ async def _traffic(
             assert reply.ok, reply
             latencies.append(time.monotonic() - t)
 
-    sent = asyncio.ensure_future(send_flood() if flood else asyncio.sleep(0))
+    flood = flooder is not None
+    sent = asyncio.ensure_future(flood_sent() if flood else asyncio.sleep(0))
     if flood:
         await asyncio.sleep(0.5)  # B starts once the flood is under way (its pacing, not a wait for a result)
     b_sets = [ChangeSetId.new() for _ in range(args.b_change_sets)]
@@ -153,12 +167,41 @@ async def _traffic(
     return result
 
 
+# (label, A floods, the per-daemon share on, intake)
+RUNS = {
+    "alone": ("B alone", False, True, "fifo"),
+    "fifo": ("A + B, fifo, no share", True, False, "fifo"),
+    "share": ("A + B, fifo, share", True, True, "fifo"),
+    "fair-alone": ("B alone, fair intake", False, True, "fair"),
+    "fair": ("A + B, fair intake", True, True, "fair"),
+}
+
+
+async def _flood_worker(spec: str) -> None:
+    """The flood's own process: A's change sets, ``per`` requests each, by 32 senders, not awaited."""
+    url, prefix, count, per = spec.split()
+    nc = await nats.connect(url)
+    client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
+    a = WorkspacePk.new()
+    change_sets = [ChangeSetId.new() for _ in range(int(count))]
+    it = iter([(cs, n) for n in range(int(per)) for cs in change_sets])
+    print("flooding", flush=True)
+
+    async def sender() -> None:
+        for cs, n in it:
+            await client.enqueue_updates(a, cs, [SetLiteral(path="/n", value=n)])
+
+    await asyncio.gather(*(sender() for _ in range(32)))
+    await nc.close()
+
+
 async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
     log_dir = Path(tempfile.mkdtemp(prefix="rebaser-fair-share-"))
-    runs = [("B alone", False, True), ("A + B, no share", True, False), ("A + B, share", True, True)]
-    return [
-        await _one_run(args, label, flood=flood, share=share, log_dir=log_dir) for label, flood, share in runs
-    ]
+    results = []
+    for name in args.runs.split(","):
+        label, flood, share, intake = RUNS[name]
+        results.append(await _one_run(args, label, flood=flood, share=share, intake=intake, log_dir=log_dir))
+    return results
 
 
 def main() -> None:
@@ -171,7 +214,16 @@ def main() -> None:
         "--concurrency", type=int, default=500, help="REBASER_CONCURRENCY (the production default)"
     )
     parser.add_argument("--quiescent", type=float, default=2.0, help="REBASER_QUIESCENT_PERIOD")
+    parser.add_argument(
+        "--runs",
+        default="alone,fifo,share,fair-alone,fair",
+        help=f"which runs, in order, comma-separated: {', '.join(RUNS)}",
+    )
+    parser.add_argument("--flood-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.flood_worker:
+        asyncio.run(_flood_worker(args.flood_worker))
+        return
     results = asyncio.run(main_async(args))
     print("\n| run | B p50 ms | B p99 ms | A drain s | nats-server CPU s | daemon CPU s |")
     print("|---|---|---|---|---|---|")

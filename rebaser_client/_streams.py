@@ -62,8 +62,9 @@ async def show_layout(nc: NatsClient, subjects: Subjects) -> dict[str, Any]:
         "mode": layout.mode,
         "previous": layout.previous,
         "epoch": layout.epoch,
+        "intake": layout.intake,
         "revision": revision,
-        "shards": await shard_report(js, subjects, layout.shards),
+        "shards": await shard_report(js, subjects, layout.shards, intake=layout.intake),
     }
 
 
@@ -90,13 +91,20 @@ async def misplaced(js: JetStreamContext, subjects: Subjects, layout: Layout) ->
     return count
 
 
-async def _clone_shards(js: JetStreamContext, subjects: Subjects, old: int, new: int) -> None:
-    """Create shards old..new-1 as copies of shard 0 (the daemons re-ensure them with their own settings)."""
+async def _clone_shards(
+    js: JetStreamContext, subjects: Subjects, old: int, new: int, *, intake: str = "fifo"
+) -> None:
+    """Create shards old..new-1 as copies of shard 0 (the daemons re-ensure them with their own settings). The fair
+    intake's consumers (one per workspace) are made by the daemons as workspaces have tasks: none is copied."""
     zero = subjects.for_shard(0)
     requests = (await js.stream_info(zero.requests_stream)).config
     tasks = (await js.stream_info(zero.tasks_stream)).config
-    consumer = (await js.consumer_info(zero.tasks_stream, zero.tasks_consumer)).config
-    total = (consumer.max_ack_pending or 1) * old  # shard 0 holds its part of the cluster-wide cap
+    consumer = (
+        (await js.consumer_info(zero.tasks_stream, zero.tasks_consumer)).config if intake == "fifo" else None
+    )
+    total = (
+        (consumer.max_ack_pending if consumer else None) or 1
+    ) * old  # shard 0's part of the cluster-wide cap
     for shard in range(old, new):
         names = subjects.for_shard(shard)
         for config, name, subject in (
@@ -107,6 +115,8 @@ async def _clone_shards(js: JetStreamContext, subjects: Subjects, old: int, new:
                 await js.stream_info(name)
             except NotFoundError:
                 await js.add_stream(dataclasses.replace(config, name=name, subjects=[subject]))
+        if consumer is None:
+            continue
         await js.add_consumer(
             names.tasks_stream,
             dataclasses.replace(
@@ -156,7 +166,7 @@ async def change_streams(
         if layout.streams == streams:
             progress(f"already {streams} streams; nothing to do")
             return layout
-        await _clone_shards(js, subjects, layout.streams, streams)
+        await _clone_shards(js, subjects, layout.streams, streams, intake=layout.intake)
         layout = layout.changed_to(streams)
         revision = await write_layout(await _kv(js, subjects), subjects, layout, revision=revision)
         progress(f"layout: {layout.previous} -> {streams} streams; new requests go to the new shards")

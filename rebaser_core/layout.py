@@ -22,8 +22,10 @@ from typing import Any, Literal
 from rebaser_core.errors import LayoutMismatch
 
 __all__ = [
+    "INTAKES",
     "MAX_STREAMS",
     "AssignmentMode",
+    "Intake",
     "Layout",
     "ordinal_from_hostname",
     "pinned_shards",
@@ -32,6 +34,10 @@ __all__ = [
 
 AssignmentMode = Literal["shared", "pinned"]
 MODES: tuple[AssignmentMode, ...] = ("shared", "pinned")
+# How tasks reach daemons (docs/fair-share.md): "fifo", one consumer per shard shared by every daemon, hands tasks out
+# in the order they came; "fair", one consumer per workspace with tasks, served by every daemon in turns.
+Intake = Literal["fifo", "fair"]
+INTAKES: tuple[Intake, ...] = ("fifo", "fair")
 # A shard is at least two streams and a consumer; far more than the servers of any cluster is only overhead.
 MAX_STREAMS = 64
 _ORDINAL = re.compile(r"-(\d+)$")
@@ -82,12 +88,16 @@ class Layout:
     previous: int | None = None
     # Bumped by every change: lets a watcher tell a new layout from a repeat.
     epoch: int = 0
+    # How tasks reach daemons; a layout written before there was a choice is "fifo".
+    intake: Intake = "fifo"
 
     def __post_init__(self) -> None:
         if not 1 <= self.streams <= MAX_STREAMS:
             raise ValueError(f"streams must be between 1 and {MAX_STREAMS}, got {self.streams}")
         if self.mode not in MODES:
             raise ValueError(f"assignment mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.intake not in INTAKES:
+            raise ValueError(f"intake must be one of {', '.join(INTAKES)}, got {self.intake!r}")
         if self.previous is not None and not 1 <= self.previous <= MAX_STREAMS:
             raise ValueError(f"previous streams must be between 1 and {MAX_STREAMS}, got {self.previous}")
 
@@ -119,7 +129,9 @@ class Layout:
         """The layout once the previous shards have drained."""
         return replace(self, previous=None, epoch=self.epoch + 1)
 
-    def check_flags(self, streams: int | None, mode: AssignmentMode | None, who: str) -> None:
+    def check_flags(
+        self, streams: int | None, mode: AssignmentMode | None, who: str, intake: Intake | None = None
+    ) -> None:
         """A client's or daemon's flags must agree with the cluster's layout: a clear error, never mis-routing."""
         if streams is not None and streams != self.streams:
             raise LayoutMismatch(
@@ -132,11 +144,22 @@ class Layout:
                 f"{who} was started with --assignment {mode} but the cluster's layout says {self.mode}; drop "
                 f"the flag or change the layout with 'rebaser streams set {self.streams} --assignment {mode}'"
             )
+        if intake is not None and intake != self.intake:
+            raise LayoutMismatch(
+                f"{who} was started with --intake {intake} but the cluster's layout says {self.intake}; drop the "
+                f"flag (a deployment's intake is chosen when its layout is created, docs/fair-share.md)"
+            )
 
     # -- the KV value ---------------------------------------------------------------------------------------
     def encode(self) -> bytes:
         return json.dumps(
-            {"streams": self.streams, "mode": self.mode, "previous": self.previous, "epoch": self.epoch},
+            {
+                "streams": self.streams,
+                "mode": self.mode,
+                "previous": self.previous,
+                "epoch": self.epoch,
+                "intake": self.intake,
+            },
             separators=(",", ":"),
         ).encode()
 
@@ -149,6 +172,7 @@ class Layout:
                 mode=raw.get("mode", "shared"),
                 previous=None if raw.get("previous") is None else int(raw["previous"]),
                 epoch=int(raw.get("epoch", 0)),
+                intake=raw.get("intake", "fifo"),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise LayoutMismatch(

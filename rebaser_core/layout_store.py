@@ -18,7 +18,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from rebaser_core.errors import LayoutMismatch
-from rebaser_core.layout import AssignmentMode, Layout
+from rebaser_core.layout import AssignmentMode, Intake, Layout
 from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 
@@ -80,6 +80,7 @@ async def init_layout(
     who: str,
     replicas: int = 1,
     storage: str = "file",
+    intake: Intake | None = None,
 ) -> Layout:
     """The cluster's layout, created from the flags (defaults: 1 stream, shared) if there is none yet; flags that
     disagree with an existing layout raise LayoutMismatch."""
@@ -89,12 +90,17 @@ async def init_layout(
         found = await read_layout(kv, subjects)
         if found is not None:
             layout = found[0]
-            layout.check_flags(streams, mode, who)
+            layout.check_flags(streams, mode, who, intake)
             return layout
-        layout = Layout(streams=streams or 1, mode=mode or "shared")
+        layout = Layout(streams=streams or 1, mode=mode or "shared", intake=intake or "fifo")
         try:
             await kv.create(subjects.layout_key, layout.encode())
-            log.info("created the shard layout: %d streams, %s", layout.streams, layout.mode)
+            log.info(
+                "created the shard layout: %d streams, %s, %s intake",
+                layout.streams,
+                layout.mode,
+                layout.intake,
+            )
             return layout
         except KeyWrongLastSequenceError:
             continue  # another daemon created it first: read theirs

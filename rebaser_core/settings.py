@@ -94,6 +94,17 @@ class Settings(BaseModel):
         description="shared: every daemon pulls every shard; pinned: daemon i of --daemons R serves shards i, "
         "i+R, ... (none: the layout's, or shared).",
     )
+    intake: Literal["fifo", "fair"] | None = Field(
+        None,
+        description="How tasks reach daemons: fifo, one consumer per shard hands them out in the order they came; "
+        "fair, one consumer per workspace with tasks, the workspaces served in turns (docs/fair-share.md). Chosen "
+        "when the layout is created (none: the layout's, or fifo).",
+    )
+    workspace_weights: tuple[tuple[str, int], ...] = Field(
+        (),
+        description="Fair intake: a workspace's share of the tasks taken while others wait, relative to the "
+        "default 1 (REBASER_WORKSPACE_WEIGHTS=wk1=4,wk2=2).",
+    )
     daemons: int | None = Field(None, ge=1, description="Pinned mode: how many daemons share the shards (R).")
     replica_index: int | None = Field(
         None,
@@ -263,6 +274,32 @@ class Settings(BaseModel):
     @classmethod
     def _check_prefix(cls, value: str | None) -> str | None:
         return validate_prefix(value)
+
+    @field_validator("workspace_weights", mode="before")
+    @classmethod
+    def _parse_weights(cls, value: object) -> object:
+        # From REBASER_WORKSPACE_WEIGHTS ("wk1=4,wk2=2"), or a config file's table {wk1 = 4}: pairs, upper-case ids.
+        if isinstance(value, str):
+            pairs = []
+            for item in value.replace(",", " ").split():
+                workspace, sep, weight = item.partition("=")
+                if not sep or not weight.strip().isdigit():
+                    raise ValueError(f"a workspace weight is <workspace>=<whole number>, not {item!r}")
+                pairs.append((workspace.strip(), int(weight)))
+            value = pairs
+        if isinstance(value, dict):
+            value = list(value.items())
+        if isinstance(value, (list, tuple)):
+            return tuple(sorted((str(wk).upper(), weight) for wk, weight in value))
+        return value
+
+    @field_validator("workspace_weights")
+    @classmethod
+    def _check_weights(cls, value: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        for workspace, weight in value:
+            if not 1 <= weight <= 1000:
+                raise ValueError(f"workspace {workspace}'s weight must be between 1 and 1000, got {weight}")
+        return value
 
     @field_validator("nats_monitoring_urls", mode="before")
     @classmethod

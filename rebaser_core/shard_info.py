@@ -50,14 +50,21 @@ def shard_facts(shard: int, requests: Any, consumer: Any, tasks: Any = None) -> 
     }
 
 
-async def shard_report(js: JetStreamContext, subjects: Subjects, shards: range) -> list[dict[str, Any]]:
-    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``)."""
+async def _nothing() -> None:
+    return None
+
+
+async def shard_report(
+    js: JetStreamContext, subjects: Subjects, shards: range, *, intake: str = "fifo"
+) -> list[dict[str, Any]]:
+    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``). The fair
+    intake has no shared tasks consumer: its consumer facts are ``None``."""
 
     async def one(shard: int) -> dict[str, Any]:
         names = subjects.for_shard(shard)
         calls = await asyncio.gather(
             js.stream_info(names.requests_stream),
-            js.consumer_info(names.tasks_stream, names.tasks_consumer),
+            js.consumer_info(names.tasks_stream, names.tasks_consumer) if intake == "fifo" else _nothing(),
             js.stream_info(names.tasks_stream),
             return_exceptions=True,
         )

@@ -15,6 +15,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from rebaser_core.ids import WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 
@@ -29,10 +30,16 @@ __all__ = [
     "split",
     "tasks_consumer_config",
     "tasks_stream_config",
+    "workspace_tasks_consumer_config",
 ]
 
 # Ordered consumers of change sets that are being released or taken over overlap for a moment; leave room.
 _CONSUMER_HEADROOM = 64
+# Fair intake: the tasks stream holds one consumer per workspace with tasks (and for WORKSPACE_CONSUMER_IDLE after).
+_MAX_WORKSPACE_CONSUMERS = 100_000
+# Fair intake: a workspace's consumer outlives its last pull by this long, so a workspace that comes back within it
+# pays no consumer creation (a few ms on nats-server with thousands of consumers, docs/capacity.md).
+WORKSPACE_CONSUMER_IDLE = 600.0
 
 
 def _storage(settings: Settings) -> js_api.StorageType:
@@ -104,7 +111,10 @@ def requests_stream_config(settings: Settings, shard: int = 0, streams: int = 1)
 
 
 def tasks_stream_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.StreamConfig:
-    """``REBASER_TASKS``: a work queue holding at most one task (one owner) per change set."""
+    """``REBASER_TASKS``: a work queue holding at most one task (one owner) per change set.
+
+    ``max_consumers`` is set for the fair intake's consumer per workspace (nats-server caps a stream at 1,000
+    otherwise); the fifo intake uses one."""
     subjects = settings.subjects.for_shard(shard)
     return js_api.StreamConfig(
         name=subjects.tasks_stream,
@@ -114,6 +124,7 @@ def tasks_stream_config(settings: Settings, shard: int = 0, streams: int = 1) ->
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=True,
         max_msgs_per_subject=1,
+        max_consumers=_MAX_WORKSPACE_CONSUMERS,
         storage=_storage(settings),
         num_replicas=settings.replicas,
         duplicate_window=settings.duplicate_window,
@@ -182,6 +193,30 @@ def tasks_consumer_config(settings: Settings, shard: int = 0, streams: int = 1) 
     )
 
 
+def workspace_tasks_consumer_config(
+    settings: Settings, workspace_id: WorkspacePk, shard: int = 0, streams: int = 1
+) -> js_api.ConsumerConfig:
+    """Fair intake: the durable pull consumer of one workspace's tasks in one shard, shared by every daemon.
+
+    The same as the shared consumer (a task is a lock: explicit ack, ``max_deliver`` unlimited, the lease's
+    ``ack_wait``) but filtered to the workspace, so its tasks wait in a queue of their own. Made when the workspace
+    first has a task to take, deleted by nats-server :data:`WORKSPACE_CONSUMER_IDLE` after its last pull (daemons
+    pull it while any of its tasks is held: rebaser_server.daemon.fair_intake)."""
+    subjects = settings.subjects.for_shard(shard)
+    return js_api.ConsumerConfig(
+        durable_name=subjects.workspace_tasks_consumer(workspace_id),
+        description="rebaser: one workspace's tasks, shared by all daemons",
+        filter_subject=subjects.tasks_of_workspace(workspace_id),
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=settings.consumer_ack_wait,
+        max_deliver=-1,
+        max_ack_pending=split(settings.max_active_change_sets, streams),
+        inactive_threshold=WORKSPACE_CONSUMER_IDLE,
+        num_replicas=settings.replicas,
+    )
+
+
 async def _ensure_stream(js: JetStreamContext, config: js_api.StreamConfig) -> None:
     assert config.name is not None
     try:
@@ -196,7 +231,8 @@ async def _ensure_stream(js: JetStreamContext, config: js_api.StreamConfig) -> N
 async def ensure_shard(
     js: JetStreamContext, settings: Settings, shard: int, streams: int, *, consumer: bool = True
 ) -> None:
-    """Create or update one shard's requests and tasks streams and (with ``consumer``) its tasks consumer."""
+    """Create or update one shard's requests and tasks streams and (with ``consumer``: the fifo intake) its tasks
+    consumer."""
     await _ensure_stream(js, requests_stream_config(settings, shard, streams))
     await _ensure_stream(js, tasks_stream_config(settings, shard, streams))
     if consumer:

@@ -161,6 +161,11 @@ class Subjects:
     def tasks_consumer(self) -> str:
         return TASKS_CONSUMER
 
+    @staticmethod
+    def workspace_tasks_consumer(workspace_id: WorkspacePk) -> str:
+        """Fair intake: the durable consumer of one workspace's tasks (in its shard's tasks stream)."""
+        return f"{TASKS_CONSUMER}-{workspace_id}"
+
     # -- stream subject filters -----------------------------------------------------------------
     @property
     def requests_all(self) -> str:
@@ -199,6 +204,10 @@ class Subjects:
     def requests_of_workspace(self, workspace_id: WorkspacePk) -> str:
         """The filter of every change set's requests of one workspace (in this shard)."""
         return f"{self._requests_head}{workspace_id}.*"
+
+    def tasks_of_workspace(self, workspace_id: WorkspacePk) -> str:
+        """Fair intake: the filter of one workspace's consumer, every change set's task of it (in this shard)."""
+        return f"{self._tasks_head}{workspace_id}.*.process"
 
     def task(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return f"{self._tasks_head}{workspace_id}.{change_set_id}.process"

@@ -369,13 +369,25 @@ class ChangeSetProcessor:
             self._finish(Outcome.WEDGED, reason="handler_deadline exceeded")
             self._steps.cancel(Wedged)
             return False
+        self.nudge(now)
+        return True
+
+    def nudge(self, now: float) -> bool:
+        """Let go now if this change set is idle enough to give way and its workspace gives way (the watchdog asks at
+        every pass; the fair intake asks at once when a workspace waits for a slot of a full daemon). Whether it
+        will."""
         if (
             self._wake is not None
-            and may_give_way(now - self._activity.last, caught_up=self._caught_up)
+            and may_give_way(
+                now - self._activity.last,
+                caught_up=self._caught_up,
+                pressure_quiet=self._owning.placement.give_way.quiet,
+            )
             and self._giving_way()
         ):
             self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
-        return True
+            return True
+        return False
 
     def _giving_way(self) -> bool:
         """Others wait for a slot (the daemon is full) and this change set's workspace is one that gives way now (the
@@ -412,6 +424,7 @@ class ChangeSetProcessor:
                 caught_up=self._caught_up,
                 giving_way=self._caught_up and self._giving_way(),
                 request_in_hand=self._request_lock.locked(),
+                pressure_quiet=self._owning.placement.give_way.quiet,
             )
             if step.release is not None:
                 self._finish(Outcome.RELEASED, reason=step.release)

@@ -201,6 +201,16 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     "(default: the layout's, else shared).",
 )
 @click.option(
+    "--intake",
+    type=click.Choice(["fifo", "fair"]),
+    default=None,
+    envvar="REBASER_INTAKE",
+    show_envvar=True,
+    help="How tasks reach daemons: fifo, in the order they came; fair, each workspace's in a queue of its own, the "
+    "workspaces served in turns (docs/fair-share.md). Chosen when the layout is created (default: the layout's, "
+    "else fifo).",
+)
+@click.option(
     "--daemons",
     type=click.IntRange(1),
     default=None,
@@ -327,6 +337,7 @@ def main(
     app_spec: str,
     streams: int | None,
     assignment: str | None,
+    intake: str | None,
     daemons: int | None,
     replica_index: int | None,
     concurrency: int,
@@ -376,6 +387,7 @@ def main(
         prefix=prefix,
         streams=streams,
         assignment=assignment,
+        intake=intake,
         daemons=daemons,
         replica_index=replica_index,
         concurrency=concurrency,

@@ -37,6 +37,7 @@ from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
+from rebaser_server.daemon.fair_intake import FairIntake
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
@@ -156,6 +157,7 @@ class Daemon:
         self._app_stopping = False  # shutdown has come to stopping the app (see _start_app)
         # One pull loop (_pull) per served shard: rebaser_server.daemon.shards.
         self.shards = ShardPullers(nats, settings, placement, self._pull, expires=_FETCH_TIMEOUT)
+        self.intakes: dict[int, FairIntake] = {}  # the fair intake's, per served shard
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(
@@ -307,7 +309,25 @@ class Daemon:
                 await owning.app.stop()
 
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
-        """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard."""
+        """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard. With the fair
+        intake, the shard's workspaces are served in turns instead (fair_intake.py)."""
+        owning = self._owning
+        if owning.placement.layout.intake == "fair":
+            intake = FairIntake(
+                owning.nats,
+                owning.settings,
+                owning.placement,
+                subjects,
+                self._owned,
+                self._admission,
+                stopping=lambda: self._stopping,
+            )
+            self.intakes[subjects.shard] = intake
+            try:
+                await intake.run()
+            finally:
+                self.intakes.pop(subjects.shard, None)
+            return
         settings, give_way = self._owning.settings, self._owning.placement.give_way
         while not self._stopping:
             free = settings.concurrency - len(self._owned)
@@ -387,6 +407,7 @@ class Daemon:
                 owning.settings,
                 shards=owning.placement.layout.shards,
                 streams=owning.placement.layout.streams,
+                consumer=owning.placement.layout.intake == "fifo",
             )
             await owning.store.open()
             await self._reader.open()

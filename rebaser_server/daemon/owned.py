@@ -64,7 +64,11 @@ class OwnedChangeSets:
             await asyncio.wait(set(self._tasks), timeout=timeout)
         return len(self._tasks)
 
-    async def take(self, msg: Msg, pulled_at: float, subjects: Subjects) -> None:
+    async def take(
+        self, msg: Msg, pulled_at: float, subjects: Subjects, *, share_checked: bool = False
+    ) -> None:
+        """Own the change set of task delivery ``msg``. ``share_checked``: the fair intake chose the task with the
+        workspace's share in mind (turns.py); else a workspace at its share hands it back with a delay."""
         try:
             parsed = subjects.parse_task(msg.subject)
         except InvalidSubject as err:
@@ -79,7 +83,7 @@ class OwnedChangeSets:
             with contextlib.suppress(Exception):
                 await msg.nak()
             return
-        if self.fair.must_wait(parsed.workspace_id):
+        if not share_checked and self.fair.must_wait(parsed.workspace_id):
             # Its workspace has its share here: back to the stream, not lost, tried again after a delay (growing with
             # each delivery), while other workspaces' tasks are taken meanwhile.
             settings = self._owning.settings

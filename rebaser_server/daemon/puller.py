@@ -24,7 +24,7 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-__all__ = ["PullRefused", "TaskPuller"]
+__all__ = ["NoConsumer", "PullRefused", "TaskPuller"]
 
 # Pulls given up locally (no status message in time) keep their subscription for late deliveries; at most this
 # many. A delivery to a pull no longer listened to is redelivered after ack_wait, like any unacked task.
@@ -35,12 +35,17 @@ _STATUS = "Status"
 
 # (delivery or None for "this pull has ended", the pull's send time, the pull's number, why it ended)
 _Item = tuple[Msg | None, float, int, str]
-# A pull that simply expired, or was fulfilled: anything else (409 consumer deleted, 503 no JetStream) is trouble.
-_ENDED = ("408", "complete")
+# A pull that simply expired, was fulfilled, or (no_wait) found nothing more: anything else (409 consumer deleted,
+# 503 no consumer or no JetStream) is trouble.
+_ENDED = ("408", "complete", "404")
 
 
 class PullRefused(Exception):
     """The server refused or ended a pull with a status other than an expiry (consumer deleted, no JetStream)."""
+
+
+class NoConsumer(PullRefused):
+    """Nobody answered the pull (status 503): the consumer does not exist (or JetStream is not there)."""
 
 
 class TaskPuller:
@@ -67,10 +72,14 @@ class TaskPuller:
                 msgs.append(msg)
         return msgs
 
-    async def pull(self, batch: int) -> AsyncIterator[tuple[Msg, float]]:
+    async def pull(
+        self, batch: int, *, no_wait: bool = False, expires: float | None = None
+    ) -> AsyncIterator[tuple[Msg, float]]:
         """Send one pull request for up to ``batch`` tasks; yield ``(task, pulled_at)`` as each arrives, until the
-        batch is complete or the pull expired. ``pulled_at`` is the monotonic send time of the pull the task
-        answers (a late delivery of an earlier pull carries that pull's time)."""
+        batch is complete or the pull expired (``no_wait``: until what is there now was delivered). ``pulled_at`` is
+        the monotonic send time of the pull the task answers (a late delivery of an earlier pull carries that
+        pull's time)."""
+        expires = self._expires if expires is None else expires
         self._pulls += 1
         number, sent = self._pulls, time.monotonic()
         sub = await self._subscribe(number, sent, batch)
@@ -78,9 +87,12 @@ class TaskPuller:
         while len(self._lingering) > _LINGERING_PULLS:
             _, oldest = self._lingering.popitem(last=False)
             await oldest.unsubscribe()
-        request = {"batch": batch, "expires": int(self._expires * 1e9)}
+        # no_wait alone (no expires): the server answers at once, with what it has and then 404.
+        request: dict[str, Any] = (
+            {"batch": batch, "no_wait": True} if no_wait else {"batch": batch, "expires": int(expires * 1e9)}
+        )
         await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=sub.subject)
-        deadline = sent + self._expires + _STATUS_GRACE
+        deadline = sent + expires + _STATUS_GRACE
         while True:
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -96,7 +108,10 @@ class TaskPuller:
             if ended is not None:
                 await ended.unsubscribe()
             if answers == number:
-                if why.split(" ")[0] not in _ENDED:
+                status = why.split(" ")[0]
+                if status == "503":
+                    raise NoConsumer(f"nobody answered the pull for tasks ({self._next_subject})")
+                if status not in _ENDED:
                     raise PullRefused(f"pull for tasks ended with status {why}")
                 return
 

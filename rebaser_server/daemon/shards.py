@@ -107,9 +107,12 @@ class ShardPullers:
             who="this daemon",
             replicas=settings.replicas,
             storage=settings.storage,
+            intake=settings.intake,
         )
         served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
-        await ensure_streams(js, settings, shards=layout.shards, streams=layout.streams)
+        await ensure_streams(
+            js, settings, shards=layout.shards, streams=layout.streams, consumer=layout.intake == "fifo"
+        )
         self._placement.layout = layout
         return layout
 
@@ -123,7 +126,13 @@ class ShardPullers:
 
     async def _on_change(self, _old: Layout, new: Layout) -> None:
         try:
-            await ensure_streams(self._nats.js, self._settings, shards=new.shards, streams=new.streams)
+            await ensure_streams(
+                self._nats.js,
+                self._settings,
+                shards=new.shards,
+                streams=new.streams,
+                consumer=new.intake == "fifo",
+            )
         except Exception as err:
             log.warning("ensuring the streams of the new layout failed (%s); serving what exists", err)
         self._placement.layout = new

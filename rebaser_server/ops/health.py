@@ -163,12 +163,16 @@ class StatusReporter:
         calls: dict[str, Awaitable[Any]] = {
             subjects.dead_letter_stream: self._js.stream_info(subjects.dead_letter_stream)
         }
+        # The fair intake has no shared tasks consumer (a consumer per workspace instead): its shards' waiting and
+        # held tasks are not told apart here.
+        shared_consumer = self._layout().intake == "fifo"
         for names in shards:
             calls[names.requests_stream] = self._js.stream_info(names.requests_stream)
             calls[names.tasks_stream] = self._js.stream_info(names.tasks_stream)
-            calls[f"consumer {names.tasks_stream}/{names.tasks_consumer}"] = self._js.consumer_info(
-                names.tasks_stream, names.tasks_consumer
-            )
+            if shared_consumer:
+                calls[f"consumer {names.tasks_stream}/{names.tasks_consumer}"] = self._js.consumer_info(
+                    names.tasks_stream, names.tasks_consumer
+                )
         results = await asyncio.gather(*calls.values(), return_exceptions=True)
         answers = dict(zip(calls, results, strict=True))
         missing = tuple(name for name, r in answers.items() if isinstance(r, NotFoundError))
@@ -179,7 +183,7 @@ class StatusReporter:
         ]
 
         def ok(name: str) -> Any:
-            result = answers[name]
+            result = answers.get(name)
             return None if isinstance(result, BaseException) else result
 
         per_shard = [

@@ -1,0 +1,329 @@
+"""The fair intake of one shard: every workspace's tasks in a queue of their own, the workspaces served in turns.
+
+With the fifo intake one consumer per shard hands tasks out in the order they came, so a newcomer's first task
+waits behind a flood's thousands. Here each workspace with tasks has a durable consumer of its own on the shard's
+tasks stream (filter ``rebaser.tasks.<wk>.*.process``; a work-queue stream accepts several consumers whose filters do
+not overlap), shared by every daemon, and each daemon takes tasks from the workspaces in turns
+(rebaser_server.daemon.turns): the one waiting longest first, a part of the free slots each.
+
+How a daemon knows which workspaces have tasks waiting:
+
+- **published**: it subscribes (plain NATS, no consumer) to the shard's task subjects; a task's publish is seen as
+  it is stored, and its workspace joins the line at once;
+- **found**: every :data:`_DISCOVER_EVERY` seconds, and at start, it reads the workspaces with tasks from the
+  tasks stream's subjects (a publish missed during a reconnect, a daemon started after it);
+- **left over**: a turn that takes a workspace's last waiting task tells (the delivery's pending count) whether
+  more wait.
+
+A task a daemon holds can come back (its holder died or lost its lease) with nobody asking for it: nothing is
+published, and the workspace's queue is empty until the lease runs out. So every workspace whose tasks may be held
+is *watched*: its consumer is asked for what is ready (no wait) every :data:`_WATCH_EVERY` seconds, until its
+consumer says nothing is left (no task waiting, none held). A dead daemon's change sets are then served again
+within ``ack_wait`` plus one look.
+
+The tasks themselves, their leases, and what the daemon does with one are those of the fifo intake
+(rebaser_server.daemon.owned): only the order in which they are taken changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+
+from rebaser_core.errors import InvalidSubject
+from rebaser_core.ids import WorkspacePk
+from rebaser_core.settings import Settings
+from rebaser_core.streams import workspace_tasks_consumer_config
+from rebaser_core.subjects import Subjects
+from rebaser_server.changeset.context import Nats, Placement
+from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, busiest
+from rebaser_server.daemon.admission import Admission
+from rebaser_server.daemon.owned import OwnedChangeSets
+from rebaser_server.daemon.puller import NoConsumer, TaskPuller
+from rebaser_server.daemon.turns import WorkspaceTurns
+from rebaser_server.task.delivery import Delivery
+from rebaser_server.task.handback import hand_back
+
+__all__ = ["FairIntake"]
+
+log = logging.getLogger(__name__)
+
+# The workspaces with tasks are read from the stream this often (the backstop for a publish not seen).
+_DISCOVER_EVERY = 10.0
+# A watched workspace's consumer is asked for tasks that came back this often (a fraction of ack_wait).
+_WATCH_SHARE = 0.5
+# ... and after this many looks that found nothing, whether it still holds any (else it is no longer watched).
+_WATCH_CHECK_AFTER = 4
+# Tasks asked for per turn at most (each handed out as it arrives, see puller.py).
+_TURN_BATCH = 256
+# While every slot is taken and workspaces wait, idle change sets are asked to give way at most this often.
+_NUDGE_EVERY = 0.05
+# One workspace never takes the last 1/_RESERVE of a daemon's slots (5 % at concurrency 500: 25 slots): a newcomer
+# finds a slot at once, not after an idle change set has given way (50 ms of quiet and a release).
+_RESERVE = 20
+# A pull request is answered within this long (the lease's lower bound is its send time: see lease.py).
+_PULL_EXPIRES = 1.0
+_RECONNECT_POLL = 0.1
+
+
+class FairIntake:
+    def __init__(
+        self,
+        nats: Nats,
+        settings: Settings,
+        placement: Placement,
+        subjects: Subjects,
+        owned: OwnedChangeSets,
+        admission: Admission,
+        *,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._nats = nats
+        self._settings = settings
+        self._placement = placement
+        self._subjects = subjects
+        self._owned = owned
+        self._admission = admission
+        self._stopping = stopping
+        self.turns = WorkspaceTurns(settings.workspace_weights)
+        self._watched: dict[WorkspacePk, int] = {}  # workspace -> looks in a row that found nothing
+        self._pullers: dict[WorkspacePk, TaskPuller] = {}
+        self._joined = asyncio.Event()  # a workspace joined the line
+        self._nudged_at = float("-inf")
+        self.created_consumers = 0
+
+    # -- who waits ----------------------------------------------------------------------------------
+    def _join(self, workspace: WorkspacePk) -> None:
+        if self.turns.wait(workspace):
+            self._joined.set()
+
+    async def _on_task(self, msg: Msg) -> None:
+        with contextlib.suppress(InvalidSubject):
+            self._join(self._subjects.parse_task(msg.subject).workspace_id)
+
+    async def _discover(self) -> None:
+        """Every workspace with a task in the stream joins the line (it may be owned: a turn then finds nothing)."""
+        info = await self._nats.js.stream_info(
+            self._subjects.tasks_stream, subjects_filter=self._subjects.tasks_all
+        )
+        for subject in info.state.subjects or {}:
+            with contextlib.suppress(InvalidSubject):
+                self._join(self._subjects.parse_task(subject).workspace_id)
+
+    async def _discover_loop(self) -> None:
+        while not self._stopping():
+            try:
+                await self._discover()
+            except Exception as err:  # NATS trouble: look again next time
+                log.debug("reading the workspaces with tasks failed: %r", err)
+            await asyncio.sleep(_DISCOVER_EVERY)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        nc = self._nats.nc
+        self._placement.give_way.quiet = FAIR_PRESSURE_QUIET
+        self._placement.give_way.busiest_only = True
+        sub = await nc.subscribe(self._subjects.tasks_stream_subject, cb=self._on_task)
+        background = [
+            asyncio.create_task(self._discover_loop(), name=f"fair intake {self._subjects.shard}: discover"),
+            asyncio.create_task(self._watch_loop(), name=f"fair intake {self._subjects.shard}: watch"),
+        ]
+        try:
+            await self._serve()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            for puller in self._pullers.values():
+                with contextlib.suppress(Exception):
+                    await puller.stop()
+
+    async def _serve(self) -> None:
+        settings, give_way = self._settings, self._placement.give_way
+        while not self._stopping():
+            free = settings.concurrency - len(self._owned)
+            if free <= 0:
+                # Every slot taken: while workspaces wait, idle change sets (the busiest workspaces' first) give way
+                # at once, so a newcomer does not wait a quiet period for a slot (quiet.GiveWay).
+                owned = self._owned.fair.by_workspace
+                if self._newcomer_waits(owned):
+                    give_way.press(owned, time.monotonic())
+                    self._nudge()
+                else:
+                    give_way.ease()
+                await self._wait()
+                continue
+            give_way.ease()
+            room = self._admission.room()
+            if room <= 0:
+                await self._wait()
+                continue
+            if not self._nats.nc.is_connected:
+                await asyncio.sleep(_RECONNECT_POLL)
+                continue
+            workspace = self.turns.next(self._at_share, eligible=self._below_reserve)
+            if workspace is None:
+                await self._wait()
+                continue
+            batch = min(self.turns.part(workspace, free), room, _TURN_BATCH, self._room_for(workspace))
+            try:
+                more = await self._take_from(workspace, batch)
+            except Exception as err:
+                if self._stopping():
+                    break
+                log.warning("taking tasks of workspace %s failed (%r); trying again", workspace, err)
+                self._join(workspace)
+                await asyncio.sleep(_PULL_EXPIRES)
+                continue
+            if more:
+                self._join(workspace)
+            else:
+                self._watched.setdefault(workspace, 0)
+
+    def _newcomer_waits(self, owned: Mapping[WorkspacePk, int]) -> bool:
+        """Whether a workspace waits that is not among the busiest here: only then do idle change sets give way (a
+        flood waiting for its own slots waits for its change sets' quiet periods, as it would alone)."""
+        if not self.turns:
+            return False
+        first = busiest(owned)
+        return any(workspace not in first for workspace in self.turns.waiting)
+
+    def _room_for(self, workspace: WorkspacePk) -> int:
+        """Slots ``workspace`` may take: all but the :data:`_RESERVE` part of the daemon kept for the others."""
+        limit = self._settings.concurrency - self._settings.concurrency // _RESERVE
+        return limit - self._owned.fair.by_workspace[workspace]
+
+    def _below_reserve(self, workspace: WorkspacePk) -> bool:
+        return self._room_for(workspace) > 0
+
+    def _at_share(self, workspace: WorkspacePk) -> bool:
+        fair = self._owned.fair
+        return fair.by_workspace[workspace] >= fair.share * self.turns.weight(workspace)
+
+    async def _wait(self) -> None:
+        """Until a slot frees, a workspace joins the line, or a second passes."""
+        self._joined.clear()
+        joined = asyncio.ensure_future(self._joined.wait())
+        freed = asyncio.ensure_future(self._admission.wait())
+        try:
+            await asyncio.wait({joined, freed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            joined.cancel()
+            freed.cancel()
+
+    def _nudge(self) -> None:
+        now = time.monotonic()
+        if now - self._nudged_at < _NUDGE_EVERY:
+            return
+        self._nudged_at = now
+        for processor in self._owned.processors():
+            processor.nudge(now)
+
+    # -- taking -------------------------------------------------------------------------------------
+    def _puller(self, workspace: WorkspacePk) -> TaskPuller:
+        puller = self._pullers.get(workspace)
+        if puller is None:
+            consumer = self._subjects.workspace_tasks_consumer(workspace)
+            puller = TaskPuller(self._nats.nc, self._subjects.tasks_stream, consumer, expires=_PULL_EXPIRES)
+            self._pullers[workspace] = puller
+        return puller
+
+    async def _take_from(self, workspace: WorkspacePk, batch: int) -> bool:
+        """Take up to ``batch`` tasks of ``workspace`` that are ready now (its consumer made if it has none);
+        whether more are ready."""
+        try:
+            return (await self._pull_ready(workspace, batch))[1]
+        except NoConsumer:
+            await self._create_consumer(workspace)
+            return (await self._pull_ready(workspace, batch))[1]
+
+    async def _create_consumer(self, workspace: WorkspacePk) -> None:
+        layout = self._placement.layout
+        config = workspace_tasks_consumer_config(
+            self._settings, workspace, self._subjects.shard, max(layout.streams, 1)
+        )
+        await self._nats.js.add_consumer(self._subjects.tasks_stream, config)
+        self.created_consumers += 1
+
+    async def _pull_ready(self, workspace: WorkspacePk, batch: int) -> tuple[int, bool]:
+        """Take what ``workspace``'s consumer has ready now, up to ``batch``: how many, and whether more wait (a
+        full batch whose last delivery says more are pending)."""
+        got, pending = 0, 0
+        async for msg, pulled_at in self._puller(workspace).pull(batch, no_wait=True):
+            got += 1
+            pending = Delivery.of(msg).num_pending
+            await self._take(msg, pulled_at)
+        return got, got >= batch and pending > 0
+
+    async def _take(self, msg: Msg, pulled_at: float) -> None:
+        if self._stopping() or len(self._owned) >= self._settings.concurrency:
+            # Beyond our free slots (the watch and a turn both took one): straight back for another daemon.
+            with contextlib.suppress(Exception):
+                await hand_back(self._nats.nc, msg)
+            return
+        await self._owned.take(msg, pulled_at, self._subjects, share_checked=True)
+
+    # -- watching held tasks ------------------------------------------------------------------------
+    async def _watch_loop(self) -> None:
+        period = _WATCH_SHARE * self._settings.consumer_ack_wait
+        while not self._stopping():
+            await asyncio.sleep(period)
+            for workspace in list(self._watched):
+                if self._stopping():
+                    return
+                if len(self._owned) >= self._settings.concurrency or not self._nats.nc.is_connected:
+                    break  # no slot to take a task that came back into: the next look
+                try:
+                    await self._look(workspace)
+                except Exception as err:
+                    log.debug("looking at workspace %s's held tasks failed: %r", workspace, err)
+
+    async def _look(self, workspace: WorkspacePk) -> None:
+        """Take what came back of ``workspace``'s tasks; stop watching it once nothing is left."""
+        free = self._settings.concurrency - len(self._owned)
+        try:
+            got, more = await self._pull_ready(workspace, max(1, min(free, _TURN_BATCH)))
+        except NoConsumer:
+            self._unwatch(workspace)  # deleted after being idle: nothing of it was held
+            return
+        if more:
+            self._join(workspace)
+        if got:
+            self._watched[workspace] = 0
+            return
+        self._watched[workspace] = looks = self._watched.get(workspace, 0) + 1
+        if looks < _WATCH_CHECK_AFTER:
+            return
+        self._watched[workspace] = 0
+        try:
+            info = await self._nats.js.consumer_info(
+                self._subjects.tasks_stream, self._subjects.workspace_tasks_consumer(workspace)
+            )
+        except NotFoundError:
+            self._unwatch(workspace)
+            return
+        except (TimeoutError, nats.errors.Error):
+            return
+        if info.num_pending:
+            self._join(workspace)
+        if not info.num_pending and not info.num_ack_pending:
+            self._unwatch(workspace)
+
+    def _unwatch(self, workspace: WorkspacePk) -> None:
+        self._watched.pop(workspace, None)
+        if workspace not in self.turns:
+            # Dropped, not stopped: a turn may be pulling with it now (a pull's subscription ends with the pull).
+            self._pullers.pop(workspace, None)
+
+    @property
+    def watched(self) -> int:
+        return len(self._watched)

@@ -1,0 +1,150 @@
+"""The fair intake against a real nats-server: each workspace's tasks in a consumer of their own, served in turns.
+
+A newcomer is served while a flood's backlog still waits, without waiting for the flood's change sets to let go;
+every request is still applied once and in order, across daemons; a killed daemon's change sets come back to a
+peer; and a layout's intake is fixed when the layout is made."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.errors import LayoutMismatch
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.streams import ensure_streams
+from rebaser_core.testing import wait_for
+from rebaser_server.app import ChangeSet
+from rebaser_server.testing import fast_settings, running_daemon
+from tests.support.apps import RecordingApp
+from tests.support.daemons import daemon_processes, spawn_daemon
+
+
+async def _tasks(nc: NatsClient, stream: str) -> int:
+    return (await nc.jetstream().stream_info(stream)).state.messages
+
+
+async def test_a_newcomer_is_served_while_a_flood_still_waits_and_nothing_of_the_flood_lets_go(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # Twenty slots, a quiet period far longer than the test: nothing lets go by itself. The flood's 40 change sets
+    # are queued before the daemon starts (found in the stream, not seen published). With one consumer in stream
+    # order the newcomer's task would wait behind the 21 the daemon cannot take, until some of the flood gave way.
+    settings = fast_settings(subject_prefix, concurrency=20, quiescent_period=300, intake="fair")
+    await ensure_streams(nc.jetstream(), settings, consumer=False)
+    flood, newcomer = WorkspacePk.new(), WorkspacePk.new()
+    for _ in range(40):
+        await client.enqueue_updates(flood, ChangeSetId.new(), [SetLiteral(path="/n", value=1)])
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        # The flood takes every slot but the one kept for others (a twentieth of them).
+        await wait_for(
+            lambda: daemon.owned_by_workspace.get(str(flood)) == 19,
+            timeout=30,
+            message="the flood's change sets owned",
+        )
+        reply = await client.enqueue_updates_with_reply(
+            newcomer, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+        )
+        assert reply.ok, reply
+        assert daemon.stats.tasks_released == 0  # nobody had to let go for it
+        assert daemon.owned_by_workspace == {str(flood): 19, str(newcomer): 1}
+        assert await _tasks(nc, settings.subjects.tasks_stream) == 41  # the flood's 21 still wait
+
+
+async def test_a_full_daemon_lets_the_busiest_workspaces_idle_change_set_go_for_a_newcomer(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # Four slots (too few for a reserve): the flood fills them, and its waiting tasks do not make its own change sets
+    # let go; a newcomer's task does, within the test although the quiet period is five minutes.
+    settings = fast_settings(subject_prefix, concurrency=4, quiescent_period=300, intake="fair")
+    flood, newcomer = WorkspacePk.new(), WorkspacePk.new()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        for _ in range(10):
+            await client.enqueue_updates(flood, ChangeSetId.new(), [SetLiteral(path="/n", value=1)])
+        await wait_for(
+            lambda: daemon.owned_by_workspace.get(str(flood)) == 4 and daemon.stats.requests_applied == 4,
+            timeout=30,
+            message="the flood owns every slot",
+        )
+        assert daemon.stats.tasks_released == 0  # its own waiting tasks do not make it give way
+        reply = await client.enqueue_updates_with_reply(
+            newcomer, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+        )
+        assert reply.ok, reply
+        assert daemon.owned_by_workspace.get(str(newcomer)) == 1
+        assert daemon.stats.tasks_released >= 1  # the flood's idle change set gave way
+
+
+async def test_every_request_is_applied_once_and_in_order_across_two_fair_daemons(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, concurrency=6, intake="fair")
+    workspaces = [WorkspacePk.new() for _ in range(4)]
+    change_sets = [(wk, ChangeSetId.new()) for wk in workspaces for _ in range(3)]
+    first_app, second_app = RecordingApp(), RecordingApp()
+    async with (
+        running_daemon(nc, settings, first_app) as daemon,
+        running_daemon(nc, settings, second_app),
+    ):
+
+        async def caller(wk: WorkspacePk, cs: ChangeSetId) -> list[str]:
+            ids = []
+            for n in range(8):
+                reply = await client.enqueue_updates_with_reply(
+                    wk, cs, [SetLiteral(path="/n", value=n)], timeout=30
+                )
+                assert reply.ok, reply
+                ids.append(str(reply.id))  # a reply carries its request's id
+            return ids
+
+        sent = await asyncio.gather(*(caller(wk, cs) for wk, cs in change_sets))
+        for (wk, cs), ids in zip(change_sets, sent, strict=True):
+            record = await daemon.store.read(ChangeSet(wk, cs))
+            assert record is not None and record.state["applied"] == ids  # once each, in the order sent
+    assert not first_app.overlaps and not second_app.overlaps
+
+
+async def test_a_killed_daemons_change_sets_are_served_by_a_peer(
+    nc: NatsClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    # Nobody publishes anything when a daemon dies: the peer finds the change sets by watching the workspace's
+    # consumer while its tasks are held.
+    env = {
+        "REBASER_STORAGE": "memory",
+        "REBASER_INTAKE": "fair",
+        "REBASER_ACK_WAIT": "2",
+        "REBASER_PROGRESS_PERIOD": "0.5",
+        "REBASER_QUIESCENT_PERIOD": "300",
+    }
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, change_sets = WorkspacePk.new(), [ChangeSetId.new() for _ in range(3)]
+    async with daemon_processes() as procs:
+        first = await spawn_daemon(nats_url, subject_prefix, tmp_path, env, "a")
+        procs.append(first)
+        for cs in change_sets:  # owned by the first daemon, idle, for minutes
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/n", value=1)], timeout=20
+            )
+            assert reply.ok, reply
+        second = await spawn_daemon(nats_url, subject_prefix, tmp_path, env, "b")
+        procs.append(second)
+        first.kill()
+        await first.wait(10)
+        for cs in change_sets:
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/n", value=2)], timeout=30
+            )
+            assert reply.ok, reply
+
+
+async def test_a_daemon_asking_for_another_intake_than_the_layouts_is_refused(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
+        assert daemon.layout.intake == "fifo"
+    with pytest.raises(LayoutMismatch, match="--intake fair"):
+        async with running_daemon(nc, fast_settings(subject_prefix, intake="fair"), RecordingApp()):
+            pass
