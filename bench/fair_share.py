@@ -40,7 +40,14 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _one_run(
-    args: argparse.Namespace, label: str, *, flood: bool, share: bool, intake: str, log_dir: Path
+    args: argparse.Namespace,
+    label: str,
+    *,
+    flood: bool,
+    share: bool,
+    intake: str,
+    log_dir: Path,
+    tenants: bool = False,
 ) -> dict[str, object]:
     prefix = f"fs{os.getpid()}{label[:1]}{int(time.time() * 1000) % 100000}"
     with tempfile.TemporaryDirectory() as store, Processes(log_dir) as procs:
@@ -92,6 +99,8 @@ async def _one_run(
                         dict(os.environ),
                     )
                     await procs.wait_ready(flooder, "flooding")
+                if tenants:
+                    return await _tenants(args, nc, prefix, flooder=flooder, label=label)
                 return await _traffic(
                     args, nc, prefix, server.pid or 0, daemon.pid, flooder=flooder, label=label
                 )
@@ -175,6 +184,54 @@ RUNS = {
     "fair-alone": ("B alone, fair intake", False, True, "fair"),
     "fair": ("A + B, fair intake", True, True, "fair"),
 }
+# The many-tenant scenario (--tenants): the small workspaces alone, then beside the flood.
+TENANT_RUNS = {
+    "tenants-fifo-alone": ("tenants alone, fifo", False, True, "fifo"),
+    "tenants-fifo": ("tenants + A, fifo, share", True, True, "fifo"),
+    "tenants-fair-alone": ("tenants alone, fair intake", False, True, "fair"),
+    "tenants-fair": ("tenants + A, fair intake", True, True, "fair"),
+}
+
+
+async def _tenants(
+    args: argparse.Namespace,
+    nc: nats.NATS,
+    prefix: str,
+    *,
+    flooder: subprocess.Popen[bytes] | None,
+    label: str,
+) -> dict[str, object]:
+    """``--tenants`` small workspaces, the i-th with 1..50 change sets, each change set sent ``--tenant-requests``
+    awaited requests one after the other, all workspaces at once: each workspace's p99 (ms) by its index."""
+    client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
+    if flooder is not None:
+        await asyncio.sleep(0.5)  # the flood is under way (its pacing, not a wait for a result)
+    by_workspace: dict[int, list[float]] = {}
+
+    async def workspace(index: int) -> None:
+        wk = WorkspacePk.new()
+        count = 1 + index * 49 // max(1, args.tenants - 1)
+        latencies = by_workspace.setdefault(index, [])
+
+        async def change_set() -> None:
+            cs = ChangeSetId.new()
+            for n in range(args.tenant_requests):
+                t = time.monotonic()
+                reply = await client.enqueue_updates_with_reply(
+                    wk, cs, [SetLiteral(path="/n", value=n)], timeout=120
+                )
+                assert reply.ok, reply
+                latencies.append(time.monotonic() - t)
+
+        await asyncio.gather(*(change_set() for _ in range(count)))
+
+    await asyncio.gather(*(workspace(i) for i in range(args.tenants)))
+    if flooder is not None:
+        await asyncio.to_thread(flooder.wait)
+    p99 = {i: round(_quantile(v, 0.99) * 1000, 1) for i, v in sorted(by_workspace.items())}
+    result: dict[str, object] = {"run": label, "p99_ms_by_workspace": p99}
+    print(result, flush=True)
+    return result
 
 
 async def _flood_worker(spec: str) -> None:
@@ -199,9 +256,36 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
     log_dir = Path(tempfile.mkdtemp(prefix="rebaser-fair-share-"))
     results = []
     for name in args.runs.split(","):
-        label, flood, share, intake = RUNS[name]
-        results.append(await _one_run(args, label, flood=flood, share=share, intake=intake, log_dir=log_dir))
+        tenants = name in TENANT_RUNS
+        label, flood, share, intake = TENANT_RUNS[name] if tenants else RUNS[name]
+        results.append(
+            await _one_run(
+                args, label, flood=flood, share=share, intake=intake, log_dir=log_dir, tenants=tenants
+            )
+        )
     return results
+
+
+def _tenant_table(results: list[dict[str, object]]) -> None:
+    """Each flooded run's worst ratio of a small workspace's p99 to its p99 in the alone run of the same intake."""
+    by_label = {str(r["run"]): r for r in results}
+    print("\n| intake | small workspaces within 4x alone | worst ratio | worst p99 ms (alone) |")
+    print("|---|---|---|---|")
+    for intake, alone, flooded in (
+        ("fifo", "tenants alone, fifo", "tenants + A, fifo, share"),
+        ("fair", "tenants alone, fair intake", "tenants + A, fair intake"),
+    ):
+        if alone not in by_label or flooded not in by_label:
+            continue
+        base = by_label[alone]["p99_ms_by_workspace"]
+        under = by_label[flooded]["p99_ms_by_workspace"]
+        assert isinstance(base, dict) and isinstance(under, dict)
+        ratios = {i: under[i] / max(base[i], 0.1) for i in base}
+        worst = max(ratios, key=lambda i: ratios[i])
+        within = sum(1 for r in ratios.values() if r <= 4)
+        print(
+            f"| {intake} | {within} of {len(ratios)} | {ratios[worst]:.1f} | {under[worst]} ({base[worst]}) |"
+        )
 
 
 def main() -> None:
@@ -217,14 +301,21 @@ def main() -> None:
     parser.add_argument(
         "--runs",
         default="alone,fifo,share,fair-alone,fair",
-        help=f"which runs, in order, comma-separated: {', '.join(RUNS)}",
+        help=f"which runs, in order, comma-separated: {', '.join([*RUNS, *TENANT_RUNS])}",
     )
+    parser.add_argument("--tenants", type=int, default=49, help="small workspaces of the many-tenant runs")
+    parser.add_argument("--tenant-requests", type=int, default=4, help="awaited requests per change set")
     parser.add_argument("--flood-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flood_worker:
         asyncio.run(_flood_worker(args.flood_worker))
         return
     results = asyncio.run(main_async(args))
+    if any("p99_ms_by_workspace" in r for r in results):
+        _tenant_table(results)
+        results = [r for r in results if "p99_ms_by_workspace" not in r]
+        if not results:
+            return
     print("\n| run | B p50 ms | B p99 ms | A drain s | nats-server CPU s | daemon CPU s |")
     print("|---|---|---|---|---|---|")
     for r in results:

@@ -63,8 +63,9 @@ async def show_layout(nc: NatsClient, subjects: Subjects) -> dict[str, Any]:
         "previous": layout.previous,
         "epoch": layout.epoch,
         "intake": layout.intake,
+        "intake_from": layout.intake_from,
         "revision": revision,
-        "shards": await shard_report(js, subjects, layout.shards, intake=layout.intake),
+        "shards": await shard_report(js, subjects, layout.shards, shared_consumer=layout.shared_consumer),
     }
 
 

@@ -362,3 +362,18 @@ def streams_set(
     from rebaser_client.streams_cli import set_streams
 
     set_streams(nats_url, prefix, streams, daemons, timeout, assignment)
+
+
+@streams_group.command("intake")
+@click.argument("intake", type=click.Choice(["fifo", "fair"]))
+@click.option(
+    "--nats-url", envvar="REBASER_NATS_URL", type=NATS_URL, default="nats://127.0.0.1:4222", show_default=True
+)
+@click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
+def streams_intake(nats_url: str, prefix: str | None, intake: Any) -> None:
+    """Change how tasks reach the daemons online (docs/fair-share.md): the daemons hand back what they own, the old
+    intake's consumers go, and after their ack_wait the daemons take tasks through the new one. Nothing queued
+    moves or is lost; no change set is applied for a few seconds."""
+    from rebaser_client.streams_cli import set_intake
+
+    set_intake(nats_url, prefix, intake)

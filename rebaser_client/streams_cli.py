@@ -1,4 +1,5 @@
-"""``rebaser streams show|set``: the admin side of sharding (rebaser_client._streams does the work)."""
+"""``rebaser streams show|set|intake``: the admin side of sharding and of the intake (rebaser_client._streams and
+rebaser_client._intake do the work)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Any, TypeVar
 import click
 from nats.aio.client import Client as NatsClient
 
+from rebaser_client._intake import change_intake
 from rebaser_client._streams import change_streams, show_layout
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import RebaserError
-from rebaser_core.layout import AssignmentMode
+from rebaser_core.layout import AssignmentMode, Intake
 from rebaser_core.subjects import Subjects
 
-__all__ = ["set_streams", "show"]
+__all__ = ["set_intake", "set_streams", "show"]
 
 T = TypeVar("T")
 _CONNECT_TIMEOUT = 2.0
@@ -50,7 +52,12 @@ def _table(data: dict[str, Any]) -> str:
         if data["previous"] not in (None, data["streams"])
         else ""
     )
-    lines = [f"layout: {data['streams']} streams, {data['mode']} (epoch {data['epoch']}){state}"]
+    if data.get("intake_from"):
+        state += f", the intake changing from {data['intake_from']}"
+    lines = [
+        f"layout: {data['streams']} streams, {data['mode']}, {data.get('intake', 'fifo')} intake "
+        f"(epoch {data['epoch']}){state}"
+    ]
     head = (
         "shard",
         "leader",
@@ -108,3 +115,8 @@ def set_streams(
         ),
     )
     click.echo(f"layout: {layout.streams} streams, {layout.mode}")
+
+
+def set_intake(nats_url: str, prefix: str | None, intake: Intake) -> None:
+    layout = _run(nats_url, lambda nc: change_intake(nc, Subjects(prefix), intake, progress=click.echo))
+    click.echo(f"layout: {layout.streams} streams, {layout.mode}, {layout.intake} intake")

@@ -90,6 +90,8 @@ class Layout:
     epoch: int = 0
     # How tasks reach daemons; a layout written before there was a choice is "fifo".
     intake: Intake = "fifo"
+    # While the intake changes (``rebaser streams intake``): the one being left. No daemon takes a task meanwhile.
+    intake_from: Intake | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.streams <= MAX_STREAMS:
@@ -98,12 +100,32 @@ class Layout:
             raise ValueError(f"assignment mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.intake not in INTAKES:
             raise ValueError(f"intake must be one of {', '.join(INTAKES)}, got {self.intake!r}")
+        if self.intake_from is not None and self.intake_from not in INTAKES:
+            raise ValueError(f"intake_from must be one of {', '.join(INTAKES)}, got {self.intake_from!r}")
         if self.previous is not None and not 1 <= self.previous <= MAX_STREAMS:
             raise ValueError(f"previous streams must be between 1 and {MAX_STREAMS}, got {self.previous}")
 
     @property
     def migrating(self) -> bool:
         return self.previous is not None and self.previous != self.streams
+
+    @property
+    def switching_intake(self) -> bool:
+        """The intake changes: the daemons have let go of what they held, and take nothing until it is done."""
+        return self.intake_from is not None
+
+    @property
+    def shared_consumer(self) -> bool:
+        """Whether each shard has the shared tasks consumer (the fifo intake, not while the intake changes)."""
+        return self.intake == "fifo" and self.intake_from is None
+
+    def changed_intake(self, intake: Intake) -> Layout:
+        """The layout once ``rebaser streams intake`` began: the current intake is the one being left."""
+        return replace(self, intake=intake, intake_from=self.intake, epoch=self.epoch + 1)
+
+    def intake_settled(self) -> Layout:
+        """The layout once the old intake's consumers are gone and their leases have run out."""
+        return replace(self, intake_from=None, epoch=self.epoch + 1)
 
     @property
     def shards(self) -> range:
@@ -159,6 +181,7 @@ class Layout:
                 "previous": self.previous,
                 "epoch": self.epoch,
                 "intake": self.intake,
+                "intake_from": self.intake_from,
             },
             separators=(",", ":"),
         ).encode()
@@ -173,6 +196,7 @@ class Layout:
                 previous=None if raw.get("previous") is None else int(raw["previous"]),
                 epoch=int(raw.get("epoch", 0)),
                 intake=raw.get("intake", "fifo"),
+                intake_from=raw.get("intake_from"),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise LayoutMismatch(

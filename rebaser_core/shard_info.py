@@ -55,16 +55,16 @@ async def _nothing() -> None:
 
 
 async def shard_report(
-    js: JetStreamContext, subjects: Subjects, shards: range, *, intake: str = "fifo"
+    js: JetStreamContext, subjects: Subjects, shards: range, *, shared_consumer: bool = True
 ) -> list[dict[str, Any]]:
-    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``). The fair
-    intake has no shared tasks consumer: its consumer facts are ``None``."""
+    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``). Without
+    the shared tasks consumer (the fair intake, or while the intake changes) its consumer facts are ``None``."""
 
     async def one(shard: int) -> dict[str, Any]:
         names = subjects.for_shard(shard)
         calls = await asyncio.gather(
             js.stream_info(names.requests_stream),
-            js.consumer_info(names.tasks_stream, names.tasks_consumer) if intake == "fifo" else _nothing(),
+            js.consumer_info(names.tasks_stream, names.tasks_consumer) if shared_consumer else _nothing(),
             js.stream_info(names.tasks_stream),
             return_exceptions=True,
         )

@@ -6,6 +6,8 @@
 - :mod:`~rebaser_server.daemon.startup`: set-up retried while the cluster is still forming;
 - :mod:`~rebaser_server.daemon.puller`, :mod:`~rebaser_server.daemon.shards`: one pull loop per served shard,
   following the cluster's shard layout;
+- :mod:`~rebaser_server.daemon.fair_intake`, :mod:`~rebaser_server.daemon.turns`: the fair intake's loop per shard
+  (a consumer per workspace, the workspaces served in turns) and its turns, as pure logic;
 - :mod:`~rebaser_server.daemon.sweeper`, :mod:`~rebaser_server.daemon.junk`: the orphan sweep, and messages on
   malformed subjects;
 - :mod:`~rebaser_server.daemon.config`: :class:`ServerConfig`, what a daemon process is started with.

@@ -156,7 +156,14 @@ class Daemon:
         self._stopping = False
         self._app_stopping = False  # shutdown has come to stopping the app (see _start_app)
         # One pull loop (_pull) per served shard: rebaser_server.daemon.shards.
-        self.shards = ShardPullers(nats, settings, placement, self._pull, expires=_FETCH_TIMEOUT)
+        self.shards = ShardPullers(
+            nats,
+            settings,
+            placement,
+            self._pull,
+            expires=_FETCH_TIMEOUT,
+            on_intake_switch=self._on_intake_switch,
+        )
         self.intakes: dict[int, FairIntake] = {}  # the fair intake's, per served shard
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
@@ -407,7 +414,7 @@ class Daemon:
                 owning.settings,
                 shards=owning.placement.layout.shards,
                 streams=owning.placement.layout.streams,
-                consumer=owning.placement.layout.intake == "fifo",
+                consumer=owning.placement.layout.shared_consumer,
             )
             await owning.store.open()
             await self._reader.open()
@@ -428,6 +435,13 @@ class Daemon:
             # A release cut short by the outage may have acked its task without its "anything queued?" check.
             with contextlib.suppress(Exception):
                 await self.sweeper.sweep_once()
+
+    async def _on_intake_switch(self) -> None:
+        """The intake changes (``rebaser streams intake``): hand every owned change set back (finish the request in
+        hand, nack the task) while the old intake's consumers still exist; the new intake takes them again."""
+        log.warning("the intake changes: handing back %d owned change sets", len(self._owned))
+        for processor in self._owned.processors():
+            processor.interrupt()
 
     async def _check_durability(self) -> str | None:
         """Check what acknowledgements survive now; what is wrong if that is below ``require_durability``."""

@@ -81,6 +81,7 @@ class ShardPullers:
         *,
         expires: float,
         hostname: str | None = None,
+        on_intake_switch: Callable[[], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         self._nats = nats
         self._settings = settings
@@ -88,6 +89,7 @@ class ShardPullers:
         self._pull = pull
         self._expires = expires  # of each pull request (rebaser_server.daemon.puller)
         self._hostname = hostname
+        self._on_intake_switch = on_intake_switch  # the intake began to change: let go of every owned change set
         self._pullers: dict[int, _Puller] = {}
         self._follower: LayoutFollower | None = None
         self._lock = asyncio.Lock()
@@ -111,7 +113,7 @@ class ShardPullers:
         )
         served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
         await ensure_streams(
-            js, settings, shards=layout.shards, streams=layout.streams, consumer=layout.intake == "fifo"
+            js, settings, shards=layout.shards, streams=layout.streams, consumer=layout.shared_consumer
         )
         self._placement.layout = layout
         return layout
@@ -124,18 +126,28 @@ class ShardPullers:
         )
         self._follower.start()
 
-    async def _on_change(self, _old: Layout, new: Layout) -> None:
+    async def _on_change(self, old: Layout, new: Layout) -> None:
         try:
             await ensure_streams(
                 self._nats.js,
                 self._settings,
                 shards=new.shards,
                 streams=new.streams,
-                consumer=new.intake == "fifo",
+                consumer=new.shared_consumer,
             )
         except Exception as err:
             log.warning("ensuring the streams of the new layout failed (%s); serving what exists", err)
         self._placement.layout = new
+        if (old.intake, old.intake_from) != (new.intake, new.intake_from):
+            # Another intake, or the start or end of a change of intake: every loop stops, and while the intake
+            # changes none runs (rebaser_client._intake waits for what was held to be let go).
+            async with self._lock:
+                pullers = list(self._pullers.values())
+                self._pullers.clear()
+                for puller in pullers:
+                    await self._stop_one(puller)
+            if new.switching_intake and self._on_intake_switch is not None:
+                await self._on_intake_switch()
         try:
             await self._apply(new)
         except LayoutMismatch as err:
@@ -144,7 +156,9 @@ class ShardPullers:
 
     async def _apply(self, layout: Layout) -> None:
         async with self._lock:
-            wanted = set(served_shards(layout, self._settings, self._hostname))
+            wanted = (
+                set() if layout.switching_intake else set(served_shards(layout, self._settings, self._hostname))
+            )
             for shard in sorted(set(self._pullers) - wanted):
                 await self._stop_one(self._pullers.pop(shard))
             for shard in sorted(wanted - set(self._pullers)):
@@ -154,7 +168,16 @@ class ShardPullers:
                 )
                 task = asyncio.create_task(self._pull(sub, subjects), name=f"rebaser task puller {shard}")
                 self._pullers[shard] = _Puller(shard, sub, task)
-            log.info("serving shards %s of %d (%s)", sorted(wanted), layout.streams, layout.mode)
+            if layout.switching_intake:
+                log.info("taking no task while the intake changes from %s to %s", layout.intake_from, layout.intake)
+            else:
+                log.info(
+                    "serving shards %s of %d (%s, %s intake)",
+                    sorted(wanted),
+                    layout.streams,
+                    layout.mode,
+                    layout.intake,
+                )
 
     async def _stop_one(self, puller: _Puller, grace: float = 0.0) -> None:
         if grace > 0:

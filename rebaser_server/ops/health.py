@@ -165,7 +165,7 @@ class StatusReporter:
         }
         # The fair intake has no shared tasks consumer (a consumer per workspace instead): its shards' waiting and
         # held tasks are not told apart here.
-        shared_consumer = self._layout().intake == "fifo"
+        shared_consumer = self._layout().shared_consumer
         for names in shards:
             calls[names.requests_stream] = self._js.stream_info(names.requests_stream)
             calls[names.tasks_stream] = self._js.stream_info(names.tasks_stream)
