@@ -89,7 +89,9 @@ class ShardPullers:
         self._pull = pull
         self._expires = expires  # of each pull request (rebaser_server.daemon.puller)
         self._hostname = hostname
-        self._on_intake_switch = on_intake_switch  # the intake began to change: let go of every owned change set
+        self._on_intake_switch = (
+            on_intake_switch  # the intake began to change: let go of every owned change set
+        )
         self._pullers: dict[int, _Puller] = {}
         self._follower: LayoutFollower | None = None
         self._lock = asyncio.Lock()
@@ -157,7 +159,9 @@ class ShardPullers:
     async def _apply(self, layout: Layout) -> None:
         async with self._lock:
             wanted = (
-                set() if layout.switching_intake else set(served_shards(layout, self._settings, self._hostname))
+                set()
+                if layout.switching_intake
+                else set(served_shards(layout, self._settings, self._hostname))
             )
             for shard in sorted(set(self._pullers) - wanted):
                 await self._stop_one(self._pullers.pop(shard))
@@ -169,7 +173,9 @@ class ShardPullers:
                 task = asyncio.create_task(self._pull(sub, subjects), name=f"rebaser task puller {shard}")
                 self._pullers[shard] = _Puller(shard, sub, task)
             if layout.switching_intake:
-                log.info("taking no task while the intake changes from %s to %s", layout.intake_from, layout.intake)
+                log.info(
+                    "taking no task while the intake changes from %s to %s", layout.intake_from, layout.intake
+                )
             else:
                 log.info(
                     "serving shards %s of %d (%s, %s intake)",
