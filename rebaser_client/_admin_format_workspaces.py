@@ -23,6 +23,9 @@ def workspaces_json(lines: tuple[WorkspaceLine, ...], total: int, daemons: Daemo
                 "waiting": w.waiting,
                 "tasks": w.tasks,
                 "queued": w.queued,
+                "served": None
+                if w.served is None
+                else round(w.served, 4),  # its part of the tasks taken lately
             }
             for w in lines
         ],
@@ -48,11 +51,13 @@ def workspaces_view(lines: tuple[WorkspaceLine, ...], total: int, daemons: Daemo
         title_justify="left",
     )
     columns = ("workspace", "owned", "waiting") if daemons.known else ("workspace",)
-    for column in (*columns, "change sets with a task", "queued"):
+    shares = daemons.served_total > 0  # the share served: of the tasks the daemons read took lately
+    for column in (*columns, "change sets with a task", "queued", *(("served",) if shares else ())):
         table.add_column(column, justify="left" if column == "workspace" else "right")
     for w in lines:
         owned: tuple[str, ...] = ()
         if daemons.known:
             owned = ("?" if w.owned is None else str(w.owned), "?" if w.waiting is None else str(w.waiting))
-        table.add_row(w.workspace_id, *owned, str(w.tasks), str(w.queued))
+        served = (f"{100 * (w.served or 0):.0f} %",) if shares else ()
+        table.add_row(w.workspace_id, *owned, str(w.tasks), str(w.queued), *served)
     return Group(table, read, *problems)

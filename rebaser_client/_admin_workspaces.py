@@ -9,12 +9,15 @@ Where each figure comes from, chosen to stay cheap with thousands of change sets
   workspaces), read over HTTP when the operator names the daemons (``--daemon-url``). The streams cannot tell it:
   a task handed back for fairness (a delayed nak) is as delivered as an owned one until it comes back.
 - **waiting**: tasks not owned, ``tasks - owned`` (queued behind the others, or handed back for fairness).
+- **served**: the workspace's part of the tasks the daemons read took lately (each daemon's
+  ``owned.served_by_workspace`` over its ``served_total``, summed: a task taken counts half as much every minute).
 
 Blocking and standard-library only for the HTTP part (run in a thread), like :mod:`rebaser_core.monitoring`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 from collections import Counter
@@ -40,6 +43,7 @@ class WorkspaceLine:
     tasks: int  # change sets with a task: owned by a daemon or waiting for one
     queued: int  # requests in the requests streams (processed ones not yet removed included)
     owned: int | None  # change sets the daemons read own (None: no daemon was read)
+    served: float | None = None  # its part of the tasks taken lately, 0 to 1 (None: no daemon said)
 
     @property
     def waiting(self) -> int | None:
@@ -54,6 +58,8 @@ class DaemonsOwned:
     by_workspace: Mapping[str, int]
     read: int  # daemons whose /status was read
     problems: tuple[str, ...] = ()  # why the others could not be
+    served: Mapping[str, int] = dataclasses.field(default_factory=dict)  # tasks taken lately, per workspace
+    served_total: int = 0  # by every workspace (the busiest are listed in ``served``)
 
     @property
     def known(self) -> bool:
@@ -77,8 +83,16 @@ def busiest_workspaces(
         if counts.get("queued"):
             queued[wk] += counts["queued"]
     workspaces = set(tasks) | set(queued) | set(owned.by_workspace)
+
+    def served(wk: str) -> float | None:
+        if not owned.served_total:
+            return None
+        return owned.served.get(wk, 0) / owned.served_total
+
     lines = [
-        WorkspaceLine(wk, tasks[wk], queued[wk], owned.by_workspace.get(wk, 0) if owned.known else None)
+        WorkspaceLine(
+            wk, tasks[wk], queued[wk], owned.by_workspace.get(wk, 0) if owned.known else None, served(wk)
+        )
         for wk in workspaces
     ]
     # Owned change sets all have a task; a daemon read a moment after the streams may own one they did not show yet.
@@ -86,23 +100,38 @@ def busiest_workspaces(
     return tuple(lines[:limit]), len(lines)
 
 
-def _read_one(url: str) -> tuple[Mapping[str, int] | None, str | None]:
+_Read = tuple[Mapping[str, int] | None, str | None, Mapping[str, int], int]
+
+
+def _read_one(url: str) -> _Read:
     where = f"{url.rstrip('/')}/status"
     if not where.startswith(("http://", "https://")):
-        return None, f"{url}: not an http:// or https:// URL"
+        return None, f"{url}: not an http:// or https:// URL", {}, 0
     try:
         with _OPENER.open(where, timeout=READ_TIMEOUT) as response:
             body = response.read(_MAX_STATUS_BYTES + 1)
         if len(body) > _MAX_STATUS_BYTES:
-            return None, f"{where} answered more than {_MAX_STATUS_BYTES} bytes"
+            return None, f"{where} answered more than {_MAX_STATUS_BYTES} bytes", {}, 0
         status = json.loads(body)
     except (OSError, ValueError) as err:  # URLError and timeouts are OSErrors; bad JSON a ValueError
-        return None, f"{where}: {type(err).__name__} {err}".strip()
+        return None, f"{where}: {type(err).__name__} {err}".strip(), {}, 0
     owned = status.get("owned") if isinstance(status, dict) else None
     by_workspace = owned.get("by_workspace") if isinstance(owned, dict) else None
     if not isinstance(by_workspace, dict):
-        return None, f"{where} shows no owned.by_workspace (not a rebaser daemon, or an older one)"
-    return {str(wk): int(n) for wk, n in by_workspace.items() if isinstance(n, int)}, None
+        return None, f"{where} shows no owned.by_workspace (not a rebaser daemon, or an older one)", {}, 0
+    assert isinstance(owned, dict)
+    served, served_total = (
+        owned.get("served_by_workspace"),
+        owned.get("served_total"),
+    )  # absent: an older daemon
+    return (
+        {str(wk): int(n) for wk, n in by_workspace.items() if isinstance(n, int)},
+        None,
+        {str(wk): int(n) for wk, n in served.items() if isinstance(n, int)}
+        if isinstance(served, dict)
+        else {},
+        served_total if isinstance(served_total, int) else 0,
+    )
 
 
 def read_daemons_owned(urls: Sequence[str]) -> DaemonsOwned:
@@ -113,10 +142,14 @@ def read_daemons_owned(urls: Sequence[str]) -> DaemonsOwned:
     with ThreadPoolExecutor(len(urls), thread_name_prefix="rebaser-daemon-status") as pool:
         reads = list(pool.map(_read_one, urls))
     total: Counter[str] = Counter()
-    for owned, _ in reads:
+    served: Counter[str] = Counter()
+    for owned, _, taken, _ in reads:
         total.update(owned or {})
+        served.update(taken)
     return DaemonsOwned(
         dict(total),
-        sum(1 for owned, _ in reads if owned is not None),
-        tuple(problem for _, problem in reads if problem is not None),
+        sum(1 for owned, *_ in reads if owned is not None),
+        tuple(problem for _, problem, *_ in reads if problem is not None),
+        dict(served),
+        sum(taken_total for *_, taken_total in reads),
     )

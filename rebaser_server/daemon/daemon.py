@@ -256,6 +256,26 @@ class Daemon:
         return self._owned.fair.share
 
     @property
+    def served_by_workspace(self) -> dict[str, int]:
+        """Tasks taken per workspace lately (halved every minute): the share each is served here."""
+        return {str(wk): n for wk, n in self._owned.fair.served_lately().items()}
+
+    def intake_status(self) -> dict[str, Any]:
+        """How tasks reach this daemon (``/status``'s ``intake``): the layout's intake and, with the fair intake,
+        the workspaces waiting for a turn (in the order they get it), across the served shards."""
+        layout = self._owning.placement.layout
+        waiting = [wk for intake in self.intakes.values() for wk in intake.turns.waiting]
+        return {
+            "kind": layout.intake,
+            "changing_from": layout.intake_from,
+            "workspaces_waiting": [str(wk) for wk in waiting[:10]],
+            "workspaces_waiting_total": len(waiting),
+            "workspaces_watched": sum(intake.watched for intake in self.intakes.values()),
+            "turns": sum(intake.turns.turns for intake in self.intakes.values()),
+            "consumers_created": sum(intake.created_consumers for intake in self.intakes.values()),
+        }
+
+    @property
     def starting(self) -> int:
         """Owned change sets still in their cold path (record, consumer, first request delivered): see ``_pull``."""
         return self._admission.starting

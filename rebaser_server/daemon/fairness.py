@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # The workspaces with tasks are read again at most this often (while some workspace is at its share).
 REFRESH = 1.0
+# What a task taken counts for the share served halves this often: the share is of the last minute or two.
+SERVED_HALF_LIFE = 60.0
 
 
 class FairShare:
@@ -42,6 +44,9 @@ class FairShare:
         self.tasks: Counter[WorkspacePk] = (
             Counter()
         )  # tasks in the streams per workspace (waiting or owned), as last read
+        # Tasks taken per workspace lately (halved every SERVED_HALF_LIFE seconds): the share each is served.
+        self.served: Counter[WorkspacePk] = Counter()
+        self._halved_at = time.monotonic()
         self._read_at = float("-inf")
         self._reading: asyncio.Task[None] | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -56,6 +61,21 @@ class FairShare:
 
     def taken(self, workspace: WorkspacePk) -> None:
         self.by_workspace[workspace] += 1
+        self.served[workspace] += 1
+        self._age()
+
+    def served_lately(self) -> Counter[WorkspacePk]:
+        """Tasks taken per workspace lately (each counts half as much every :data:`SERVED_HALF_LIFE` seconds)."""
+        self._age()
+        return self.served
+
+    def _age(self) -> None:
+        now = self._clock()
+        while now - self._halved_at >= SERVED_HALF_LIFE:
+            self._halved_at += SERVED_HALF_LIFE
+            self.served = Counter({wk: n // 2 for wk, n in self.served.items() if n >= 2})
+            if not self.served:
+                self._halved_at = now
 
     def ended(self, workspace: WorkspacePk) -> None:
         self.by_workspace[workspace] -= 1

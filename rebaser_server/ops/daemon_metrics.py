@@ -176,6 +176,21 @@ class DaemonCollector(Collector):
         for workspace, n_tasks in sorted(daemon.tasks_seen_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
             with_tasks.add_metric([workspace], n_tasks)
         yield with_tasks
+        served = GaugeMetricFamily(
+            "rebaser_tasks_taken_lately_by_workspace",
+            "Tasks this daemon took lately (each counting half as much every minute), for the 10 workspaces served "
+            "most: divided by their sum, the share each is served.",
+            labels=["workspace"],
+        )
+        for workspace, taken in sorted(daemon.served_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
+            served.add_metric([workspace], taken)
+        yield served
+        intake = daemon.intake_status()
+        yield GaugeMetricFamily(
+            "rebaser_workspaces_waiting_for_a_turn",
+            "Fair intake: workspaces with tasks waiting for their turn on this daemon (0 with the fifo intake).",
+            value=int(intake.get("workspaces_waiting_total") or 0),
+        )
         change_sets, workspaces = daemon.pauses.counts
         paused = GaugeMetricFamily(
             "rebaser_paused", "Paused change sets and workspaces, as this daemon sees them.", labels=["kind"]

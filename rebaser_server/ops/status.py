@@ -27,6 +27,7 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
             "mode": layout.mode,
             "previous": layout.previous,
             "epoch": layout.epoch,
+            "intake": layout.intake,
             "served_shards": list(daemon.served_shards),
         },
         "ready": not reasons,
@@ -45,11 +46,17 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
                 sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
             ),
             "workspace_share": daemon.workspace_share,
+            # Tasks taken lately (halved every minute) by the workspaces served most, and by all: the share served.
+            "served_by_workspace": dict(
+                sorted(daemon.served_by_workspace.items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
+            ),
+            "served_total": sum(daemon.served_by_workspace.values()),
             # Tasks in the streams of the busiest workspaces: owned (here or elsewhere) or waiting for an owner.
             "tasks_by_workspace": dict(
                 sorted(daemon.tasks_by_workspace().items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
             ),
         },
+        "intake": dict(daemon.intake_status()),
         "jetstream": health.facts_dict(facts, stale),
         "durability": None if daemon.durability is None else daemon.durability.as_dict(),
         "settled_waits": daemon.settled_waits,

@@ -7,7 +7,7 @@ metrics collector anything else that does.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from rebaser_core.durability import Durability
 from rebaser_core.layout import Layout
@@ -98,6 +98,13 @@ class DaemonView(Protocol):
     @property
     def workspace_share(self) -> int:
         """At most this many change sets of one workspace are owned at once (max_owned_per_workspace)."""
+
+    @property
+    def served_by_workspace(self) -> Mapping[str, int]:
+        """Tasks taken per workspace lately (halved every minute)."""
+
+    def intake_status(self) -> Mapping[str, Any]:
+        """How tasks reach the daemon: the intake, and the workspaces waiting for a turn."""
 
     def alive(self) -> str | None:
         """None if the daemon's loops run as they should; else what is wrong (for ``/healthz``)."""

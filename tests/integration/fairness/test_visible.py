@@ -41,3 +41,38 @@ async def test_status_and_metrics_show_each_workspaces_owned_and_queued_tasks(
             assert f'rebaser_owned_change_sets_by_workspace{{workspace="{big}"}} 2.0' in text
         finally:
             app.gate.set()
+
+
+async def test_with_the_fair_intake_status_and_metrics_show_who_waits_for_a_turn_and_the_share_served(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # Two slots, both held at the gate by the big workspace; the small one waits for a turn (no slot frees: the big
+    # one's change sets are busy, not idle).
+    settings = fast_settings(
+        subject_prefix, concurrency=2, quiescent_period=300, handler_deadline=120, intake="fair"
+    )
+    app = GatedApp()
+    async with running_daemon(nc, settings, app) as daemon:
+        big, small = WorkspacePk.new(), WorkspacePk.new()
+        try:
+            for wk in (big, big, big, small):
+                await client.enqueue_updates(wk, ChangeSetId.new(), [SetLiteral(path="/gate", value=1)])
+            await wait_for(lambda: app.held == 2, timeout=20, message="two change sets held at the gate")
+
+            async def small_waits() -> bool:
+                intake = (await daemon.status())["intake"]
+                return str(small) in intake["workspaces_waiting"]
+
+            await wait_for(small_waits, timeout=20, message="the small workspace waits for a turn")
+            status = await daemon.status()
+            assert status["layout"]["intake"] == "fair" and status["intake"]["kind"] == "fair"
+            assert status["owned"]["served_by_workspace"] == {str(big): 2}
+            assert status["owned"]["served_total"] == 2
+            daemon.observe.metrics.bind(DaemonCollector(daemon))  # as the HTTP server does
+            text = render(daemon.observe.metrics).decode()
+            assert f'rebaser_tasks_taken_lately_by_workspace{{workspace="{big}"}} 2.0' in text
+            assert (
+                "rebaser_workspaces_waiting_for_a_turn 2.0" in text
+            )  # the small one, and the big one's third
+        finally:
+            app.gate.set()

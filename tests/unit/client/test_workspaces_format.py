@@ -7,6 +7,7 @@ from rich.console import Console
 
 from rebaser_client import _admin_format as fmt
 from rebaser_client._admin import StatusReport
+from rebaser_client._admin_format_workspaces import workspaces_json, workspaces_view
 from rebaser_client._admin_workspaces import DaemonsOwned, busiest_workspaces
 
 COUNTS = [
@@ -51,6 +52,7 @@ def test_without_a_daemon_read_owned_and_waiting_are_unknown() -> None:
         "waiting": None,
         "tasks": 3,
         "queued": 4,
+        "served": None,
     }
     assert data["daemons_read"] == 0
     text = _render(fmt.status_view(report))
@@ -71,3 +73,16 @@ def test_the_table_lists_the_busiest_and_says_how_many_there_are() -> None:
     assert "workspaces with work: 3 (the 2 busiest listed)" in text and "owned: as 1 daemons read say" in text
     assert "http://d2:9464/status: URLError refused" in text
     assert "workspaces with work: none" in _render(fmt.status_view(StatusReport(None, (), None, 0, (), 0)))
+
+
+def test_the_share_served_is_each_workspaces_part_of_the_tasks_taken_lately() -> None:
+    daemons = DaemonsOwned({"A": 2}, 2, served={"A": 30, "B": 10}, served_total=50)
+    lines, _ = busiest_workspaces(COUNTS, daemons)
+    by_id = {line.workspace_id: line for line in lines}
+    assert by_id["A"].served == 0.6 and by_id["B"].served == 0.2 and by_id["D"].served == 0
+    data = workspaces_json(lines, len(lines), daemons)
+    assert {w["workspace_id"]: w["served"] for w in data["workspaces"]}["A"] == 0.6
+    rendered = _render(workspaces_view(lines, len(lines), daemons))
+    assert "served" in rendered and "60 %" in rendered
+    # No daemon said (none read, or older ones): no column.
+    assert "served" not in _render(workspaces_view(lines, len(lines), DaemonsOwned({"A": 2}, 1)))

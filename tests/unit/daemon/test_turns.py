@@ -67,3 +67,21 @@ def test_weights_count_while_waiting_and_leave_with_the_workspace() -> None:
     assert turns.part(A, 12) == 12 * 1 // (1 + 1)
     turns.forget(B)  # forgetting twice changes nothing
     assert turns.part(A, 12) == 6
+
+
+def test_the_share_served_counts_tasks_taken_lately_halved_every_minute() -> None:
+    from rebaser_core.settings import Settings
+    from rebaser_server.daemon.fairness import SERVED_HALF_LIFE, FairShare
+
+    now = [100.0]
+    fair = FairShare(None, Settings(), None)  # type: ignore[arg-type]  # nothing here reads NATS
+    fair._clock = lambda: now[0]
+    fair._halved_at = now[0]
+    for _ in range(8):
+        fair.taken(A)
+    fair.taken(B)
+    assert fair.served_lately() == {A: 8, B: 1}
+    now[0] += SERVED_HALF_LIFE
+    assert fair.served_lately() == {A: 4}  # B's one task is forgotten
+    now[0] += 3 * SERVED_HALF_LIFE
+    assert fair.served_lately() == {}
