@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from rebaser_core.settings import Settings
 
@@ -33,6 +33,10 @@ class Admission:
     def starting(self) -> int:
         """Change sets still in their cold path."""
         return len(self._starting)
+
+    def starting_where(self, test: Callable[[Hashable], bool]) -> int:
+        """How many of the change sets in their cold path pass ``test`` (one workspace's, say)."""
+        return sum(1 for processor in self._starting if test(processor))
 
     def taken(self, processor: Hashable) -> None:
         self._starting[processor] = time.monotonic()

@@ -43,7 +43,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.streams import workspace_tasks_consumer_config
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
-from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, busiest
+from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest
 from rebaser_server.daemon.admission import Admission
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.puller import NoConsumer, TaskPuller
@@ -156,8 +156,14 @@ class FairIntake:
                 # at once, so a newcomer does not wait a quiet period for a slot (quiet.GiveWay).
                 owned = self._owned.fair.by_workspace
                 if self._newcomer_waits(owned):
+                    give_way.quiet = FAIR_PRESSURE_QUIET
                     give_way.press(owned, time.monotonic())
                     self._nudge()
+                elif self.turns:
+                    # Only the busiest wait for more of their own slots: their idle change sets give way after the
+                    # fifo intake's quiet (a flood turns its own slots over as it would alone), found by the watchdog.
+                    give_way.quiet = PRESSURE_QUIET
+                    give_way.press(owned, time.monotonic())
                 else:
                     give_way.ease()
                 await self._wait()
@@ -190,17 +196,24 @@ class FairIntake:
                 self._watched.setdefault(workspace, 0)
 
     def _newcomer_waits(self, owned: Mapping[WorkspacePk, int]) -> bool:
-        """Whether a workspace waits that is not among the busiest here: only then do idle change sets give way (a
-        flood waiting for its own slots waits for its change sets' quiet periods, as it would alone)."""
+        """Whether a workspace waits that is not among the busiest here: idle change sets of the busiest then give
+        way at once (FAIR_PRESSURE_QUIET)."""
         if not self.turns:
             return False
         first = busiest(owned)
         return any(workspace not in first for workspace in self.turns.waiting)
 
     def _room_for(self, workspace: WorkspacePk) -> int:
-        """Slots ``workspace`` may take: all but the :data:`_RESERVE` part of the daemon kept for the others."""
-        limit = self._settings.concurrency - self._settings.concurrency // _RESERVE
-        return limit - self._owned.fair.by_workspace[workspace]
+        """Slots ``workspace`` may take: all but the :data:`_RESERVE` part of the daemon kept for the others, of
+        its slots and of its cold paths (``start_concurrency``: a flood's activations must not make a newcomer's
+        wait for theirs)."""
+        settings = self._settings
+        slots = settings.concurrency - settings.concurrency // _RESERVE - self._owned.fair.by_workspace[workspace]
+        starting = self._admission.starting_where(
+            lambda processor: getattr(getattr(processor, "change_set", None), "workspace_id", None) == workspace
+        )
+        starts = settings.start_concurrency - settings.start_concurrency // _RESERVE - starting
+        return min(slots, starts)
 
     def _below_reserve(self, workspace: WorkspacePk) -> bool:
         return self._room_for(workspace) > 0

@@ -58,7 +58,7 @@ INVENTORY: dict[str, list[str]] = {
     "docs/deployment.md": ["sh:checked", "sh:checked", "sh:checked"],
     "docs/design.md": ["plain:shown", "mermaid:drawn", "mermaid:drawn"],
     "docs/events.md": ["python:checked", "python:checked", "sh:checked", "plain:shown"],
-    "docs/fair-share.md": ["sh:checked", "sh:checked", "sh:checked", "sh:checked"],
+    "docs/fair-share.md": ["sh:checked", "sh:checked", "sh:checked", "sh:checked", "sh:checked"],
     "docs/history/benchmarks.md": [],
     "docs/history/operations.md": [],
     "docs/history/reliability.md": [],
