@@ -98,6 +98,9 @@ class Bench:
         if server is not None and server.monitoring_url is not None:
             self.env["REBASER_NATS_MONITORING_URLS"] = server.monitoring_url
         self.env["REBASER_CONCURRENCY"] = str(args.concurrency)
+        # The page's figures were measured with the fifo intake (one shared tasks consumer, which the idle scenario
+        # reads); --intake fair measures the fair one.
+        self.env["REBASER_INTAKE"] = args.intake
         for item in args.daemon_env:
             key, _, value = item.partition("=")
             self.env[key] = value
@@ -268,7 +271,11 @@ class Bench:
             held.stop(window)
             held_rss = {k: sum(map(rss_kb, v)) for k, v in dep.pids().items()}
             _, stream, consumer = dep.streams
-            owned = (await nc.jetstream().consumer_info(stream, consumer)).num_ack_pending
+            owned = sum(
+                info.num_ack_pending or 0
+                for info in await nc.jetstream().consumers_info(stream)
+                if (info.name or "").startswith(consumer)  # the shared one, or (fair) each workspace's
+            )
             next_held = await drive(send, list(range(count)), 8)
             errors += len(next_held.errors)
         finally:

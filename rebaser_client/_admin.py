@@ -219,13 +219,26 @@ class _Reader:
     async def task_state(
         self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, upto: int | None
     ) -> str:
+        """``upto``: the shared tasks consumer's last delivered sequence (None: there is none, the fair intake: the
+        workspace's own consumer is asked)."""
         try:
             msg = await self.js.get_last_msg(
                 self.subjects.tasks_stream, self.subjects.task(workspace_id, change_set_id), direct=True
             )
         except NotFoundError:
             return "none"
+        if upto is None:
+            upto = await self._workspace_delivered_upto(workspace_id)
         return "owned" if upto is not None and (msg.seq or 0) <= upto else "waiting"
+
+    async def _workspace_delivered_upto(self, workspace_id: WorkspacePk) -> int | None:
+        try:
+            info = await self.js.consumer_info(
+                self.subjects.tasks_stream, self.subjects.workspace_tasks_consumer(workspace_id)
+            )
+        except NotFoundError:
+            return None
+        return int(info.delivered.stream_seq or 0) if info.delivered else 0
 
 
 async def task_state(

@@ -82,8 +82,8 @@ async def init_layout(
     storage: str = "file",
     intake: Intake | None = None,
 ) -> Layout:
-    """The cluster's layout, created from the flags (defaults: 1 stream, shared) if there is none yet; flags that
-    disagree with an existing layout raise LayoutMismatch."""
+    """The cluster's layout, created from the flags (defaults: 1 stream, shared, the fair intake) if there is none
+    yet; flags that disagree with an existing layout raise LayoutMismatch."""
     kv = await open_layout(js, subjects, create=True, replicas=replicas, storage=storage)
     assert kv is not None
     for _ in range(3):
@@ -92,7 +92,7 @@ async def init_layout(
             layout = found[0]
             layout.check_flags(streams, mode, who, intake)
             return layout
-        layout = Layout(streams=streams or 1, mode=mode or "shared", intake=intake or "fifo")
+        layout = Layout(streams=streams or 1, mode=mode or "shared", intake=intake or "fair")
         try:
             await kv.create(subjects.layout_key, layout.encode())
             log.info(

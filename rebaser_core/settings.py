@@ -98,7 +98,7 @@ class Settings(BaseModel):
         None,
         description="How tasks reach daemons: fifo, one consumer per shard hands them out in the order they came; "
         "fair, one consumer per workspace with tasks, the workspaces served in turns (docs/fair-share.md). Chosen "
-        "when the layout is created (none: the layout's, or fifo).",
+        "when the layout is created (none: the layout's, or fair).",
     )
     workspace_weights: tuple[tuple[str, int], ...] = Field(
         (),

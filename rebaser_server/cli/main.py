@@ -208,7 +208,7 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     show_envvar=True,
     help="How tasks reach daemons: fifo, in the order they came; fair, each workspace's in a queue of its own, the "
     "workspaces served in turns (docs/fair-share.md). Chosen when the layout is created (default: the layout's, "
-    "else fifo).",
+    "else fair).",
 )
 @click.option(
     "--daemons",

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
@@ -68,6 +68,8 @@ _NUDGE_EVERY = 0.05
 # One workspace never takes the last 1/_RESERVE of a daemon's slots (5 % at concurrency 500: 25 slots): a newcomer
 # finds a slot at once, not after an idle change set has given way (50 ms of quiet and a release).
 _RESERVE = 20
+# nats-server's "filtered consumer not unique on workqueue stream" (a filter overlapping another consumer's).
+_FILTER_OVERLAPS = 10100
 # A pull request is answered within this long (the lease's lower bound is its send time: see lease.py).
 _PULL_EXPIRES = 1.0
 _RECONNECT_POLL = 0.1
@@ -208,9 +210,13 @@ class FairIntake:
         its slots and of its cold paths (``start_concurrency``: a flood's activations must not make a newcomer's
         wait for theirs)."""
         settings = self._settings
-        slots = settings.concurrency - settings.concurrency // _RESERVE - self._owned.fair.by_workspace[workspace]
+        slots = (
+            settings.concurrency - settings.concurrency // _RESERVE - self._owned.fair.by_workspace[workspace]
+        )
         starting = self._admission.starting_where(
-            lambda processor: getattr(getattr(processor, "change_set", None), "workspace_id", None) == workspace
+            lambda processor: (
+                getattr(getattr(processor, "change_set", None), "workspace_id", None) == workspace
+            )
         )
         starts = settings.start_concurrency - settings.start_concurrency // _RESERVE - starting
         return min(slots, starts)
@@ -264,8 +270,38 @@ class FairIntake:
         config = workspace_tasks_consumer_config(
             self._settings, workspace, self._subjects.shard, max(layout.streams, 1)
         )
-        await self._nats.js.add_consumer(self._subjects.tasks_stream, config)
+        try:
+            await self._nats.js.add_consumer(self._subjects.tasks_stream, config)
+        except BadRequestError as err:
+            if err.err_code != _FILTER_OVERLAPS or not await self._remove_idle_shared_consumer():
+                raise
+            await self._nats.js.add_consumer(self._subjects.tasks_stream, config)
         self.created_consumers += 1
+
+    async def _remove_idle_shared_consumer(self) -> bool:
+        """The fifo intake's shared consumer on a fair shard (made by a script, or a daemon of an older version)
+        overlaps every workspace's: removed if it holds no task (then nobody acts through it), else left alone
+        (this workspace waits; ``rebaser streams intake fair`` removes it safely). Whether it was removed."""
+        js, stream, name = self._nats.js, self._subjects.tasks_stream, self._subjects.tasks_consumer
+        try:
+            info = await js.consumer_info(stream, name)
+        except NotFoundError:
+            return False
+        if info.num_ack_pending:
+            log.error(
+                "the fifo intake's consumer %s/%s holds %d tasks on a fair layout; the fair intake cannot make "
+                "workspace consumers beside it (run 'rebaser streams intake fair' to remove it safely)",
+                stream,
+                name,
+                info.num_ack_pending,
+            )
+            return False
+        log.warning(
+            "removing the fifo intake's idle consumer %s/%s: the layout's intake is fair", stream, name
+        )
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(stream, name)
+        return True
 
     async def _pull_ready(self, workspace: WorkspacePk, batch: int) -> tuple[int, bool]:
         """Take what ``workspace``'s consumer has ready now, up to ``batch``: how many, and whether more wait (a

@@ -234,7 +234,15 @@ class StatusReporter:
                 total += sum((info.state.subjects or {}).values())
         return total
 
-    def not_ready(self, facts: JetStreamFacts, stale: bool, *, stopping: bool, owned: int = 0) -> list[str]:
+    def not_ready(
+        self,
+        facts: JetStreamFacts,
+        stale: bool,
+        *,
+        stopping: bool,
+        owned: int = 0,
+        workspaces_waiting: int = 0,
+    ) -> list[str]:
         """Why the daemon is not ready (empty: ready). A disconnect shorter than ``ready_max_disconnected`` is
         tolerated: nats-py reconnects by itself and nothing acknowledged is lost meanwhile."""
         settings = self._settings
@@ -254,6 +262,12 @@ class StatusReporter:
             reasons.append(
                 f"full: all {settings.concurrency} change-set slots taken (concurrency) while {waiting} change sets "
                 "wait for an owner"
+            )
+        elif owned >= settings.concurrency and workspaces_waiting:
+            # The fair intake: no shared consumer counts the waiting tasks; the workspaces in line say some wait.
+            reasons.append(
+                f"full: all {settings.concurrency} change-set slots taken (concurrency) while {workspaces_waiting} "
+                "workspaces wait for a turn"
             )
         backlog = facts.requests_waiting
         if backlog is not None and facts.paused_backlog:

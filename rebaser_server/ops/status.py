@@ -17,7 +17,14 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
     health, settings, layout = daemon.health, daemon.settings, daemon.layout
     facts, stale = await health.facts()
     owned = daemon.owned
-    reasons = health.not_ready(facts, stale, stopping=daemon.stopping, owned=len(owned))
+    intake = daemon.intake_status()
+    reasons = health.not_ready(
+        facts,
+        stale,
+        stopping=daemon.stopping,
+        owned=len(owned),
+        workspaces_waiting=int(intake.get("workspaces_waiting_total") or 0),
+    )
     stats = daemon.stats.as_dict()
     return {
         "owner": daemon.owner,
@@ -56,7 +63,7 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
                 sorted(daemon.tasks_by_workspace().items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
             ),
         },
-        "intake": dict(daemon.intake_status()),
+        "intake": dict(intake),
         "jetstream": health.facts_dict(facts, stale),
         "durability": None if daemon.durability is None else daemon.durability.as_dict(),
         "settled_waits": daemon.settled_waits,

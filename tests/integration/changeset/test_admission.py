@@ -51,7 +51,9 @@ async def test_a_change_set_waits_in_the_server_while_others_start(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     hooks = HoldAfterAcquire()
-    settings = fast_settings(subject_prefix, concurrency=10, start_concurrency=2, quiescent_period=300)
+    settings = fast_settings(
+        subject_prefix, concurrency=10, start_concurrency=2, quiescent_period=300, intake="fifo"
+    )
     async with running_daemon(nc, settings, RecordingApp(), hooks=hooks) as daemon:
         wk = WorkspacePk.new()
         first, second = ChangeSet(wk, ChangeSetId.new()), ChangeSet(wk, ChangeSetId.new())
@@ -84,7 +86,9 @@ async def test_a_wedged_first_request_does_not_hold_admission(
 ) -> None:
     # One start slot, and a first request that never ends: the change set has started (its request arrived), so
     # the app being stuck in it keeps no other change set from being taken on.
-    settings = fast_settings(subject_prefix, concurrency=10, start_concurrency=1, handler_deadline=60)
+    settings = fast_settings(
+        subject_prefix, concurrency=10, start_concurrency=1, handler_deadline=60, intake="fifo"
+    )
     app = RecordingApp()
     async with running_daemon(nc, settings, app) as daemon:
         wk = WorkspacePk.new()
@@ -103,7 +107,9 @@ async def test_a_change_set_stuck_starting_holds_admission_for_ack_wait_at_most(
 ) -> None:
     # One start slot, held by a change set whose cold path never ends: after ack_wait it counts as started.
     hooks = HoldAfterAcquire()
-    settings = fast_settings(subject_prefix, concurrency=10, start_concurrency=1, quiescent_period=300)
+    settings = fast_settings(
+        subject_prefix, concurrency=10, start_concurrency=1, quiescent_period=300, intake="fifo"
+    )
     async with running_daemon(nc, settings, RecordingApp(), hooks=hooks) as daemon:
         wk = WorkspacePk.new()
         stuck = ChangeSet(wk, ChangeSetId.new())

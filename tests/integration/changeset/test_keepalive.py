@@ -20,7 +20,7 @@ from tests.support.apps import RecordingApp
 async def test_no_lease_is_renewed_after_its_change_set_is_released(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix, progress_period=0.3, quiescent_period=0.2)
+    settings = fast_settings(subject_prefix, progress_period=0.3, quiescent_period=0.2, intake="fifo")
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk = WorkspacePk.new()
         for _ in range(8):

@@ -19,7 +19,7 @@ async def test_idle_change_sets_give_way_when_others_wait_for_a_slot(
 ) -> None:
     # Three slots, and a quiet period far longer than the test: without pressure, the fourth change set would wait
     # the whole quiet period for one of the three to be released.
-    settings = fast_settings(subject_prefix, concurrency=3, quiescent_period=300)
+    settings = fast_settings(subject_prefix, concurrency=3, quiescent_period=300, intake="fifo")
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk = WorkspacePk.new()
         for _ in range(3):  # busy for a while, so the daemon is seen full before anything can give way

@@ -121,7 +121,7 @@ async def test_client_bounds_publishes_in_flight(nc: NatsClient, subject_prefix:
 async def test_full_daemon_leaves_waiting_work_in_the_stream(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix, concurrency=2, quiescent_period=30)
+    settings = fast_settings(subject_prefix, concurrency=2, quiescent_period=30, intake="fifo")
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk = WorkspacePk.new()
         for _ in range(5):

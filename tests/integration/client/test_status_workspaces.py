@@ -49,8 +49,15 @@ async def test_status_shows_each_busy_workspace_owned_and_waiting(
             )
             await client.enqueue_updates(small, ChangeSetId.new(), [SetLiteral(path="/n", value=1)])
             expected = [
-                {"workspace_id": str(big), "owned": 2, "waiting": 3, "tasks": 5, "queued": 5},
-                {"workspace_id": str(small), "owned": 0, "waiting": 1, "tasks": 1, "queued": 1},
+                {"workspace_id": str(big), "owned": 2, "waiting": 3, "tasks": 5, "queued": 5, "served": 1.0},
+                {
+                    "workspace_id": str(small),
+                    "owned": 0,
+                    "waiting": 1,
+                    "tasks": 1,
+                    "queued": 1,
+                    "served": 0.0,
+                },
             ]
 
             async def as_expected() -> dict[str, Any] | None:

@@ -139,11 +139,27 @@ async def test_a_killed_daemons_change_sets_are_served_by_a_peer(
             assert reply.ok, reply
 
 
-async def test_a_daemon_asking_for_another_intake_than_the_layouts_is_refused(
+async def test_a_new_deployment_is_fair_and_a_daemon_asking_for_another_intake_is_refused(
     nc: NatsClient, subject_prefix: str
 ) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
-        assert daemon.layout.intake == "fifo"
-    with pytest.raises(LayoutMismatch, match="--intake fair"):
-        async with running_daemon(nc, fast_settings(subject_prefix, intake="fair"), RecordingApp()):
+        assert daemon.layout.intake == "fair"
+    with pytest.raises(LayoutMismatch, match="--intake fifo"):
+        async with running_daemon(nc, fast_settings(subject_prefix, intake="fifo"), RecordingApp()):
             pass
+
+
+async def test_an_idle_shared_consumer_on_a_fair_shard_is_removed(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # Made by a script (or a daemon of an older version) on a deployment whose layout says fair: it overlaps every
+    # workspace's consumer. Holding no task, it goes; the request is served.
+    settings = fast_settings(subject_prefix, intake="fair")
+    await ensure_streams(nc.jetstream(), settings)  # the shared consumer too
+    async with running_daemon(nc, settings, RecordingApp()):
+        reply = await client.enqueue_updates_with_reply(
+            WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+        )
+        assert reply.ok, reply
+        names = {c.name for c in await nc.jetstream().consumers_info(settings.subjects.tasks_stream)}
+        assert settings.subjects.tasks_consumer not in names

@@ -47,6 +47,7 @@ async def test_with_nothing_idle_in_the_busiest_workspace_a_small_one_still_give
         max_owned_per_workspace=3,
         quiescent_period=300,
         handler_deadline=120,  # the big workspace's requests are held until the end
+        intake="fifo",  # the fair intake never makes a small workspace give way (fair-share.md)
     )
     app = GatedApp()
     async with running_daemon(nc, settings, app) as daemon:

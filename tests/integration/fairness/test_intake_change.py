@@ -89,14 +89,14 @@ async def test_a_change_of_intake_during_a_reshard_is_refused_and_a_repeat_does_
     settings = fast_settings(subject_prefix)
     async with running_daemon(nc, settings, RecordingApp()):
         lines: list[str] = []
-        layout = await change_intake(nc, Subjects(subject_prefix), "fifo", progress=lines.append)
-        assert layout.intake == "fifo" and lines == ["the intake is already fifo; nothing to do"]
+        layout = await change_intake(nc, Subjects(subject_prefix), "fair", progress=lines.append)
+        assert layout.intake == "fair" and lines == ["the intake is already fair; nothing to do"]
     kv = await nc.jetstream().key_value(Subjects(subject_prefix).layout_bucket)
     entry = await kv.get(Subjects(subject_prefix).layout_key)
     migrating = Layout.decode(entry.value or b"").changed_to(2)
     await kv.update(Subjects(subject_prefix).layout_key, migrating.encode(), last=entry.revision)
     with pytest.raises(LayoutMismatch, match="still draining"):
-        await change_intake(nc, Subjects(subject_prefix), "fair")
+        await change_intake(nc, Subjects(subject_prefix), "fifo")
 
 
 async def test_streams_intake_cli(nats_url: str, nc: NatsClient, subject_prefix: str) -> None:

@@ -20,7 +20,7 @@ async def test_another_workspace_is_served_while_a_flood_waits_and_a_flood_alone
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     # 4 slots; 2 of them at most for one workspace while another has tasks (the default: half of concurrency).
-    settings = fast_settings(subject_prefix, concurrency=4, quiescent_period=0.2)
+    settings = fast_settings(subject_prefix, concurrency=4, quiescent_period=0.2, intake="fifo")
     async with running_daemon(nc, settings, RecordingApp(), sweep=False) as daemon:
         flood, other = WorkspacePk.new(), WorkspacePk.new()
         flooded = [ChangeSetId.new() for _ in range(FLOOD)]

@@ -59,7 +59,8 @@ async def get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
 async def test_readiness_flips_under_backpressure_and_recovers(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix, ready_max_backlog=5, concurrency=1)
+    # The fifo intake: its shared consumer tells waiting from owned tasks (tasks_waiting, tasks_unacked).
+    settings = fast_settings(subject_prefix, ready_max_backlog=5, concurrency=1, intake="fifo")
     app = GatedApp()
     async with (
         running_daemon(nc, settings, app) as daemon,

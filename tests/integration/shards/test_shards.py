@@ -113,7 +113,8 @@ async def test_flags_that_disagree_with_the_layout_are_refused(nats_url: str, su
 async def test_pinned_shard_without_its_daemon_waits_and_is_shown(nats_url: str, subject_prefix: str) -> None:
     """Pinned mode, daemon 1 of 2 down: its shard's change sets wait (nothing lost, nothing misapplied), the
     status names the shard without a daemon, and once daemon 1 is up they are applied in order."""
-    base = dict(streams=2, assignment="pinned", daemons=2, quiescent_period=0.05)
+    # The fifo intake: "a shard without a daemon" is told by nobody pulling its shared consumer.
+    base = dict(streams=2, assignment="pinned", daemons=2, quiescent_period=0.05, intake="fifo")
     app = RecordingApp()
     conns = await _connections(nats_url, 3)
     try:
@@ -179,7 +180,8 @@ async def test_settled_query_and_admin_views_follow_the_shard(nats_url: str, sub
     conns = await _connections(nats_url, 2)
     try:
         async with (
-            running_daemon(conns[0], fast_settings(subject_prefix, streams=3), RecordingApp()),
+            # The fifo intake: the status sums the shards' shared consumers (pulls waiting on each).
+            running_daemon(conns[0], fast_settings(subject_prefix, streams=3, intake="fifo"), RecordingApp()),
             RebaserClient(conns[1], prefix=subject_prefix) as client,
         ):
             wk = WorkspacePk.new()
@@ -205,7 +207,8 @@ async def test_switching_to_shared_serves_a_shard_whose_pinned_daemon_is_down(
     from rebaser_client._streams import change_streams
     from rebaser_core.subjects import Subjects
 
-    base = dict(streams=2, assignment="pinned", daemons=2, quiescent_period=0.05)
+    # The fifo intake: "a shard without a daemon" is told by nobody pulling its shared consumer.
+    base = dict(streams=2, assignment="pinned", daemons=2, quiescent_period=0.05, intake="fifo")
     conns = await _connections(nats_url, 3)
     try:
         async with (
