@@ -648,21 +648,29 @@ async def test_nats_outages_with_daemon_leases(
 async def _stepdown_chaos(
     cluster: NatsCluster, prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
-    """Leader elections on demand in a 3-node cluster: the requests, tasks and change-set KV streams' leaders and
-    the tasks consumer's leader step down, one at a time, in random order."""
+    """Leader elections on demand in a 3-node cluster: the requests, tasks and change-set KV streams' leaders and a
+    tasks consumer's leader (the shared one, or with the fair intake one workspace's, at random) step down, one at a
+    time, in random order."""
     subjects = Settings(prefix=prefix).subjects
+    consumer = "a tasks consumer"
     stepdowns = [
         f"$JS.API.STREAM.LEADER.STEPDOWN.{subjects.requests_stream}",
         f"$JS.API.STREAM.LEADER.STEPDOWN.{subjects.tasks_stream}",
         f"$JS.API.STREAM.LEADER.STEPDOWN.KV_{subjects.change_sets_bucket}",
-        f"$JS.API.CONSUMER.LEADER.STEPDOWN.{subjects.tasks_stream}.{subjects.tasks_consumer}",
+        consumer,
     ]
     admin = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1)
     answered = 0
 
     async def step_down(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
         nonlocal answered
-        reply = await admin.request(random.choice(stepdowns), b"", timeout=5)
+        subject = random.choice(stepdowns)
+        if subject == consumer:
+            names = [c.name for c in await admin.jetstream().consumers_info(subjects.tasks_stream) if c.name]
+            if not names:
+                return  # no workspace has tasks right now
+            subject = f"$JS.API.CONSUMER.LEADER.STEPDOWN.{subjects.tasks_stream}.{random.choice(names)}"
+        reply = await admin.request(subject, b"", timeout=5)
         answered += b'"success":true' in reply.data
 
     try:
