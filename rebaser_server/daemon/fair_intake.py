@@ -140,6 +140,9 @@ class FairIntake:
         try:
             await self._serve()
         finally:
+            # The intake may change to fifo (rebaser streams intake): its give way is the fifo one again.
+            self._placement.give_way.quiet = PRESSURE_QUIET
+            self._placement.give_way.busiest_only = False
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
