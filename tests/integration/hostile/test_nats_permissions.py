@@ -19,6 +19,7 @@ from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded import NatsServer
 from rebaser_core.errors import RebaserRefused, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.layout import shard_of
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
@@ -352,3 +353,74 @@ async def test_follower_answers_flow_control_within_its_permissions(
         assert not [e for e in errors if "permissions violation" in e], errors
     finally:
         await follower_nc.close()
+
+
+async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses_every_other(
+    accounts_server: NatsServer, daemon_nc: NatsClient
+) -> None:
+    # workspace-1 of the example configuration is confined to FOLLOWED. Widening any of its permissions (a * for the
+    # workspace, another inbox) lets one of the forbidden operations below through, and the count fails.
+    errors: list[str] = []
+
+    async def on_error(err: Exception) -> None:
+        errors.append(str(err))
+
+    caller = await nats.connect(
+        accounts_server.url,
+        user="workspace-1",
+        password="change-me-workspace-1",
+        inbox_prefix="_INBOX.workspace-1",
+        error_cb=on_error,
+    )
+    settings = fast_settings(None, streams=2)
+    other, cs = WorkspacePk.new(), ChangeSetId.new()
+    try:
+        async with (
+            running_daemon(daemon_nc, settings, RecordingApp()) as daemon,
+            RebaserClient(caller) as client,
+        ):
+            # Its own workspace: requests (in both shards), replies, queries.
+            owns = [
+                next(c for c in iter(ChangeSetId.new, None) if shard_of(FOLLOWED, c, 2) == k) for k in (0, 1)
+            ]
+            for own in owns * 2:
+                reply = await client.enqueue_updates_with_reply(
+                    FOLLOWED, own, [SetLiteral(path="/n", value=1)], timeout=20
+                )
+                assert reply.ok, reply
+            assert (await client.wait_settled(FOLLOWED, own, timeout=10)).settled
+            with pytest.raises(RebaserRefused, match="cannot describe"):  # the query is answered
+                await client.get_change_set(FOLLOWED, own)
+            assert not [e for e in errors if "permissions violation" in e.lower()]
+            # Every way into another workspace.
+            other_shard = settings.subjects.for_shard(1)
+            forbidden = [
+                settings.subjects.requests(other, cs),
+                other_shard.requests(other, cs),
+                settings.subjects.task(other, cs),
+                other_shard.task(other, cs),
+                *(settings.subjects.api(op, other, cs) for op in ("get", "fork", "reply", "settled")),
+                f"$JS.API.CONSUMER.CREATE.REBASER_EVENTS.x.rebaser.events.{other}.*",
+                f"$JS.API.CONSUMER.CREATE.REBASER_EVENTS.x.rebaser.events.{other}.{cs}",
+                f"$O.{settings.subjects.batches_bucket}.C.x",  # batches: none at all (their names have no workspace)
+                "_INBOX.client-1.x",
+            ]
+            for subject in forbidden:
+                await caller.publish(subject, b"forged", reply="_INBOX.workspace-1.x")
+            await caller.subscribe("_INBOX.client-1.>")  # another caller's replies
+            await caller.flush()
+            await wait_for(
+                lambda: sum("permissions violation" in e.lower() for e in errors) >= len(forbidden) + 1,
+                message=f"every forbidden publish and the subscription refused: {errors}",
+            )
+            js = daemon_nc.jetstream()
+            for names in (settings.subjects, other_shard):
+                for stream, subject in (
+                    (names.requests_stream, names.requests_all),
+                    (names.tasks_stream, names.tasks_all),
+                ):
+                    stored = (await js.stream_info(stream, subjects_filter=subject)).state.subjects or {}
+                    assert not [s for s in stored if str(other) in s], stored
+            assert daemon.stats.requests_applied == 4
+    finally:
+        await caller.close()
