@@ -47,19 +47,25 @@ async def daemon_nc(accounts_server: NatsServer) -> AsyncIterator[NatsClient]:
     await conn.close()
 
 
-async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsClient) -> None:
-    errors: list[str] = []
+async def _caller(server: NatsServer, user: str, errors: list[str]) -> NatsClient:
+    """A connection as ``user`` of the example configuration (password ``change-me-<user>``, inbox prefix
+    ``_INBOX.<user>``), each asynchronous error it gets (a permissions violation) appended to ``errors``."""
 
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
 
-    caller = await nats.connect(
-        accounts_server.url,
-        user="client-1",
-        password="change-me-client-1",
-        inbox_prefix="_INBOX.client-1",
+    return await nats.connect(
+        server.url,
+        user=user,
+        password=f"change-me-{user}",
+        inbox_prefix=f"_INBOX.{user}",
         error_cb=on_error,
     )
+
+
+async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsClient) -> None:
+    errors: list[str] = []
+    caller = await _caller(accounts_server, "client-1", errors)
     settings = fast_settings(None)
     try:
         async with (
@@ -361,17 +367,7 @@ async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses
     # workspace-1 of the example configuration is confined to FOLLOWED. Widening any of its permissions (a * for the
     # workspace, another inbox) lets one of the forbidden operations below through, and the count fails.
     errors: list[str] = []
-
-    async def on_error(err: Exception) -> None:
-        errors.append(str(err))
-
-    caller = await nats.connect(
-        accounts_server.url,
-        user="workspace-1",
-        password="change-me-workspace-1",
-        inbox_prefix="_INBOX.workspace-1",
-        error_cb=on_error,
-    )
+    caller = await _caller(accounts_server, "workspace-1", errors)
     settings = fast_settings(None, streams=2)
     other, cs = WorkspacePk.new(), ChangeSetId.new()
     try:
