@@ -208,10 +208,13 @@ class _Reader:
             return None
         return int(info.state.messages)
 
-    async def delivered_upto(self) -> int | None:
-        """The tasks consumer's last delivered stream sequence: a task at or below it is held by a daemon."""
+    async def delivered_upto(self, consumer: str | None = None) -> int | None:
+        """A tasks consumer's last delivered stream sequence (the shared one unless ``consumer`` is named): a task
+        at or below it is held by a daemon. None if there is no such consumer."""
         try:
-            info = await self.js.consumer_info(self.subjects.tasks_stream, self.subjects.tasks_consumer)
+            info = await self.js.consumer_info(
+                self.subjects.tasks_stream, consumer or self.subjects.tasks_consumer
+            )
         except NotFoundError:
             return None
         return int(info.delivered.stream_seq or 0) if info.delivered else 0
@@ -228,17 +231,8 @@ class _Reader:
         except NotFoundError:
             return "none"
         if upto is None:
-            upto = await self._workspace_delivered_upto(workspace_id)
+            upto = await self.delivered_upto(self.subjects.workspace_tasks_consumer(workspace_id))
         return "owned" if upto is not None and (msg.seq or 0) <= upto else "waiting"
-
-    async def _workspace_delivered_upto(self, workspace_id: WorkspacePk) -> int | None:
-        try:
-            info = await self.js.consumer_info(
-                self.subjects.tasks_stream, self.subjects.workspace_tasks_consumer(workspace_id)
-            )
-        except NotFoundError:
-            return None
-        return int(info.delivered.stream_seq or 0) if info.delivered else 0
 
 
 async def task_state(

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["WORKSPACES_LISTED", "DaemonsOwned", "WorkspaceLine", "busiest_workspaces", "read_daemons_owned"]
 
@@ -100,37 +101,40 @@ def busiest_workspaces(
     return tuple(lines[:limit]), len(lines)
 
 
-_Read = tuple[Mapping[str, int] | None, str | None, Mapping[str, int], int]
+class _Read(NamedTuple):
+    """What one daemon's /status said: owned per workspace (None: not read, ``problem`` says why), and the tasks
+    it took lately per workspace (its busiest) and in all (both empty for an older daemon)."""
+
+    owned: Mapping[str, int] | None
+    problem: str | None = None
+    served: Mapping[str, int] = {}
+    served_total: int = 0
 
 
 def _read_one(url: str) -> _Read:
     where = f"{url.rstrip('/')}/status"
     if not where.startswith(("http://", "https://")):
-        return None, f"{url}: not an http:// or https:// URL", {}, 0
+        return _Read(None, f"{url}: not an http:// or https:// URL")
     try:
         with _OPENER.open(where, timeout=READ_TIMEOUT) as response:
             body = response.read(_MAX_STATUS_BYTES + 1)
         if len(body) > _MAX_STATUS_BYTES:
-            return None, f"{where} answered more than {_MAX_STATUS_BYTES} bytes", {}, 0
+            return _Read(None, f"{where} answered more than {_MAX_STATUS_BYTES} bytes")
         status = json.loads(body)
     except (OSError, ValueError) as err:  # URLError and timeouts are OSErrors; bad JSON a ValueError
-        return None, f"{where}: {type(err).__name__} {err}".strip(), {}, 0
+        return _Read(None, f"{where}: {type(err).__name__} {err}".strip())
     owned = status.get("owned") if isinstance(status, dict) else None
     by_workspace = owned.get("by_workspace") if isinstance(owned, dict) else None
     if not isinstance(by_workspace, dict):
-        return None, f"{where} shows no owned.by_workspace (not a rebaser daemon, or an older one)", {}, 0
+        return _Read(None, f"{where} shows no owned.by_workspace (not a rebaser daemon, or an older one)")
     assert isinstance(owned, dict)
-    served, served_total = (
-        owned.get("served_by_workspace"),
-        owned.get("served_total"),
-    )  # absent: an older daemon
-    return (
+    served, served_total = owned.get("served_by_workspace"), owned.get("served_total")  # absent: older
+    return _Read(
         {str(wk): int(n) for wk, n in by_workspace.items() if isinstance(n, int)},
-        None,
-        {str(wk): int(n) for wk, n in served.items() if isinstance(n, int)}
+        served={str(wk): int(n) for wk, n in served.items() if isinstance(n, int)}
         if isinstance(served, dict)
         else {},
-        served_total if isinstance(served_total, int) else 0,
+        served_total=served_total if isinstance(served_total, int) else 0,
     )
 
 
@@ -143,13 +147,13 @@ def read_daemons_owned(urls: Sequence[str]) -> DaemonsOwned:
         reads = list(pool.map(_read_one, urls))
     total: Counter[str] = Counter()
     served: Counter[str] = Counter()
-    for owned, _, taken, _ in reads:
-        total.update(owned or {})
-        served.update(taken)
+    for read in reads:
+        total.update(read.owned or {})
+        served.update(read.served)
     return DaemonsOwned(
         dict(total),
-        sum(1 for owned, *_ in reads if owned is not None),
-        tuple(problem for _, problem, *_ in reads if problem is not None),
+        sum(1 for read in reads if read.owned is not None),
+        tuple(read.problem for read in reads if read.problem is not None),
         dict(served),
-        sum(taken_total for *_, taken_total in reads),
+        sum(read.served_total for read in reads),
     )

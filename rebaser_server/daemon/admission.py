@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 from rebaser_core.settings import Settings
 
 __all__ = ["Admission"]
+
+K = TypeVar("K")
 
 # While every slot is taken, how often the daemon looks whether other change sets wait for an owner.
 PRESSURE_CHECK = 1.0
@@ -34,9 +38,9 @@ class Admission:
         """Change sets still in their cold path."""
         return len(self._starting)
 
-    def starting_where(self, test: Callable[[Hashable], bool]) -> int:
-        """How many of the change sets in their cold path pass ``test`` (one workspace's, say)."""
-        return sum(1 for processor in self._starting if test(processor))
+    def starting_by(self, key: Callable[[Hashable], K]) -> Counter[K]:
+        """The change sets in their cold path counted by ``key`` (their workspace, say)."""
+        return Counter(key(processor) for processor in self._starting)
 
     def taken(self, processor: Hashable) -> None:
         self._starting[processor] = time.monotonic()

@@ -37,7 +37,7 @@ from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.fair_intake import FairIntake
+from rebaser_server.daemon.fair_intake import FairIntakes
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
@@ -164,7 +164,10 @@ class Daemon:
             expires=_FETCH_TIMEOUT,
             on_intake_switch=self._on_intake_switch,
         )
-        self.intakes: dict[int, FairIntake] = {}  # the fair intake's, per served shard
+        # The fair intake's loop per served shard (run by _pull when the layout's intake is fair).
+        self.intakes = FairIntakes(
+            nats, settings, placement, self._owned, self._admission, stopping=lambda: self._stopping
+        )
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(
@@ -261,19 +264,8 @@ class Daemon:
         return {str(wk): n for wk, n in self._owned.fair.served_lately().items()}
 
     def intake_status(self) -> dict[str, Any]:
-        """How tasks reach this daemon (``/status``'s ``intake``): the layout's intake and, with the fair intake,
-        the workspaces waiting for a turn (in the order they get it), across the served shards."""
-        layout = self._owning.placement.layout
-        waiting = [wk for intake in self.intakes.values() for wk in intake.turns.waiting]
-        return {
-            "kind": layout.intake,
-            "changing_from": layout.intake_from,
-            "workspaces_waiting": [str(wk) for wk in waiting[:10]],
-            "workspaces_waiting_total": len(waiting),
-            "workspaces_watched": sum(intake.watched for intake in self.intakes.values()),
-            "turns": sum(intake.turns.turns for intake in self.intakes.values()),
-            "consumers_created": sum(intake.created_consumers for intake in self.intakes.values()),
-        }
+        """How tasks reach this daemon (``/status``'s ``intake``): see FairIntakes.status."""
+        return self.intakes.status()
 
     @property
     def starting(self) -> int:
@@ -338,22 +330,8 @@ class Daemon:
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard. With the fair
         intake, the shard's workspaces are served in turns instead (fair_intake.py)."""
-        owning = self._owning
-        if owning.placement.layout.intake == "fair":
-            intake = FairIntake(
-                owning.nats,
-                owning.settings,
-                owning.placement,
-                subjects,
-                self._owned,
-                self._admission,
-                stopping=lambda: self._stopping,
-            )
-            self.intakes[subjects.shard] = intake
-            try:
-                await intake.run()
-            finally:
-                self.intakes.pop(subjects.shard, None)
+        if self._owning.placement.layout.intake == "fair":
+            await self.intakes.run(subjects)
             return
         settings, give_way = self._owning.settings, self._owning.placement.give_way
         while not self._stopping:
@@ -424,9 +402,7 @@ class Daemon:
         if self._stopping:
             return
         log.warning("reconnected to NATS: handing back %d owned change sets", len(self._owned))
-        for processor in self._owned.processors():
-            owning.report.stats.reconnect_handbacks += 1
-            processor.interrupt()
+        owning.report.stats.reconnect_handbacks += self._owned.interrupt_all()
         try:
             # A memory-storage deployment loses streams, consumer and bucket in a restart; elsewhere a no-op.
             await ensure_streams(
@@ -459,9 +435,7 @@ class Daemon:
     async def _on_intake_switch(self) -> None:
         """The intake changes (``rebaser streams intake``): hand every owned change set back (finish the request in
         hand, nack the task) while the old intake's consumers still exist; the new intake takes them again."""
-        log.warning("the intake changes: handing back %d owned change sets", len(self._owned))
-        for processor in self._owned.processors():
-            processor.interrupt()
+        log.warning("the intake changes: handing back %d owned change sets", self._owned.interrupt_all())
 
     async def _check_durability(self) -> str | None:
         """Check what acknowledgements survive now; what is wrong if that is below ``require_durability``."""
@@ -514,8 +488,7 @@ class Daemon:
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
                 await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)
-        for processor in self._owned.processors():
-            processor.interrupt()
+        self._owned.interrupt_all()
         left = await self._owned.wait(timeout=settings.shutdown_grace + 5.0)
         if left:
             log.error("%d change sets did not finish handing back in time", left)

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -51,7 +53,7 @@ from rebaser_server.daemon.turns import WorkspaceTurns
 from rebaser_server.task.delivery import Delivery
 from rebaser_server.task.handback import hand_back
 
-__all__ = ["FairIntake"]
+__all__ = ["FairIntake", "FairIntakes"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,11 @@ _FILTER_OVERLAPS = 10100
 # A pull request is answered within this long (the lease's lower bound is its send time: see lease.py).
 _PULL_EXPIRES = 1.0
 _RECONNECT_POLL = 0.1
+
+
+def _workspace_of(processor: object) -> object:
+    """The workspace of a change set in its cold path (Admission keeps the processors)."""
+    return getattr(getattr(processor, "change_set", None), "workspace_id", None)
 
 
 class FairIntake:
@@ -181,11 +188,14 @@ class FairIntake:
             if not self._nats.nc.is_connected:
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
-            workspace = self.turns.next(self._at_share, eligible=self._below_reserve)
+            # Counted once a turn (at most start_concurrency change sets): each workspace's cold paths.
+            starting = self._admission.starting_by(_workspace_of)
+            workspace = self.turns.next(self._at_share, eligible=functools.partial(self._has_room, starting))
             if workspace is None:
                 await self._wait()
                 continue
-            batch = min(self.turns.part(workspace, free), room, _TURN_BATCH, self._room_for(workspace))
+            room_for = self._room_for(workspace, starting[workspace])
+            batch = min(self.turns.part(workspace, free), room, _TURN_BATCH, room_for)
             try:
                 more = await self._take_from(workspace, batch)
             except Exception as err:
@@ -208,24 +218,19 @@ class FairIntake:
         first = busiest(owned)
         return any(workspace not in first for workspace in self.turns.waiting)
 
-    def _room_for(self, workspace: WorkspacePk) -> int:
-        """Slots ``workspace`` may take: all but the :data:`_RESERVE` part of the daemon kept for the others, of
-        its slots and of its cold paths (``start_concurrency``: a flood's activations must not make a newcomer's
-        wait for theirs)."""
+    def _room_for(self, workspace: WorkspacePk, starting: int) -> int:
+        """Tasks ``workspace`` may take (``starting``: its change sets in their cold path): all but the
+        :data:`_RESERVE` part of the daemon kept for the others, of its slots and of its cold paths
+        (``start_concurrency``: a flood's activations must not make a newcomer's wait for theirs)."""
         settings = self._settings
         slots = (
             settings.concurrency - settings.concurrency // _RESERVE - self._owned.fair.by_workspace[workspace]
         )
-        starting = self._admission.starting_where(
-            lambda processor: (
-                getattr(getattr(processor, "change_set", None), "workspace_id", None) == workspace
-            )
-        )
         starts = settings.start_concurrency - settings.start_concurrency // _RESERVE - starting
         return min(slots, starts)
 
-    def _below_reserve(self, workspace: WorkspacePk) -> bool:
-        return self._room_for(workspace) > 0
+    def _has_room(self, starting: Mapping[object, int], workspace: WorkspacePk) -> bool:
+        return self._room_for(workspace, starting.get(workspace, 0)) > 0
 
     def _at_share(self, workspace: WorkspacePk) -> bool:
         fair = self._owned.fair
@@ -379,3 +384,60 @@ class FairIntake:
     @property
     def watched(self) -> int:
         return len(self._watched)
+
+
+class FairIntakes:
+    """The fair intake's loop of every served shard: started by the daemon's pull loop of a shard whose layout's
+    intake is fair, and read together for ``/status``."""
+
+    def __init__(
+        self,
+        nats: Nats,
+        settings: Settings,
+        placement: Placement,
+        owned: OwnedChangeSets,
+        admission: Admission,
+        *,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._nats = nats
+        self._settings = settings
+        self._placement = placement
+        self._owned = owned
+        self._admission = admission
+        self._stopping = stopping
+        self._by_shard: dict[int, FairIntake] = {}
+
+    async def run(self, subjects: Subjects) -> None:
+        """Serve shard ``subjects.shard`` until stopped (cancelled, or the daemon stops)."""
+        intake = FairIntake(
+            self._nats,
+            self._settings,
+            self._placement,
+            subjects,
+            self._owned,
+            self._admission,
+            stopping=self._stopping,
+        )
+        self._by_shard[subjects.shard] = intake
+        try:
+            await intake.run()
+        finally:
+            self._by_shard.pop(subjects.shard, None)
+
+    def status(self) -> dict[str, Any]:
+        """The layout's intake (and the one being left while it changes) and, with the fair intake, the workspaces
+        waiting for a turn in the order they get it, the workspaces watched, the turns given and the consumers
+        made, over the served shards."""
+        layout = self._placement.layout
+        intakes = list(self._by_shard.values())
+        waiting = [wk for intake in intakes for wk in intake.turns.waiting]
+        return {
+            "kind": layout.intake,
+            "changing_from": layout.intake_from,
+            "workspaces_waiting": [str(wk) for wk in waiting[:10]],
+            "workspaces_waiting_total": len(waiting),
+            "workspaces_watched": sum(intake.watched for intake in intakes),
+            "turns": sum(intake.turns.turns for intake in intakes),
+            "consumers_created": sum(intake.created_consumers for intake in intakes),
+        }

@@ -58,6 +58,13 @@ class OwnedChangeSets:
     def processors(self) -> list[ChangeSetProcessor]:
         return list(self._tasks.values())
 
+    def interrupt_all(self) -> int:
+        """Hand every owned change set back (each finishes the request in hand, then nacks its task); how many."""
+        processors = self.processors()
+        for processor in processors:
+            processor.interrupt()
+        return len(processors)
+
     async def wait(self, timeout: float) -> int:
         """Until every ownership has ended, for at most ``timeout``; how many are left."""
         if self._tasks:

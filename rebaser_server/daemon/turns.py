@@ -62,10 +62,17 @@ class WorkspaceTurns:
         """The workspace whose turn it is, taken out of the line (:meth:`wait` puts it back if tasks are left): the
         first ``eligible`` one that is not ``at_share`` here, or the first eligible one if every one is (nobody
         else could use the slot). None if no workspace waits, or none is eligible (each stays in line)."""
-        candidates = [wk for wk in self._waiting if eligible(wk)] if self._waiting else []
-        if not candidates:
+        chosen = first = None
+        for workspace in self._waiting:  # in line order, stopping at the first that may have the turn
+            if not eligible(workspace):
+                continue
+            if not at_share(workspace):
+                chosen = workspace
+                break
+            first = first or workspace
+        chosen = chosen or first
+        if chosen is None:
             return None
-        chosen = next((wk for wk in candidates if not at_share(wk)), candidates[0])
         self.forget(chosen)
         self.turns += 1
         return chosen
