@@ -37,7 +37,7 @@ from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.fair_intake import FairIntakes
+from rebaser_server.daemon.fair_intake import FairIntake, FairIntakes
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
@@ -166,7 +166,16 @@ class Daemon:
         )
         # The fair intake's loop per served shard (run by _pull when the layout's intake is fair).
         self.intakes = FairIntakes(
-            nats, settings, placement, self._owned, self._admission, stopping=lambda: self._stopping
+            placement,
+            lambda names: FairIntake(
+                nats,
+                settings,
+                placement,
+                names,
+                self._owned,
+                self._admission,
+                stopping=lambda: self._stopping,
+            ),
         )
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)

@@ -388,37 +388,16 @@ class FairIntake:
 
 class FairIntakes:
     """The fair intake's loop of every served shard: started by the daemon's pull loop of a shard whose layout's
-    intake is fair, and read together for ``/status``."""
+    intake is fair (``make`` builds one for a shard's names), and read together for ``/status``."""
 
-    def __init__(
-        self,
-        nats: Nats,
-        settings: Settings,
-        placement: Placement,
-        owned: OwnedChangeSets,
-        admission: Admission,
-        *,
-        stopping: Callable[[], bool],
-    ) -> None:
-        self._nats = nats
-        self._settings = settings
+    def __init__(self, placement: Placement, make: Callable[[Subjects], FairIntake]) -> None:
         self._placement = placement
-        self._owned = owned
-        self._admission = admission
-        self._stopping = stopping
+        self._make = make
         self._by_shard: dict[int, FairIntake] = {}
 
     async def run(self, subjects: Subjects) -> None:
         """Serve shard ``subjects.shard`` until stopped (cancelled, or the daemon stops)."""
-        intake = FairIntake(
-            self._nats,
-            self._settings,
-            self._placement,
-            subjects,
-            self._owned,
-            self._admission,
-            stopping=self._stopping,
-        )
+        intake = self._make(subjects)
         self._by_shard[subjects.shard] = intake
         try:
             await intake.run()
