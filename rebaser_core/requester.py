@@ -9,6 +9,10 @@ per call (a handle pushed on the event loop's heap, compared in Python, cancelle
 daemon's time. The semantics are
 nats-py's: ``TimeoutError`` (nats-py's, a ``TimeoutError`` too) after ``timeout``, ``NoRespondersError`` when
 nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.inline_subscription``).
+
+An answer due while the connection was down is lost (a restarted server forgot the request; a reply sent to a
+client that is gone is dropped), so its caller would wait out the whole timeout. After a reconnect,
+:meth:`Requester.fail_lost` ends at once, with ``TimeoutError``, every call sent over the connection that was lost.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ _SEQUENCE_HEADER = "Nats-Sequence"  # added by the server to every message a dir
 _NOT_FOUND = "404"
 _NO_RESPONDERS = "503"
 
+# The connection of a call made while disconnected: sent on the next one, from nats-py's reconnect buffer.
+_BUFFERED = -1
+
 # What ``Requester.send`` hands its callback: the answer, or why there is none (``TimeoutError``,
 # ``NoRespondersError``).
 Answer = Msg | Exception
@@ -49,8 +56,9 @@ class Requester:
         self._sub: Any = None
         self._start_lock = asyncio.Lock()
         self._next = 0
-        # Every unanswered call: token -> what its answer goes to; and when each times out, on one timer.
-        self._callbacks: dict[str, Callable[[Answer], None]] = {}
+        # Every unanswered call: token -> what its answer goes to, and the connection it was sent over (nats-py's
+        # reconnect count then; _BUFFERED if it went to the reconnect buffer); and when each times out, on one timer.
+        self._callbacks: dict[str, tuple[Callable[[Answer], None], int]] = {}
         self._expiries: Expiries[str] = Expiries(self._timed_out)
 
     async def _start(self) -> None:
@@ -65,7 +73,7 @@ class Requester:
         self._expiries.clear()
         callbacks, self._callbacks = self._callbacks, {}
         # First: unsubscribing raises on a connection already closed or draining, and no answer can come either way.
-        for callback in callbacks.values():
+        for callback, _ in callbacks.values():
             _call(callback, nats.errors.ConnectionClosedError())
         if sub is not None:
             await sub.unsubscribe()
@@ -110,7 +118,8 @@ class Requester:
         self._next += 1
         token = str(self._next)
         self._expiries.add(token, asyncio.get_running_loop().time() + timeout)  # ValueError for NaN
-        self._callbacks[token] = callback
+        nc = self._nc
+        self._callbacks[token] = (callback, nc.stats["reconnects"] if nc.is_connected else _BUFFERED)
         return token
 
     def _forget(self, token: str) -> None:
@@ -118,9 +127,21 @@ class Requester:
         self._expiries.discard(token)
 
     def _timed_out(self, token: str) -> None:
-        callback = self._callbacks.pop(token, None)
-        if callback is not None:
-            _call(callback, nats.errors.TimeoutError())
+        entry = self._callbacks.pop(token, None)
+        if entry is not None:
+            _call(entry[0], nats.errors.TimeoutError())
+
+    def fail_lost(self) -> int:
+        """After a reconnect: end every call sent over an earlier connection with ``TimeoutError`` now, not when its
+        timeout runs out (its answer, if any, was due while the connection was down, and is lost). A call made
+        while disconnected waited in nats-py's reconnect buffer, went out on the new connection, and still waits.
+        How many were ended. Like any timeout, it says nothing of whether the request took effect."""
+        now = self._nc.stats["reconnects"]
+        lost = [token for token, (_, sent_on) in self._callbacks.items() if _BUFFERED < sent_on < now]
+        for token in lost:
+            self._expiries.discard(token)
+            self._timed_out(token)
+        return len(lost)
 
     async def ready(self) -> None:
         """Subscribe the reply subject if not yet done (``request`` does it by itself; ``expect`` needs it done)."""
@@ -147,14 +168,14 @@ class Requester:
 
     def _on_reply(self, msg: Msg) -> None:
         token = msg.subject[len(self._prefix) :]
-        callback = self._callbacks.pop(token, None)
-        if callback is not None:
+        entry = self._callbacks.pop(token, None)
+        if entry is not None:
             self._expiries.discard(token)
             try:
                 answer: Answer = answered(msg)
             except nats.errors.NoRespondersError as err:
                 answer = err
-            _call(callback, answer)
+            _call(entry[0], answer)
 
 
 def _settle(future: asyncio.Future[Msg], answer: Answer) -> None:

@@ -177,6 +177,7 @@ class Daemon:
                 stopping=lambda: self._stopping,
             ),
         )
+        self._owned.on_handed_back = self.intakes.handed_back
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(
@@ -398,7 +399,8 @@ class Daemon:
         return any(s["tasks_waiting"] for s in facts.shards if s["shard"] in served)
 
     async def _on_reconnect(self) -> None:
-        """After a reconnect: streams back, owned change sets handed back, orphans swept.
+        """After a reconnect: calls lost with the old connection ended, streams back, owned change sets handed back,
+        orphans swept.
 
         A restarted nats-server has lost every memory-storage ordered consumer. Each would be replaced only after two
         silent heartbeats (``consumer_heartbeat``: over 10 s at the default; ``consumer.py``), and the daemon cannot
@@ -410,6 +412,9 @@ class Daemon:
         owning.report.stats.nats_reconnects += 1
         if self._stopping:
             return
+        # Calls whose answers were lost with the old connection end now: a change set handed back must not wait
+        # nats_timeout for one (a delete of a processed request, a record write) before its task goes back.
+        owning.nats.requester.fail_lost()
         log.warning("reconnected to NATS: handing back %d owned change sets", len(self._owned))
         owning.report.stats.reconnect_handbacks += self._owned.interrupt_all()
         try:

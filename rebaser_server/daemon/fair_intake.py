@@ -13,7 +13,9 @@ How a daemon knows which workspaces have tasks waiting:
 - **found**: every :data:`_DISCOVER_EVERY` seconds, and at start, it reads the workspaces with tasks from the
   tasks stream's subjects (a publish missed during a reconnect, a daemon started after it);
 - **left over**: a turn that takes a workspace's last waiting task tells (the delivery's pending count) whether
-  more wait.
+  more wait;
+- **handed back**: a task this daemon hands back (a retry, a reconnect, a shutdown) joins its workspace to the line
+  once it is ready again.
 
 A task a daemon holds can come back (its holder died or lost its lease) with nobody asking for it: nothing is
 published, and the workspace's queue is empty until the lease runs out. So every workspace whose tasks may be held
@@ -112,6 +114,14 @@ class FairIntake:
     def _join(self, workspace: WorkspacePk) -> None:
         if self.turns.wait(workspace):
             self._joined.set()
+
+    def handed_back(self, workspace: WorkspacePk, delay: float) -> None:
+        """A task of ``workspace`` went back to its queue, ready again after ``delay``: its workspace joins the line
+        then (no publish says so; else only a look of the watch would find it)."""
+        if delay <= 0:
+            self._join(workspace)
+        else:
+            asyncio.get_running_loop().call_later(delay, self._join, workspace)
 
     async def _on_task(self, msg: Msg) -> None:
         with contextlib.suppress(InvalidSubject):
@@ -403,6 +413,13 @@ class FairIntakes:
             await intake.run()
         finally:
             self._by_shard.pop(subjects.shard, None)
+
+    def handed_back(self, shard: int, workspace: WorkspacePk, delay: float) -> None:
+        """A task of ``workspace`` in shard ``shard`` went back, ready again after ``delay`` (see
+        OwnedChangeSets.on_handed_back)."""
+        intake = self._by_shard.get(shard)
+        if intake is not None:
+            intake.handed_back(workspace, delay)
 
     def status(self) -> dict[str, Any]:
         """The layout's intake (and the one being left while it changes) and, with the fair intake, the workspaces

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from rebaser_core.errors import InvalidSubject
+from rebaser_core.ids import WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.migration import old_shard_busy
@@ -47,6 +49,9 @@ class OwnedChangeSets:
         self._tasks: dict[asyncio.Task[None], ChangeSetProcessor] = {}
         # Per-workspace share (fairness.py): at most so many change sets of one workspace while others have tasks.
         self.fair = FairShare(owning.nats, owning.settings, owning.placement)
+        # Told of every task handed back (its shard, its workspace, the delay before it is ready again): the fair
+        # intake asks for it again then (nothing is published for a task that goes back).
+        self.on_handed_back: Callable[[int, WorkspacePk, float], None] | None = None
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -155,7 +160,12 @@ class OwnedChangeSets:
             outcome = result.outcome
             if outcome.hands_back:
                 # Only while the lease is held: a late nak would take the task from the daemon that has it now.
-                await processor.lease.nak(delay=result.delay if outcome is Outcome.RETRY else None)
+                delay = result.delay if outcome is Outcome.RETRY else None
+                await processor.lease.nak(delay=delay)
+                if self.on_handed_back is not None:
+                    self.on_handed_back(
+                        processor.subjects.shard, processor.change_set.workspace_id, delay or 0.0
+                    )
             counter = TASK_COUNTERS[outcome]
             setattr(stats, counter, getattr(stats, counter) + 1)
         finally:

@@ -11,6 +11,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from rebaser_core.embedded import NatsServer
 from rebaser_core.requester import Answer, Requester
 from rebaser_core.testing import wait_for
 
@@ -115,3 +116,39 @@ async def test_close_on_a_closed_connection_still_fails_what_waits(
     assert len(answers) == 1 and isinstance(answers[0], nats.errors.ConnectionClosedError)
     with pytest.raises(nats.errors.ConnectionClosedError):
         await pending
+
+
+async def test_fail_lost_ends_the_calls_of_a_lost_connection_at_once(
+    own_server: NatsServer, subject_prefix: str
+) -> None:
+    own = await nats.connect(own_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    requester = Requester(own)
+
+    async def ignore(msg: Msg) -> None:
+        return None
+
+    try:
+        await own.subscribe(f"{subject_prefix}.silent", cb=ignore)
+        before: list[Answer] = []
+        await requester.send(f"{subject_prefix}.silent", b"", timeout=60, on_answer=before.append)
+        await own.flush()
+        assert requester.fail_lost() == 0 and not before  # no reconnect yet: nothing is lost
+
+        await asyncio.to_thread(own_server.stop, keep_files=True)
+        await wait_for(lambda: not own.is_connected, timeout=10, message="disconnected")
+        # Made while disconnected: waits in nats-py's reconnect buffer and goes out on the next connection.
+        buffered: list[Answer] = []
+        await requester.send(f"{subject_prefix}.silent", b"", timeout=60, on_answer=buffered.append)
+        await asyncio.to_thread(own_server.start)
+        await wait_for(lambda: own.is_connected, timeout=10, message="reconnected")
+        after: list[Answer] = []
+        await requester.send(f"{subject_prefix}.silent", b"", timeout=60, on_answer=after.append)
+
+        assert requester.fail_lost() == 1
+        assert len(before) == 1 and isinstance(before[0], nats.errors.TimeoutError)  # at once, not after 60 s
+        assert not buffered and not after
+        assert len(requester._callbacks) == 2
+        assert requester.fail_lost() == 0  # told once
+    finally:
+        await requester.close()
+        await own.close()

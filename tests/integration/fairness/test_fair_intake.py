@@ -18,6 +18,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
+from rebaser_server.daemon import fair_intake
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.daemons import daemon_processes, spawn_daemon
@@ -137,6 +138,24 @@ async def test_a_killed_daemons_change_sets_are_served_by_a_peer(
                 wk, cs, [SetLiteral(path="/n", value=2)], timeout=30
             )
             assert reply.ok, reply
+
+
+async def test_a_task_handed_back_for_a_retry_is_taken_again_without_a_look(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failed attempt hands the task back with a short delay: nothing is published, and here the watch looks
+    # only every 30 s (half of ack_wait) and the stream's workspaces are read only at start. The workspace joins
+    # the line again when its task is ready.
+    monkeypatch.setattr(fair_intake, "_DISCOVER_EVERY", 3600.0)
+    settings = fast_settings(subject_prefix, intake="fair", ack_wait=60.0)
+    app = RecordingApp()
+    async with running_daemon(nc, settings, app) as daemon:
+        reply = await client.enqueue_updates_with_reply(
+            WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/flaky", value=1)], timeout=20
+        )
+        assert reply.ok, reply
+        assert app.attempts[str(reply.id)] == 2
+        assert daemon.stats.tasks_retried >= 1
 
 
 async def test_a_new_deployment_is_fair_and_a_daemon_asking_for_another_intake_is_refused(
