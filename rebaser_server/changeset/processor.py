@@ -196,10 +196,25 @@ class ChangeSetProcessor:
             return TaskResult(Outcome.PAUSED, reason=f"paused: {paused.reason}")
         # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
         owning.keeper.add(self)
-        # The change set's consumer is created while its record is read and bumped (one round trip fewer before
-        # the first request); nothing is delivered before _bind subscribes, which is after the acquire. Its
-        # num_pending also tells a task with nothing to do (no record, nothing queued).
-        consumer = asyncio.ensure_future(self._consumer.create())
+        # Whether a request is queued (one read of the change set's last request, as the stream leader has it) is
+        # asked while the record is read: a task with nothing to do (no record, nothing queued: anyone able to
+        # publish tasks could send them) then costs no record write and no consumer. The change set's consumer is
+        # created as soon as a request is known to be queued, while the record is still read and bumped (one round
+        # trip fewer before the first request); nothing is delivered before _bind subscribes, after the acquire.
+        queued = asyncio.ensure_future(self._last_request_queued())
+        consumers: list[asyncio.Future[int]] = []
+
+        def create_consumer(_: object = None) -> None:
+            if not consumers:
+                consumers.append(asyncio.ensure_future(self._consumer.create()))
+
+        queued.add_done_callback(
+            lambda done: (
+                create_consumer()
+                if not done.cancelled() and done.exception() is None and done.result()
+                else None
+            )
+        )
         try:
             try:
                 acquired = await owning.store.acquire(
@@ -208,7 +223,7 @@ class ChangeSetProcessor:
                     owning.app.initial_state(self.change_set),
                     TaskDelivery.of(self._task_msg),
                     shard=self._names.shard,
-                    has_work=lambda: self._has_queued(consumer),
+                    has_work=lambda: queued,
                 )
             except StaleDelivery as err:
                 return TaskResult(Outcome.STALE, reason=str(err))
@@ -239,7 +254,8 @@ class ChangeSetProcessor:
             self._feed.taken(self._handle.record)
             await report.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start(self._handle)
-            await self._bind(await consumer)
+            create_consumer()  # (a record, nothing queued: a redelivered or swept task, released below)
+            await self._bind(await consumers[0])
             if self._caught_up:
                 self._started()
                 # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
@@ -251,11 +267,16 @@ class ChangeSetProcessor:
             self._feed.close()
             owning.keeper.remove(self)
             await self._dvu.stop(timeout=settings.nats_timeout)
-            if not consumer.done():
-                # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
-                await asyncio.wait({consumer})
-            if not consumer.cancelled():
-                consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
+            if not queued.done():
+                queued.cancel()  # (the acquire failed before it asked)
+            if not queued.cancelled():
+                queued.exception()  # retrieved: a failure to read is the acquire's to report
+            for consumer in consumers:
+                if not consumer.done():
+                    # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
+                    await asyncio.wait({consumer})
+                if not consumer.cancelled():
+                    consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
             await self._consumer.close()
             # The post-process step holds this processor's ``_fail``, and this processor holds it: without this the
             # pair is freed only by the cycle collector.
@@ -267,8 +288,14 @@ class ChangeSetProcessor:
             callback(self)
 
     # -- consuming ----------------------------------------------------------------------------------
-    async def _has_queued(self, consumer: asyncio.Future[int]) -> bool:
-        return (await consumer) > 0
+    async def _last_request_queued(self) -> bool:
+        """Whether a request of this change set is in the requests stream (processed or not: a record tells)."""
+        nats = self._owning.nats
+        timeout = self._owning.settings.nats_timeout
+        return (
+            await nats.reads.last_message(self._names.requests_stream, self._subject, timeout=timeout)
+            is not None
+        )
 
     async def _bind(self, queued: int) -> None:
         self._caught_up = queued == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.errors import NoStreamResponseError
 
@@ -78,6 +79,15 @@ async def test_junk_in_streams_from_older_versions_is_removed(
 async def test_tasks_with_nothing_to_do_create_no_record(nc: NatsClient, subject_prefix: str) -> None:
     settings = fast_settings(subject_prefix)
     subjects, js = settings.subjects, nc.jetstream()
+    # nats-server announces every consumer made on the requests stream, in order.
+    created: list[Msg] = []
+
+    async def announced(msg: Msg) -> None:
+        created.append(msg)
+
+    advisories = await nc.subscribe(
+        f"$JS.EVENT.ADVISORY.CONSUMER.CREATED.{subjects.requests_stream}.*", cb=announced
+    )
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         await js.publish(subjects.task(wk, cs), b"")  # a well-formed task, but no request was ever queued
@@ -92,6 +102,14 @@ async def test_tasks_with_nothing_to_do_create_no_record(nc: NatsClient, subject
         assert await daemon.store.read(ChangeSet(wk, cs)) is None
         keys = await daemon.store.kv.keys() if (await daemon.store.kv.status()).values else []
         assert keys == []
+        # No consumer either: a real request's is the first one nats-server announces.
+        reply = await RebaserClient(nc, prefix=subject_prefix).enqueue_updates_with_reply(
+            wk, ChangeSetId.new(), [SetLiteral(path="/a", value=1)], timeout=10
+        )
+        assert reply.ok
+        await wait_for(lambda: created, timeout=10, message="the real request's consumer announced")
+        assert len(created) == 1
+    await advisories.unsubscribe()
 
 
 async def test_task_subjects_must_end_in_process(nc: NatsClient, subject_prefix: str) -> None:
