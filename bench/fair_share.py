@@ -10,6 +10,9 @@ each on a fresh nats-server and one daemon (the no-op counter app):
 - ``A + B, no share``: ``max_owned_per_workspace`` = ``concurrency`` (a workspace may take every slot);
 - ``A + B, share``: the default share (half of ``concurrency``).
 
+Other runs (``--runs``): the fair intake's, the many-tenant scenario (``tenants-*``), and ``bogus``/``bogus-fifo``,
+where A publishes ``--bogus`` tasks for made-up change sets (no request) over ``--bogus-workspaces`` workspaces.
+
 Reported: B's p50 and p99, A's drain time (from its first request to the last one applied), and the CPU seconds
 nats-server and the daemon spent. Timings are for reading, not asserting (the test asserts the behaviour).
 """
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client as NatsClient
 
 from bench.procs import Processes, cpu_seconds
 from rebaser_client import RebaserClient, SetLiteral
@@ -48,6 +52,7 @@ async def _one_run(
     intake: str,
     log_dir: Path,
     tenants: bool = False,
+    bogus: bool = False,
 ) -> dict[str, object]:
     prefix = f"fs{os.getpid()}{label[:1]}{int(time.time() * 1000) % 100000}"
     with tempfile.TemporaryDirectory() as store, Processes(log_dir) as procs:
@@ -94,7 +99,8 @@ async def _one_run(
                             "-m",
                             "bench.fair_share",
                             "--flood-worker",
-                            f"{server.url} {prefix} {args.flood} {args.per}",
+                            f"{server.url} {prefix} {args.flood} {args.per}"
+                            + (f" {args.bogus} {args.bogus_workspaces}" if bogus else ""),
                         ],
                         dict(os.environ),
                     )
@@ -102,7 +108,7 @@ async def _one_run(
                 if tenants:
                     return await _tenants(args, nc, prefix, flooder=flooder, label=label)
                 return await _traffic(
-                    args, nc, prefix, server.pid or 0, daemon.pid, flooder=flooder, label=label
+                    args, nc, prefix, server.pid or 0, daemon.pid, flooder=flooder, label=label, bogus=bogus
                 )
             finally:
                 await nc.close()
@@ -112,13 +118,14 @@ async def _one_run(
 
 async def _traffic(
     args: argparse.Namespace,
-    nc: nats.NATS,
+    nc: NatsClient,
     prefix: str,
     server_pid: int,
     daemon_pid: int,
     *,
     flooder: subprocess.Popen[bytes] | None,
     label: str,
+    bogus: bool = False,
 ) -> dict[str, object]:
     client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
     b = WorkspacePk.new()
@@ -134,9 +141,12 @@ async def _traffic(
         js = nc.jetstream()
         subjects = Subjects(prefix)
         while True:
-            info = await js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
-            # Only A's requests are left once B is done.
-            if not info.state.subjects and sent.done():
+            if bogus:  # A's tasks are gone (B's too, once B is done)
+                left = (await js.stream_info(subjects.tasks_stream)).state.messages
+            else:  # only A's requests are left once B is done
+                info = await js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
+                left = len(info.state.subjects or {})
+            if not left and sent.done():
                 return time.monotonic() - started
             await asyncio.sleep(0.2)  # polling the stream: the drain has no event to await
 
@@ -154,7 +164,11 @@ async def _traffic(
 
     flood = flooder is not None
     sent = asyncio.ensure_future(flood_sent() if flood else asyncio.sleep(0))
-    if flood:
+    if flood and args.b_after_sent:
+        await (
+            sent
+        )  # B starts once all of A's flood is stored: the daemon's share alone, not the publishes' CPU
+    elif flood:
         await asyncio.sleep(0.5)  # B starts once the flood is under way (its pacing, not a wait for a result)
     b_sets = [ChangeSetId.new() for _ in range(args.b_change_sets)]
     callers = min(10, args.b_change_sets)  # each caller its own change sets: one request at a time on each
@@ -184,6 +198,11 @@ RUNS = {
     "fair-alone": ("B alone, fair intake", False, True, "fair"),
     "fair": ("A + B, fair intake", True, True, "fair"),
 }
+# A's flood is --bogus tasks for made-up change sets (over --bogus-workspaces made-up workspaces), no requests.
+BOGUS_RUNS = {
+    "bogus-fifo": ("A's bogus tasks + B, fifo, share", True, True, "fifo"),
+    "bogus": ("A's bogus tasks + B, fair intake", True, True, "fair"),
+}
 # The many-tenant scenario (--tenants): the small workspaces alone, then beside the flood.
 TENANT_RUNS = {
     "tenants-fifo-alone": ("tenants alone, fifo", False, True, "fifo"),
@@ -195,7 +214,7 @@ TENANT_RUNS = {
 
 async def _tenants(
     args: argparse.Namespace,
-    nc: nats.NATS,
+    nc: NatsClient,
     prefix: str,
     *,
     flooder: subprocess.Popen[bytes] | None,
@@ -234,9 +253,28 @@ async def _tenants(
     return result
 
 
+async def _bogus_worker(url: str, prefix: str, count: int, workspaces: int) -> None:
+    """``count`` tasks for made-up change sets over ``workspaces`` made-up workspaces, with no request: plain
+    publishes, as fast as the connection takes them (as a hostile caller would, not waiting for acks)."""
+    nc = await nats.connect(url)
+    subjects = Subjects(prefix)
+    made_up = [WorkspacePk.new() for _ in range(max(1, workspaces))]
+    print("flooding", flush=True)
+    for i in range(count):
+        await nc.publish(subjects.task(made_up[i % len(made_up)], ChangeSetId.new()), b"")
+        if i % 1000 == 999:
+            await nc.flush()
+    await nc.flush()
+    await nc.close()
+
+
 async def _flood_worker(spec: str) -> None:
-    """The flood's own process: A's change sets, ``per`` requests each, by 32 senders, not awaited."""
-    url, prefix, count, per = spec.split()
+    """The flood's own process: A's change sets, ``per`` requests each, by 32 senders, not awaited (or, with two
+    more fields, bogus tasks: see _bogus_worker)."""
+    url, prefix, count, per, *bogus = spec.split()
+    if bogus:
+        await _bogus_worker(url, prefix, int(bogus[0]), int(bogus[1]))
+        return
     nc = await nats.connect(url)
     client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
     a = WorkspacePk.new()
@@ -256,11 +294,18 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
     log_dir = Path(tempfile.mkdtemp(prefix="rebaser-fair-share-"))
     results = []
     for name in args.runs.split(","):
-        tenants = name in TENANT_RUNS
-        label, flood, share, intake = TENANT_RUNS[name] if tenants else RUNS[name]
+        tenants, bogus = name in TENANT_RUNS, name in BOGUS_RUNS
+        label, flood, share, intake = {**RUNS, **TENANT_RUNS, **BOGUS_RUNS}[name]
         results.append(
             await _one_run(
-                args, label, flood=flood, share=share, intake=intake, log_dir=log_dir, tenants=tenants
+                args,
+                label,
+                flood=flood,
+                share=share,
+                intake=intake,
+                log_dir=log_dir,
+                tenants=tenants,
+                bogus=bogus,
             )
         )
     return results
@@ -301,7 +346,16 @@ def main() -> None:
     parser.add_argument(
         "--runs",
         default="alone,fifo,share,fair-alone,fair",
-        help=f"which runs, in order, comma-separated: {', '.join([*RUNS, *TENANT_RUNS])}",
+        help=f"which runs, in order, comma-separated: {', '.join([*RUNS, *TENANT_RUNS, *BOGUS_RUNS])}",
+    )
+    parser.add_argument(
+        "--b-after-sent",
+        action="store_true",
+        help="B starts once A's flood is all published (else half a second into it)",
+    )
+    parser.add_argument("--bogus", type=int, default=100_000, help="bogus tasks of the bogus runs")
+    parser.add_argument(
+        "--bogus-workspaces", type=int, default=1, help="made-up workspaces the bogus tasks are spread over"
     )
     parser.add_argument("--tenants", type=int, default=49, help="small workspaces of the many-tenant runs")
     parser.add_argument("--tenant-requests", type=int, default=4, help="awaited requests per change set")

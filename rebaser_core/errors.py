@@ -151,10 +151,20 @@ class RebaserRefused(ClientError):
     """The server refused to accept the request (it was not enqueued)."""
 
 
-BusyLimit = Literal["change_set", "stream_messages", "stream_bytes", "stream", "in_flight", "spool"]
+BusyLimit = Literal[
+    "change_set",
+    "stream_messages",
+    "stream_bytes",
+    "tasks_messages",
+    "tasks_bytes",
+    "stream",
+    "in_flight",
+    "spool",
+]
 """Which limit refused a request: this change set's backlog (``requests_max_msgs_per_change_set``), the requests
-stream's message or byte cap (or an unrecognised stream limit), the client's ``max_in_flight`` publishes, or its
-full spool."""
+stream's message or byte cap, the tasks stream's (``tasks_max_msgs``, ``tasks_max_bytes``: the request was stored,
+its task was not; sending it again with the same id is safe), an unrecognised stream limit, the client's
+``max_in_flight`` publishes, or its full spool."""
 
 
 class RebaserBusy(RebaserRefused):

@@ -39,10 +39,24 @@ class Settings(BaseModel):
     duplicate_window: float = Field(
         120.0, gt=0, description="Window in which a repeated Nats-Msg-Id is dropped."
     )
-    requests_max_msgs: int = Field(-1, description="Cap on queued requests in total (-1: unlimited).")
-    requests_max_bytes: int = Field(-1, description="Cap on queued request bytes in total (-1: unlimited).")
+    # Message caps cost nothing until reached; a byte cap is reserved up front by nats-server against its
+    # max_memory_store / max_file_store, so it is left to the operator (docs/capacity.md#bounds).
+    requests_max_msgs: int = Field(
+        1_000_000, ge=-1, description="Cap on queued requests in total, over every shard (-1: unlimited)."
+    )
+    requests_max_bytes: int = Field(
+        -1, ge=-1, description="Cap on queued request bytes in total, over every shard (-1: unlimited)."
+    )
     requests_max_msgs_per_change_set: int = Field(
         -1, description="Cap on one change set's backlog (-1: none)."
+    )
+    tasks_max_msgs: int = Field(
+        1_000_000,
+        ge=-1,
+        description="Cap on tasks (change sets waiting for or held by an owner) over every shard (-1: unlimited).",
+    )
+    tasks_max_bytes: int = Field(
+        -1, ge=-1, description="Cap on the tasks streams' bytes over every shard (-1: unlimited)."
     )
     requests_max_age: float = Field(0.0, ge=0, description="Requests older than this are dropped (0: never).")
     dead_letter_max_age: float = Field(14 * 86400.0, ge=0, description="How long dead letters are kept.")

@@ -114,7 +114,8 @@ def tasks_stream_config(settings: Settings, shard: int = 0, streams: int = 1) ->
     """``REBASER_TASKS``: a work queue holding at most one task (one owner) per change set.
 
     ``max_consumers`` is set for the fair intake's consumer per workspace (nats-server caps a stream at 1,000
-    otherwise); the fifo intake uses one."""
+    otherwise); the fifo intake uses one. Discard-new: once ``tasks_max_msgs`` (or bytes) is reached a new task is
+    refused (``RebaserBusy``), never an old one dropped."""
     subjects = settings.subjects.for_shard(shard)
     return js_api.StreamConfig(
         name=subjects.tasks_stream,
@@ -124,6 +125,8 @@ def tasks_stream_config(settings: Settings, shard: int = 0, streams: int = 1) ->
         discard=js_api.DiscardPolicy.NEW,
         discard_new_per_subject=True,
         max_msgs_per_subject=1,
+        max_msgs=split(settings.tasks_max_msgs, streams),
+        max_bytes=split(settings.tasks_max_bytes, streams),
         max_consumers=_MAX_WORKSPACE_CONSUMERS,
         storage=_storage(settings),
         num_replicas=settings.replicas,

@@ -30,7 +30,9 @@ __all__ = [
     "publish_task",
 ]
 
-TASK_EXISTS = 10077  # "maximum messages per subject exceeded" on the tasks stream
+TASK_EXISTS = (
+    10077  # "maximum messages per subject exceeded" on the tasks stream (and its other limits: see below)
+)
 # nats-server 2.15 reports every "stream full" limit (messages, bytes, per subject) as 10077; only the description
 # tells them apart. 10054 is a message over the size limit, which retrying cannot fix (RebaserRefused).
 STREAM_FULL = frozenset({10077})
@@ -59,6 +61,19 @@ _LIMITS: tuple[tuple[str, BusyLimit, str, float], ...] = (
         "maximum messages",
         "stream_messages",
         "the requests stream is full (requests_max_msgs)",
+        STREAM_FULL_RETRY_AFTER,
+    ),
+)
+
+
+# The tasks stream's own caps (tasks_max_msgs, tasks_max_bytes): every change set with work has a task, so a full
+# tasks stream means the whole deployment is behind (or flooded with tasks).
+_TASK_LIMITS: tuple[tuple[str, BusyLimit, str, float], ...] = (
+    ("maximum bytes", "tasks_bytes", "the tasks stream is full (tasks_max_bytes)", STREAM_FULL_RETRY_AFTER),
+    (
+        "maximum messages",
+        "tasks_messages",
+        "the tasks stream is full (tasks_max_msgs)",
         STREAM_FULL_RETRY_AFTER,
     ),
 )
@@ -121,7 +136,8 @@ def ensure_connected(nc: NatsClient, what: str) -> None:
 async def publish_task(
     nc: NatsClient, subject: str, *, timeout: float = 5.0, requester: Requester | None = None
 ) -> bool:
-    """Publish an empty task; True if created, False if the change set already had one."""
+    """Publish an empty task; True if created, False if the change set already had one. ``RebaserBusy`` if the
+    tasks stream is full (``limit`` ``tasks_messages`` or ``tasks_bytes``)."""
     ensure_connected(nc, f"publish to {subject}")
     try:
         if requester is not None:
@@ -134,4 +150,25 @@ async def publish_task(
         # TimeoutError covers nats.errors.TimeoutError; nats.errors.Error covers a connection that closed or whose
         # reconnect buffer is full (ConnectionClosedError, OutboundBufferLimitError).
         raise RebaserUnavailable(f"publish to {subject} failed: {err or type(err).__name__}") from None
-    return check_pub_ack(msg.data, subject, allow=(TASK_EXISTS,)) is not None
+    reply = parse_pub_ack(msg.data, subject, allow=(TASK_EXISTS,))
+    error = reply.get("error")
+    if error is None:
+        return True
+    description = str(error.get("description", ""))
+    # 10077 is every discard-new limit; only the per-subject one says "this change set already has a task".
+    if "per subject" in description.lower():
+        return False
+    limit, what, retry_after = next(
+        (
+            (limit, what, retry)
+            for needle, limit, what, retry in _TASK_LIMITS
+            if needle in description.lower()
+        ),
+        ("stream", "a tasks stream limit was reached", STREAM_FULL_RETRY_AFTER),
+    )
+    raise RebaserBusy(
+        f"publish to {subject} refused: {what}; retry after {retry_after:g}s "
+        f"(nats-server: {description!r}, err_code {TASK_EXISTS})",
+        retry_after=retry_after,
+        limit=limit,
+    )

@@ -17,6 +17,10 @@ How a daemon knows which workspaces have tasks waiting:
 - **handed back**: a task this daemon hands back (a retry, a reconnect, a shutdown) joins its workspace to the line
   once it is ready again.
 
+A workspace this daemon knows no consumer of is checked for work when its turn comes, off the turn loop
+(rebaser_server.daemon.newcomers): a workspace with only made-up tasks gets no consumer and no turn, and its tasks
+are dropped.
+
 A task a daemon holds can come back (its holder died or lost its lease) with nobody asking for it: nothing is
 published, and the workspace's queue is empty until the lease runs out. So every workspace whose tasks may be held
 is *watched*: its consumer is asked for what is ready (no wait) every :data:`_WATCH_EVERY` seconds, until its
@@ -43,12 +47,14 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.settings import Settings
 from rebaser_core.streams import workspace_tasks_consumer_config
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest
 from rebaser_server.daemon.admission import Admission
+from rebaser_server.daemon.newcomers import Newcomers
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.puller import NoConsumer, TaskPuller
 from rebaser_server.daemon.turns import WorkspaceTurns
@@ -77,6 +83,10 @@ _FILTER_OVERLAPS = 10100
 # A pull request is answered within this long (the lease's lower bound is its send time: see lease.py).
 _PULL_EXPIRES = 1.0
 _RECONNECT_POLL = 0.1
+# A handed-back task's workspace joins the line this long after the task is due back (each a no-wait pull).
+_HANDED_BACK_LOOKS = (0.0, 0.25, 1.0)
+# Task subject heads whose workspace is remembered at most (then forgotten all at once).
+_SEEN = 10_000
 
 
 def _workspace_of(processor: object) -> object:
@@ -107,25 +117,58 @@ class FairIntake:
         self._watched: dict[WorkspacePk, int] = {}  # workspace -> looks in a row that found nothing
         self._pullers: dict[WorkspacePk, TaskPuller] = {}
         self._joined = asyncio.Event()  # a workspace joined the line
+        # The workspace of a task subject's head (up to its workspace token), as published tasks are seen.
+        self._seen: dict[str, WorkspacePk] = {}
         self._nudged_at = float("-inf")
         self.created_consumers = 0
+        # The workspaces whose consumer this daemon made or pulled from; any other is checked first.
+        self._known: set[WorkspacePk] = set()
+        self.newcomers = Newcomers(
+            nats,
+            settings,
+            placement,
+            subjects,
+            make_consumer=self._create_consumer,
+            ready=self._ready,
+            again=self._join,
+        )
 
     # -- who waits ----------------------------------------------------------------------------------
     def _join(self, workspace: WorkspacePk) -> None:
-        if self.turns.wait(workspace):
+        if workspace not in self._known:
+            self.newcomers.check(workspace)  # it joins once found with work (newcomers.py)
+        elif self.turns.wait(workspace):
+            self._joined.set()
+
+    def _ready(self, workspace: WorkspacePk) -> None:
+        """``workspace`` was checked and has its consumer: its turn is next."""
+        self._known.add(workspace)
+        if self.turns.wait(workspace, first=True):
             self._joined.set()
 
     def handed_back(self, workspace: WorkspacePk, delay: float) -> None:
         """A task of ``workspace`` went back to its queue, ready again after ``delay``: its workspace joins the line
-        then (no publish says so; else only a look of the watch would find it)."""
-        if delay <= 0:
-            self._join(workspace)
-        else:
-            asyncio.get_running_loop().call_later(delay, self._join, workspace)
+        then (no publish says so; else only a look of the watch would find it), and twice more a little later
+        (nats-server makes a delayed task ready on a timer of its own, which may fire after ours)."""
+        loop = asyncio.get_running_loop()
+        for later in _HANDED_BACK_LOOKS:
+            loop.call_later(delay + later, self._join, workspace)
 
-    async def _on_task(self, msg: Msg) -> None:
-        with contextlib.suppress(InvalidSubject):
-            self._join(self._subjects.parse_task(msg.subject).workspace_id)
+    def _on_task(self, msg: Msg) -> None:
+        """A task was published: its workspace joins the line, or is checked (handled in nats-py's read loop, the
+        workspace of a subject seen before found by its head: a flood of publishes from one caller, thousands a
+        second, costs a few dictionary look-ups each)."""
+        subject = msg.subject
+        workspace = self._seen.get(subject[: subject.rfind(".", 0, subject.rfind("."))])
+        if workspace is None:
+            try:
+                workspace = self._subjects.parse_task(subject).workspace_id
+            except InvalidSubject:
+                return
+            if len(self._seen) >= _SEEN:
+                self._seen.clear()
+            self._seen[subject[: subject.rfind(".", 0, subject.rfind("."))]] = workspace
+        self._join(workspace)
 
     async def _discover(self) -> None:
         """Every workspace with a task in the stream joins the line (it may be owned: a turn then finds nothing)."""
@@ -149,10 +192,11 @@ class FairIntake:
         nc = self._nats.nc
         self._placement.give_way.quiet = FAIR_PRESSURE_QUIET
         self._placement.give_way.busiest_only = True
-        sub = await nc.subscribe(self._subjects.tasks_stream_subject, cb=self._on_task)
+        sub = await subscribe_inline(nc, self._subjects.tasks_stream_subject, self._on_task)
         background = [
             asyncio.create_task(self._discover_loop(), name=f"fair intake {self._subjects.shard}: discover"),
             asyncio.create_task(self._watch_loop(), name=f"fair intake {self._subjects.shard}: watch"),
+            asyncio.create_task(self.newcomers.run(), name=f"fair intake {self._subjects.shard}: newcomers"),
         ]
         try:
             await self._serve()
@@ -204,6 +248,10 @@ class FairIntake:
             if workspace is None:
                 await self._wait()
                 continue
+            if workspace not in self._known:
+                self.newcomers.check(workspace)  # its turn again once it is known to have work (newcomers.py)
+                await asyncio.sleep(0)  # (a line of thousands of made-up workspaces must not hold the loop)
+                continue
             room_for = self._room_for(workspace, starting[workspace])
             batch = min(self.turns.part(workspace, free), room, _TURN_BATCH, room_for)
             try:
@@ -217,7 +265,7 @@ class FairIntake:
                 continue
             if more:
                 self._join(workspace)
-            else:
+            elif workspace in self._known:
                 self._watched.setdefault(workspace, 0)
 
     def _newcomer_waits(self, owned: Mapping[WorkspacePk, int]) -> bool:
@@ -275,15 +323,17 @@ class FairIntake:
         return puller
 
     async def _take_from(self, workspace: WorkspacePk, batch: int) -> bool:
-        """Take up to ``batch`` tasks of ``workspace`` that are ready now (its consumer made if it has none);
-        whether more are ready."""
+        """Take up to ``batch`` tasks of ``workspace`` that are ready now; whether more are ready. A workspace
+        whose consumer is gone (idle for its inactive_threshold) is checked again as a newcomer."""
         try:
             return (await self._pull_ready(workspace, batch))[1]
         except NoConsumer:
-            await self._create_consumer(workspace)
-            return (await self._pull_ready(workspace, batch))[1]
+            self._known.discard(workspace)
+            self.newcomers.check(workspace)
+            return False
 
     async def _create_consumer(self, workspace: WorkspacePk) -> None:
+        """Make ``workspace``'s consumer (nats-server answers a create of one made already, the same, with it)."""
         layout = self._placement.layout
         config = workspace_tasks_consumer_config(
             self._settings, workspace, self._subjects.shard, max(layout.streams, 1)
@@ -360,6 +410,7 @@ class FairIntake:
         try:
             got, more = await self._pull_ready(workspace, max(1, min(free, _TURN_BATCH)))
         except NoConsumer:
+            self._known.discard(workspace)
             self._unwatch(workspace)  # deleted after being idle: nothing of it was held
             return
         if more:
@@ -376,6 +427,7 @@ class FairIntake:
                 self._subjects.tasks_stream, self._subjects.workspace_tasks_consumer(workspace)
             )
         except NotFoundError:
+            self._known.discard(workspace)
             self._unwatch(workspace)
             return
         except (TimeoutError, nats.errors.Error):
@@ -414,6 +466,10 @@ class FairIntakes:
         finally:
             self._by_shard.pop(subjects.shard, None)
 
+    def of(self, shard: int) -> FairIntake | None:
+        """The fair intake serving ``shard`` now, if any."""
+        return self._by_shard.get(shard)
+
     def handed_back(self, shard: int, workspace: WorkspacePk, delay: float) -> None:
         """A task of ``workspace`` in shard ``shard`` went back, ready again after ``delay`` (see
         OwnedChangeSets.on_handed_back)."""
@@ -436,4 +492,6 @@ class FairIntakes:
             "workspaces_watched": sum(intake.watched for intake in intakes),
             "turns": sum(intake.turns.turns for intake in intakes),
             "consumers_created": sum(intake.created_consumers for intake in intakes),
+            "workspaces_checking": sum(len(intake.newcomers) for intake in intakes),
+            "empty_tasks_dropped": sum(intake.newcomers.empty_tasks_dropped for intake in intakes),
         }

@@ -40,12 +40,15 @@ class WorkspaceTurns:
     def weight(self, workspace: WorkspacePk) -> int:
         return self._weights.get(str(workspace), 1)
 
-    def wait(self, workspace: WorkspacePk) -> bool:
+    def wait(self, workspace: WorkspacePk, *, first: bool = False) -> bool:
         """``workspace`` has tasks waiting (a task was published, or found in the stream). It keeps its place if
-        it already waits; else it joins the back of the line. Whether it joined."""
+        it already waits; else it joins the back of the line (``first``: the front, its turn having come while it
+        was checked). Whether it joined."""
         if workspace in self._waiting:
             return False
         self._waiting[workspace] = None
+        if first:
+            self._waiting.move_to_end(workspace, last=False)
         self._total += self.weight(workspace)
         return True
 

@@ -13,7 +13,7 @@ from rebaser_client import RebaserBusy, RebaserClient, RebaserUnavailable, SetLi
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
-from rebaser_core.tasks import CHANGE_SET_FULL_RETRY_AFTER, STREAM_FULL_RETRY_AFTER
+from rebaser_core.tasks import CHANGE_SET_FULL_RETRY_AFTER, STREAM_FULL_RETRY_AFTER, publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
@@ -52,6 +52,26 @@ async def test_stream_full_by_bytes(nc: NatsClient, client: RebaserClient, subje
     assert refused.value.limit == "stream_bytes"
     assert refused.value.retry_after == STREAM_FULL_RETRY_AFTER
     assert "(requests_max_bytes)" in str(refused.value)
+
+
+async def test_a_full_tasks_stream_is_busy_and_an_existing_task_is_not(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # nats-server answers 10077 for every discard-new limit: only "per subject" means the change set has a task.
+    settings = await streams(nc, subject_prefix, tasks_max_msgs=2)
+    subjects, wk = settings.subjects, WorkspacePk.new()
+    first, second = subjects.task(wk, ChangeSetId.new()), subjects.task(wk, ChangeSetId.new())
+    assert await publish_task(nc, first) and await publish_task(nc, second)
+    assert not await publish_task(nc, first)  # it has one
+    with pytest.raises(RebaserBusy) as refused:
+        await publish_task(nc, subjects.task(wk, ChangeSetId.new()))
+    assert refused.value.limit == "tasks_messages"
+    assert "tasks stream is full (tasks_max_msgs)" in str(refused.value)
+    # A client's request is stored all the same (acknowledged: the orphan sweep gives it a task once there is room).
+    quiet = RebaserClient(nc, prefix=subject_prefix, publish_timeout=0.2)
+    await quiet.enqueue_updates(wk, ChangeSetId.new(), one())
+    info = await nc.jetstream().stream_info(subjects.requests_stream)
+    assert info.state.messages == 1
 
 
 async def test_change_set_full_while_others_flow(

@@ -27,7 +27,7 @@ def test_defaults() -> None:
     assert s.replicas == 1
     assert s.storage == "file"
     assert s.duplicate_window == 120.0
-    assert s.requests_max_msgs == -1
+    assert s.requests_max_msgs == 1_000_000 and s.tasks_max_msgs == 1_000_000
     assert s.requests_max_bytes == -1
     assert s.requests_max_msgs_per_change_set == -1
     assert s.requests_max_age == 0.0
@@ -232,8 +232,16 @@ def test_requests_stream_keeps_requests_and_refuses_new_ones_when_full(settings:
     # No per-change-set cap by default.
     assert c.max_msgs_per_subject == -1
     assert c.discard_new_per_subject is False
-    assert c.max_msgs == -1
+    # A message cap by default (it costs nothing until reached); no byte cap (nats-server reserves one up front).
+    assert c.max_msgs == 1_000_000
     assert c.max_bytes == -1
+
+
+def test_the_tasks_stream_is_bounded_and_its_bounds_split_over_the_shards() -> None:
+    c = tasks_stream_config(Settings(), 0, 1)
+    assert (c.max_msgs, c.max_bytes, c.discard) == (1_000_000, -1, js_api.DiscardPolicy.NEW)
+    c = tasks_stream_config(Settings(tasks_max_msgs=900, tasks_max_bytes=9000), 1, 3)
+    assert (c.max_msgs, c.max_bytes, c.max_msgs_per_subject) == (300, 3000, 1)
 
 
 def test_requests_stream_carries_the_backlog_limits() -> None:

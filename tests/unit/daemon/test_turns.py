@@ -85,3 +85,14 @@ def test_the_share_served_counts_tasks_taken_lately_halved_every_minute() -> Non
     assert fair.served_lately() == {A: 4}  # B's one task is forgotten
     now[0] += 3 * SERVED_HALF_LIFE
     assert fair.served_lately() == {}
+
+
+def test_a_workspace_found_with_work_while_checked_joins_the_front_of_the_line() -> None:
+    turns = WorkspaceTurns()
+    first, second, checked = WorkspacePk.new(), WorkspacePk.new(), WorkspacePk.new()
+    turns.wait(first)
+    turns.wait(second)
+    assert turns.wait(checked, first=True)
+    assert turns.waiting == [checked, first, second]
+    assert not turns.wait(checked, first=True)  # already waiting: it keeps its place
+    assert turns.next(lambda _: False) == checked

@@ -1,0 +1,117 @@
+"""The fair intake's newcomers (rebaser_server.daemon.newcomers) against a real nats-server: a workspace with only
+made-up tasks gets no consumer and no turn, and its tasks go; a request stored while its workspace is found empty
+is still served, without the orphan sweep."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NatsClient
+
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.streams import ensure_streams
+from rebaser_core.testing import wait_for
+from rebaser_server.daemon.daemon import Daemon
+from rebaser_server.daemon.fair_intake import FairIntake
+from rebaser_server.testing import fast_settings, running_daemon
+from tests.support.apps import RecordingApp, applied
+
+
+async def _intake(daemon: Daemon) -> FairIntake:
+    await wait_for(lambda: daemon.intakes.of(0) is not None, timeout=10, message="the fair intake runs")
+    intake = daemon.intakes.of(0)
+    assert intake is not None
+    return intake
+
+
+async def test_made_up_workspaces_get_no_consumer_and_their_tasks_go(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, intake="fair")
+    subjects, js = settings.subjects, nc.jetstream()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        intake = await _intake(daemon)
+        made_up = [WorkspacePk.new() for _ in range(50)]
+        for wk in made_up:
+            for _ in range(3):
+                await js.publish(subjects.task(wk, ChangeSetId.new()), b"")
+        real = WorkspacePk.new()
+        reply = await client.enqueue_updates_with_reply(
+            real, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+        )
+        assert reply.ok, reply
+
+        await wait_for(
+            lambda: intake.newcomers.empty_tasks_dropped == 150,
+            timeout=20,
+            message="every made-up task dropped",
+        )
+        consumers = [c.name async for c in _consumers(nc, subjects.tasks_stream)]
+        assert consumers == [subjects.workspace_tasks_consumer(real)]
+        assert daemon.stats.tasks_dropped == 0  # none was ever taken: no record read for any of them
+        status = daemon.intake_status()
+        assert status["empty_tasks_dropped"] == 150 and status["workspaces_checking"] == 0
+
+
+async def _consumers(nc: NatsClient, stream: str):  # type: ignore[no-untyped-def]
+    for info in await nc.jetstream().consumers_info(stream):
+        yield info
+
+
+async def test_a_request_stored_while_its_workspace_is_found_empty_is_served(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # The orphan sweep is out of reach: only the newcomer check's second look can give the request its task.
+    settings = fast_settings(subject_prefix, intake="fair", sweep_interval=3600.0)
+    subjects, js = settings.subjects, nc.jetstream()
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    sent: list[str] = []
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        intake = await _intake(daemon)
+        newcomers = intake.newcomers
+        consumer_exists = newcomers._consumer_exists
+
+        async def with_a_request_stored_meanwhile(workspace: WorkspacePk) -> bool:
+            # Between the check for requests (none yet) and the purge: the client stores its request, and its task
+            # is refused as a duplicate of the made-up one, which the purge then removes.
+            if workspace == wk and not sent:
+                sent.append(str(await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])))
+            return await consumer_exists(workspace)
+
+        newcomers._consumer_exists = with_a_request_stored_meanwhile  # type: ignore[method-assign]
+        await js.publish(subjects.task(wk, cs), b"")  # made up: no request behind it (yet)
+
+        async def served() -> bool:
+            return await applied(daemon.store, wk, cs) == sent
+
+        await wait_for(lambda: sent, timeout=10, message="the request stored during the check")
+        await wait_for(served, timeout=15, message="the request applied")
+        assert newcomers.empty_tasks_dropped == 1
+
+
+async def test_many_workspaces_found_at_start_are_checked_together(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # Found in the stream at start, all at once: more than are read one by one, so one read of the requests
+    # stream's subjects tells which have work.
+    settings = fast_settings(subject_prefix, intake="fair")
+    subjects, js = settings.subjects, nc.jetstream()
+    await ensure_streams(js, settings, consumer=False)
+    for _ in range(60):
+        await js.publish(subjects.task(WorkspacePk.new(), ChangeSetId.new()), b"")
+    real, cs = WorkspacePk.new(), ChangeSetId.new()
+    sent = str(await client.enqueue_updates(real, cs, [SetLiteral(path="/n", value=1)]))
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        intake = await _intake(daemon)
+
+        async def served() -> bool:
+            return await applied(daemon.store, real, cs) == [sent]
+
+        await wait_for(served, timeout=15, message="the real workspace's request applied")
+        await wait_for(
+            lambda: intake.newcomers.empty_tasks_dropped == 60,
+            timeout=15,
+            message="every made-up task dropped",
+        )
+        consumers = [c.name async for c in _consumers(nc, subjects.tasks_stream)]
+        assert consumers == [subjects.workspace_tasks_consumer(real)]
+        assert intake.newcomers.batches_read >= 1
