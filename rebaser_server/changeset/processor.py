@@ -32,6 +32,7 @@ from rebaser_core.errors import FencedError
 from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, CommitHooks
+from rebaser_server.changeset.cold_start import ColdStart
 from rebaser_server.changeset.consumer import RequestConsumer
 from rebaser_server.changeset.decisions import Kind
 from rebaser_server.changeset.dvu_runs import Activity, ChangeSetDvu
@@ -196,24 +197,12 @@ class ChangeSetProcessor:
             return TaskResult(Outcome.PAUSED, reason=f"paused: {paused.reason}")
         # Lease renewals and the watchdog: the daemon's keeper, for every owned change set (keeper.py).
         owning.keeper.add(self)
-        # Whether a request is queued (one read of the change set's last request, as the stream leader has it) is
-        # asked while the record is read: a task with nothing to do (no record, nothing queued: anyone able to
-        # publish tasks could send them) then costs no record write and no consumer. The change set's consumer is
-        # created as soon as a request is known to be queued, while the record is still read and bumped (one round
-        # trip fewer before the first request); nothing is delivered before _bind subscribes, after the acquire.
-        queued = asyncio.ensure_future(self._last_request_queued())
-        consumers: list[asyncio.Future[int]] = []
-
-        def create_consumer(_: object = None) -> None:
-            if not consumers:
-                consumers.append(asyncio.ensure_future(self._consumer.create()))
-
-        queued.add_done_callback(
-            lambda done: (
-                create_consumer()
-                if not done.cancelled() and done.exception() is None and done.result()
-                else None
-            )
+        # Whether a request is queued, read while the record is; the consumer made once worth it (cold_start.py).
+        cold = ColdStart(
+            owning.nats.reads.last_message(
+                self._names.requests_stream, self._subject, timeout=settings.nats_timeout
+            ),
+            self._consumer.create,
         )
         try:
             try:
@@ -223,7 +212,7 @@ class ChangeSetProcessor:
                     owning.app.initial_state(self.change_set),
                     TaskDelivery.of(self._task_msg),
                     shard=self._names.shard,
-                    has_work=lambda: queued,
+                    has_work=cold.has_work,
                 )
             except StaleDelivery as err:
                 return TaskResult(Outcome.STALE, reason=str(err))
@@ -254,8 +243,7 @@ class ChangeSetProcessor:
             self._feed.taken(self._handle.record)
             await report.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start(self._handle)
-            create_consumer()  # (a record, nothing queued: a redelivered or swept task, released below)
-            await self._bind(await consumers[0])
+            await self._bind(await cold.consumer())  # (a record, nothing queued: a redelivered or swept task)
             if self._caught_up:
                 self._started()
                 # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
@@ -267,16 +255,7 @@ class ChangeSetProcessor:
             self._feed.close()
             owning.keeper.remove(self)
             await self._dvu.stop(timeout=settings.nats_timeout)
-            if not queued.done():
-                queued.cancel()  # (the acquire failed before it asked)
-            if not queued.cancelled():
-                queued.exception()  # retrieved: a failure to read is the acquire's to report
-            for consumer in consumers:
-                if not consumer.done():
-                    # Bounded by nats_timeout (the JetStream context's); once it exists it can be deleted.
-                    await asyncio.wait({consumer})
-                if not consumer.cancelled():
-                    consumer.exception()  # retrieved: a failure to create it is the acquire's or the bind's to report
+            await cold.close()
             await self._consumer.close()
             # The post-process step holds this processor's ``_fail``, and this processor holds it: without this the
             # pair is freed only by the cycle collector.
@@ -288,15 +267,6 @@ class ChangeSetProcessor:
             callback(self)
 
     # -- consuming ----------------------------------------------------------------------------------
-    async def _last_request_queued(self) -> bool:
-        """Whether a request of this change set is in the requests stream (processed or not: a record tells)."""
-        nats = self._owning.nats
-        timeout = self._owning.settings.nats_timeout
-        return (
-            await nats.reads.last_message(self._names.requests_stream, self._subject, timeout=timeout)
-            is not None
-        )
-
     async def _bind(self, queued: int) -> None:
         self._caught_up = queued == 0
         log.debug("%s: consuming, %d requests queued", self.change_set, queued)

@@ -37,7 +37,8 @@ from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.fair_intake import FairIntake, FairIntakes
+from rebaser_server.daemon.fair_intake import FairIntake
+from rebaser_server.daemon.fair_intakes import FairIntakes
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher

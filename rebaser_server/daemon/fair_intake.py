@@ -39,7 +39,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -61,7 +60,7 @@ from rebaser_server.daemon.turns import WorkspaceTurns
 from rebaser_server.task.delivery import Delivery
 from rebaser_server.task.handback import hand_back
 
-__all__ = ["FairIntake", "FairIntakes"]
+__all__ = ["FairIntake"]
 
 log = logging.getLogger(__name__)
 
@@ -446,52 +445,3 @@ class FairIntake:
     @property
     def watched(self) -> int:
         return len(self._watched)
-
-
-class FairIntakes:
-    """The fair intake's loop of every served shard: started by the daemon's pull loop of a shard whose layout's
-    intake is fair (``make`` builds one for a shard's names), and read together for ``/status``."""
-
-    def __init__(self, placement: Placement, make: Callable[[Subjects], FairIntake]) -> None:
-        self._placement = placement
-        self._make = make
-        self._by_shard: dict[int, FairIntake] = {}
-
-    async def run(self, subjects: Subjects) -> None:
-        """Serve shard ``subjects.shard`` until stopped (cancelled, or the daemon stops)."""
-        intake = self._make(subjects)
-        self._by_shard[subjects.shard] = intake
-        try:
-            await intake.run()
-        finally:
-            self._by_shard.pop(subjects.shard, None)
-
-    def of(self, shard: int) -> FairIntake | None:
-        """The fair intake serving ``shard`` now, if any."""
-        return self._by_shard.get(shard)
-
-    def handed_back(self, shard: int, workspace: WorkspacePk, delay: float) -> None:
-        """A task of ``workspace`` in shard ``shard`` went back, ready again after ``delay`` (see
-        OwnedChangeSets.on_handed_back)."""
-        intake = self._by_shard.get(shard)
-        if intake is not None:
-            intake.handed_back(workspace, delay)
-
-    def status(self) -> dict[str, Any]:
-        """The layout's intake (and the one being left while it changes) and, with the fair intake, the workspaces
-        waiting for a turn in the order they get it, the workspaces watched, the turns given and the consumers
-        made, over the served shards."""
-        layout = self._placement.layout
-        intakes = list(self._by_shard.values())
-        waiting = [wk for intake in intakes for wk in intake.turns.waiting]
-        return {
-            "kind": layout.intake,
-            "changing_from": layout.intake_from,
-            "workspaces_waiting": [str(wk) for wk in waiting[:10]],
-            "workspaces_waiting_total": len(waiting),
-            "workspaces_watched": sum(intake.watched for intake in intakes),
-            "turns": sum(intake.turns.turns for intake in intakes),
-            "consumers_created": sum(intake.created_consumers for intake in intakes),
-            "workspaces_checking": sum(len(intake.newcomers) for intake in intakes),
-            "empty_tasks_dropped": sum(intake.newcomers.empty_tasks_dropped for intake in intakes),
-        }
