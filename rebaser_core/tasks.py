@@ -79,11 +79,17 @@ _TASK_LIMITS: tuple[tuple[str, BusyLimit, str, float], ...] = (
 )
 
 
-def busy_error(subject: str, description: str, code: int) -> RebaserBusy:
-    """The :class:`RebaserBusy` for a 10077 refusal, naming the limit from nats-server's description."""
+def busy_error(
+    subject: str,
+    description: str,
+    code: int,
+    limits: tuple[tuple[str, BusyLimit, str, float], ...] = _LIMITS,
+) -> RebaserBusy:
+    """The :class:`RebaserBusy` for a 10077 refusal, naming the limit from nats-server's description (``limits``:
+    the requests stream's, or the tasks stream's)."""
     lowered = description.lower()
     limit, what, retry_after = next(
-        ((limit, what, retry) for needle, limit, what, retry in _LIMITS if needle in lowered),
+        ((limit, what, retry) for needle, limit, what, retry in limits if needle in lowered),
         ("stream", "a stream limit was reached", STREAM_FULL_RETRY_AFTER),
     )
     return RebaserBusy(
@@ -158,17 +164,4 @@ async def publish_task(
     # 10077 is every discard-new limit; only the per-subject one says "this change set already has a task".
     if "per subject" in description.lower():
         return False
-    limit, what, retry_after = next(
-        (
-            (limit, what, retry)
-            for needle, limit, what, retry in _TASK_LIMITS
-            if needle in description.lower()
-        ),
-        ("stream", "a tasks stream limit was reached", STREAM_FULL_RETRY_AFTER),
-    )
-    raise RebaserBusy(
-        f"publish to {subject} refused: {what}; retry after {retry_after:g}s "
-        f"(nats-server: {description!r}, err_code {TASK_EXISTS})",
-        retry_after=retry_after,
-        limit=limit,
-    )
+    raise busy_error(subject, description, TASK_EXISTS, _TASK_LIMITS)
