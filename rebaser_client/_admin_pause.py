@@ -218,7 +218,9 @@ async def _has_queued(
 ) -> bool:
     for names in shards:
         try:
-            await js.get_last_msg(names.requests_stream, names.requests(wk, cs), direct=True)
+            # From the stream leader (STREAM.MSG.GET), not a direct get: any replica answers one, and one that lags
+            # would say nothing is queued, leaving the requests to the orphan sweep.
+            await js.get_last_msg(names.requests_stream, names.requests(wk, cs), direct=False)
             return True
         except NotFoundError:
             continue

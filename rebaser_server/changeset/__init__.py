@@ -1,10 +1,11 @@
 """The life of one owned change set: from its task taken to its task acked or handed back.
 
 The processor (:mod:`~rebaser_server.changeset.processor`) runs the lifecycle: acquire the record (fencing every
-earlier owner; whether a request is queued read meanwhile, :mod:`~rebaser_server.changeset.cold_start`), consume the change set's requests in stream order through one ordered push consumer
-(:mod:`~rebaser_server.changeset.consumer`, bookkeeping in :mod:`~rebaser_server.changeset.ordering`), run the
-dependent values updates (:mod:`~rebaser_server.changeset.dvu`, :mod:`~rebaser_server.changeset.dvu_runs`) and
-let go when quiet (:mod:`~rebaser_server.changeset.quiet`, :mod:`~rebaser_server.changeset.release`).
+earlier owner; whether a request is queued read meanwhile, :mod:`~rebaser_server.changeset.cold_start`), consume the
+change set's requests in stream order through one ordered push consumer (:mod:`~rebaser_server.changeset.consumer`,
+bookkeeping in :mod:`~rebaser_server.changeset.ordering`), run the dependent values updates
+(:mod:`~rebaser_server.changeset.dvu`, :mod:`~rebaser_server.changeset.dvu_runs`) and let go when quiet
+(:mod:`~rebaser_server.changeset.quiet`, :mod:`~rebaser_server.changeset.release`).
 
 One request's path, decide then act:
 

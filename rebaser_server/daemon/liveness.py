@@ -175,6 +175,10 @@ class Liveness:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Open the heartbeat bucket, beat, and start the reaper. Raises on NATS trouble (a cluster still forming);
+        calling it again then is safe (the daemon retries it like the rest of its set-up)."""
+        if self.reaper is not None:
+            return
         settings = self._settings
         config = KeyValueConfig(
             bucket=settings.subjects.daemons_bucket,

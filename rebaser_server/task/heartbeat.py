@@ -82,10 +82,12 @@ class Heartbeat:
         self._held.set()
 
     async def start(self, kv: KeyValue, timeout: float) -> None:
-        """Beat once (the daemon takes no task before), then every period in the background."""
+        """Beat once (the daemon takes no task before), then every period in the background. Raises TimeoutError
+        if no beat is confirmed within ``timeout``; may be called again then (it beats on in the background)."""
         self._kv = kv
         await self._beat()
-        self._task = asyncio.create_task(self._run(), name="rebaser heartbeat")
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="rebaser heartbeat")
         async with asyncio.timeout(timeout):
             await self._held.wait()
 

@@ -4,15 +4,22 @@ wait ``ack_wait``, not the tasks consumer's long ``task_ack_wait``."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import nats.errors
+import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
+from rebaser_server.daemon import liveness
 from rebaser_server.task.heartbeat import heartbeat_key
+from rebaser_server.testing import fast_settings, running_daemon
+from tests.support.apps import RecordingApp
 from tests.support.daemons import daemon_processes, spawn_daemon
 
 ENV = {
@@ -79,3 +86,27 @@ async def test_a_killed_daemons_change_sets_are_handed_back_by_a_peer(
             pass
         else:
             raise AssertionError("a cleanly stopped daemon left its heartbeat key")
+
+
+async def test_a_heartbeat_bucket_not_ready_at_start_is_retried(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fresh cluster may still be electing the new bucket's leader: its first open times out. The daemon tries
+    # again, as it does for the rest of its set-up, instead of exiting.
+    opened: list[str] = []
+
+    async def not_yet_then_open(js: Any, config: Any, *, create: bool) -> Any:
+        opened.append(config.bucket)
+        if len(opened) == 1:
+            raise nats.errors.TimeoutError
+        return await open_bucket(js, config, create=create)
+
+    monkeypatch.setattr(liveness, "open_bucket", not_yet_then_open)
+    settings = fast_settings(subject_prefix, lease_mode="daemon")
+    client = RebaserClient(nc, prefix=subject_prefix)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert len(opened) == 2 and daemon.liveness is not None and daemon.liveness.heartbeat.held()
+        reply = await client.enqueue_updates_with_reply(
+            WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+        )
+        assert reply.ok, reply
