@@ -8,10 +8,8 @@ A value that is not a pause is skipped, as the daemons skip it: it pauses nothin
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
@@ -19,6 +17,7 @@ from nats.js.kv import KeyValue
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.pauses import Pause, change_set_key, open_pauses, parse_key, workspace_key
+from rebaser_core.streams import stop_watch, watch_bucket
 from rebaser_core.subjects import Subjects
 
 __all__ = ["MAX_LISTED_PAUSES", "PausedLine", "all_pauses", "pauses_of", "read_pause"]
@@ -68,7 +67,7 @@ async def all_pauses(
         return [], False
     found: list[PausedLine] = []
     truncated = False
-    watcher = await kv.watchall(ignore_deletes=True)
+    watcher = await watch_bucket(kv, ignore_deletes=True)
     try:
         while (entry := await watcher.updates(timeout=timeout)) is not None:  # type: ignore[no-untyped-call]
             target = parse_key(entry.key)
@@ -84,7 +83,6 @@ async def all_pauses(
             wk, cs = target
             found.append(PausedLine(str(wk), None if cs is None else str(cs), pause))
     finally:
-        with contextlib.suppress(nats.errors.Error):
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        await stop_watch(js, subjects.pauses_bucket, watcher)
     found.sort(key=lambda line: (line.pause.since, line.workspace_id, line.change_set_id or ""))
     return found, truncated

@@ -29,7 +29,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.settings import Settings
-from rebaser_core.streams import open_bucket
+from rebaser_core.streams import open_bucket, stop_watch, watch_bucket
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
@@ -64,7 +64,7 @@ class Reaper:
 
     async def run(self) -> None:
         """Follow the daemons bucket; every ``progress_period``, hand back the tasks of peers silent too long."""
-        watcher = await self._kv.watchall()
+        watcher = await watch_bucket(self._kv)
         follow = asyncio.create_task(self._follow(watcher), name="rebaser reaper watch")
         try:
             while True:
@@ -73,8 +73,7 @@ class Reaper:
         finally:
             follow.cancel()
             await asyncio.wait({follow})
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+            await stop_watch(self._nats.js, self._settings.subjects.daemons_bucket, watcher)
 
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:

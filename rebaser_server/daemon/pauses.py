@@ -19,7 +19,6 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
@@ -28,6 +27,7 @@ from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.pauses import Pause, change_set_key, open_pauses, parse_key, workspace_key
 from rebaser_core.settings import Settings
+from rebaser_core.streams import stop_watch, watch_bucket
 from rebaser_server.app import ChangeSet
 
 __all__ = ["PauseWatcher"]
@@ -63,7 +63,7 @@ class PauseWatcher:
             self._js, settings.subjects, create=True, replicas=settings.replicas, storage=settings.storage
         )
         assert self._kv is not None
-        self._watcher = watcher = await self._kv.watchall()
+        self._watcher = watcher = await watch_bucket(self._kv)
         while (entry := await watcher.updates(timeout=settings.nats_timeout)) is not None:  # type: ignore[no-untyped-call]
             self._apply(entry, initial=True)
         self._task = asyncio.create_task(self._follow(watcher), name="pauses")
@@ -76,8 +76,7 @@ class PauseWatcher:
                 await task
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+            await stop_watch(self._js, self._settings.subjects.pauses_bucket, watcher)
 
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:

@@ -110,3 +110,18 @@ async def test_a_heartbeat_bucket_not_ready_at_start_is_retried(
             WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
         )
         assert reply.ok, reply
+
+
+async def test_a_stopped_daemon_leaves_no_bucket_watch_behind(nc: NatsClient, subject_prefix: str) -> None:
+    # Each KV watch (pauses, heartbeats) is a consumer on the bucket's stream: a clean stop deletes its own, and one
+    # left by a killed daemon goes after 30 s (nats-py's default would keep it 5 min).
+    settings = fast_settings(subject_prefix, lease_mode="daemon")
+    subjects, js = settings.subjects, nc.jetstream()
+    streams = [f"KV_{subjects.pauses_bucket}", f"KV_{subjects.daemons_bucket}"]
+    async with running_daemon(nc, settings, RecordingApp()):
+        for stream in streams:
+            watches = await js.consumers_info(stream)
+            assert len(watches) == 1, stream
+            assert 0 < (watches[0].config.inactive_threshold or 0) <= 30
+    for stream in streams:
+        assert await js.consumers_info(stream) == [], stream
