@@ -517,7 +517,13 @@ class Daemon:
             log.error("%d change sets did not finish handing back in time", left)
         await self._owning.keeper.stop()
         if self.liveness is not None:
-            await self.liveness.stop()
+            handed_back = not left and not self._owned.unconfirmed_hand_backs
+            if not handed_back:
+                log.warning(
+                    "not every hand-back was confirmed: the heartbeat is left to lapse, and peers hand back what this "
+                    "daemon may still hold after ack_wait"
+                )
+            await self.liveness.stop(handed_back=handed_back)
         await self.pauses.stop()
         await self._owned.fair.stop()
         self._app_stopping = True

@@ -193,10 +193,12 @@ class Liveness:
         )
         self._task = asyncio.create_task(self.reaper.run(), name="rebaser reaper")
 
-    async def stop(self) -> None:
-        """After every owned change set was handed back: nothing of this daemon's is left for peers to hand back."""
+    async def stop(self, *, handed_back: bool) -> None:
+        """Stop beating and reaping. ``handed_back``: every owned change set was handed back, confirmed; the key goes,
+        telling peers nothing of this daemon's is left. Else it stays and lapses, and peers hand back what this
+        daemon may still hold after ``ack_wait`` (deleted, it would wait for ``task_ack_wait``)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.wait({task})
-        await self.heartbeat.stop(delete=True)
+        await self.heartbeat.stop(delete=handed_back)

@@ -52,6 +52,8 @@ class OwnedChangeSets:
         # Told of every task handed back (its shard, its workspace, the delay before it is ready again): the fair
         # intake asks for it again then (nothing is published for a task that goes back).
         self.on_handed_back: Callable[[int, WorkspacePk, float], None] | None = None
+        # Hand-backs whose nak was not confirmed (lease run out, NATS trouble): the task may still be held here.
+        self.unconfirmed_hand_backs = 0
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -161,7 +163,8 @@ class OwnedChangeSets:
             if outcome.hands_back:
                 # Only while the lease is held: a late nak would take the task from the daemon that has it now.
                 delay = result.delay if outcome is Outcome.RETRY else None
-                await processor.lease.nak(delay=delay)
+                if not await processor.lease.nak(delay=delay):
+                    self.unconfirmed_hand_backs += 1
                 if self.on_handed_back is not None:
                     self.on_handed_back(
                         processor.subjects.shard, processor.change_set.workspace_id, delay or 0.0

@@ -18,6 +18,7 @@ from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.daemon import liveness
 from rebaser_server.task.heartbeat import heartbeat_key
+from rebaser_server.task.lease import Lease
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.daemons import daemon_processes, spawn_daemon
@@ -125,3 +126,30 @@ async def test_a_stopped_daemon_leaves_no_bucket_watch_behind(nc: NatsClient, su
             assert 0 < (watches[0].config.inactive_threshold or 0) <= 30
     for stream in streams:
         assert await js.consumers_info(stream) == [], stream
+
+
+async def test_a_stop_whose_hand_back_was_lost_leaves_its_heartbeat_for_the_peers(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The nak of a change set handed back at shutdown is lost: the task is still held. Deleting the heartbeat would
+    # tell peers nothing is left, and the change set would wait task_ack_wait; left to lapse, a peer hands it back.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    subjects = settings.subjects
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    async with running_daemon(nc, settings, RecordingApp()) as first:
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        assert reply.ok, reply
+        assert first.liveness is not None
+        key = first.liveness.heartbeat.key
+
+        async def lost(self: Lease, delay: float | None = None) -> bool:
+            return False  # never reached the server
+
+        monkeypatch.setattr(Lease, "nak", lost)
+    kv = await nc.jetstream().key_value(subjects.daemons_bucket)
+    await kv.get(key)  # still there: it lapses
+    monkeypatch.undo()
+    async with running_daemon(nc, settings, RecordingApp()):
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
