@@ -108,9 +108,15 @@ class Reaper:
                 continue
             log.warning("daemon %s silent for %.1f s: handing its change sets back", owner, now - received)
             try:
-                self._stats.peer_tasks_handed_back += await self.hand_back_tasks_of(owner)
+                unread = await self.hand_back_tasks_of(owner)
             except Exception as err:
                 log.warning("handing back the change sets of %s failed (%r); trying again", owner, err)
+                continue
+            if unread:
+                # Its key stays, so the next look (this daemon's or a peer's) tries those change sets again.
+                log.warning(
+                    "%d change sets of %s could not be read: trying again at the next look", unread, owner
+                )
                 continue
             self._stats.silent_peers += 1
             self._seen.pop(key, None)
@@ -118,16 +124,17 @@ class Reaper:
                 await self._kv.delete(key, last=revision)
 
     async def hand_back_tasks_of(self, owner: str) -> int:
-        """Hand back every task ``owner`` holds in any shard; how many."""
-        count = 0
+        """Hand back every task ``owner`` holds in any shard (each counted in ``peer_tasks_handed_back``); how many
+        change sets with a task could not be told apart (their record could not be read)."""
+        unread = 0
         for shard in self._placement.layout.shards:
-            count += await self._hand_back_in(self._settings.subjects.for_shard(shard), shard, owner)
-        return count
+            unread += await self._hand_back_in(self._settings.subjects.for_shard(shard), shard, owner)
+        return unread
 
     async def _hand_back_in(self, subjects: Subjects, shard: int, owner: str) -> int:
         js = self._nats.js
         info = await js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
-        count = 0
+        count = unread = 0
         for subject in info.state.subjects or {}:
             try:
                 parsed = subjects.parse_task(subject)
@@ -137,7 +144,8 @@ class Reaper:
             try:
                 record = await self._store.read(change_set)
             except Exception as err:
-                log.debug("reading the record of %s failed: %r", change_set, err)
+                log.info("%s: reading its record failed (%r); it is looked at again", change_set, err)
+                unread += 1
                 continue
             if record is None or record.owner != owner or record.shard != shard or not record.task_seq:
                 continue
@@ -146,10 +154,12 @@ class Reaper:
             except NotFoundError:
                 continue  # acked meanwhile, or another peer was quicker
             await publish_task(self._nats.nc, subject)
+            self._stats.peer_tasks_handed_back += 1
             count += 1
+            log.info("%s: handed back (its owner %s is silent)", change_set, owner)
         if count:
             log.warning("handed back %d change sets of %s in shard %d", count, owner, shard)
-        return count
+        return unread
 
 
 class Liveness:

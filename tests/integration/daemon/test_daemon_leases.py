@@ -16,6 +16,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
+from rebaser_server.app import ChangeSet
 from rebaser_server.daemon import liveness
 from rebaser_server.task.heartbeat import heartbeat_key
 from rebaser_server.task.lease import Lease
@@ -153,3 +154,42 @@ async def test_a_stop_whose_hand_back_was_lost_leaves_its_heartbeat_for_the_peer
     async with running_daemon(nc, settings, RecordingApp()):
         reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
         assert reply.ok, reply
+
+
+async def test_a_silent_peers_change_set_whose_record_cannot_be_read_is_handed_back_at_the_next_look(
+    nc: NatsClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    # The reaper's first read of the change set's record fails: the silent peer's key must stay, so the next look
+    # hands the change set back (with the key deleted it would wait task_ack_wait).
+    settings = fast_settings(
+        subject_prefix, lease_mode="daemon", task_ack_wait=120.0, ack_wait=2.0, quiescent_period=300.0
+    )
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    async with daemon_processes() as procs:
+        first = await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, "a")
+        procs.append(first)
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        assert reply.ok, reply
+        async with running_daemon(nc, settings, RecordingApp()) as second:
+            await wait_for(lambda: second.liveness is not None and second.liveness.reaper is not None)
+            assert second.liveness is not None and second.liveness.reaper is not None
+            store = second.liveness.reaper._store
+            read = store.read
+            failed: list[ChangeSet] = []
+
+            async def fails_once(change_set: ChangeSet) -> Any:
+                if change_set == ChangeSet(wk, cs) and not failed:
+                    failed.append(change_set)
+                    raise nats.errors.TimeoutError
+                return await read(change_set)
+
+            store.read = fails_once  # type: ignore[method-assign]
+            first.kill()
+            await first.wait(10)
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/n", value=2)], timeout=30
+            )
+            assert reply.ok, reply
+            assert failed
+            assert second.stats.peer_tasks_handed_back == 1
