@@ -300,6 +300,14 @@ class ChangeSetStore:
                     # The task's first delivery: nobody can have applied anything to this change set, so there is
                     # nobody to fence and no crash to count. The record is written by the first commit (the same
                     # compare-and-set on what was read), one round trip fewer before a new change set's first reply.
+                    # Not with lease_mode daemon: a peer hands back only the tasks whose record names their owner,
+                    # so the record exists from here on (else an owner dead before its first commit would leave the
+                    # change set waiting task_ack_wait).
+                    if self._settings.lease_mode == "daemon":
+                        try:
+                            await handle.commit(record)
+                        except FencedError:
+                            continue
                     return Acquired(handle, unclean=False)
                 # A redelivery with no record: the owner of an earlier delivery may have died in the middle of the
                 # first request (it had written nothing yet), so this counts as an unclean takeover, and the record

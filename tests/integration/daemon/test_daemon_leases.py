@@ -20,7 +20,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.daemon import liveness
 from rebaser_server.task.heartbeat import heartbeat_key
 from rebaser_server.task.lease import Lease
-from rebaser_server.testing import fast_settings, running_daemon
+from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.daemons import daemon_processes, spawn_daemon
 
@@ -193,3 +193,34 @@ async def test_a_silent_peers_change_set_whose_record_cannot_be_read_is_handed_b
             assert reply.ok, reply
             assert failed
             assert second.stats.peer_tasks_handed_back == 1
+
+
+async def test_a_change_set_taken_for_the_first_time_is_handed_back_when_its_new_owner_goes_silent(
+    nc: NatsClient, nats_url: str, subject_prefix: str
+) -> None:
+    # The first daemon takes a new change set's first task and goes silent right after acquiring it, before its
+    # first commit (frozen there, its heartbeat stopped). The peer can hand back only a task whose record names its
+    # owner: the record must exist from the acquire on, else the change set waits task_ack_wait.
+    settings = fast_settings(
+        subject_prefix, lease_mode="daemon", task_ack_wait=120.0, ack_wait=2.0, quiescent_period=300.0
+    )
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    gate = CheckpointGate("acquired")
+    first_nc, second_nc = await nats.connect(nats_url), await nats.connect(nats_url)
+    try:
+        async with running_daemon(first_nc, settings, RecordingApp(), hooks=gate) as first:
+            await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])
+            assert await gate.wait_reached() == ChangeSet(wk, cs)
+            assert first.liveness is not None
+            await first.liveness.heartbeat.stop(delete=False)  # silent from now on, as if killed
+            async with running_daemon(second_nc, settings, RecordingApp()) as second:
+                reply = await client.enqueue_updates_with_reply(
+                    wk, cs, [SetLiteral(path="/n", value=2)], timeout=30
+                )
+                assert reply.ok, reply
+                assert second.stats.peer_tasks_handed_back == 1
+            gate.release()  # the frozen owner wakes up fenced: it lets go without touching anything
+    finally:
+        await first_nc.close()
+        await second_nc.close()
