@@ -8,7 +8,8 @@
   following the cluster's shard layout;
 - :mod:`~rebaser_server.daemon.fair_intake`, :mod:`~rebaser_server.daemon.turns`: the fair intake's loop per shard
   (a consumer per workspace, the workspaces served in turns) and its turns, as pure logic;
-  :mod:`~rebaser_server.daemon.newcomers`: a workspace new to the intake checked for work before it gets a consumer;
+  :mod:`~rebaser_server.daemon.newcomers`: a workspace new to the intake checked for work before it gets a consumer
+  (:mod:`~rebaser_server.daemon.workspace_consumers`);
   :mod:`~rebaser_server.daemon.fair_intakes`: those of every served shard, together;
 - :mod:`~rebaser_server.daemon.sweeper`, :mod:`~rebaser_server.daemon.junk`: the orphan sweep, and messages on
   malformed subjects;

@@ -180,6 +180,7 @@ class Daemon:
                 self._owned,
                 self._admission,
                 stopping=lambda: self._stopping,
+                lapsed=self._lapsed,
             ),
         )
         self._owned.on_handed_back = self.intakes.handed_back
@@ -346,6 +347,11 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await owning.app.stop()
 
+    def _lapsed(self) -> bool:
+        """lease_mode daemon: this daemon's heartbeat lapsed. It takes no task then (one taken would go straight
+        back: it could hold it under no generation), until the heartbeat is confirmed again."""
+        return self.liveness is not None and not self.liveness.heartbeat.held()
+
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard. With the fair
         intake, the shard's workspaces are served in turns instead (fair_intake.py)."""
@@ -372,8 +378,9 @@ class Daemon:
             if room <= 0:
                 await self._admission.wait()
                 continue
-            if not self._owning.nats.nc.is_connected:
-                # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale.
+            if not self._owning.nats.nc.is_connected or self._lapsed():
+                # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale; or what
+                # it brings would go straight back (the heartbeat lapsed).
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
             try:

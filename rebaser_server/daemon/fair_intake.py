@@ -42,13 +42,12 @@ from collections.abc import Callable, Mapping
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.settings import Settings
-from rebaser_core.streams import workspace_tasks_consumer_config
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest
@@ -57,6 +56,7 @@ from rebaser_server.daemon.newcomers import Newcomers
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.puller import NoConsumer, TaskPuller
 from rebaser_server.daemon.turns import WorkspaceTurns
+from rebaser_server.daemon.workspace_consumers import create_workspace_consumer
 from rebaser_server.task.delivery import Delivery
 from rebaser_server.task.handback import hand_back
 
@@ -77,8 +77,6 @@ _NUDGE_EVERY = 0.05
 # One workspace never takes the last 1/_RESERVE of a daemon's slots (5 % at concurrency 500: 25 slots): a newcomer
 # finds a slot at once, not after an idle change set has given way (50 ms of quiet and a release).
 _RESERVE = 20
-# nats-server's "filtered consumer not unique on workqueue stream" (a filter overlapping another consumer's).
-_FILTER_OVERLAPS = 10100
 # A pull request is answered within this long (the lease's lower bound is its send time: see lease.py).
 _PULL_EXPIRES = 1.0
 _RECONNECT_POLL = 0.1
@@ -104,7 +102,9 @@ class FairIntake:
         admission: Admission,
         *,
         stopping: Callable[[], bool],
+        lapsed: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``lapsed``: whether tasks must not be taken now (lease_mode daemon, the heartbeat lapsed)."""
         self._nats = nats
         self._settings = settings
         self._placement = placement
@@ -112,6 +112,7 @@ class FairIntake:
         self._owned = owned
         self._admission = admission
         self._stopping = stopping
+        self._lapsed = lapsed
         self.turns = WorkspaceTurns(settings.workspace_weights)
         self._watched: dict[WorkspacePk, int] = {}  # workspace -> looks in a row that found nothing
         self._pullers: dict[WorkspacePk, TaskPuller] = {}
@@ -238,7 +239,7 @@ class FairIntake:
             if room <= 0:
                 await self._wait()
                 continue
-            if not self._nats.nc.is_connected:
+            if not self._nats.nc.is_connected or self._lapsed():
                 await asyncio.sleep(_RECONNECT_POLL)
                 continue
             # Counted once a turn (at most start_concurrency change sets): each workspace's cold paths.
@@ -332,43 +333,11 @@ class FairIntake:
             return False
 
     async def _create_consumer(self, workspace: WorkspacePk) -> None:
-        """Make ``workspace``'s consumer (nats-server answers a create of one made already, the same, with it)."""
         layout = self._placement.layout
-        config = workspace_tasks_consumer_config(
-            self._settings, workspace, self._subjects.shard, max(layout.streams, 1)
+        await create_workspace_consumer(
+            self._nats, self._settings, self._subjects, workspace, max(layout.streams, 1)
         )
-        try:
-            await self._nats.js.add_consumer(self._subjects.tasks_stream, config)
-        except BadRequestError as err:
-            if err.err_code != _FILTER_OVERLAPS or not await self._remove_idle_shared_consumer():
-                raise
-            await self._nats.js.add_consumer(self._subjects.tasks_stream, config)
         self.created_consumers += 1
-
-    async def _remove_idle_shared_consumer(self) -> bool:
-        """The fifo intake's shared consumer on a fair shard (made by a script, or a daemon of an older version)
-        overlaps every workspace's: removed if it holds no task (then nobody acts through it), else left alone
-        (this workspace waits; ``rebaser streams intake fair`` removes it safely). Whether it was removed."""
-        js, stream, name = self._nats.js, self._subjects.tasks_stream, self._subjects.tasks_consumer
-        try:
-            info = await js.consumer_info(stream, name)
-        except NotFoundError:
-            return False
-        if info.num_ack_pending:
-            log.error(
-                "the fifo intake's consumer %s/%s holds %d tasks on a fair layout; the fair intake cannot make "
-                "workspace consumers beside it (run 'rebaser streams intake fair' to remove it safely)",
-                stream,
-                name,
-                info.num_ack_pending,
-            )
-            return False
-        log.warning(
-            "removing the fifo intake's idle consumer %s/%s: the layout's intake is fair", stream, name
-        )
-        with contextlib.suppress(NotFoundError):
-            await js.delete_consumer(stream, name)
-        return True
 
     async def _pull_ready(self, workspace: WorkspacePk, batch: int) -> tuple[int, bool]:
         """Take what ``workspace``'s consumer has ready now, up to ``batch``: how many, and whether more wait (a
@@ -396,8 +365,12 @@ class FairIntake:
             for workspace in list(self._watched):
                 if self._stopping():
                     return
-                if len(self._owned) >= self._settings.concurrency or not self._nats.nc.is_connected:
-                    break  # no slot to take a task that came back into: the next look
+                if (
+                    len(self._owned) >= self._settings.concurrency
+                    or not self._nats.nc.is_connected
+                    or self._lapsed()
+                ):
+                    break  # no slot to take a task that came back into (or none may be taken): the next look
                 try:
                     await self._look(workspace)
                 except Exception as err:

@@ -93,9 +93,10 @@ class OwnedChangeSets:
         heartbeat = self._owning.heartbeat
         if heartbeat is not None and not heartbeat.held():
             # lease_mode daemon, and this daemon's heartbeat lapsed: it could hold the task under no generation. A
-            # fresh delivery, never acted on, so its nak can take it from nobody: back at once for another daemon.
+            # fresh delivery, never acted on, so its nak can take it from nobody: back for another daemon, after a
+            # progress period (at once, it would come straight back to a pull of this daemon still open).
             with contextlib.suppress(Exception):
-                await msg.nak()
+                await msg.nak(delay=self._owning.settings.progress_period)
             return
         if not share_checked and self.fair.must_wait(parsed.workspace_id):
             # Its workspace has its share here: back to the stream, not lost, tried again after a delay (growing with

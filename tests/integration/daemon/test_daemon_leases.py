@@ -3,6 +3,7 @@ wait ``ack_wait``, not the tasks consumer's long ``task_ack_wait``."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,33 @@ async def test_a_change_set_taken_for_the_first_time_is_handed_back_when_its_new
     finally:
         await first_nc.close()
         await second_nc.close()
+
+
+@pytest.mark.parametrize("intake", ["fair", "fifo"])
+async def test_a_daemon_whose_heartbeat_lapsed_takes_no_task_until_it_beats_again(
+    nc: NatsClient, subject_prefix: str, intake: str
+) -> None:
+    # A task taken while the heartbeat is lapsed goes straight back (it could be held under no generation): pulling
+    # meanwhile would take and hand back the same task in a loop. The task must wait, untouched, for the next beat.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, intake=intake)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert daemon.liveness is not None
+        heartbeat = daemon.liveness.heartbeat
+        kv = await nc.jetstream().key_value(settings.subjects.daemons_bucket)
+        await heartbeat.stop(delete=False)
+        await wait_for(lambda: not heartbeat.held(), timeout=10, message="the heartbeat lapsed")
+        await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])
+        await asyncio.sleep(
+            1.0
+        )  # the window a loop would show in (hundreds of deliveries), not a wait for a result
+        await heartbeat.start(kv, timeout=10)
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
+        record = await daemon.store.read(ChangeSet(wk, cs))
+        # Never taken in a loop (that made 129 deliveries in this window): at most once per progress period,
+        # to a pull already open when the heartbeat lapsed (fifo), else not at all.
+        assert record is not None and record.task_delivery < 10
+        if intake == "fair":
+            assert record.task_delivery == 1
