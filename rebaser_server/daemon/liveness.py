@@ -142,12 +142,13 @@ class Reaper:
                 continue  # the orphan sweep removes junk
             change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
             try:
-                record = await self._store.read(change_set)
+                # Marked (compare-and-set) before its task goes: the next owner counts a takeover.
+                record = await self._store.mark_reaped(change_set, owner)
             except Exception as err:
                 log.info("%s: reading its record failed (%r); it is looked at again", change_set, err)
                 unread += 1
                 continue
-            if record is None or record.owner != owner or record.shard != shard or not record.task_seq:
+            if record is None or record.shard != shard:
                 continue
             try:
                 await js.delete_msg(subjects.tasks_stream, record.task_seq)

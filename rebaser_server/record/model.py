@@ -59,6 +59,9 @@ class ChangeSetRecord:
     # Set when an owner handed the task back on purpose (nack: shutdown, retry, wedged step). A takeover of the same
     # task message without it means the owner died or froze holding it.
     handed_back: bool = False
+    # Set by a peer that hands the task back for an owner gone silent (lease_mode daemon): the next owner takes over
+    # from a daemon that died or froze holding it, though from a new task message.
+    reaped: bool = False
     # (stream sequence, takeovers) of the first queued request after unclean takeovers: a request that kills or
     # freezes every daemon that applies it is dead-lettered after ``max_attempts`` of them.
     suspect: tuple[int, int] | None = None
@@ -90,6 +93,8 @@ class ChangeSetRecord:
         }
         if self.outbox:
             head["outbox"] = [dict(event) for event in self.outbox]
+        if self.reaped:
+            head["reaped"] = True
         return (
             bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
         )
@@ -118,6 +123,7 @@ class ChangeSetRecord:
             task_seq=int(raw.get("task", (0, 0))[0]),
             task_delivery=int(raw.get("task", (0, 0))[1]),
             handed_back=bool(raw.get("handed_back", False)),
+            reaped=bool(raw.get("reaped", False)),
             suspect=(int(suspect[0]), int(suspect[1])) if (suspect := raw.get("suspect")) else None,
             shard=int(raw.get("shard", 0)),
             events=int(raw.get("events", 0)),

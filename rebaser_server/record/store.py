@@ -248,6 +248,26 @@ class ChangeSetStore:
             return None
         return None if entry.value is None else ChangeSetRecord.decode(entry.value)
 
+    async def mark_reaped(self, change_set: ChangeSet, owner: str) -> ChangeSetRecord | None:
+        """lease_mode daemon, a peer handing back the task of ``owner`` gone silent: if the record names ``owner``,
+        mark it (compare-and-set) so the next owner counts a takeover; the record as it was, or None if it names
+        another owner, has no task, or changed meanwhile (nothing to hand back now)."""
+        key = self._key(change_set)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        record = ChangeSetRecord.decode(entry.value)
+        if record.owner != owner or not record.task_seq:
+            return None
+        try:
+            await self.kv.update(key, replace(record, reaped=True).encode(), last=entry.revision)
+        except KeyWrongLastSequenceError:
+            return None
+        return record
+
     async def create(self, change_set: ChangeSet, owner: str, state: AppState) -> bool:
         """Create the record of a change set that has none (a fork); False if it already exists."""
         try:
@@ -340,14 +360,17 @@ class ChangeSetStore:
                 task_seq=delivery.seq,
                 task_delivery=delivery.count,
                 handed_back=False,
+                reaped=False,
             )
             handle = self._handle(key, record, entry.revision)
             try:
                 await handle.commit(record)  # the epoch bump: compare-and-set on the revision just read
             except FencedError:
                 continue
-            # The same task message again, not handed back on purpose: its owner died or froze holding it.
-            unclean = same_task and not current.handed_back
+            # The same task message again, not handed back on purpose: its owner died or froze holding it. Or a new
+            # one a peer published for an owner gone silent (lease_mode daemon): the same, so a request that kills
+            # every daemon that applies it still counts its attempts.
+            unclean = (same_task and not current.handed_back) or current.reaped
             return Acquired(handle, unclean=unclean)
         raise FencedError(f"could not take change set {key} over: it kept changing")
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
@@ -43,15 +44,19 @@ async def _keep_one_alive(procs: list[DaemonProcess], spawn: object, stop: async
     return deaths
 
 
+@pytest.mark.parametrize("lease_mode", ["task", "daemon"])
 async def test_a_request_that_kills_the_daemon_is_dead_lettered(
-    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path, lease_mode: str
 ) -> None:
+    # lease_mode daemon: each restarted daemon hands back its predecessor's task (a new task message); the takeover
+    # still counts an attempt.
     settings = Settings(prefix=subject_prefix)
+    env = {**ENV, "REBASER_LEASE_MODE": lease_mode, "REBASER_TASK_ACK_WAIT": "120"}
     async with daemon_processes() as procs:
         names = iter(range(100))
 
         async def spawn() -> None:
-            procs.append(await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, f"d{next(names)}"))
+            procs.append(await spawn_daemon(nats_url, subject_prefix, tmp_path, env, f"d{next(names)}"))
 
         await spawn()
         stop = asyncio.Event()

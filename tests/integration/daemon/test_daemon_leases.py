@@ -176,16 +176,16 @@ async def test_a_silent_peers_change_set_whose_record_cannot_be_read_is_handed_b
             await wait_for(lambda: second.liveness is not None and second.liveness.reaper is not None)
             assert second.liveness is not None and second.liveness.reaper is not None
             store = second.liveness.reaper._store
-            read = store.read
+            mark_reaped = store.mark_reaped
             failed: list[ChangeSet] = []
 
-            async def fails_once(change_set: ChangeSet) -> Any:
+            async def fails_once(change_set: ChangeSet, owner: str) -> Any:
                 if change_set == ChangeSet(wk, cs) and not failed:
                     failed.append(change_set)
                     raise nats.errors.TimeoutError
-                return await read(change_set)
+                return await mark_reaped(change_set, owner)
 
-            store.read = fails_once  # type: ignore[method-assign]
+            store.mark_reaped = fails_once  # type: ignore[method-assign]
             first.kill()
             await first.wait(10)
             reply = await client.enqueue_updates_with_reply(
