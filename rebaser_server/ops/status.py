@@ -64,6 +64,8 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
             ),
         },
         "intake": dict(intake),
+        # How ownership is kept (docs/capacity.md): every task's lease, or one heartbeat per daemon.
+        "leases": {"mode": settings.lease_mode, "task_ack_wait": settings.consumer_ack_wait},
         "jetstream": health.facts_dict(facts, stale),
         "durability": None if daemon.durability is None else daemon.durability.as_dict(),
         "settled_waits": daemon.settled_waits,

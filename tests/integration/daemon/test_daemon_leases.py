@@ -109,6 +109,10 @@ async def test_a_heartbeat_bucket_not_ready_at_start_is_retried(
     client = RebaserClient(nc, prefix=subject_prefix)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         assert len(opened) == 2 and daemon.liveness is not None and daemon.liveness.heartbeat.held()
+        assert (await daemon.status())["leases"] == {
+            "mode": "daemon",
+            "task_ack_wait": settings.task_ack_wait,
+        }
         reply = await client.enqueue_updates_with_reply(
             WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
         )

@@ -66,6 +66,7 @@ async def test_with_the_fair_intake_status_and_metrics_show_who_waits_for_a_turn
             await wait_for(small_waits, timeout=20, message="the small workspace waits for a turn")
             status = await daemon.status()
             assert status["layout"]["intake"] == "fair" and status["intake"]["kind"] == "fair"
+            assert status["leases"]["mode"] == "task"  # the default
             assert status["owned"]["served_by_workspace"] == {str(big): 2}
             assert status["owned"]["served_total"] == 2
             daemon.observe.metrics.bind(DaemonCollector(daemon))  # as the HTTP server does
