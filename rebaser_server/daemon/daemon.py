@@ -74,10 +74,6 @@ _RECONNECT_POLL = 0.1
 _DAEMON_LEASES_WATCH = 2.0
 
 
-async def _nothing() -> None:
-    return None
-
-
 class Daemon:
     """One rebaser daemon on an open NATS connection.
 
@@ -306,9 +302,7 @@ class Daemon:
         if self.liveness is not None:
             # Beating before the first task is taken; retried like the set-up (a fresh cluster may still elect the
             # heartbeat bucket's leader).
-            await set_up_with_retries(
-                self.liveness.start, _nothing, timeout=timeout, stopping=lambda: self._stopping
-            )
+            await set_up_with_retries(self.liveness.start, timeout=timeout, stopping=lambda: self._stopping)
         if self._stopping:
             return  # shut down meanwhile: take no task
         await self.shards.start()

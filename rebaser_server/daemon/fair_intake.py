@@ -159,7 +159,8 @@ class FairIntake:
         workspace of a subject seen before found by its head: a flood of publishes from one caller, thousands a
         second, costs a few dictionary look-ups each)."""
         subject = msg.subject
-        workspace = self._seen.get(subject[: subject.rfind(".", 0, subject.rfind("."))])
+        head = subject[: subject.rfind(".", 0, subject.rfind("."))]  # up to the workspace token
+        workspace = self._seen.get(head)
         if workspace is None:
             try:
                 workspace = self._subjects.parse_task(subject).workspace_id
@@ -167,7 +168,7 @@ class FairIntake:
                 return
             if len(self._seen) >= _SEEN:
                 self._seen.clear()
-            self._seen[subject[: subject.rfind(".", 0, subject.rfind("."))]] = workspace
+            self._seen[head] = workspace
         self._join(workspace)
 
     async def _discover(self) -> None:

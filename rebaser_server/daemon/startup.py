@@ -47,14 +47,14 @@ def unavailable(err: BaseException) -> bool:
 
 async def set_up_with_retries(
     prepare: Callable[[], Awaitable[None]],
-    start_app: Callable[[], Awaitable[None]],
+    start_app: Callable[[], Awaitable[None]] | None = None,
     *,
     timeout: float | None,
     stopping: Callable[[], bool],
 ) -> None:
-    """``prepare`` (streams, layout, store), then ``start_app``, tried again while NATS is not available yet, for
-    ``timeout`` seconds (None: for ever) or until ``stopping()``. The app's own refusal (a bad config, a file it
-    cannot open) is not retried."""
+    """``prepare`` (streams, layout, store), then ``start_app`` (if any), tried again while NATS is not available
+    yet, for ``timeout`` seconds (None: for ever) or until ``stopping()``. The app's own refusal (a bad config, a
+    file it cannot open) is not retried."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     pause = _RETRY_FIRST
@@ -65,7 +65,8 @@ async def set_up_with_retries(
             if stopping():
                 return  # shut down meanwhile: start no app that shutdown would not stop
             app_step = True
-            await start_app()
+            if start_app is not None:
+                await start_app()
             return
         except (nats.errors.Error, TimeoutError, OSError) as err:
             if deadline is not None and loop.time() + pause > deadline:

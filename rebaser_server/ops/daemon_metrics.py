@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rebaser_core.durability import DURABILITY_LEVELS
+from rebaser_server.ops.status import top_workspaces
 from rebaser_server.ops.view import DaemonView
 
 __all__ = ["STATS_METRICS", "DaemonCollector"]
@@ -164,7 +165,7 @@ class DaemonCollector(Collector):
             "Change sets this daemon owns now, for its 10 busiest workspaces.",
             labels=["workspace"],
         )
-        for workspace, owned in sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
+        for workspace, owned in top_workspaces(daemon.owned_by_workspace).items():
             busiest.add_metric([workspace], owned)
         yield busiest
         with_tasks = GaugeMetricFamily(
@@ -173,7 +174,7 @@ class DaemonCollector(Collector):
             "last read (at most once a second, by /status or while a workspace is at its share).",
             labels=["workspace"],
         )
-        for workspace, n_tasks in sorted(daemon.tasks_seen_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
+        for workspace, n_tasks in top_workspaces(daemon.tasks_seen_by_workspace).items():
             with_tasks.add_metric([workspace], n_tasks)
         yield with_tasks
         served = GaugeMetricFamily(
@@ -182,7 +183,7 @@ class DaemonCollector(Collector):
             "most: divided by their sum, the share each is served.",
             labels=["workspace"],
         )
-        for workspace, taken in sorted(daemon.served_by_workspace.items(), key=lambda kv: -kv[1])[:10]:
+        for workspace, taken in top_workspaces(daemon.served_by_workspace).items():
             served.add_metric([workspace], taken)
         yield served
         intake = daemon.intake_status()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rebaser_server.ops.view import DaemonView
@@ -49,19 +50,13 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
             "start_concurrency": settings.start_concurrency,
             "change_sets": [str(cs) for cs in owned[:STATUS_MAX_OWNED]],
             # The busiest workspaces here, and the share each may have (max_owned_per_workspace).
-            "by_workspace": dict(
-                sorted(daemon.owned_by_workspace.items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
-            ),
+            "by_workspace": top_workspaces(daemon.owned_by_workspace),
             "workspace_share": daemon.workspace_share,
             # Tasks taken lately (halved every minute) by the workspaces served most, and by all: the share served.
-            "served_by_workspace": dict(
-                sorted(daemon.served_by_workspace.items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
-            ),
+            "served_by_workspace": top_workspaces(daemon.served_by_workspace),
             "served_total": sum(daemon.served_by_workspace.values()),
             # Tasks in the streams of the busiest workspaces: owned (here or elsewhere) or waiting for an owner.
-            "tasks_by_workspace": dict(
-                sorted(daemon.tasks_by_workspace().items(), key=lambda kv: -kv[1])[:STATUS_MAX_WORKSPACES]
-            ),
+            "tasks_by_workspace": top_workspaces(daemon.tasks_by_workspace()),
         },
         "intake": dict(intake),
         # How ownership is kept (docs/capacity.md): every task's lease, or one heartbeat per daemon.
@@ -78,6 +73,12 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
 
 # At most this many workspaces are listed with their owned change sets on /status.
 STATUS_MAX_WORKSPACES = 10
+
+
+def top_workspaces(counts: Mapping[str, float], limit: int = STATUS_MAX_WORKSPACES) -> dict[str, float]:
+    """The ``limit`` workspaces with the largest counts, largest first (/status and /metrics list no more)."""
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:limit])
+
 
 # At most this many paused change sets and workspaces are listed on /status (all are counted).
 STATUS_MAX_PAUSED = 100

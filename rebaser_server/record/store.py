@@ -253,11 +253,8 @@ class ChangeSetStore:
         mark it (compare-and-set) so the next owner counts a takeover; the record as it was, or None if it names
         another owner, has no task, or changed meanwhile (nothing to hand back now)."""
         key = self._key(change_set)
-        try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
-            return None
-        if entry.value is None:
+        entry = await _read_last(self.kv, key, self.reads, self._settings.nats_timeout)
+        if entry is None or entry.value is None:
             return None
         record = ChangeSetRecord.decode(entry.value)
         if record.owner != owner or not record.task_seq:
