@@ -7,6 +7,7 @@ at start-up.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import nats.errors
@@ -35,6 +36,8 @@ __all__ = [
     "watch_bucket",
     "workspace_tasks_consumer_config",
 ]
+
+log = logging.getLogger(__name__)
 
 # Ordered consumers of change sets that are being released or taken over overlap for a moment; leave room.
 _CONSUMER_HEADROOM = 64
@@ -89,15 +92,29 @@ async def stop_watch(js: JetStreamContext, bucket: str, watcher: KeyValue.KeyWat
     """Stop ``watcher`` (of KV bucket ``bucket``) and delete its consumer: unsubscribing alone leaves it for its
     inactive threshold. Best effort: a consumer that cannot be deleted now goes by itself after WATCH_IDLE."""
     name = None
-    with contextlib.suppress(Exception):
+    try:
         # (nats-py keeps the watch's subscription private; its consumer's name can change as the watch resets)
         sub: Any = watcher._sub
         name = (await sub.consumer_info()).name
+    except Exception as err:
+        log.info(
+            "a watch of %s: its consumer could not be read (%r); it goes after %.0f s",
+            bucket,
+            err,
+            WATCH_IDLE,
+        )
     with contextlib.suppress(Exception):
         await watcher.stop()  # type: ignore[no-untyped-call]
     if name is not None:
-        with contextlib.suppress(Exception):
+        try:
             await js.delete_consumer(f"KV_{bucket}", name)
+        except Exception as err:
+            log.info(
+                "a watch of %s: deleting its consumer failed (%r); it goes after %.0f s",
+                bucket,
+                err,
+                WATCH_IDLE,
+            )
 
 
 def split(total: int, streams: int) -> int:

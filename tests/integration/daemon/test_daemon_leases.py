@@ -131,7 +131,12 @@ async def test_a_stopped_daemon_leaves_no_bucket_watch_behind(nc: NatsClient, su
             assert len(watches) == 1, stream
             assert 0 < (watches[0].config.inactive_threshold or 0) <= 30
     for stream in streams:
-        assert await js.consumers_info(stream) == [], stream
+
+        async def gone(stream: str = stream) -> bool:
+            return await js.consumers_info(stream) == []
+
+        # Deleted by the stop (the deadline is well inside the 30 s after which an abandoned watch goes by itself).
+        await wait_for(gone, timeout=10, message=f"the watch on {stream} deleted")
 
 
 async def test_a_stop_whose_hand_back_was_lost_leaves_its_heartbeat_for_the_peers(
