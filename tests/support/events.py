@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
@@ -16,9 +19,25 @@ from rebaser_core.settings import Settings
 
 
 async def stored_events(
+    js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId, *, deadline: float = 60.0
+) -> list[ChangeSetEvent]:
+    """Every event the stream holds for one change set, in stream order, repeats included.
+
+    The read is tried again until ``deadline`` seconds have passed: right after node kills the events stream may
+    still be electing its leader, and a checker that gives up then says nothing about the feed."""
+    give_up = time.monotonic() + deadline
+    while True:
+        try:
+            return await _read_events(js, settings, wk, cs)
+        except (nats.errors.Error, asyncio.TimeoutError):
+            if time.monotonic() > give_up:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def _read_events(
     js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId
 ) -> list[ChangeSetEvent]:
-    """Every event the stream holds for one change set, in stream order, repeats included."""
     subjects = settings.subjects
     info = await js.stream_info(subjects.events_stream, subjects_filter=subjects.events(wk, cs))
     if not (info.state.subjects or {}).get(subjects.events(wk, cs)):
