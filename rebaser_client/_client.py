@@ -37,7 +37,14 @@ from rebaser_core.api import (
     UpdatesKind,
     WaitSettledResponse,
 )
-from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES, encode_batch
+from rebaser_core.batches import (
+    MANIFEST,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_UPDATES,
+    Manifest,
+    encode_batch,
+    split_parts,
+)
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.deadlines import Deadlines
 from rebaser_core.errors import (
@@ -64,6 +71,7 @@ Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
 
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
 _Id = TypeVar("_Id", bound=UlidId)
+_PARALLEL_PARTS = 8
 
 
 def _as_id(cls: type[_Id], value: _Id | str, name: str) -> _Id:
@@ -332,22 +340,35 @@ class RebaserClient:
 
     async def store_batch(
         self,
+        workspace_id: WorkspacePk | str,
         updates: Sequence[Update],
         *,
         max_updates: int = MAX_BATCH_UPDATES,
         max_bytes: int = MAX_BATCH_BYTES,
     ) -> StoredUpdates:
-        """Write a (large) batch to the batches object store once; send the result as ``updates``.
+        """Write a (large) batch for the workspace's requests; send the result as ``updates`` of a request of that
+        workspace (another workspace's request does not find it). Writing the same batch again is harmless.
 
         Raises :class:`~rebaser_core.errors.BatchTooLarge` (nothing stored) for a batch over ``max_updates`` or
         ``max_bytes``: by default 100,000 updates and 16 MiB, the daemons' default ``max_updates_per_request`` and
         ``max_stored_batch_bytes`` (pass theirs if they were changed)."""
+        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
         address, data = encode_batch(list(updates), max_updates=max_updates, max_bytes=max_bytes)
         ensure_connected(self._nc, f"storing batch {address}")
         js = self._nc.jetstream()
+        stream = self._subjects.stored_batches_stream
+        parts = split_parts(data)
+
+        async def put(part: int | str, payload: bytes) -> None:
+            await js.publish(self._subjects.batch_part(wk, address, part), payload, stream=stream)
+
         try:
-            store = await js.object_store(self._subjects.batches_bucket)
-            await store.put(address, data)
+            # The parts first, a few at a time; the manifest last, once every part is acknowledged: a batch whose
+            # manifest a daemon finds is whole.
+            for start in range(0, len(parts), _PARALLEL_PARTS):
+                window = range(start, min(start + _PARALLEL_PARTS, len(parts)))
+                await asyncio.gather(*(put(n, parts[n]) for n in window))
+            await put(MANIFEST, Manifest(size=len(data), parts=len(parts)).encode())
         except nats.errors.Error as err:
             raise RebaserUnavailable(f"storing batch {address} failed: {err}") from None
         return StoredUpdates(address=address)

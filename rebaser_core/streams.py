@@ -17,6 +17,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from rebaser_core.batches import PART_BYTES
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -31,6 +32,7 @@ __all__ = [
     "requests_stream_config",
     "split",
     "stop_watch",
+    "stored_batches_stream_config",
     "tasks_consumer_config",
     "tasks_stream_config",
     "watch_bucket",
@@ -219,6 +221,27 @@ def events_stream_config(settings: Settings) -> js_api.StreamConfig:
     )
 
 
+def stored_batches_stream_config(settings: Settings) -> js_api.StreamConfig:
+    """``REBASER_STORED_BATCHES``: the stored update batches, each under its workspace (rebaser_core.batches).
+
+    One message per subject (a part, or the manifest): a batch written again replaces itself. Kept as long as
+    requests are (``requests_max_age``): a batch is read when its request is processed."""
+    return js_api.StreamConfig(
+        name=settings.subjects.stored_batches_stream,
+        description="rebaser: stored update batches, by workspace and content address (docs/protocol.md §14)",
+        subjects=[settings.subjects.stored_batches_subject],
+        retention=js_api.RetentionPolicy.LIMITS,
+        discard=js_api.DiscardPolicy.NEW,
+        max_msgs_per_subject=1,
+        max_age=settings.requests_max_age,
+        max_msg_size=PART_BYTES + 1024,
+        storage=_storage(settings),
+        num_replicas=settings.replicas,
+        duplicate_window=settings.duplicate_window,
+        allow_direct=True,
+    )
+
+
 def tasks_consumer_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.ConsumerConfig:
     """The one durable pull consumer shared by every daemon.
 
@@ -302,5 +325,6 @@ async def ensure_streams(
     for shard in shards:
         await ensure_shard(js, settings, shard, max(streams, 1), consumer=consumer)
     await _ensure_stream(js, dead_letter_stream_config(settings))
+    await _ensure_stream(js, stored_batches_stream_config(settings))
     if settings.events:
         await _ensure_stream(js, events_stream_config(settings))

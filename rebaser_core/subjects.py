@@ -9,6 +9,7 @@ tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process``
 dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>`` (``….malformed`` for junk subjects)
 queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
 events            ``[P.]rebaser.events.<workspace>.<change_set>`` (one stream, whatever the shards)
+stored batches    ``[P.]rebaser.batches.<workspace>.<address>.<part|manifest>`` (one stream, rebaser_core.batches)
 ================  =================================================
 
 **Shards** (docs/operations.md): with ``--streams N`` requests and tasks are spread over N streams each. Shard 0
@@ -38,6 +39,7 @@ DEAD_LETTER_STREAM = "REBASER_DEAD_LETTERS"
 CHANGE_SETS_BUCKET = "REBASER_CHANGE_SETS"
 SNAPSHOTS_BUCKET = "REBASER_SNAPSHOTS"
 BATCHES_BUCKET = "REBASER_BATCHES"
+STORED_BATCHES_STREAM = "REBASER_STORED_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
 LAYOUT_BUCKET = "REBASER_LAYOUT"
 PAUSES_BUCKET = "REBASER_PAUSES"
@@ -154,8 +156,23 @@ class Subjects:
 
     @property
     def batches_bucket(self) -> str:
-        """Object store of stored update batches (the v3 ``stored`` updates kind), named by content address."""
+        """The first layout's object store of stored update batches, named by content address alone: daemons
+        still read a batch from it when their workspace's stream has none (docs/protocol.md §14)."""
         return self._name(BATCHES_BUCKET)
+
+    @property
+    def stored_batches_stream(self) -> str:
+        """Stored update batches (the v3 ``stored`` updates kind), each under its workspace (rebaser_core.batches)."""
+        return self._name(STORED_BATCHES_STREAM)
+
+    @property
+    def stored_batches_subject(self) -> str:
+        """What the stored-batches stream stores: ``rebaser.batches.<wk>.<address>.<part>``."""
+        return self._subject("rebaser", "batches", "*", "*", "*")
+
+    def batch_part(self, workspace_id: WorkspacePk, address: str, part: int | str) -> str:
+        """Part ``part`` (0, 1, …) of a workspace's stored batch, or its ``manifest`` (written last)."""
+        return self._subject("rebaser", "batches", str(workspace_id), address, str(part))
 
     @property
     def tasks_consumer(self) -> str:

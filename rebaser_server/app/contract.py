@@ -81,9 +81,9 @@ class ChangeSetReader(Protocol):
     async def committed(self, change_set: ChangeSet) -> Committed | None:
         """``change_set``'s state as last committed; None if it was never written."""
 
-    async def stored_updates(self, address: str) -> list[Update]:
-        """The updates of a stored batch; :class:`~rebaser_core.errors.UnprocessableError` if it is missing,
-        corrupt or over the limits."""
+    async def stored_updates(self, workspace_id: WorkspacePk, address: str) -> list[Update]:
+        """The updates of a batch stored for ``workspace_id``; :class:`~rebaser_core.errors.UnprocessableError`
+        if it is missing (another workspace's batch is missing too), corrupt or over the limits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ class ChangeSet:
         daemon's ``max_stored_batch_bytes`` and ``max_updates_per_request``)."""
         if isinstance(request.updates, InlineUpdates):
             return list(request.updates.updates)
-        return await self._reader().stored_updates(request.updates.address)
+        return await self._reader().stored_updates(self.workspace_id, request.updates.address)
 
     def _reader(self) -> ChangeSetReader:
         if self.reader is None:

@@ -61,7 +61,7 @@ class DurabilityCheck:
         problems = []
         for name, info in zip(streams, results, strict=True):
             if isinstance(info, NotFoundError):
-                continue  # not created yet (an object store before its first batch): holds nothing
+                continue  # not created (the first layout's batches, on a deployment that never had them): holds nothing
             if isinstance(info, BaseException):
                 problems.append(f"stream {name}: {type(info).__name__} {info}".strip())
                 continue
@@ -80,6 +80,7 @@ def durable_streams(settings: Settings, shards: Sequence[int]) -> list[str]:
     names += [
         f"KV_{subjects.change_sets_bucket}",
         f"KV_{subjects.layout_bucket}",
-        f"OBJ_{subjects.batches_bucket}",
+        subjects.stored_batches_stream,
+        f"OBJ_{subjects.batches_bucket}",  # the first layout's, where a deployment still has it
     ]
     return names

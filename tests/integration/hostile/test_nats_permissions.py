@@ -16,11 +16,14 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.api import Update
+from rebaser_core.batches import MANIFEST
 from rebaser_core.embedded import NatsServer
-from rebaser_core.errors import RebaserRefused, RebaserUnavailable
+from rebaser_core.errors import RebaserRefused, RebaserUnavailable, UnprocessableError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import shard_of
 from rebaser_core.testing import wait_for
+from rebaser_server.record.reader import StoreReader
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.events import next_durable
@@ -80,6 +83,12 @@ async def test_caller_permissions(accounts_server: NatsServer, daemon_nc: NatsCl
             assert not [e for e in errors if "permissions violation" in e.lower()]
             with pytest.raises(RebaserRefused, match="cannot describe"):  # a query is answered
                 await client.get_change_set(wk, cs)
+            # It stores update batches, for any workspace.
+            updates: list[Update] = [SetLiteral(path=f"/b{i}", value="x" * 100) for i in range(3000)]
+            stored = await client.store_batch(wk, updates)
+            reader = StoreReader(daemon_nc.jetstream(), settings, daemon.store)
+            assert await reader.stored_updates(wk, stored.address) == updates
+            assert not [e for e in errors if "permissions violation" in e.lower()]
             key = settings.subjects.change_set_key(wk, cs)
             before = await daemon.store.kv.get(key)
             forbidden = [
@@ -387,9 +396,17 @@ async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses
             assert (await client.wait_settled(FOLLOWED, own, timeout=10)).settled
             with pytest.raises(RebaserRefused, match="cannot describe"):  # the query is answered
                 await client.get_change_set(FOLLOWED, own)
+            # Its update batches (more than one part), which the daemon finds in its workspace only.
+            updates: list[Update] = [SetLiteral(path=f"/b{i}", value="x" * 100) for i in range(3000)]
+            stored = await client.store_batch(FOLLOWED, updates)
+            reader = StoreReader(daemon_nc.jetstream(), settings, daemon.store)
+            assert await reader.stored_updates(FOLLOWED, stored.address) == updates
+            with pytest.raises(UnprocessableError, match="does not exist"):
+                await reader.stored_updates(other, stored.address)
             assert not [e for e in errors if "permissions violation" in e.lower()]
             # Every way into another workspace.
             other_shard = settings.subjects.for_shard(1)
+            batches = settings.subjects.stored_batches_stream
             forbidden = [
                 settings.subjects.requests(other, cs),
                 other_shard.requests(other, cs),
@@ -398,7 +415,14 @@ async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses
                 *(settings.subjects.api(op, other, cs) for op in ("get", "fork", "reply", "settled")),
                 f"$JS.API.CONSUMER.CREATE.REBASER_EVENTS.x.rebaser.events.{other}.*",
                 f"$JS.API.CONSUMER.CREATE.REBASER_EVENTS.x.rebaser.events.{other}.{cs}",
-                f"$O.{settings.subjects.batches_bucket}.C.x",  # batches: none at all (their names have no workspace)
+                # Batches: another workspace's, written or read; none of the first layout's object store at all.
+                settings.subjects.batch_part(other, stored.address, 0),
+                settings.subjects.batch_part(other, stored.address, MANIFEST),
+                f"$JS.API.DIRECT.GET.{batches}.{settings.subjects.batch_part(other, stored.address, MANIFEST)}",
+                f"$JS.API.DIRECT.GET.{batches}.{settings.subjects.batch_part(FOLLOWED, stored.address, MANIFEST)}",
+                f"$JS.API.DIRECT.GET.{batches}",
+                f"$JS.API.STREAM.MSG.GET.{batches}",
+                f"$O.{settings.subjects.batches_bucket}.C.x",
                 "_INBOX.client-1.x",
             ]
             for subject in forbidden:
@@ -415,8 +439,10 @@ async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses
                     (names.requests_stream, names.requests_all),
                     (names.tasks_stream, names.tasks_all),
                 ):
-                    stored = (await js.stream_info(stream, subjects_filter=subject)).state.subjects or {}
-                    assert not [s for s in stored if str(other) in s], stored
+                    kept = (await js.stream_info(stream, subjects_filter=subject)).state.subjects or {}
+                    assert not [s for s in kept if str(other) in s], kept
+            kept = (await js.stream_info(batches, subjects_filter=">")).state.subjects or {}
+            assert kept and not [s for s in kept if str(other) in s], kept
             assert daemon.stats.requests_applied == 4
     finally:
         await caller.close()
