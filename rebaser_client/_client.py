@@ -11,6 +11,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, TracerProvider
 
+from rebaser_client._backlog import BacklogCheck, ask_backlog
 from rebaser_client._events import EventStream
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
 from rebaser_client._queries import Queries
@@ -36,6 +37,7 @@ from rebaser_core.api import (
     Update,
     UpdatesKind,
     WaitSettledResponse,
+    WorkspaceBacklogResponse,
 )
 from rebaser_core.batches import (
     MANIFEST,
@@ -110,6 +112,9 @@ class RebaserClient:
         streams: the number of shards the caller expects (None: whatever the cluster's layout says). It only
             guards against a mis-configured caller: if it disagrees with the cluster's layout at start,
             ``LayoutMismatch`` is raised. The client follows later layout changes by itself.
+        check_workspace_backlog: refuse a request with ``RebaserBusy(limit="workspace_requests")`` while its
+            workspace has the daemons' ``workspace_max_requests`` queued (counted by a daemon at most a second ago;
+            see rebaser_client._backlog). On by default.
         tracer_provider: the OpenTelemetry tracer provider for the client's spans (default: the global one). Each
             request carries the W3C trace context of its ``rebaser.enqueue`` span; the daemon continues that trace.
     """
@@ -125,6 +130,7 @@ class RebaserClient:
         spool: SpoolConfig | None = None,
         tracer_provider: TracerProvider | None = None,
         streams: int | None = None,
+        check_workspace_backlog: bool = True,
     ) -> None:
         self._nc = nc
         # Faster header handling on this connection, byte for byte what nats-py does (see nats_speedups).
@@ -146,6 +152,7 @@ class RebaserClient:
         self._owns_connection = False
         self._replies = ReplyInbox(nc)
         self._queries = Queries(nc, self._subjects, content_type)
+        self._backlog = BacklogCheck(self._queries) if check_workspace_backlog else None
         self._deadlines = Deadlines()  # of the calls awaiting their replies
 
     @classmethod
@@ -189,6 +196,8 @@ class RebaserClient:
     async def close(self) -> None:
         # First, while the connection is still open: give the spool its bounded chance to drain.
         await self._publisher.close()
+        if self._backlog is not None:
+            await self._backlog.close()
         await self._router.close()
         await self._replies.close()
         if self._owns_connection:
@@ -281,6 +290,14 @@ class RebaserClient:
         if response.error:
             raise RebaserRefused(response.error)
         return response
+
+    async def workspace_backlog(
+        self, workspace_id: WorkspacePk | str, *, timeout: float = 10.0
+    ) -> WorkspaceBacklogResponse:
+        """How many requests the workspace has queued over every shard (``queued``, as a daemon counted at most a
+        second ago), and the most it may have (``limit``, the daemons' ``workspace_max_requests``; 0: none)."""
+        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
+        return await ask_backlog(self._queries, wk, ChangeSetId.new(), timeout)
 
     async def fork_change_set(
         self,
@@ -507,6 +524,8 @@ class RebaserClient:
         await self._router.confirm()  # never read (started disconnected, or the read failed): try once more
         # Still unknown: routing would be a guess (shard 0), so the request is spooled, or refused without a spool.
         hold = None if self._router.known else self._router.unknown_reason
+        if self._backlog is not None:
+            await self._backlog.check(request.workspace_id, request.change_set_id)
         names = self._router.subjects_for(request.workspace_id, request.change_set_id)
         subject = names.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
@@ -514,12 +533,16 @@ class RebaserClient:
         task = names.task(request.workspace_id, request.change_set_id)
         if not recording(self._tracer_provider):
             inject(headers)  # a trace context the application carries, without spans of our own
-            return await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
-        with self._tracer.start_as_current_span(
-            "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
-        ):
-            inject(headers)  # the daemon's span for this request continues this one
-            return await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
+            sent = await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
+        else:
+            with self._tracer.start_as_current_span(
+                "rebaser.enqueue", kind=SpanKind.PRODUCER, attributes=_span_attributes(request)
+            ):
+                inject(headers)  # the daemon's span for this request continues this one
+                sent = await self._publisher.send(str(request.id), subject, headers, body, task, hold=hold)
+        if self._backlog is not None:
+            self._backlog.sent(request.workspace_id)
+        return sent
 
 
 def _span_attributes(request: EnqueueUpdatesRequest) -> dict[str, str]:

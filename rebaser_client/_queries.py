@@ -1,4 +1,5 @@
-"""Queries to the daemons (core NATS request-reply on ``<prefix>.rebaser.api.*``): get, fork, reply, settled."""
+"""Queries to the daemons (core NATS request-reply on ``<prefix>.rebaser.api.*``): get, fork, reply, settled,
+backlog."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from rebaser_core.api import (
     VersionedMessage,
     WaitSettledRequest,
     WaitSettledResponse,
+    WorkspaceBacklogRequest,
 )
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserTimeout, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -63,7 +65,12 @@ class Queries:
     ) -> MessageVersion:
         """Send one query and return its checked answer."""
         assert isinstance(
-            request, GetChangeSetRequest | ForkChangeSetRequest | GetReplyRequest | WaitSettledRequest
+            request,
+            GetChangeSetRequest
+            | ForkChangeSetRequest
+            | GetReplyRequest
+            | WaitSettledRequest
+            | WorkspaceBacklogRequest,
         )
         subject = self._subjects.api(operation, request.workspace_id, request.change_set_id)
         headers, body = codec.encode(request, self._content_type)

@@ -16,7 +16,10 @@ from rebaser_core.api import (
     EnqueueUpdatesResponse,
     ForkChangeSetResponse,
     GetChangeSetResponse,
+    StoredUpdates,
+    Update,
     WaitSettledResponse,
+    WorkspaceBacklogResponse,
 )
 from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -141,6 +144,14 @@ class SyncRebaserClient:
         self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str, **kwargs: Any
     ) -> WaitSettledResponse:
         return self._run(self._client.wait_settled(workspace_id, change_set_id, **kwargs))
+
+    def workspace_backlog(self, workspace_id: WorkspacePk | str, **kwargs: Any) -> WorkspaceBacklogResponse:
+        return self._run(self._client.workspace_backlog(workspace_id, **kwargs))
+
+    def store_batch(
+        self, workspace_id: WorkspacePk | str, updates: list[Update], **kwargs: Any
+    ) -> StoredUpdates:
+        return self._run(self._client.store_batch(workspace_id, updates, **kwargs))
 
     # -- operators: pausing (RebaserClient's methods) -------------------------------------------------
     def pause_change_set(

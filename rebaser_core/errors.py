@@ -157,24 +157,30 @@ BusyLimit = Literal[
     "stream_bytes",
     "tasks_messages",
     "tasks_bytes",
+    "workspace_requests",
     "stream",
     "in_flight",
     "spool",
 ]
 """Which limit refused a request: this change set's backlog (``requests_max_msgs_per_change_set``), the requests
 stream's message or byte cap, the tasks stream's (``tasks_max_msgs``, ``tasks_max_bytes``: the request was stored,
-its task was not; sending it again with the same id is safe), an unrecognised stream limit, the client's
+its task was not; sending it again with the same id is safe), the workspace's queued requests
+(``workspace_max_requests``, checked by the client before it publishes), an unrecognised stream limit, the client's
 ``max_in_flight`` publishes, or its full spool."""
 
 
 class RebaserBusy(RebaserRefused):
     """Refused for back-pressure: nothing was enqueued; trying again after ``retry_after`` seconds is expected to
-    work. ``limit`` names the limit that refused it (see :data:`BusyLimit`)."""
+    work. ``limit`` names the limit that refused it (see :data:`BusyLimit`); ``workspace`` the workspace over its
+    own limit (``workspace_requests``), else None: any other limit is shared by every workspace."""
 
-    def __init__(self, message: str, retry_after: float, limit: BusyLimit = "stream") -> None:
+    def __init__(
+        self, message: str, retry_after: float, limit: BusyLimit = "stream", workspace: str | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
         self.limit: BusyLimit = limit
+        self.workspace = workspace
 
 
 class BatchTooLarge(RebaserRefused):

@@ -50,6 +50,12 @@ class Settings(BaseModel):
     requests_max_msgs_per_change_set: int = Field(
         -1, description="Cap on one change set's backlog (-1: none)."
     )
+    workspace_max_requests: int = Field(
+        100_000,
+        ge=-1,
+        description="Cap on one workspace's queued requests, over every shard, checked by clients before they "
+        "publish (-1: none; docs/capacity.md#bounds).",
+    )
     tasks_max_msgs: int = Field(
         1_000_000,
         ge=-1,

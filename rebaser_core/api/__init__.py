@@ -1,5 +1,11 @@
 """Versioned API messages of the wire contract."""
 
+from rebaser_core.api.backlog import (
+    WORKSPACE_BACKLOG_REQUEST,
+    WORKSPACE_BACKLOG_RESPONSE,
+    WorkspaceBacklogRequest,
+    WorkspaceBacklogResponse,
+)
 from rebaser_core.api.change_set_queries import (
     FORK_CHANGE_SET_REQUEST,
     FORK_CHANGE_SET_RESPONSE,
@@ -84,6 +90,8 @@ __all__ = [
     "NOTICE_KINDS",
     "WAIT_SETTLED_REQUEST",
     "WAIT_SETTLED_RESPONSE",
+    "WORKSPACE_BACKLOG_REQUEST",
+    "WORKSPACE_BACKLOG_RESPONSE",
     "AttributePath",
     "ChangeSetEvent",
     "Conflict",
@@ -122,6 +130,8 @@ __all__ = [
     "VersionedMessage",
     "WaitSettledRequest",
     "WaitSettledResponse",
+    "WorkspaceBacklogRequest",
+    "WorkspaceBacklogResponse",
     "event_msg_id",
     "oldest_form",
     "oldest_reply_form",

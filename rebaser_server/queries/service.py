@@ -1,5 +1,5 @@
-"""Request/reply queries about change sets (``get``, ``fork``, ``reply``, ``settled``), answered by any daemon of a
-queue group.
+"""Request/reply queries about change sets (``get``, ``fork``, ``reply``, ``settled``) and workspaces (``backlog``),
+answered by any daemon of a queue group.
 
 They read committed records and never take a change set's task: a ``get`` shows the state as of the last commit,
 and a ``fork`` creates a record that does not exist yet (refused if it does), so neither races the owner.
@@ -26,12 +26,15 @@ from rebaser_core.api import (
     GET_REPLY_RESPONSE,
     WAIT_SETTLED_REQUEST,
     WAIT_SETTLED_RESPONSE,
+    WORKSPACE_BACKLOG_REQUEST,
+    WORKSPACE_BACKLOG_RESPONSE,
     ContentType,
     ForkChangeSetResponse,
     GetChangeSetResponse,
     GetReplyResponse,
     VersionedMessage,
     WaitSettledResponse,
+    WorkspaceBacklogResponse,
     oldest_reply_form,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
@@ -39,6 +42,7 @@ from rebaser_core.inbox import check_reply_inbox, request_id_of
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp, SupportsDescribe, SupportsFork
 from rebaser_server.changeset.context import Placement
+from rebaser_server.queries.backlog import WorkspaceBacklogs
 from rebaser_server.queries.settled import SettledWaits
 from rebaser_server.record.store import ChangeSetStore
 
@@ -69,6 +73,7 @@ class QueryService:
         self.settled = SettledWaits(
             nc, js, settings, placement
         )  # held ``settled`` queries (rebaser_server/queries/settled.py)
+        self.backlogs = WorkspaceBacklogs(js, settings, placement)
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query)
@@ -109,7 +114,12 @@ class QueryService:
                 if operation == "settled":  # answered later, from a task of its own
                     self.settled.start(msg.reply, change_set, request, _content_type(msg.headers))
                     return
-                handler = {"get": self._get, "fork": self._fork, "reply": self._reply}[operation]
+                handler = {
+                    "get": self._get,
+                    "fork": self._fork,
+                    "reply": self._reply,
+                    "backlog": self._backlog,
+                }[operation]
                 try:
                     response = await handler(change_set, request, ids)
                 except Exception as err:
@@ -173,6 +183,12 @@ class QueryService:
             id=request.id, **ids, request_id=request.request_id, found=status is not None, status=status
         )
 
+    async def _backlog(
+        self, change_set: ChangeSet, request: Any, ids: dict[str, Any]
+    ) -> WorkspaceBacklogResponse:
+        queued = await self.backlogs.queued(change_set.workspace_id)
+        return WorkspaceBacklogResponse(id=request.id, **ids, queued=queued, limit=self.backlogs.limit)
+
     async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
         app = self._app
         if not isinstance(app, SupportsFork):
@@ -201,6 +217,7 @@ _QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any
     "fork": (FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, ForkChangeSetResponse),
     "reply": (GET_REPLY_REQUEST, GET_REPLY_RESPONSE, GetReplyResponse),
     "settled": (WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, WaitSettledResponse),
+    "backlog": (WORKSPACE_BACKLOG_REQUEST, WORKSPACE_BACKLOG_RESPONSE, WorkspaceBacklogResponse),
 }
 
 

@@ -396,6 +396,8 @@ async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses
             assert (await client.wait_settled(FOLLOWED, own, timeout=10)).settled
             with pytest.raises(RebaserRefused, match="cannot describe"):  # the query is answered
                 await client.get_change_set(FOLLOWED, own)
+            # Its workspace's backlog (which its client also asks before it enqueues).
+            assert (await client.workspace_backlog(FOLLOWED)).limit > 0
             # Its update batches (more than one part), which the daemon finds in its workspace only.
             updates: list[Update] = [SetLiteral(path=f"/b{i}", value="x" * 100) for i in range(3000)]
             stored = await client.store_batch(FOLLOWED, updates)
@@ -412,7 +414,10 @@ async def test_a_workspace_caller_works_in_its_workspace_and_nats_server_refuses
                 other_shard.requests(other, cs),
                 settings.subjects.task(other, cs),
                 other_shard.task(other, cs),
-                *(settings.subjects.api(op, other, cs) for op in ("get", "fork", "reply", "settled")),
+                *(
+                    settings.subjects.api(op, other, cs)
+                    for op in ("get", "fork", "reply", "settled", "backlog")
+                ),
                 f"$JS.API.CONSUMER.CREATE.REBASER_EVENTS.x.rebaser.events.{other}.*",
                 f"$JS.API.CONSUMER.CREATE.REBASER_EVENTS.x.rebaser.events.{other}.{cs}",
                 # Batches: another workspace's, written or read; none of the first layout's object store at all.

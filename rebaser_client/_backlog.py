@@ -1,0 +1,141 @@
+"""The client's side of a workspace's request limit (``workspace_max_requests``): before a request is published, the
+workspace's queued requests as a daemon last counted them (the ``backlog`` query, asked in the background at most
+once a second per workspace), plus what this client sent since; at the limit, ``RebaserBusy`` naming the workspace.
+
+The check never delays a request: until a count arrives (a workspace's first request, no daemon answering) the
+request goes. So a workspace can pass its limit by what its clients send within about a second; the limit keeps
+one workspace from filling the streams every workspace shares, it is not an exact quota (docs/capacity.md#bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from rebaser_client._queries import Queries
+from rebaser_core.api import (
+    WORKSPACE_BACKLOG_REQUEST,
+    WORKSPACE_BACKLOG_RESPONSE,
+    WorkspaceBacklogRequest,
+    WorkspaceBacklogResponse,
+)
+from rebaser_core.errors import ClientError, ProtocolError, RebaserBusy, RebaserRefused
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+
+__all__ = ["BacklogCheck", "ask_backlog"]
+
+log = logging.getLogger(__name__)
+
+REFRESH = 1.0
+"""Seconds a count is used before it is asked for again."""
+_RETRY_AFTER = 1.0
+_QUERY_TIMEOUT = 2.0
+_MAX_KEPT = 1_000
+
+
+async def ask_backlog(
+    queries: Queries, workspace_id: WorkspacePk, change_set_id: ChangeSetId, timeout: float
+) -> WorkspaceBacklogResponse:
+    """One ``backlog`` query; ``RebaserRefused`` if the daemon could not count."""
+    request = WorkspaceBacklogRequest(
+        id=RequestId.new(), workspace_id=workspace_id, change_set_id=change_set_id
+    )
+    response = await queries.ask(
+        "backlog", request, WORKSPACE_BACKLOG_REQUEST, WORKSPACE_BACKLOG_RESPONSE, timeout
+    )
+    assert isinstance(response, WorkspaceBacklogResponse)
+    if response.error is not None:
+        raise RebaserRefused(response.error)
+    return response
+
+
+@dataclass(frozen=True, slots=True)
+class _Count:
+    queued: int
+    limit: int
+    at: float
+    sent_before: int  # what this client had sent to the workspace when it asked for this count
+
+
+class BacklogCheck:
+    def __init__(self, queries: Queries) -> None:
+        self._queries = queries
+        self._counts: dict[WorkspacePk, _Count] = {}
+        self._sent: dict[WorkspacePk, int] = {}  # requests sent to each workspace counted
+        self._asking: dict[WorkspacePk, asyncio.Task[bool]] = {}
+
+    async def check(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> None:
+        """Raise ``RebaserBusy(limit="workspace_requests")`` if the workspace is at its limit; ask for a fresh count
+        (in the background) if the last one is old.
+
+        A workspace the daemons counted at its limit a moment ago is refused at once (a flood costs no query).
+        One that only this client's requests sent since would bring there is counted again first: those may be
+        processed already, and a workspace that is served as fast as it sends is never refused."""
+        count = self._counts.get(workspace_id)
+        fresh = count is not None and time.monotonic() - count.at < REFRESH
+        if not fresh:
+            self._asking_now(workspace_id, change_set_id)
+        if count is None or count.limit <= 0:
+            return
+        if fresh and count.queued >= count.limit:
+            raise self._busy(workspace_id, count.queued, count.limit)
+        if self._queued(workspace_id, count) >= count.limit and await self._asking_now(
+            workspace_id, change_set_id
+        ):
+            count = self._counts[workspace_id]
+            if count.limit > 0 and self._queued(workspace_id, count) >= count.limit:
+                raise self._busy(workspace_id, self._queued(workspace_id, count), count.limit)
+
+    def sent(self, workspace_id: WorkspacePk) -> None:
+        if workspace_id in self._sent:
+            self._sent[workspace_id] += 1
+
+    def _queued(self, workspace_id: WorkspacePk, count: _Count) -> int:
+        """The count, and what this client sent since it asked for it (a daemon may have counted some already)."""
+        return count.queued + self._sent[workspace_id] - count.sent_before
+
+    async def close(self) -> None:
+        tasks = list(self._asking.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    def _busy(workspace_id: WorkspacePk, queued: int, limit: int) -> RebaserBusy:
+        return RebaserBusy(
+            f"workspace {workspace_id} has {queued} requests queued, its limit is {limit} (workspace_max_requests)",
+            retry_after=_RETRY_AFTER,
+            limit="workspace_requests",
+            workspace=str(workspace_id),
+        )
+
+    def _asking_now(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> asyncio.Task[bool]:
+        """The count being asked for (one at a time per workspace), started if none is."""
+        task = self._asking.get(workspace_id)
+        if task is None:
+            task = asyncio.ensure_future(self._ask(workspace_id, change_set_id))
+            self._asking[workspace_id] = task
+            task.add_done_callback(lambda _: self._asking.pop(workspace_id, None))
+        return task
+
+    async def _ask(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> bool:
+        """Ask for a count; False if none came (no daemon answers, an older one, it could not count): the requests
+        go unchecked meanwhile."""
+        if workspace_id not in self._sent:
+            if len(self._sent) >= _MAX_KEPT:  # the longest known goes (a client of very many workspaces)
+                forgotten = next(iter(self._sent))
+                del self._sent[forgotten]
+                self._counts.pop(forgotten, None)
+            self._sent[workspace_id] = 0
+        sent_before = self._sent[workspace_id]
+        try:
+            response = await ask_backlog(self._queries, workspace_id, change_set_id, _QUERY_TIMEOUT)
+        except (ClientError, ProtocolError) as err:
+            log.debug("no backlog count for workspace %s: %s", workspace_id, err)
+            return False
+        if workspace_id not in self._sent:  # forgotten meanwhile
+            return False
+        self._counts[workspace_id] = _Count(response.queued, response.limit, time.monotonic(), sent_before)
+        return True
