@@ -78,6 +78,8 @@ class Stats:
     # lease_mode daemon: peers found silent, and the tasks of theirs handed back (rebaser_server.daemon.liveness).
     silent_peers: int = 0
     peer_tasks_handed_back: int = 0
+    # lease_mode daemon: tasks this daemon handed back itself after its heartbeat lapsed (Lease.hand_back_after_lapse).
+    lapse_hand_backs: int = 0
     # Wall clock: the last request answered, and the last write JetStream acknowledged (a purge of processed
     # requests; see trimmer.py).
     last_request_at: float | None = None

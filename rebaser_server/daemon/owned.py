@@ -170,6 +170,11 @@ class OwnedChangeSets:
                     self.on_handed_back(
                         processor.subjects.shard, processor.change_set.workspace_id, delay or 0.0
                     )
+            elif outcome is Outcome.LEASE_LOST and await processor.lease.hand_back_after_lapse():
+                stats.lapse_hand_backs += 1
+                log.info("%s: handed back (this daemon's heartbeat lapsed)", processor.change_set)
+                if self.on_handed_back is not None:
+                    self.on_handed_back(processor.subjects.shard, processor.change_set.workspace_id, 0.0)
             counter = TASK_COUNTERS[outcome]
             setattr(stats, counter, getattr(stats, counter) + 1)
         finally:

@@ -67,6 +67,10 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
         "rebaser_peer_tasks_handed_back",
         "Tasks of silent peer daemons handed back (lease_mode daemon).",
     ),
+    "lapse_hand_backs": (
+        "rebaser_lapse_hand_backs",
+        "Tasks this daemon handed back itself after its heartbeat lapsed (lease_mode daemon).",
+    ),
     "tasks_deferred": (
         "rebaser_tasks_deferred",
         "New-shard tasks handed back while their change set's old shard still held work (a layout change).",

@@ -114,6 +114,28 @@ class Lease:
         """Hand the task back (redelivered after ``delay``) if the lease is held."""
         return await self._settle(nak_payload(delay), max(0.001, min(self.remaining(), 5.0)))
 
+    async def hand_back_after_lapse(self) -> bool:
+        """``lease_mode`` daemon: hand back (nack, at once) a task given up because the daemon's heartbeat lapsed,
+        while the delivery itself is still held. Without it the task waits for the tasks consumer's long
+        ``task_ack_wait``: a lapse shorter than ``ack_wait`` (a freeze, a slow heartbeat put) lets no peer reap it.
+
+        Safe although the heartbeat no longer covers the task: the server has not redelivered it (the delivery's own
+        lease holds), so the nack takes it from nobody; a peer that reaped it meanwhile deleted it, and a nack of a
+        deleted message does nothing. The change set's steps have stopped before this is called."""
+        if self._heartbeat is None or self._heartbeat.covers(self._generation):
+            return False
+        own = self._expires - self._margin - time.monotonic()
+        if own <= 0 or not self._nc.is_connected:
+            return False
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            timeout = min(own, 5.0)
+            if self._requester is not None:
+                await self._requester.request(self._msg.reply, nak_payload(None), timeout=timeout)
+            else:
+                await self._nc.request(self._msg.reply, nak_payload(None), timeout=timeout)
+            return True
+        return False
+
     async def term(self) -> bool:
         """Remove the task for good (it can have no work) if the lease is held."""
         return await self._settle(b"+TERM", max(0.001, min(self.remaining(), 5.0)))

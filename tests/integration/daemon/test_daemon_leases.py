@@ -127,6 +127,11 @@ async def test_a_stopped_daemon_leaves_no_bucket_watch_behind(nc: NatsClient, su
     streams = [f"KV_{subjects.pauses_bucket}", f"KV_{subjects.daemons_bucket}"]
     async with running_daemon(nc, settings, RecordingApp()):
         for stream in streams:
+
+            async def made(stream: str = stream) -> bool:  # the reaper makes its watch once it runs
+                return len(await js.consumers_info(stream)) >= 1
+
+            await wait_for(made, timeout=10, message=f"the watch on {stream} made")
             watches = await js.consumers_info(stream)
             assert len(watches) == 1, stream
             assert 0 < (watches[0].config.inactive_threshold or 0) <= 30
@@ -264,3 +269,30 @@ async def test_a_daemon_whose_heartbeat_lapsed_takes_no_task_until_it_beats_agai
         assert record is not None and record.task_delivery < 10
         if intake == "fair":
             assert record.task_delivery == 1
+
+
+async def test_a_change_set_held_when_the_heartbeat_lapses_is_handed_back_by_its_daemon(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    # The daemon counts its heartbeat as lapsed ack_wait less the margin after its last confirmed beat; its peers reap
+    # only after a full ack_wait. A lapse in between (a freeze, a slow put) made the daemon give its change sets up
+    # with nobody to hand them back: they waited for task_ack_wait (120 s here). Alone, no peer ever reaps: only the
+    # daemon's own hand-back serves the change set within the 20 s below.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert daemon.liveness is not None
+        heartbeat = daemon.liveness.heartbeat
+        kv = await nc.jetstream().key_value(settings.subjects.daemons_bucket)
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+        await heartbeat.stop(delete=False)
+        await wait_for(lambda: daemon.stats.leases_lost == 1, timeout=10, message="the change set given up")
+        await heartbeat.start(kv, timeout=10)
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
+        assert daemon.stats.lapse_hand_backs == 1
+        record = await daemon.store.read(ChangeSet(wk, cs))
+        assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
