@@ -18,6 +18,7 @@ and commits it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -51,6 +52,8 @@ __all__ = [
     "StaleDelivery",
     "TaskDelivery",
 ]
+
+log = logging.getLogger(__name__)
 
 # The header a compare-and-set write carries, and the error JetStream answers when the key moved on.
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
@@ -106,6 +109,7 @@ class ChangeSetHandle:
         self.record = record
         self.revision = revision
         self.written = False  # this owner wrote the record at least once (see ChangeSetStore.acquire)
+        self._unanswered: bytes | None = None  # the last write, if it failed without an answer (see commit)
         self._requester = requester
         self._timeout = timeout
         # Request applies and DVU runs both read-modify-write the record; the lock orders them inside one owner,
@@ -113,18 +117,45 @@ class ChangeSetHandle:
         self.lock = asyncio.Lock()
 
     async def commit(self, record: ChangeSetRecord) -> None:
-        """Write ``record`` if nobody else wrote since our last write; else raise FencedError."""
-        try:
-            if self._requester is None:
-                self.revision = await self._kv.update(self.key, record.encode(), last=self.revision)
-            else:
-                self.revision = await self._update(record.encode())
-        except KeyWrongLastSequenceError:
-            raise FencedError(
-                f"change set {self.key} was taken over (epoch {record.epoch} is stale)"
-            ) from None
+        """Write ``record`` if nobody else wrote since our last write; else raise FencedError.
+
+        A write whose answer was lost (a timeout, a leader change) may still have been stored: the next one then
+        finds the revision moved, by this owner's own hand. It is told apart by the stored bytes, which are then
+        exactly the ones that write sent (another owner's record names another owner or epoch): the revision is
+        taken from the store and the write made again, instead of fencing this owner out of its own change set."""
+        value = record.encode()
+        for attempt in (1, 2):
+            try:
+                self.revision = await self._write(value)
+            except KeyWrongLastSequenceError:
+                unanswered = self._unanswered
+                if attempt == 2 or unanswered is None or not await self._own_write_landed(unanswered):
+                    raise FencedError(
+                        f"change set {self.key} was taken over (epoch {record.epoch} is stale)"
+                    ) from None
+                continue  # from the revision of this owner's own write
+            except BaseException:
+                self._unanswered = value  # stored or not: the next write finds out
+                raise
+            break
+        self._unanswered = None
         self.record = record
         self.written = True
+
+    async def _write(self, value: bytes) -> int:
+        if self._requester is None:
+            return await self._kv.update(self.key, value, last=self.revision)
+        return await self._update(value)
+
+    async def _own_write_landed(self, value: bytes) -> bool:
+        """Whether the record stored now is ``value``, the write of this owner that got no answer; if so, its
+        revision becomes the one the next write expects."""
+        entry = await _read_last(self._kv, self.key, self._reads, self._timeout)
+        if entry is None or entry.value != value:
+            return False
+        log.info("%s: a write that got no answer was stored; going on from it", self.key)
+        self.revision = entry.revision
+        return True
 
     async def _update(self, value: bytes) -> int:
         """``KeyValue.update`` (a publish to the key's subject expecting its last revision) over the light

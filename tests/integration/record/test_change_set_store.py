@@ -191,3 +191,37 @@ async def test_using_a_store_before_open_is_an_error(nc: NatsClient, subject_pre
     store = ChangeSetStore(nc.jetstream(), fast_settings(subject_prefix))
     with pytest.raises(RuntimeError, match="open"):
         await store.read(_change_set())
+
+
+async def test_a_commit_whose_answer_was_lost_but_was_stored_does_not_fence_its_owner(
+    store: ChangeSetStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The write reaches the store, its answer does not (a timeout, a leader change): the next commit finds the
+    # revision moved by this owner's own hand. Fencing it out of its own change set made its task wait out ack_wait.
+    cs = _change_set()
+    handle = (await _owned(store, cs, "a", TaskDelivery(1, 1))).handle
+    write = handle._write
+
+    async def stored_then_lost(value: bytes) -> int:
+        monkeypatch.setattr(handle, "_write", write)  # once
+        await write(value)
+        raise TimeoutError("the answer was lost")
+
+    monkeypatch.setattr(handle, "_write", stored_then_lost)
+    with pytest.raises(TimeoutError):
+        await handle.commit(replace(handle.record, state={"applied": ["r1"]}, applied_seq=4))
+    await handle.commit(replace(handle.record, state={"applied": ["r1", "r2"]}, applied_seq=5))
+    stored = await store.read(cs)
+    assert stored is not None and (stored.state, stored.applied_seq) == ({"applied": ["r1", "r2"]}, 5)
+    assert await handle.still_owner()
+
+    # A lost answer again, then another owner takes over: the stored record is not this owner's any more, fenced.
+    monkeypatch.setattr(handle, "_write", stored_then_lost)
+    with pytest.raises(TimeoutError):
+        await handle.commit(replace(handle.record, state={"applied": ["r3"]}, applied_seq=6))
+    second = (await store.acquire(cs, "b", INITIAL, TaskDelivery(2, 1))).handle
+    await second.commit(second.record)
+    with pytest.raises(FencedError):
+        await handle.commit(replace(handle.record, state={"applied": ["stale"]}, applied_seq=7))
+    stored = await store.read(cs)
+    assert stored is not None and stored.owner == "b"
