@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 
 from rebaser_client._admin_record import RecentReply, RecordView
 from rebaser_client._admin_workspaces import (
@@ -159,6 +159,8 @@ class StatusReport:
     workspaces: tuple[WorkspaceLine, ...] = ()
     workspaces_total: int = 0
     daemons: DaemonsOwned = field(default_factory=lambda: DaemonsOwned({}, 0))
+    # lease_mode daemon: the daemons' heartbeat keys (REBASER_DAEMONS); None: no such bucket (lease_mode task).
+    heartbeats: int | None = None
 
     @property
     def owners(self) -> dict[str, int]:
@@ -207,6 +209,17 @@ class _Reader:
         except NotFoundError:
             return None
         return int(info.state.messages)
+
+    async def heartbeats(self) -> int | None:
+        """The daemons' heartbeat keys (``lease_mode`` daemon); None if the deployment has no heartbeat bucket."""
+        try:
+            kv = await self.js.key_value(self.subjects.daemons_bucket)
+        except BucketNotFoundError:
+            return None
+        try:
+            return len(await kv.keys())
+        except NoKeysError:
+            return 0
 
     async def delivered_upto(self, consumer: str | None = None) -> int | None:
         """A tasks consumer's last delivered stream sequence (the shared one unless ``consumer`` is named): a task
@@ -304,6 +317,7 @@ async def status_report(
         dlq, dead = await r.subject_counts(subjects.dead_letter_stream, subjects.dead_letters_all)
         summaries.append(dlq)
         records = await r.records()
+        heartbeats = await r.heartbeats()
         paused, pauses_more = await all_pauses(r.js, subjects, timeout=ADMIN_TIMEOUT)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
@@ -356,6 +370,7 @@ async def status_report(
         workspaces=workspaces,
         workspaces_total=workspaces_total,
         daemons=daemons,
+        heartbeats=heartbeats,
     )
 
 

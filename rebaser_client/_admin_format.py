@@ -154,6 +154,7 @@ def status_json(report: StatusReport, now: datetime | None = None) -> dict[str, 
         "durability": None if report.durability is None else report.durability.as_dict(),
         "tasks_consumer": dict(report.tasks_consumer) if report.tasks_consumer is not None else None,
         "change_set_records": report.records,
+        "lease_heartbeats": report.heartbeats,  # lease_mode daemon: heartbeat keys; null: no bucket (task mode)
         "owners": report.owners,
         "change_sets_total": report.change_sets_total,
         "change_sets": [
@@ -202,6 +203,7 @@ def status_view(report: StatusReport, now: datetime | None = None) -> Renderable
             f"{report.records if report.records is not None else '?'} change-set records"
         )
     )
+    parts.append(Text(_leases_line(report.heartbeats)))
     if report.owners:
         owners = Table(title="owners", title_justify="left")
         owners.add_column("daemon")
@@ -234,6 +236,15 @@ def status_view(report: StatusReport, now: datetime | None = None) -> Renderable
     parts.append(workspaces_view(report.workspaces, report.workspaces_total, report.daemons))
     parts.append(_pauses_view(report, now or datetime.now(UTC)))
     return Group(*parts)
+
+
+def _leases_line(heartbeats: int | None) -> str:
+    if heartbeats is None:
+        return "leases: lease_mode task (no daemon heartbeat bucket): each owned change set renews its own task"
+    return (
+        f"leases: lease_mode daemon, {heartbeats} daemon heartbeat{'' if heartbeats == 1 else 's'} "
+        "(one key per daemon; a silent daemon's change sets are handed back by its peers)"
+    )
 
 
 def _durability_line(durability: Durability) -> Text:

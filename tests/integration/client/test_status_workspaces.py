@@ -97,3 +97,18 @@ async def test_status_shows_each_busy_workspace_owned_and_waiting(
         finally:
             app.gate.set()
             await server.stop()
+
+
+async def test_status_names_the_lease_mode(nats_url: str, nc: NatsClient, subject_prefix: str) -> None:
+    # lease_mode daemon keeps one heartbeat key per daemon; task mode has no such bucket.
+    for mode, heartbeats, said in (
+        ("task", None, "lease_mode task"),
+        ("daemon", 1, "lease_mode daemon, 1 daemon"),
+    ):
+        prefix = f"{subject_prefix}{mode}"
+        async with running_daemon(nc, fast_settings(prefix, lease_mode=mode), GatedApp()):
+            assert (
+                ok_json(await rebaser(nats_url, prefix, "status", "--json"))["lease_heartbeats"] == heartbeats
+            )
+            table = await rebaser(nats_url, prefix, "status")
+            assert table.exit_code == 0 and said in table.output, table.output
