@@ -31,6 +31,7 @@ no longer take the task from the daemon that took over.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -43,6 +44,11 @@ from rebaser_server.task.handback import nak_payload
 from rebaser_server.task.heartbeat import Heartbeat
 
 __all__ = ["Lease"]
+
+_SETTLE_AGAIN_AFTER = (
+    0.25  # between an unconfirmed ack or nack and the next (a leader election takes a second or two)
+)
+_SETTLE_FOR = 10.0  # the longest an ack or nack is sent again (several elections' worth)
 
 
 class Lease:
@@ -107,12 +113,27 @@ class Lease:
         return True
 
     async def ack(self, timeout: float) -> bool:
-        """Ack (confirmed) if the lease is held; False if it was not sent or not confirmed."""
-        return await self._settle(b"+ACK", timeout)
+        """Ack (confirmed) if the lease is held, asked again while it holds; False if it was not confirmed."""
+        return await self._settle_confirmed(b"+ACK", timeout)
 
     async def nak(self, delay: float | None = None) -> bool:
-        """Hand the task back (redelivered after ``delay``) if the lease is held."""
-        return await self._settle(nak_payload(delay), max(0.001, min(self.remaining(), 5.0)))
+        """Hand the task back (redelivered after ``delay``) if the lease is held, asked again while it holds."""
+        return await self._settle_confirmed(nak_payload(delay), 5.0)
+
+    async def _settle_confirmed(self, payload: bytes, timeout: float) -> bool:
+        """Send ``payload`` until the server confirms it, while the lease holds. An ack or nack lost with a NATS
+        node (or its answer lost) would leave the task to the consumer's ``ack_wait`` (``task_ack_wait`` in
+        lease_mode daemon: 60 s), and new requests of the change set without a task until then. Sending it again is
+        safe while the lease holds: the server has not redelivered the task, and it answers an ack of a task it
+        already removed (nats-server ``processAckMsg`` replicates it again). For at most ``_SETTLE_FOR`` seconds:
+        a JetStream that stays unanswering is the consumer's ``ack_wait``'s to settle, not a slot's to wait for."""
+        give_up = time.monotonic() + _SETTLE_FOR
+        while True:
+            if await self._settle(payload, max(0.001, min(self.remaining(), timeout))):
+                return True
+            if not self.held() or time.monotonic() >= give_up:
+                return False
+            await asyncio.sleep(min(_SETTLE_AGAIN_AFTER, max(self.remaining(), 0.0)))
 
     async def hand_back_after_lapse(self) -> bool:
         """``lease_mode`` daemon: hand back (nack, at once) a task given up because the daemon's heartbeat lapsed,

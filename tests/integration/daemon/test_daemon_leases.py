@@ -14,6 +14,7 @@ from nats.js.errors import KeyNotFoundError
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.requester import Requester
 from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
@@ -296,3 +297,31 @@ async def test_a_change_set_held_when_the_heartbeat_lapses_is_handed_back_by_its
         assert daemon.stats.lapse_hand_backs == 1
         record = await daemon.store.read(ChangeSet(wk, cs))
         assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
+
+
+async def test_a_release_ack_that_is_lost_is_sent_again(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A NATS node dies with the release ack (or its answer): unconfirmed, the task stayed until task_ack_wait (120 s
+    # here), and the change set's next request found a task already there, held by nobody. The ack is sent again.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    request = Requester.request
+    lost: list[str] = []
+
+    async def lose_the_first_ack(self: Requester, subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        if payload == b"+ACK" and not lost:
+            lost.append(subject)  # never sent: as lost with its node
+            raise TimeoutError("the ack was lost")
+        return await request(self, subject, payload, **kwargs)
+
+    monkeypatch.setattr(Requester, "request", lose_the_first_ack)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+        await wait_for(lambda: daemon.stats.tasks_released == 1, timeout=10, message="released (quiescent)")
+        assert lost
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
