@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test coverage coverage-run lint validate unit chaos bench clean
+.PHONY: run serve test coverage coverage-run lint validate unit chaos bench soak clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -81,6 +81,11 @@ chaos: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/bench.py --doc docs/BENCHMARKS.md --repeat 3
+
+# An hour of steady load in each lease mode, the daemon's memory sampled (docs/capacity.md#memory); not in CI.
+soak: $(BIN)/.installed
+	$(BIN)/python -m bench.soak --minutes 60 --lease-mode task
+	$(BIN)/python -m bench.soak --minutes 60 --lease-mode daemon
 
 clean:
 	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis .import_linter_cache build *.egg-info

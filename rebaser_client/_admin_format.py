@@ -240,7 +240,9 @@ def status_view(report: StatusReport, now: datetime | None = None) -> Renderable
 
 def _leases_line(heartbeats: int | None) -> str:
     if heartbeats is None:
-        return "leases: lease_mode task (no daemon heartbeat bucket): each owned change set renews its own task"
+        return (
+            "leases: lease_mode task (no daemon heartbeat bucket): each owned change set renews its own task"
+        )
     return (
         f"leases: lease_mode daemon, {heartbeats} daemon heartbeat{'' if heartbeats == 1 else 's'} "
         "(one key per daemon; a silent daemon's change sets are handed back by its peers)"

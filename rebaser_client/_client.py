@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypeVar
 
-import nats.errors
 from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, TracerProvider
 
+from rebaser_client import _batches
 from rebaser_client._backlog import BacklogCheck, ask_backlog
 from rebaser_client._events import EventStream
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
@@ -39,14 +39,7 @@ from rebaser_core.api import (
     WaitSettledResponse,
     WorkspaceBacklogResponse,
 )
-from rebaser_core.batches import (
-    MANIFEST,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_UPDATES,
-    Manifest,
-    encode_batch,
-    split_parts,
-)
+from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.deadlines import Deadlines
 from rebaser_core.errors import (
@@ -57,7 +50,6 @@ from rebaser_core.errors import (
 )
 from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import ensure_connected
 from rebaser_core.tracing import get_tracer, inject, recording
 
 if TYPE_CHECKING:
@@ -73,7 +65,6 @@ Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
 
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
 _Id = TypeVar("_Id", bound=UlidId)
-_PARALLEL_PARTS = 8
 
 
 def _as_id(cls: type[_Id], value: _Id | str, name: str) -> _Id:
@@ -370,25 +361,9 @@ class RebaserClient:
         ``max_bytes``: by default 100,000 updates and 16 MiB, the daemons' default ``max_updates_per_request`` and
         ``max_stored_batch_bytes`` (pass theirs if they were changed)."""
         wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
-        address, data = encode_batch(list(updates), max_updates=max_updates, max_bytes=max_bytes)
-        ensure_connected(self._nc, f"storing batch {address}")
-        js = self._nc.jetstream()
-        stream = self._subjects.stored_batches_stream
-        parts = split_parts(data)
-
-        async def put(part: int | str, payload: bytes) -> None:
-            await js.publish(self._subjects.batch_part(wk, address, part), payload, stream=stream)
-
-        try:
-            # The parts first, a few at a time; the manifest last, once every part is acknowledged: a batch whose
-            # manifest a daemon finds is whole.
-            for start in range(0, len(parts), _PARALLEL_PARTS):
-                window = range(start, min(start + _PARALLEL_PARTS, len(parts)))
-                await asyncio.gather(*(put(n, parts[n]) for n in window))
-            await put(MANIFEST, Manifest(size=len(data), parts=len(parts)).encode())
-        except nats.errors.Error as err:
-            raise RebaserUnavailable(f"storing batch {address} failed: {err}") from None
-        return StoredUpdates(address=address)
+        return await _batches.store_batch(
+            self._nc, self._subjects, wk, list(updates), max_updates=max_updates, max_bytes=max_bytes
+        )
 
     # -- operators: pausing (rebaser_client._admin_pause has the rules) ------------------------------
     async def pause_change_set(

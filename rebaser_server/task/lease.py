@@ -148,14 +148,7 @@ class Lease:
         own = self._expires - self._margin - time.monotonic()
         if own <= 0 or not self._nc.is_connected:
             return False
-        with contextlib.suppress(TimeoutError, nats.errors.Error):
-            timeout = min(own, 5.0)
-            if self._requester is not None:
-                await self._requester.request(self._msg.reply, nak_payload(None), timeout=timeout)
-            else:
-                await self._nc.request(self._msg.reply, nak_payload(None), timeout=timeout)
-            return True
-        return False
+        return await self._send(nak_payload(None), min(own, 5.0))
 
     async def term(self) -> bool:
         """Remove the task for good (it can have no work) if the lease is held."""
@@ -164,8 +157,11 @@ class Lease:
     async def _settle(self, payload: bytes, timeout: float) -> bool:
         if not self.held():
             return False
+        return await self._send(payload, min(timeout, self.remaining()))
+
+    async def _send(self, payload: bytes, timeout: float) -> bool:
+        """Send an ack, nack or term of the delivery; True once the server confirmed it."""
         with contextlib.suppress(TimeoutError, nats.errors.Error):
-            timeout = min(timeout, self.remaining())
             if self._requester is not None:
                 await self._requester.request(self._msg.reply, payload, timeout=timeout)
             else:

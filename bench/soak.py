@@ -1,0 +1,183 @@
+"""A long steady load on one daemon, its memory sampled: does the daemon's RSS stay flat once warm?
+
+    .venv/bin/python -m bench.soak --minutes 60 --lease-mode task
+    .venv/bin/python -m bench.soak --minutes 60 --lease-mode daemon
+    .venv/bin/python -m bench.soak --minutes 10 --tracemalloc     # the daemon in this process: what grows, by line
+
+``--clients`` callers (32) each send one awaited request after another to a change set drawn from a pool of
+``--change-sets`` (5,000), with the snapshot app, to a daemon on a fresh nats-server. Every ``--sample`` seconds the
+daemon's RSS (``VmRSS``) is printed; at the end, the RSS after ``--warmup`` minutes: its first and last sample, the
+spread, and the least-squares slope in MB a minute. ``make soak`` runs an hour in each lease mode.
+
+With ``--tracemalloc`` the daemon runs in this process (the RSS is then the clients' too) and each sample prints the
+ten source lines whose allocations grew most since the end of the warm-up (the clients' and tracemalloc's own left
+out): what keeps growing stands out after a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+
+from bench.procs import Processes
+from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.embedded import NatsServer
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.settings import Settings
+
+APP = "rebaser_server.apps.snapshots:SnapshotApp"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (minute, MB) points, MB a minute."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / den if den else 0.0
+
+
+@contextlib.asynccontextmanager
+async def daemon_process(args: argparse.Namespace, url: str, prefix: str, logs: Path) -> AsyncIterator[int]:
+    logs.mkdir(parents=True, exist_ok=True)
+    with Processes(logs) as procs:
+        env = {**os.environ, "REBASER_LEASE_MODE": args.lease_mode, "REBASER_STORAGE": "memory"}
+        daemon = procs.spawn(
+            f"{prefix}-daemon",
+            [sys.executable, "-m", "rebaser_server", "--nats-url", url, "--prefix", prefix, "--app", APP]
+            + ["--http-port", "-1", "--log-level", "WARNING"],
+            env,
+        )
+        await procs.wait_ready(daemon, "rebaser daemon serving")
+        yield daemon.pid
+
+
+@contextlib.asynccontextmanager
+async def daemon_here(args: argparse.Namespace, url: str, prefix: str) -> AsyncIterator[int]:
+    from rebaser_server.apps.snapshots import SnapshotApp
+    from rebaser_server.testing import running_daemon
+
+    settings = Settings(prefix=prefix, storage="memory", lease_mode=args.lease_mode)
+    nc = await nats.connect(url)
+    try:
+        async with running_daemon(nc, settings, SnapshotApp()):
+            yield os.getpid()
+    finally:
+        await nc.close()
+
+
+def growth(since: tracemalloc.Snapshot, top: int = 10) -> list[str]:
+    now = tracemalloc.take_snapshot().filter_traces(
+        [
+            tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "*/rebaser_client/*"),
+            tracemalloc.Filter(False, "*/bench/*"),
+        ]
+    )
+    stats = now.compare_to(since, "lineno")
+    return [f"    {stat}" for stat in stats[:top]]
+
+
+async def soak(args: argparse.Namespace) -> int:
+    prefix = f"soak{os.getpid()}"
+    with tempfile.TemporaryDirectory() as store:
+        server = NatsServer(store_dir=Path(store) / "nats")
+        await asyncio.to_thread(server.start)
+        try:
+            start = daemon_here(args, server.url, prefix) if args.tracemalloc else None
+            if args.tracemalloc:
+                tracemalloc.start(1)
+            async with start or daemon_process(args, server.url, prefix, Path(store) / "logs") as pid:
+                return await _load(args, server.url, prefix, pid)
+        finally:
+            await asyncio.to_thread(server.stop)
+
+
+async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int) -> int:
+    nc = await nats.connect(url)
+    client = RebaserClient(nc, prefix=prefix)
+    pool = [(WorkspacePk.new(), ChangeSetId.new()) for _ in range(args.change_sets)]
+    sent = errors = 0
+    stop = time.monotonic() + args.minutes * 60
+    rng = random.Random(1)
+
+    async def caller() -> None:
+        nonlocal sent, errors
+        while time.monotonic() < stop:
+            wk, cs = pool[rng.randrange(len(pool))]
+            try:
+                reply = await client.enqueue_updates_with_reply(
+                    wk, cs, [SetLiteral(path=f"/k{sent % 50}", value=sent)], timeout=30
+                )
+                if not reply.ok:
+                    errors += 1
+            except Exception:
+                errors += 1
+            sent += 1
+
+    callers = [asyncio.create_task(caller()) for _ in range(args.clients)]
+    began = time.monotonic()
+    warm: list[tuple[float, float]] = []
+    since: tracemalloc.Snapshot | None = None
+    try:
+        while time.monotonic() < stop:
+            await asyncio.sleep(min(args.sample, max(0.0, stop - time.monotonic())))
+            minute = (time.monotonic() - began) / 60
+            mb = rss_mb(pid)
+            print(f"{minute:6.1f} min  rss {mb:7.1f} MB  requests {sent:>9}  errors {errors}", flush=True)
+            if minute >= args.warmup:
+                warm.append((minute, mb))
+                if args.tracemalloc:
+                    if since is None:
+                        since = tracemalloc.take_snapshot()
+                    else:
+                        print("\n".join(growth(since)), flush=True)
+    finally:
+        await asyncio.gather(*callers, return_exceptions=True)
+        await client.close()
+        await nc.close()
+    if warm:
+        low, high = min(mb for _, mb in warm), max(mb for _, mb in warm)
+        print(
+            f"after {args.warmup:g} min of warm-up: rss {warm[0][1]:.1f} -> {warm[-1][1]:.1f} MB, spread "
+            f"{high - low:.1f} MB, slope {slope(warm):+.3f} MB/min; {sent} requests, {errors} errors "
+            f"(lease_mode {args.lease_mode})",
+            flush=True,
+        )
+    return 1 if errors else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--warmup", type=float, default=5.0, help="minutes left out of the verdict")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--change-sets", type=int, default=5000)
+    parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument("--lease-mode", choices=("task", "daemon"), default="task")
+    parser.add_argument("--tracemalloc", action="store_true", help="run the daemon here, print what grows")
+    sys.exit(asyncio.run(soak(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()
