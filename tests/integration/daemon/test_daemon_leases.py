@@ -4,6 +4,8 @@ wait ``ack_wait``, not the tasks consumer's long ``task_ack_wait``."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,13 @@ from nats.js.errors import KeyNotFoundError
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.requester import Requester
+from rebaser_core.settings import Settings
 from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.daemon import liveness
+from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.task.heartbeat import heartbeat_key
 from rebaser_server.task.lease import Lease
 from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
@@ -325,3 +329,63 @@ async def test_a_release_ack_that_is_lost_is_sent_again(
         assert lost
         reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
         assert reply.ok, reply
+
+
+async def test_a_frozen_daemons_change_sets_are_served_by_a_peer_and_once_each_after_it_thaws(
+    nc: NatsClient, nats_url: str, subject_prefix: str, tmp_path: Path
+) -> None:
+    # SIGSTOP past ack_wait: its peer hands back every change set it held, the one it was applying a request of too
+    # (that request is applied once, by the peer). Thawed, it finds its heartbeat lapsed and touches none of them.
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, idle, busy = WorkspacePk.new(), [ChangeSetId.new() for _ in range(3)], ChangeSetId.new()
+    sent: dict[ChangeSetId, list[str]] = {cs: [] for cs in [*idle, busy]}
+
+    async def send(cs: ChangeSetId, *extra: SetLiteral) -> None:
+        updates = [SetLiteral(path="/n", value=len(sent[cs])), *extra]
+        request_id = await client.enqueue_updates(wk, cs, updates)
+        sent[cs].append(str(request_id))
+
+    async with daemon_processes() as procs:
+        first = await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, "a")
+        procs.append(first)
+        for cs in [*idle, busy]:
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/n", value=0)], timeout=20
+            )
+            assert reply.ok, reply
+            sent[cs].append(str(reply.id))
+        second = await spawn_daemon(nats_url, subject_prefix, tmp_path, ENV, "b")
+        procs.append(second)
+        await send(busy, SetLiteral(path="/sleep", value=1.0))  # being applied when the daemon freezes
+        store = ChangeSetStore(nc.jetstream(), Settings(prefix=subject_prefix, storage="memory"))
+        await store.open()
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            for cs in sent:
+                await send(cs)
+            for cs in sent:
+
+                async def applied(cs: ChangeSetId = cs) -> bool:
+                    record = await store.read(ChangeSet(wk, cs))
+                    return record is not None and record.state["applied"] == sent[cs]
+
+                await wait_for(
+                    applied, timeout=30, message=f"{cs} served by the peer while the first is frozen"
+                )
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        await wait_for(
+            lambda: "heartbeat lapsed and is back" in first.log.read_text(),
+            timeout=20,
+            message="the thawed daemon beats again",
+        )
+        for cs in sent:
+            await send(cs)
+        for cs in sent:
+
+            async def all_once(cs: ChangeSetId = cs) -> bool:
+                record = await store.read(ChangeSet(wk, cs))
+                return record is not None and record.state["applied"] == sent[cs]
+
+            await wait_for(all_once, timeout=30, message=f"{cs}: every request applied once, in order")
+        assert "handing its change sets back" in second.log.read_text()
