@@ -331,6 +331,23 @@ async def _pause_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Await
         PAUSES.append((victim.pid, stopped, time.time()))
 
 
+# Short freezes (a GC pause, a slow host): shorter than ack_wait (3 s here), and in the gap between the daemon's own
+# lapse (ack_wait less the margin) and its peers' reap (ack_wait and a look).
+FREEZES = (0.5, 1.0, 2.0, 2.75, 3.0)
+
+
+async def _freeze_a_daemon_briefly(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
+    """SIGSTOP a daemon for one of the FREEZES, then let it run on."""
+    victim = random.choice(live)
+    stopped = time.time()
+    victim.proc.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(random.choice(FREEZES))  # the length of the freeze is the fault
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+        PAUSES.append((victim.pid, stopped, time.time()))
+
+
 async def _kill_a_daemon(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> bool:
     if len(live) < 2:
         return False  # keep one daemon serving while replacements start
@@ -400,11 +417,17 @@ def lengths(names: str, smoke: tuple[float, float], long: tuple[float, float]) -
 ONE_SERVER: dict[str, tuple[Fault, str, int]] = {
     "sigkills": (_kill_a_daemon, "daemon SIGKILLs", 3),
     "sigstops": (_pause_a_daemon, "daemon SIGSTOPs", 3),
+    "freezes": (_freeze_a_daemon_briefly, "daemon short freezes", 3),
 }
 
 
 # scenario -> (smoke duration, smoke fault every, long fault every)
-SCENARIO_PACE = {"sigkills": (6, 1.5, 1.5), "sigstops": (10, 1, 2), "partitions": (10, 1, 2)}
+SCENARIO_PACE = {
+    "sigkills": (6, 1.5, 1.5),
+    "sigstops": (10, 1, 2),
+    "freezes": (10, 1, 2),
+    "partitions": (10, 1, 2),
+}
 
 
 def scenario_lengths(*scenarios: str) -> pytest.MarkDecorator:
@@ -427,7 +450,7 @@ def scenario_lengths(*scenarios: str) -> pytest.MarkDecorator:
     )
 
 
-@scenario_lengths("sigkills", "sigstops")
+@scenario_lengths("sigkills", "sigstops", "freezes")
 async def test_daemon_faults(
     nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
 ) -> None:
@@ -449,7 +472,7 @@ async def test_daemon_faults(
 DAEMON_LEASES = {"REBASER_LEASE_MODE": "daemon", "REBASER_TASK_ACK_WAIT": "30"}
 
 
-@scenario_lengths("sigkills", "sigstops", "partitions")
+@scenario_lengths("sigkills", "sigstops", "freezes", "partitions")
 async def test_faults_with_daemon_leases(
     nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
 ) -> None:
@@ -522,8 +545,13 @@ async def test_partitions(
 
 
 async def _cluster_chaos(
-    cluster: NatsCluster, prefix: str, tmp_path: Path, duration: float, every: float
-) -> None:
+    cluster: NatsCluster,
+    prefix: str,
+    tmp_path: Path,
+    duration: float,
+    every: float,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, int | float]:
     down: list[int] = []
 
     async def bounce_a_node(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
@@ -544,11 +572,13 @@ async def _cluster_chaos(
             fault_every=every,
             replicas=3,
             daemons=2,
+            extra_env=extra_env,
         )
     finally:
         for index in down:
             await asyncio.to_thread(cluster.start_node, index)
-    _report("3-node cluster node kills", result)
+    _report("3-node cluster node kills" + (", daemon leases" if extra_env else ""), result)
+    return result
 
 
 @lengths("duration, every", (8, 3), (LONG, 8))
@@ -558,7 +588,25 @@ async def test_cluster_node_kills(
     await _cluster_chaos(nats_cluster, subject_prefix, tmp_path, duration=duration, every=every)
 
 
-async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: float, every: float) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT)
+async def test_cluster_node_kills_with_daemon_leases(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
+) -> None:
+    result = await _cluster_chaos(
+        nats_cluster, subject_prefix, tmp_path, duration=LONG, every=8, extra_env=DAEMON_LEASES
+    )
+    assert result["longest_stall_s"] < 15, result  # no change set waited for its task's own 30 s lease
+
+
+async def _kv_fault_chaos(
+    nats_url: str,
+    prefix: str,
+    tmp_path: Path,
+    duration: float,
+    every: float,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, int | float]:
     """Every KV write of every daemon fails for a while (tests/support/kv_faults.py): half never arrive, half land with
     their answer lost. Commits, takeovers and hand-backs all meet it; nothing may be applied twice."""
     switch = tmp_path / "kv-faults"
@@ -578,10 +626,12 @@ async def _kv_fault_chaos(nats_url: str, prefix: str, tmp_path: Path, duration: 
         fault=fail_kv_writes,
         fault_every=every,
         replicas=1,
-        extra_env={"REBASER_TEST_KV_FAULTS": str(switch)},
+        extra_env={"REBASER_TEST_KV_FAULTS": str(switch), **(extra_env or {})},
     )
     assert result["faults"] >= 1
-    _report("KV writes failing (half lost, half landed with the answer lost)", result)
+    label = "KV writes failing (half lost, half landed with the answer lost)"
+    _report(label + (", daemon leases" if extra_env else ""), result)
+    return result
 
 
 @lengths("duration, every", (6, 1.5), (LONG, 3))
@@ -589,6 +639,15 @@ async def test_kv_write_faults(
     nats_url: str, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
     await _kv_fault_chaos(nats_url, subject_prefix, tmp_path, duration=duration, every=every)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT)
+async def test_kv_write_faults_with_daemon_leases(nats_url: str, subject_prefix: str, tmp_path: Path) -> None:
+    result = await _kv_fault_chaos(
+        nats_url, subject_prefix, tmp_path, duration=LONG, every=3, extra_env=DAEMON_LEASES
+    )
+    assert result["longest_stall_s"] < 15, result
 
 
 async def _outage_chaos(
@@ -646,8 +705,13 @@ async def test_nats_outages_with_daemon_leases(
 
 
 async def _stepdown_chaos(
-    cluster: NatsCluster, prefix: str, tmp_path: Path, duration: float, every: float
-) -> None:
+    cluster: NatsCluster,
+    prefix: str,
+    tmp_path: Path,
+    duration: float,
+    every: float,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, int | float]:
     """Leader elections on demand in a 3-node cluster: the requests, tasks and change-set KV streams' leaders and a
     tasks consumer's leader (the shared one, or with the fair intake one workspace's, at random) step down, one at a
     time, in random order."""
@@ -683,11 +747,13 @@ async def _stepdown_chaos(
             fault_every=every,
             replicas=3,
             daemons=2,
+            extra_env=extra_env,
         )
     finally:
         await admin.close()
     assert answered >= 1, "no step-down succeeded: the scenario tested nothing"
-    _report(f"leader step-downs ({answered} succeeded)", result)
+    _report(f"leader step-downs ({answered} succeeded)" + (", daemon leases" if extra_env else ""), result)
+    return result
 
 
 @lengths("duration, every", (6, 1), (LONG, 2))
@@ -695,6 +761,17 @@ async def test_leader_stepdowns(
     nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path, duration: float, every: float
 ) -> None:
     await _stepdown_chaos(nats_cluster, subject_prefix, tmp_path, duration=duration, every=every)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LONG_TIMEOUT)
+async def test_leader_stepdowns_with_daemon_leases(
+    nats_cluster: NatsCluster, subject_prefix: str, tmp_path: Path
+) -> None:
+    result = await _stepdown_chaos(
+        nats_cluster, subject_prefix, tmp_path, duration=LONG, every=2, extra_env=DAEMON_LEASES
+    )
+    assert result["longest_stall_s"] < 15, result
 
 
 # The scenarios above run on servers with nats-server's default sync (every 2 minutes). The daemon's embedded
