@@ -47,6 +47,8 @@ class ColdStart:
         acquire's to report, one to make the consumer the acquire's or the bind's."""
         if not self._queued.done():
             self._queued.cancel()  # (the acquire failed before it asked)
+            # A task's cancel only asks: it is done (cancelled, or finished after all) once it has run again.
+            await asyncio.wait({self._queued})
         if not self._queued.cancelled():
             self._queued.exception()
         consumer = self._consumer
