@@ -48,6 +48,7 @@ from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.inline_subscription import subscribe_inline
 from rebaser_core.settings import Settings
+from rebaser_core.streams import WORKSPACE_CONSUMER_IDLE
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest
@@ -121,8 +122,10 @@ class FairIntake:
         self._seen: dict[str, WorkspacePk] = {}
         self._nudged_at = float("-inf")
         self.created_consumers = 0
-        # The workspaces whose consumer this daemon made or pulled from; any other is checked first.
-        self._known: set[WorkspacePk] = set()
+        # The workspaces whose consumer this daemon made or pulled from, and when it last did; any other is checked
+        # first. One idle for longer than its consumer lives is forgotten (_forget_idle): workspaces come and go for
+        # as long as the daemon runs.
+        self._known: dict[WorkspacePk, float] = {}
         self.newcomers = Newcomers(
             nats,
             settings,
@@ -142,7 +145,7 @@ class FairIntake:
 
     def _ready(self, workspace: WorkspacePk) -> None:
         """``workspace`` was checked and has its consumer: its turn is next."""
-        self._known.add(workspace)
+        self._known[workspace] = time.monotonic()
         if self.turns.wait(workspace, first=True):
             self._joined.set()
 
@@ -329,7 +332,7 @@ class FairIntake:
         try:
             return (await self._pull_ready(workspace, batch))[1]
         except NoConsumer:
-            self._known.discard(workspace)
+            self._known.pop(workspace, None)
             self.newcomers.check(workspace)
             return False
 
@@ -344,6 +347,8 @@ class FairIntake:
         """Take what ``workspace``'s consumer has ready now, up to ``batch``: how many, and whether more wait (a
         full batch whose last delivery says more are pending)."""
         got, pending = 0, 0
+        if workspace in self._known:
+            self._known[workspace] = time.monotonic()
         async for msg, pulled_at in self._puller(workspace).pull(batch, no_wait=True):
             got += 1
             pending = Delivery.of(msg).num_pending
@@ -363,6 +368,7 @@ class FairIntake:
         period = _WATCH_SHARE * self._settings.consumer_ack_wait
         while not self._stopping():
             await asyncio.sleep(period)
+            self._forget_idle(time.monotonic())
             for workspace in list(self._watched):
                 if self._stopping():
                     return
@@ -383,7 +389,7 @@ class FairIntake:
         try:
             got, more = await self._pull_ready(workspace, max(1, min(free, _TURN_BATCH)))
         except NoConsumer:
-            self._known.discard(workspace)
+            self._known.pop(workspace, None)
             self._unwatch(workspace)  # deleted after being idle: nothing of it was held
             return
         if more:
@@ -400,7 +406,7 @@ class FairIntake:
                 self._subjects.tasks_stream, self._subjects.workspace_tasks_consumer(workspace)
             )
         except NotFoundError:
-            self._known.discard(workspace)
+            self._known.pop(workspace, None)
             self._unwatch(workspace)
             return
         except (TimeoutError, nats.errors.Error):
@@ -409,6 +415,17 @@ class FairIntake:
             self._join(workspace)
         if not info.num_pending and not info.num_ack_pending:
             self._unwatch(workspace)
+
+    def _forget_idle(self, now: float) -> None:
+        """Forget the workspaces not pulled from for longer than their consumer outlives its last pull: it is gone
+        (or going), so the next task of one is a newcomer's anyway."""
+        for workspace, at in list(self._known.items()):
+            if (
+                now - at > WORKSPACE_CONSUMER_IDLE
+                and workspace not in self._watched
+                and workspace not in self.turns
+            ):
+                del self._known[workspace]
 
     def _unwatch(self, workspace: WorkspacePk) -> None:
         self._watched.pop(workspace, None)

@@ -7,6 +7,7 @@ peer; and a layout's intake is fixed when the layout is made."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.streams import ensure_streams
+from rebaser_core.streams import WORKSPACE_CONSUMER_IDLE, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.daemon import fair_intake
@@ -182,3 +183,35 @@ async def test_an_idle_shared_consumer_on_a_fair_shard_is_removed(
         assert reply.ok, reply
         names = {c.name for c in await nc.jetstream().consumers_info(settings.subjects.tasks_stream)}
         assert settings.subjects.tasks_consumer not in names
+
+
+async def test_a_workspace_idle_for_longer_than_its_consumer_lives_is_forgotten_and_served_again(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    # The workspaces a daemon knows (made or pulled a consumer of) were kept for as long as it ran: a daemon of a
+    # deployment where workspaces come and go grew for ever. One idle for longer than its consumer lives goes.
+    settings = fast_settings(subject_prefix, intake="fair", quiescent_period=300.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk = WorkspacePk.new()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        cs = ChangeSetId.new()
+        first = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        assert first.ok, first
+        intake = daemon.intakes.of(0)
+        assert intake is not None  # it served the request
+        later = time.monotonic() + WORKSPACE_CONSUMER_IDLE + 1
+        intake._forget_idle(later)
+        assert wk in intake._known  # its change set is held: watched, never forgotten
+        await client.pause_change_set(wk, cs, wait=20)  # let go: nothing of it held any more
+
+        async def forgotten() -> bool:
+            intake._forget_idle(time.monotonic() + WORKSPACE_CONSUMER_IDLE + 1)
+            return wk not in intake._known
+
+        await wait_for(forgotten, timeout=30, message="the idle workspace forgotten")
+        # Back after that: a newcomer again, served.
+        reply = await client.enqueue_updates_with_reply(
+            wk, ChangeSetId.new(), [SetLiteral(path="/n", value=2)]
+        )
+        assert reply.ok, reply
+        assert wk in intake._known
