@@ -24,7 +24,7 @@ MAX_REASON = 1024
 # Original headers kept in a dead letter: each at most this long, all together within MAX_HEADER_BYTES minus room
 # for the marks.
 _MAX_KEPT_HEADER = 1024
-_MAX_KEPT_HEADERS = h.MAX_HEADER_BYTES - 2 * MAX_REASON
+_MAX_KEPT_HEADERS = h.MAX_HEADER_BYTES - 3 * MAX_REASON  # the reason, the subject and the trace
 
 
 def one_ascii_line(text: str, limit: int) -> str:
@@ -40,14 +40,20 @@ def dead_letter_subject(subjects: Subjects, subject: str) -> str:
     return subjects.dead_letter(change_set.workspace_id, change_set.change_set_id)
 
 
-def dead_letter_marks(subjects: Subjects, subject: str, seq: int, reason: str) -> dict[str, str]:
-    """The headers a dead letter gains: why, the original subject and sequence, and the dedupe id."""
-    return {
+def dead_letter_marks(
+    subjects: Subjects, subject: str, seq: int, reason: str, *, trace: str | None = None
+) -> dict[str, str]:
+    """The headers a dead letter gains: why, the original subject and sequence, the dedupe id, and (an app's
+    failure) where in the app it was raised."""
+    marks = {
         h.DEAD_LETTER_REASON: one_ascii_line(reason, MAX_REASON),
         h.DEAD_LETTER_SUBJECT: one_ascii_line(subject, MAX_REASON),
         h.DEAD_LETTER_SEQUENCE: str(seq),
         h.NATS_MSG_ID: f"{subjects.for_shard(subjects.shard_of_subject(subject)).requests_stream}:{seq}",
     }
+    if trace:
+        marks[h.DEAD_LETTER_TRACE] = one_ascii_line(trace, MAX_REASON)
+    return marks
 
 
 def bounded_copy(

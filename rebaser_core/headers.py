@@ -12,6 +12,7 @@ __all__ = [
     "DEAD_LETTER_REASON",
     "DEAD_LETTER_SEQUENCE",
     "DEAD_LETTER_SUBJECT",
+    "DEAD_LETTER_TRACE",
     "DEAD_LETTER_TRUNCATED",
     "MAX_HEADER_BYTES",
     "MESSAGE_TYPE",
@@ -34,6 +35,8 @@ REPLY_INBOX = "X-Reply-Inbox"
 DEAD_LETTER_REASON = "X-Rebaser-Dead-Letter-Reason"
 DEAD_LETTER_SUBJECT = "X-Rebaser-Original-Subject"
 DEAD_LETTER_SEQUENCE = "X-Rebaser-Original-Sequence"
+# Where an app's exception was raised: its frames, innermost last, ``file:line in function`` (code, never data).
+DEAD_LETTER_TRACE = "X-Rebaser-Dead-Letter-Trace"
 # Set on a dead letter whose copy was cut down: the original body length, the number of headers left out.
 DEAD_LETTER_TRUNCATED = "X-Rebaser-Dead-Letter-Truncated"
 DEAD_LETTER_HEADERS_DROPPED = "X-Rebaser-Dead-Letter-Headers-Dropped"

@@ -54,10 +54,13 @@ class Decision:
     response: EnqueueUpdatesResponse | None = None
     # Where to send it, if the handler checked the request's inbox already.
     inbox: str | Unchecked | None = UNCHECKED
-    # Why the request is copied to the dead-letter stream (None: it is not).
+    # Why the request is copied to the dead-letter stream (None: it is not), and where in the app it failed.
     dead_letter: str | None = None
     dvu: bool = False  # a dependent values update is due once committed
     error: Retry | Wedged | PauseNow | None = None  # RETRY: how the task ends once the attempt is committed
+    trace: str | None = (
+        None  # the app's frames of the exception that dead-lettered it (app_failures.app_trace)
+    )
 
     @property
     def processed(self) -> bool:

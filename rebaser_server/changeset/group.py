@@ -142,7 +142,9 @@ class CommitGroup:
             report, change_set, decisions = self._report, self._change_set, self._decisions
             for decision in decisions:
                 if decision.dead_letter is not None:
-                    await self._replies.dead_letter(decision.msg, decision.seq, decision.dead_letter)
+                    await self._replies.dead_letter(
+                        decision.msg, decision.seq, decision.dead_letter, trace=decision.trace
+                    )
             staged = self._staged
             if staged is not None:
                 # Settled once committed: nothing queued behind the last request, no DVU due.

@@ -40,7 +40,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.app.calls import apply_request
-from rebaser_server.changeset.app_failures import app_failures
+from rebaser_server.changeset.app_failures import app_failures, app_trace, raised_at
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.outcome import LeaseLost, PauseNow, Retry, Wedged
 from rebaser_server.changeset.replies import UNCHECKED, Unchecked
@@ -210,7 +210,8 @@ class RequestHandler:
             staged = record.with_reply(rid, refused, self._window, **processed_fields(record, seq))
             return Decision(Kind.APPLIED, seq, msg, staged, refused, inbox)
         except UnprocessableError as err:
-            reason = f"{type(err).__name__}: {err}"  # the §9 form of every error reply
+            reason = f"{type(err).__name__}: {err}{_at(err)}"  # the §9 form of every error reply
+            trace = app_trace(err)
         except (FencedError, LeaseLost):
             raise
         except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
@@ -226,7 +227,8 @@ class RequestHandler:
                 retry = Retry(delay, f"attempt {attempts} of request {rid} failed: {err}")
                 retry.__cause__ = err
                 return Decision(Kind.RETRY, seq, msg, counted, error=retry)
-            reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}"
+            reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}{_at(err)}"
+            trace = app_trace(err)
             if self._pause_on_max:
                 counted = replace(record, attempts={**record.attempts, rid: attempts})
                 return self._pause(msg, seq, counted, request.id, reason, inbox)
@@ -257,4 +259,11 @@ class RequestHandler:
             status=ErrorStatus(message=reason, retryable=False),
         )
         staged = record.with_reply(rid, response, self._window, **processed_fields(record, seq))
-        return Decision(Kind.APPLIED, seq, msg, staged, response, inbox, dead_letter=reason)
+        return Decision(Kind.APPLIED, seq, msg, staged, response, inbox, dead_letter=reason, trace=trace)
+
+
+def _at(err: BaseException) -> str:
+    """`` (at app.py:42 in apply)``: where in the app ``err`` was raised, for the error reply and the dead letter
+    (nothing when no frame of it is the app's)."""
+    where = raised_at(err)
+    return "" if where is None else f" (at {where})"

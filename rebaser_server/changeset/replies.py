@@ -95,7 +95,7 @@ class Replies:
         except Exception as err:
             log.warning("reply to %s failed: %s", inbox, err)
 
-    async def dead_letter(self, msg: Msg, seq: int, reason: str) -> bool:
+    async def dead_letter(self, msg: Msg, seq: int, reason: str, *, trace: str | None = None) -> bool:
         """Copy the request, bounded, with the reason, to the dead-letter stream and wait for the stream's ack.
 
         Never raises: a request being dead-lettered must end whatever happens to its copy. If JetStream refuses
@@ -103,14 +103,21 @@ class Replies:
         cannot be reached), the copy is given up, logged and counted (``dead_letter_failures``), and False
         returned.
         """
-        return await self.dead_letter_stored(msg.subject, msg.headers, msg.data, seq, reason)
+        return await self.dead_letter_stored(msg.subject, msg.headers, msg.data, seq, reason, trace=trace)
 
     async def dead_letter_stored(
-        self, subject: str, original_headers: Mapping[str, str] | None, data: bytes, seq: int, reason: str
+        self,
+        subject: str,
+        original_headers: Mapping[str, str] | None,
+        data: bytes,
+        seq: int,
+        reason: str,
+        *,
+        trace: str | None = None,
     ) -> bool:
         """:meth:`dead_letter` for a stored request given by its parts (the orphan sweep reads them by sequence)."""
         target = dead_letter_subject(self.subjects, subject)
-        marks = dead_letter_marks(self.subjects, subject, seq, reason)
+        marks = dead_letter_marks(self.subjects, subject, seq, reason, trace=trace)
         reason = marks[h.DEAD_LETTER_REASON]
         headers, body = bounded_copy(original_headers, data, self._settings.dead_letter_max_body)
         try:

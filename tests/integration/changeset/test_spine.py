@@ -129,6 +129,9 @@ async def test_poison_request_is_dead_lettered_and_next_one_processed(
         )
         assert dlq.headers is not None and "poison" in dlq.headers[h.DEAD_LETTER_REASON]
         assert ENQUEUE_UPDATES_REQUEST.decode(dlq.headers, dlq.data).id == bad.id
+        # Where the app raised it: in the reply, the reason, and the dead letter's trace (code, never data).
+        assert "(at apps.py:" in bad.status.message and "in apply)" in bad.status.message
+        assert dlq.headers[h.DEAD_LETTER_TRACE].endswith("in apply")
 
 
 async def _raw_request(nc: NatsClient, subject: str, headers: dict[str, str], body: bytes) -> dict[str, str]:

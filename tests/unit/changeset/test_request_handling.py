@@ -3,6 +3,7 @@ app, a record in memory and hand-built messages."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Coroutine
 from typing import Any
 
@@ -389,7 +390,13 @@ async def test_an_unprocessable_request_gets_an_error_reply_and_a_dead_letter() 
     request = _request(cs)
     decision = await _handler(cs, app).decide(_msg(cs, request), 4, _record(applied_seq=3), unclean=False)
     assert decision.kind is Kind.APPLIED and decision.processed
-    assert decision.dead_letter == "UnprocessableError: no such path"
+    # Where in the app it was raised is said too (this file's FakeApp.apply).
+    assert decision.dead_letter is not None
+    assert re.fullmatch(
+        r"UnprocessableError: no such path \(at test_request_handling\.py:\d+ in apply\)",
+        decision.dead_letter,
+    )
+    assert decision.trace is not None and decision.trace.endswith("in apply")
     status = _error(decision)
     assert status.message == decision.dead_letter and status.retryable is False
     assert decision.record is not None and decision.record.applied_seq == 4
@@ -429,7 +436,11 @@ async def test_a_request_failing_max_attempts_times_gets_an_error_reply_and_a_de
     record = _record(applied_seq=1, attempts={str(request.id): 2})
     decision = await handler.decide(_msg(cs, request), 2, record, unclean=False)
     assert decision.kind is Kind.APPLIED and decision.processed and decision.error is None
-    assert decision.dead_letter == "gave up after 3 attempts: RetryableError: still busy"
+    assert decision.dead_letter is not None
+    assert re.fullmatch(
+        r"gave up after 3 attempts: RetryableError: still busy \(at test_request_handling\.py:\d+ in apply\)",
+        decision.dead_letter,
+    )
     assert _error(decision).message == decision.dead_letter and not _error(decision).retryable
     assert decision.inbox == INBOX
     assert decision.record is not None and decision.record.applied_seq == 2
