@@ -136,6 +136,25 @@ class Durability:
             f"{self.sync}; {fix}"
         )
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Durability:
+        """A durability as :meth:`as_dict` wrote it (a daemon's finding, read by ``rebaser status``)."""
+        servers = []
+        for server in data.get("servers") or ():
+            sync = str(server.get("sync", ""))
+            interval = (
+                float(sync.removeprefix("every ").removesuffix("s") or 0) if sync.startswith("every") else 0.0
+            )
+            servers.append(ServerSync(str(server.get("server", "")), sync == "always", interval))
+        return cls(
+            level=data["level"],
+            sync=str(data.get("sync", "unknown")),
+            min_replicas=data.get("min_replicas"),
+            servers=tuple(servers),
+            replicas={str(k): int(v) for k, v in (data.get("replicas") or {}).items()},
+            problems=tuple(str(p) for p in data.get("problems") or ()),
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "level": self.level,

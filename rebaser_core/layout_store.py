@@ -1,4 +1,5 @@
-"""The cluster's copy of the shard layout: one KV entry, created once, changed only by ``rebaser streams set``.
+"""The cluster's copy of the shard layout: one KV entry, created once, changed only by ``rebaser streams set``; and,
+beside it, the durability a daemon last found (:data:`DURABILITY_KEY`).
 
 Daemons create it at start-up from their flags if it does not exist yet (the first one wins; ``create`` is
 atomic); everyone else reads it, and a flag that disagrees is a :class:`~rebaser_core.errors.LayoutMismatch`.
@@ -9,20 +10,32 @@ cheap, and unlike a KV watch (an ordered consumer) it needs nothing re-created a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from rebaser_core.durability import Durability
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import AssignmentMode, Intake, Layout
 from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 
-__all__ = ["LayoutFollower", "init_layout", "open_layout", "read_layout", "write_layout"]
+__all__ = [
+    "DURABILITY_KEY",
+    "LayoutFollower",
+    "init_layout",
+    "open_layout",
+    "read_durability",
+    "read_layout",
+    "write_durability",
+    "write_layout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -170,3 +183,24 @@ class LayoutFollower:
                 raise
             except Exception as err:  # NATS trouble: keep routing by the last layout, look again next time
                 log.debug("reading the shard layout failed: %s", err)
+
+
+DURABILITY_KEY = "durability"
+"""The layout bucket's other key: the durability a daemon last found (its monitoring reads), for ``rebaser status``
+run without the servers' monitoring URLs."""
+
+
+async def write_durability(kv: KeyValue, durability: Durability, by: str) -> None:
+    """Note ``durability`` as daemon ``by`` found it now."""
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    await kv.put(DURABILITY_KEY, json.dumps({"by": by, "at": at, **durability.as_dict()}).encode())
+
+
+async def read_durability(kv: KeyValue) -> tuple[Durability, str, str] | None:
+    """The durability a daemon last noted, which daemon and when (ISO time); None if none did (or unreadable)."""
+    try:
+        entry = await kv.get(DURABILITY_KEY)
+        data = json.loads(entry.value or b"")
+        return Durability.from_dict(data), str(data.get("by", "")), str(data.get("at", ""))
+    except (KeyNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -185,7 +185,7 @@ class Daemon:
         self.health = StatusReporter(
             nc, settings, self.watch, layout=lambda: placement.layout, paused=self.pauses.targets
         )
-        self._durability = DurabilityCheck(js, settings)
+        self._durability = DurabilityCheck(js, settings, owner=owner)
         # Why the daemon stopped by itself (None: it was asked to, or has not stopped); the CLI exits non-zero then.
         self.failure: str | None = None
         self._failing: asyncio.Task[None] | None = None

@@ -3,7 +3,9 @@
 At start-up and after every reconnect the daemon reads each server's sync setting from its monitoring endpoint
 (``Settings.nats_monitoring_urls``: ``/varz`` has ``sync_always`` and ``sync_interval``) and the replicas of every
 stream that holds acknowledged data, and works out the durability (:func:`rebaser_core.durability.assess`). The
-result is on ``/status`` (``durability``), in ``rebaser status``, and in ``/metrics`` (``rebaser_durability``).
+result is on ``/status`` (``durability``), in ``/metrics`` (``rebaser_durability``), and noted in the layout bucket
+(rebaser_core.layout_store) for ``rebaser status``, which cannot read the monitoring endpoints when it is not given
+them.
 When acknowledgements would not survive a power loss it logs one warning line (again only when that changes).
 """
 
@@ -18,6 +20,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from rebaser_core.durability import Durability, assess
+from rebaser_core.layout_store import open_layout, write_durability
 from rebaser_core.monitoring import read_servers_sync
 from rebaser_core.settings import Settings
 
@@ -29,9 +32,10 @@ log = logging.getLogger(__name__)
 class DurabilityCheck:
     """Reads the servers' sync setting and the streams' replicas; keeps the last result (``last``)."""
 
-    def __init__(self, js: JetStreamContext, settings: Settings) -> None:
+    def __init__(self, js: JetStreamContext, settings: Settings, *, owner: str = "") -> None:
         self._js = js
         self._settings = settings
+        self._owner = owner
         self._urls = settings.nats_monitoring_urls
         self.last: Durability | None = None
         self._warned: str | None = None
@@ -52,7 +56,17 @@ class DurabilityCheck:
         elif warning is None:
             log.info("durability: %s (sync %s, replicas %s)", result.level, result.sync, result.min_replicas)
         self._warned = warning
+        await self._note(result)
         return result
+
+    async def _note(self, result: Durability) -> None:
+        """Write the finding beside the layout (best effort: a daemon that cannot serves all the same)."""
+        try:
+            kv = await open_layout(self._js, self._settings.subjects)
+            if kv is not None:
+                await write_durability(kv, result, self._owner)
+        except Exception as err:
+            log.debug("noting the durability failed: %r", err)
 
     async def _read_replicas(self, streams: Sequence[str]) -> tuple[dict[str, int], list[str]]:
         calls: list[Awaitable[Any]] = [self._js.stream_info(name) for name in streams]

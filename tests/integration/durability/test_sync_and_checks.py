@@ -18,6 +18,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_core.connect import ConnectOptions, close_connection, connect
 from rebaser_core.embedded import NatsCluster, NatsServer
 from rebaser_core.errors import DurabilityTooLow
+from rebaser_core.layout_store import open_layout, read_durability
 from rebaser_core.monitoring import read_server_sync
 from rebaser_core.settings import Settings
 from rebaser_core.testing import wait_for
@@ -113,6 +114,18 @@ async def test_the_daemon_shows_what_the_server_promises(
                         name: float(name == level)
                         for name in ("process-crash", "unknown", "node-loss", "power-loss")
                     }
+                    # Noted beside the layout, for `rebaser status` run without the monitoring URLs.
+                    kv = await open_layout(nc.jetstream(), settings.subjects)
+                    assert kv is not None
+                    noted = await read_durability(kv)
+                    assert noted is not None
+                    found, by, at = noted
+                    assert (found.level, found.sync, by) == (
+                        level,
+                        status["durability"]["sync"],
+                        daemon.owner,
+                    )
+                    assert found.as_dict() == status["durability"] and at
         finally:
             await close_connection(nc)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
