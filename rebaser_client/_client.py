@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import Self
 
 from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, TracerProvider
 
-from rebaser_client import _batches
+from rebaser_client import _batches, _pausing, _skipping
+from rebaser_client._arguments import Updates, as_id, change_set_ids, enqueue_request
 from rebaser_client._backlog import BacklogCheck, ask_backlog
 from rebaser_client._events import EventStream
+from rebaser_client._pausing import PauseResult, ResumeResult
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
 from rebaser_client._queries import Queries
 from rebaser_client._replies import ReplyInbox
 from rebaser_client._routing import Router
+from rebaser_client._skipping import SkipResult
 from rebaser_client._spool import SpoolConfig
 from rebaser_core import nats_speedups
 from rebaser_core.api import (
@@ -32,58 +34,22 @@ from rebaser_core.api import (
     ForkChangeSetResponse,
     GetChangeSetRequest,
     GetChangeSetResponse,
-    InlineUpdates,
     StoredUpdates,
     Update,
-    UpdatesKind,
     WaitSettledResponse,
     WorkspaceBacklogResponse,
 )
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
-from rebaser_core.deadlines import Deadlines
-from rebaser_core.errors import (
-    InvalidId,
-    RebaserRefused,
-    RebaserTimeout,
-    RebaserUnavailable,
-)
-from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
+from rebaser_core.errors import RebaserRefused, RebaserUnavailable
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
 from rebaser_core.tracing import get_tracer, inject, recording
 
-if TYPE_CHECKING:
-    from rebaser_client._admin_pause import PauseResult, ResumeResult
-    from rebaser_client._admin_skip import SkipResult
-    from rebaser_core.pauses import Pause
-
 __all__ = ["RebaserClient", "Updates"]
 
-
-Updates = Sequence[Update] | InlineUpdates | StoredUpdates | str
-"""Inline updates (a list, or ``InlineUpdates``), or a stored batch (``StoredUpdates`` or its address)."""
-
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
-_Id = TypeVar("_Id", bound=UlidId)
-
-
-def _as_id(cls: type[_Id], value: _Id | str, name: str) -> _Id:
-    """An id argument as its type: the id itself, or its text (``"01J..."``, any case) converted; anything else is
-    :class:`~rebaser_core.errors.InvalidId` naming the argument (never a pydantic error from deeper down)."""
-    if type(value) is cls:
-        return value
-    try:
-        return cls(value)
-    except InvalidId as err:
-        raise InvalidId(f"{name}: {err}") from None
-
-
-def _updates_kind(updates: Updates) -> UpdatesKind:
-    if isinstance(updates, InlineUpdates | StoredUpdates):
-        return updates
-    if isinstance(updates, str):
-        return StoredUpdates(address=updates)
-    return InlineUpdates(updates=list(updates))
 
 
 class RebaserClient:
@@ -144,7 +110,6 @@ class RebaserClient:
         self._replies = ReplyInbox(nc)
         self._queries = Queries(nc, self._subjects, content_type)
         self._backlog = BacklogCheck(self._queries) if check_workspace_backlog else None
-        self._deadlines = Deadlines()  # of the calls awaiting their replies
 
     @classmethod
     async def connect(cls, options: ConnectOptions | str, **kwargs: object) -> RebaserClient:
@@ -205,7 +170,7 @@ class RebaserClient:
     ) -> RequestId:
         """Enqueue; return the request id once the request is durable: in the stream, or (with a spool, while
         NATS refuses or is unreachable) in the local spool, from which it is replayed in order."""
-        request = self._request(workspace_id, change_set_id, updates, None, event_session_id)
+        request = enqueue_request(workspace_id, change_set_id, updates, None, event_session_id)
         await self._enqueue(request, None)
         return request.id
 
@@ -219,7 +184,7 @@ class RebaserClient:
         event_session_id: str | None = None,
     ) -> RequestId:
         """Enqueue applying ``from_change_set_id``'s changes onto ``change_set_id``."""
-        request = self._request(workspace_id, change_set_id, updates, from_change_set_id, event_session_id)
+        request = enqueue_request(workspace_id, change_set_id, updates, from_change_set_id, event_session_id)
         await self._enqueue(request, None)
         return request.id
 
@@ -233,7 +198,7 @@ class RebaserClient:
         event_session_id: str | None = None,
     ) -> EnqueueUpdatesResponse:
         """Enqueue and wait for the outcome. ``RebaserTimeout`` if none arrives within ``timeout``."""
-        request = self._request(workspace_id, change_set_id, updates, None, event_session_id)
+        request = enqueue_request(workspace_id, change_set_id, updates, None, event_session_id)
         return await self._call(request, timeout)
 
     async def enqueue_updates_from_change_set_with_reply(
@@ -246,7 +211,7 @@ class RebaserClient:
         timeout: float = 30.0,
         event_session_id: str | None = None,
     ) -> EnqueueUpdatesResponse:
-        request = self._request(workspace_id, change_set_id, updates, from_change_set_id, event_session_id)
+        request = enqueue_request(workspace_id, change_set_id, updates, from_change_set_id, event_session_id)
         return await self._call(request, timeout)
 
     async def send(
@@ -270,8 +235,8 @@ class RebaserClient:
         """A change set's committed values (or one ``path``), snapshot address, and whether a DVU is pending."""
         request = GetChangeSetRequest(
             id=RequestId.new(),
-            workspace_id=_as_id(WorkspacePk, workspace_id, "workspace_id"),
-            change_set_id=_as_id(ChangeSetId, change_set_id, "change_set_id"),
+            workspace_id=as_id(WorkspacePk, workspace_id, "workspace_id"),
+            change_set_id=as_id(ChangeSetId, change_set_id, "change_set_id"),
             path=path,
         )
         response = await self._queries.ask(
@@ -287,7 +252,7 @@ class RebaserClient:
     ) -> WorkspaceBacklogResponse:
         """How many requests the workspace has queued over every shard (``queued``, as a daemon counted at most a
         second ago), and the most it may have (``limit``, the daemons' ``workspace_max_requests``; 0: none)."""
-        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
+        wk = as_id(WorkspacePk, workspace_id, "workspace_id")
         return await ask_backlog(self._queries, wk, ChangeSetId.new(), timeout)
 
     async def fork_change_set(
@@ -301,9 +266,9 @@ class RebaserClient:
         """Create ``change_set_id`` as a fork of ``from_change_set_id`` at its current snapshot."""
         request = ForkChangeSetRequest(
             id=RequestId.new(),
-            workspace_id=_as_id(WorkspacePk, workspace_id, "workspace_id"),
-            change_set_id=_as_id(ChangeSetId, change_set_id, "change_set_id"),
-            from_change_set_id=_as_id(ChangeSetId, from_change_set_id, "from_change_set_id"),
+            workspace_id=as_id(WorkspacePk, workspace_id, "workspace_id"),
+            change_set_id=as_id(ChangeSetId, change_set_id, "change_set_id"),
+            from_change_set_id=as_id(ChangeSetId, from_change_set_id, "from_change_set_id"),
         )
         response = await self._queries.ask(
             "fork", request, FORK_CHANGE_SET_REQUEST, FORK_CHANGE_SET_RESPONSE, timeout
@@ -322,11 +287,7 @@ class RebaserClient:
 
         ``dvu_pending`` may still be true in the answer when no daemon owns the change set (a DVU that kept failing
         waits for the next request): nothing will change until then."""
-        return await self._queries.wait_settled(
-            _as_id(WorkspacePk, workspace_id, "workspace_id"),
-            _as_id(ChangeSetId, change_set_id, "change_set_id"),
-            timeout,
-        )
+        return await self._queries.wait_settled(*change_set_ids(workspace_id, change_set_id), timeout)
 
     def watch(
         self,
@@ -342,8 +303,8 @@ class RebaserClient:
         ``since``: the last durable ``seq`` already seen (a mapping of them for a workspace): the feed resumes right
         after it, from what the stream keeps; a gap raises :class:`~rebaser_core.errors.EventsLost` (iterating on
         goes on after it). ``None``: only what happens from now on. Use ``async with`` (or ``close()``) to stop."""
-        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
-        cs = None if change_set_id is None else _as_id(ChangeSetId, change_set_id, "change_set_id")
+        wk = as_id(WorkspacePk, workspace_id, "workspace_id")
+        cs = None if change_set_id is None else as_id(ChangeSetId, change_set_id, "change_set_id")
         return EventStream(self._nc, self._subjects, wk, cs, since)
 
     async def store_batch(
@@ -360,12 +321,12 @@ class RebaserClient:
         Raises :class:`~rebaser_core.errors.BatchTooLarge` (nothing stored) for a batch over ``max_updates`` or
         ``max_bytes``: by default 100,000 updates and 16 MiB, the daemons' default ``max_updates_per_request`` and
         ``max_stored_batch_bytes`` (pass theirs if they were changed)."""
-        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
+        wk = as_id(WorkspacePk, workspace_id, "workspace_id")
         return await _batches.store_batch(
             self._nc, self._subjects, wk, list(updates), max_updates=max_updates, max_bytes=max_bytes
         )
 
-    # -- operators: pausing (rebaser_client._admin_pause has the rules) ------------------------------
+    # -- operators: pausing and skipping (rebaser_client._pausing and _skipping have the rules) -------
     async def pause_change_set(
         self,
         workspace_id: WorkspacePk | str,
@@ -377,35 +338,27 @@ class RebaserClient:
         """Pause a change set: its owner lets it go at the next request boundary, requests are still accepted. A
         change set paused already keeps its first pause (``already``). ``wait``: return only once no daemon holds
         it (``StillHeld``, a ``RebaserTimeout``, if one still does after ``wait`` seconds)."""
-        from rebaser_client import _admin_pause
-
-        wk, cs = self._ids(workspace_id, change_set_id)
-        return await _admin_pause.pause_change_set(self._nc, self._subjects, wk, cs, reason, wait=wait)
+        wk, cs = change_set_ids(workspace_id, change_set_id)
+        return await _pausing.pause_change_set(self._nc, self._subjects, wk, cs, reason, wait=wait)
 
     async def resume_change_set(
         self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
     ) -> ResumeResult:
         """Remove the change set's pause (none: not an error) and give it a task if it has requests queued."""
-        from rebaser_client import _admin_pause
-
-        wk, cs = self._ids(workspace_id, change_set_id)
-        return await _admin_pause.resume_change_set(self._nc, self._subjects, wk, cs)
+        wk, cs = change_set_ids(workspace_id, change_set_id)
+        return await _pausing.resume_change_set(self._nc, self._subjects, wk, cs)
 
     async def pause_workspace(
         self, workspace_id: WorkspacePk | str, reason: str = "", *, wait: float | None = None
     ) -> PauseResult:
         """Pause every change set of a workspace (those created later too); ``wait`` as for a change set."""
-        from rebaser_client import _admin_pause
-
-        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
-        return await _admin_pause.pause_workspace(self._nc, self._subjects, wk, reason, wait=wait)
+        wk = as_id(WorkspacePk, workspace_id, "workspace_id")
+        return await _pausing.pause_workspace(self._nc, self._subjects, wk, reason, wait=wait)
 
     async def resume_workspace(self, workspace_id: WorkspacePk | str) -> ResumeResult:
         """Remove the workspace's pause and give a task to each of its change sets with requests queued."""
-        from rebaser_client import _admin_pause
-
-        wk = _as_id(WorkspacePk, workspace_id, "workspace_id")
-        return await _admin_pause.resume_workspace(self._nc, self._subjects, wk)
+        wk = as_id(WorkspacePk, workspace_id, "workspace_id")
+        return await _pausing.resume_workspace(self._nc, self._subjects, wk)
 
     async def skip_request(
         self,
@@ -415,52 +368,18 @@ class RebaserClient:
     ) -> SkipResult:
         """Move a paused change set's first queued request, which must be ``request_id``, to the dead letters
         (``NotPaused``, ``HeldByDaemon`` or ``NotFirstInLine``, all ``RebaserRefused``, and nothing done otherwise)."""
-        from rebaser_client import _admin_skip
-
-        wk, cs = self._ids(workspace_id, change_set_id)
-        rid = _as_id(RequestId, request_id, "request_id")
-        return await _admin_skip.skip_request(self._nc, self._subjects, wk, cs, rid)
+        wk, cs = change_set_ids(workspace_id, change_set_id)
+        rid = as_id(RequestId, request_id, "request_id")
+        return await _skipping.skip_request(self._nc, self._subjects, wk, cs, rid)
 
     async def pause_of(
         self, workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
     ) -> tuple[Pause | None, Pause | None]:
         """(the change set's own pause, its workspace's pause), None where there is none: either one holds it."""
-        from rebaser_client import _admin_pause
-
-        wk, cs = self._ids(workspace_id, change_set_id)
-        return await _admin_pause.pause_of(self._nc, self._subjects, wk, cs)
+        wk, cs = change_set_ids(workspace_id, change_set_id)
+        return await _pausing.pause_of(self._nc, self._subjects, wk, cs)
 
     # -- internals ----------------------------------------------------------------------------------
-    @staticmethod
-    def _ids(
-        workspace_id: WorkspacePk | str, change_set_id: ChangeSetId | str
-    ) -> tuple[WorkspacePk, ChangeSetId]:
-        return (
-            _as_id(WorkspacePk, workspace_id, "workspace_id"),
-            _as_id(ChangeSetId, change_set_id, "change_set_id"),
-        )
-
-    @staticmethod
-    def _request(
-        workspace_id: WorkspacePk | str,
-        change_set_id: ChangeSetId | str,
-        updates: Updates,
-        from_change_set_id: ChangeSetId | str | None,
-        event_session_id: str | None,
-    ) -> EnqueueUpdatesRequest:
-        return EnqueueUpdatesRequest(
-            id=RequestId.new(),
-            workspace_id=_as_id(WorkspacePk, workspace_id, "workspace_id"),
-            change_set_id=_as_id(ChangeSetId, change_set_id, "change_set_id"),
-            updates=_updates_kind(updates),
-            from_change_set_id=(
-                None
-                if from_change_set_id is None
-                else _as_id(ChangeSetId, from_change_set_id, "from_change_set_id")
-            ),
-            event_session_id=event_session_id,
-        )
-
     async def _call(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
         if not recording(self._tracer_provider):
             return await self._call_traced(request, timeout)
@@ -470,29 +389,12 @@ class RebaserClient:
             return await self._call_traced(request, timeout)
 
     async def _call_traced(self, request: EnqueueUpdatesRequest, timeout: float) -> EnqueueUpdatesResponse:
-        inbox = await self._replies.open()
-        rid = str(request.id)
-        # Registered before publishing, so a fast reply cannot arrive before anyone listens. The waiter stays
-        # until the *final* reply: the daemon sends none for a retryable failure, only after the retry.
-        future = self._replies.expect(request)
-        recorded: asyncio.Task[None] | None = None
-        try:
-            async with self._deadlines.after(timeout):  # asyncio.timeout, on one timer for all calls
-                if await self._enqueue(request, f"{inbox}.{rid}") is Sent.DUPLICATE:
-                    # The stream already held this request (a resend after a lost ack or a lost reply), so this
-                    # publish will get no reply of its own, and the first one's may have gone where nobody listens
-                    # any more. Ask the daemons for the recorded reply until it is there (or a reply comes).
-                    recorded = asyncio.create_task(self._queries.recorded_reply(request, future))
-                response: EnqueueUpdatesResponse = await future
-                return response
-        except TimeoutError:
-            raise RebaserTimeout(
-                f"no reply to request {rid} within {timeout}s (it is enqueued and may still be applied)"
-            ) from None
-        finally:
-            self._replies.forget(request)
-            if recorded is not None:
-                recorded.cancel()
+        async def publish(reply_inbox: str) -> bool:
+            return await self._enqueue(request, reply_inbox) is Sent.DUPLICATE
+
+        return await self._replies.call(
+            request, timeout, publish, lambda future: self._queries.recorded_reply(request, future)
+        )
 
     async def _enqueue(self, request: EnqueueUpdatesRequest, reply_inbox: str | None) -> Sent:
         await self._router.start()

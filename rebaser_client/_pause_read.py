@@ -1,7 +1,8 @@
-"""Reading the pauses bucket (``rebaser_core.pauses``) for operators: one change set's pauses, or all of them.
+"""Reading the pauses bucket (``rebaser_core.pauses``): one change set's pauses, or all of them.
 
-Below both ``_admin`` (``status`` and ``change-set show`` show pauses) and ``_admin_pause`` (which writes them).
-NATS errors are left to the caller, which turns them into its one line.
+Below both :mod:`rebaser_client._pausing` (which writes them) and the operators' reports in
+``rebaser_client.admin`` (``status`` and ``change-set show`` show pauses). NATS errors are left to the caller, which
+turns them into its one line.
 
 A value that is not a pause is skipped, as the daemons skip it: it pauses nothing.
 """

@@ -8,7 +8,8 @@ from collections.abc import Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from rebaser_client._client import RebaserClient, Updates
+from rebaser_client._arguments import Updates
+from rebaser_client._client import RebaserClient
 from rebaser_client._events import EventStream
 from rebaser_client._publisher import ClientStatus
 from rebaser_core.api import (
@@ -25,8 +26,8 @@ from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 if TYPE_CHECKING:
-    from rebaser_client._admin_pause import PauseResult, ResumeResult
-    from rebaser_client._admin_skip import SkipResult
+    from rebaser_client._pausing import PauseResult, ResumeResult
+    from rebaser_client._skipping import SkipResult
     from rebaser_core.pauses import Pause
 
 __all__ = ["SyncEventStream", "SyncRebaserClient"]

@@ -1,8 +1,8 @@
 """What a dead letter holds: the request's headers and body, bounded, and the marks saying why and where from.
 
 One definition for everyone who copies a request to the dead-letter stream: the daemons (a request refused, or
-failing ``max_attempts`` times) and operators (``rebaser change-set skip``, in ``rebaser_client._admin_pause``).
-``rebaser dlq list``/``show``/``replay`` read what is written here (``rebaser_client._admin_dlq``).
+failing ``max_attempts`` times) and operators (``rebaser change-set skip``, in ``rebaser_client._skipping``).
+``rebaser dlq list``/``show``/``replay`` read what is written here (``rebaser_client.admin.dead_letters``).
 
 The copy's ``Nats-Msg-Id`` is ``<requests stream>:<sequence>`` of the original: a request copied twice (its
 delete failed, or a daemon and an operator both copied it) is stored once.

@@ -17,9 +17,13 @@ Catch the narrowest class that tells you what to do next::
     │       └── UnsupportedMessageVersion
     ├── ClientError                    raised by rebaser_client
     │   ├── RebaserTimeout             no reply before the deadline (the request may still be applied)
-    │   ├── RebaserRefused             the server refused to take the request
+    │   │   └── StillHeld              paused, but a daemon still held the change set when the wait ran out
+    │   ├── RebaserRefused             refused (the request, or an operator's operation): nothing was done
     │   │   ├── RebaserBusy            back-pressure (``limit`` says which); retry after ``retry_after`` seconds
-    │   │   └── BatchTooLarge          a stored batch over the size limits (``limit``); nothing was stored
+    │   │   ├── BatchTooLarge          a stored batch over the size limits (``limit``); nothing was stored
+    │   │   ├── NotPaused              skipping a request of a change set that is not paused
+    │   │   ├── HeldByDaemon           skipping while a daemon still holds the paused change set: try again
+    │   │   └── NotFirstInLine         skipping a request that is not first in line (``found``: the first one)
     │   ├── RebaserUnavailable         NATS or JetStream cannot be reached
     │   ├── EventsLost                 a change set's event feed skipped events (``lost``); it goes on after them
     │   └── SpoolError                 the client's local spool file cannot be used (locked by another client)
@@ -49,6 +53,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "EventsLost",
     "FencedError",
     "HeadersTooLarge",
+    "HeldByDaemon",
     "InvalidId",
     "InvalidReplyInbox",
     "InvalidSubject",
@@ -56,6 +61,8 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "LayoutMismatch",
     "MissingHeader",
     "NatsServerNotFound",
+    "NotFirstInLine",
+    "NotPaused",
     "ProtocolError",
     "RebaserBusy",
     "RebaserError",
@@ -65,6 +72,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "RefusedError",
     "RetryableError",
     "SpoolError",
+    "StillHeld",
     "StoreInUse",
     "UnprocessableError",
     "Unsupported",
@@ -147,8 +155,14 @@ class RebaserTimeout(ClientError, TimeoutError):
     """No reply arrived in time. The request is durable and may still be applied later."""
 
 
+class StillHeld(RebaserTimeout):
+    """Paused, but a daemon still held the change set (or one of the workspace's) when the wait ran out: it lets go
+    at its next request boundary (a request being applied is finished first). The pause stays."""
+
+
 class RebaserRefused(ClientError):
-    """The server refused to accept the request (it was not enqueued)."""
+    """The server refused to accept the request (it was not enqueued), or the client refused an operator's operation
+    whose conditions do not hold (a skip, say): nothing was done."""
 
 
 BusyLimit = Literal[
@@ -192,6 +206,39 @@ class BatchTooLarge(RebaserRefused):
         self.limit: Literal["updates", "bytes"] = limit
         self.size = size
         self.maximum = maximum
+
+
+class NotPaused(RebaserRefused):
+    """Skipping a request of a change set that is not paused: the daemons may be applying it right now."""
+
+    def __init__(self, workspace_id: object, change_set_id: object) -> None:
+        super().__init__(
+            f"change set {workspace_id}/{change_set_id} is not paused: pause it first "
+            f"(rebaser change-set pause {workspace_id} {change_set_id})"
+        )
+
+
+class HeldByDaemon(RebaserRefused):
+    """A daemon still holds the paused change set (it lets go at its next request boundary): try again."""
+
+
+class NotFirstInLine(RebaserRefused):
+    """The request to skip is not the change set's first queued one (``found``: the first one's id, None if nothing
+    is queued or its id cannot be read; ``seq``: its sequence, 0 if nothing is queued)."""
+
+    def __init__(
+        self, workspace_id: object, change_set_id: object, request_id: str, found: str | None, seq: int
+    ) -> None:
+        where = f"{workspace_id}/{change_set_id}"
+        if seq == 0:
+            what = f"nothing is queued for change set {where}"
+        elif found is None:
+            what = f"the first request queued for {where} (seq {seq}) has no readable id"
+        else:
+            what = f"the first request queued for {where} is {found} (seq {seq})"
+        super().__init__(f"request {request_id} is not first in line: {what}")
+        self.found = found
+        self.seq = seq
 
 
 class RebaserUnavailable(ClientError):

@@ -40,7 +40,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # How often a client or daemon looks at the layout entry. A layout change waits at least a few of these before it
-# settles (see rebaser_client.streams), so nobody routes by a layout that long gone.
+# settles (see rebaser_client.admin.streams), so nobody routes by a layout that long gone.
 DEFAULT_POLL = 1.0
 
 

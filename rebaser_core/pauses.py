@@ -4,7 +4,7 @@ A pause is one key of the bucket: ``cs.<workspace>.<change_set>`` holds a change
 set of a workspace (those created after the pause too). Its value says why, since when and who asked
 (:class:`Pause`). Resuming deletes the key. The bucket is file-stored with the deployment's replicas, so a pause
 survives daemon restarts, failover and NATS restarts. Every daemon watches it (``rebaser_server.daemon.pauses``);
-operators and the client's admin API write it (``rebaser_client._admin_pause``).
+operators and the client's pausing API write it (``rebaser_client._pausing``).
 """
 
 from __future__ import annotations

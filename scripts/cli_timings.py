@@ -6,7 +6,7 @@ Each command runs ``N`` times (default 7), each time in a fresh interpreter (the
 Python, ``rebaser`` and ``rebaser-server``), and the script prints the median and the fastest wall time per
 command. The commands that talk to NATS run against a nats-server this script starts (127.0.0.1, a free port, a
 temporary store) with a deployment's streams created, as a daemon leaves them; it stops that server (by its PID
-if it does not stop on its own) before it exits. Also timed: importing ``rebaser_client.cli`` alone.
+if it does not stop on its own) before it exits. Also timed: importing ``rebaser_client.admin.cli.main`` alone.
 
 The targets (issue 35): ``--version`` and ``--help`` under 0.3 s, a command that talks to NATS under 0.5 s. Figures
 move by 10-20 % from run to run on a shared 2-core machine.
@@ -40,7 +40,7 @@ def _script(name: str) -> list[str]:
     path = _BIN / name
     if path.exists():
         return [str(path)]
-    module = {"rebaser": "rebaser_client.cli", "rebaser-server": "rebaser_server.cli.main"}[name]
+    module = {"rebaser": "rebaser_client.admin.cli.main", "rebaser-server": "rebaser_server.cli.main"}[name]
     return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
 
 
@@ -94,7 +94,10 @@ def main() -> int:
     rebaser, server_cli = _script("rebaser"), _script("rebaser-server")
     local: list[tuple[str, list[str]]] = [
         ("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"]),
-        ("import rebaser_client.cli", [sys.executable, "-c", "import rebaser_client.cli"]),
+        (
+            "import rebaser_client.admin.cli.main",
+            [sys.executable, "-c", "import rebaser_client.admin.cli.main"],
+        ),
         ("rebaser --version", [*rebaser, "--version"]),
         ("rebaser --help", [*rebaser, "--help"]),
         ("rebaser dlq --help", [*rebaser, "dlq", "--help"]),

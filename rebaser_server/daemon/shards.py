@@ -142,7 +142,7 @@ class ShardPullers:
         self._placement.layout = new
         if (old.intake, old.intake_from) != (new.intake, new.intake_from):
             # Another intake, or the start or end of a change of intake: every loop stops, and while the intake
-            # changes none runs (rebaser_client._intake waits for what was held to be let go).
+            # changes none runs (rebaser_client.admin.intake waits for what was held to be let go).
             async with self._lock:
                 pullers = list(self._pullers.values())
                 self._pullers.clear()

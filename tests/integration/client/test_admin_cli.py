@@ -14,9 +14,9 @@ from nats.aio.client import Client as NatsClient
 from nats.js.manager import JetStreamManager
 
 from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
-from rebaser_client._admin_dlq import dead_letters
-from rebaser_client._admin_ops import replay_dead_letter
-from rebaser_client.cli import main as cli
+from rebaser_client.admin.cli.main import main as cli
+from rebaser_client.admin.dead_letters import dead_letters
+from rebaser_client.admin.repairs import replay_dead_letter
 from rebaser_core import headers as h
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.embedded import NatsServer

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
-from rebaser_client.cli import main
+from rebaser_client.admin.cli.main import main
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.testing import fast_settings, running_daemon
@@ -32,7 +32,7 @@ async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "from rebaser_client.cli import main; main()",
+        "from rebaser_client.admin.cli.main import main; main()",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -74,7 +74,7 @@ def test_input_mistakes_are_one_line_errors_before_connecting(args: tuple[str, .
 
 
 def test_a_json_string_is_quoted() -> None:
-    from rebaser_client.cli import _parse_set
+    from rebaser_client.admin.cli.main import _parse_set
 
     assert _parse_set('/a="text"').value == "text"
     assert _parse_set("/a={}").value == {}

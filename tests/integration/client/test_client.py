@@ -20,7 +20,7 @@ from rebaser_client import (
     SyncRebaserClient,
     WorkspacePk,
 )
-from rebaser_client.cli import main as cli
+from rebaser_client.admin.cli.main import main as cli
 from rebaser_core.settings import Settings
 from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for

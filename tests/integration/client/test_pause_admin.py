@@ -1,4 +1,4 @@
-"""Pausing, resuming and skipping (rebaser_client._admin_pause and ``rebaser change-set pause|resume|skip``,
+"""Pausing, resuming and skipping (rebaser_client._pausing and ``rebaser change-set pause|resume|skip``,
 ``rebaser workspace pause|resume``) against a real nats-server: what is written to the pauses bucket, which tasks are
 given on resume, what a skip moves to the dead letters, and what ``status`` and ``change-set show`` say.
 
@@ -22,13 +22,18 @@ from nats.js import JetStreamContext
 from nats.js.api import StorageType
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from rebaser_client import RebaserClient, RebaserRefused, RebaserTimeout, SetLiteral, SyncRebaserClient
-from rebaser_client._admin import change_set_report, status_report
-from rebaser_client._admin_dlq import dead_letters
-from rebaser_client._admin_ops import check_replayable
-from rebaser_client._admin_pause import (
+from rebaser_client import (
+    HeldByDaemon,
+    NotFirstInLine,
     NotPaused,
+    RebaserClient,
+    RebaserRefused,
+    RebaserTimeout,
+    SetLiteral,
     StillHeld,
+    SyncRebaserClient,
+)
+from rebaser_client._pausing import (
     list_pauses,
     pause_change_set,
     pause_of,
@@ -36,8 +41,12 @@ from rebaser_client._admin_pause import (
     resume_change_set,
     resume_workspace,
 )
-from rebaser_client._admin_skip import SKIP_REASON, HeldByDaemon, NotFirstInLine, skip_request
-from rebaser_client.cli import main as cli
+from rebaser_client._skipping import SKIP_REASON, skip_request
+from rebaser_client.admin.change_set import change_set_report
+from rebaser_client.admin.cli.main import main as cli
+from rebaser_client.admin.dead_letters import dead_letters
+from rebaser_client.admin.repairs import check_replayable
+from rebaser_client.admin.status import status_report
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
-from rebaser_client.cli import main as cli
+from rebaser_client.admin.cli.main import main as cli
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.ops.http import HealthServer

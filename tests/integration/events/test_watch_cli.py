@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
-from rebaser_client.watch_cli import event_line
+from rebaser_client.admin.cli.watch import event_line
 from rebaser_core.api import ChangeSetEvent
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_server.testing import fast_settings, running_daemon
@@ -29,7 +29,7 @@ async def _watch(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "from rebaser_client.cli import main; main()",
+        "from rebaser_client.admin.cli.main import main; main()",
         "watch",
         *args,
         stdout=asyncio.subprocess.PIPE,

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient
-from rebaser_client._intake import change_intake
-from rebaser_client._streams import show_layout
-from rebaser_client.cli import main as cli
+from rebaser_client.admin.cli.main import main as cli
+from rebaser_client.admin.intake import change_intake
+from rebaser_client.admin.streams import show_layout
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import Intake, Layout
 from rebaser_core.subjects import TASKS_CONSUMER, Subjects

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from rebaser_client import RebaserClient, SetLiteral
-from rebaser_client.cli import main as client_cli
+from rebaser_client.admin.cli.main import main as client_cli
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for

@@ -14,7 +14,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 
 from rebaser_client import RebaserClient, SetLiteral
-from rebaser_client._admin_pause import pause_change_set, resume_change_set
+from rebaser_client._pausing import pause_change_set, resume_change_set
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
 from rebaser_core.settings import Settings

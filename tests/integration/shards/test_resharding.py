@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient
-from rebaser_client._streams import change_streams, show_layout
-from rebaser_client.cli import main as cli
+from rebaser_client.admin.cli.main import main as cli
+from rebaser_client.admin.streams import change_streams, show_layout
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import shard_of
@@ -160,7 +160,7 @@ async def test_purge_while_the_layout_changes_removes_the_old_shards_requests_to
 ) -> None:
     """``rebaser change-set purge`` looks in the change set's old shard too: what is queued there would otherwise
     stay, and be applied (first) once a daemon serves it."""
-    from rebaser_client._admin_ops import purge_change_set
+    from rebaser_client.admin.repairs import purge_change_set
     from rebaser_core.ids import ChangeSetId, WorkspacePk
 
     conns = [await nats.connect(nats_url) for _ in range(3)]
@@ -196,7 +196,7 @@ async def test_a_removed_shard_is_retired_before_it_is_checked_and_deleted(
 ) -> None:
     """Checking a removed shard empty and then deleting it would lose a request a stale client got acknowledged
     in between: its streams stop listening first. A request that landed before that is drained, not stranded."""
-    from rebaser_client._streams import _retire_removed  # the step under test
+    from rebaser_client.admin.streams import _retire_removed  # the step under test
 
     settings = fast_settings(subject_prefix, streams=2)
     async with running_daemon(nc, settings, RecordingApp()):

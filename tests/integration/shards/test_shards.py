@@ -173,7 +173,8 @@ async def test_daemon_cli_refuses_a_disagreeing_streams_flag_in_one_line(
 
 async def test_settled_query_and_admin_views_follow_the_shard(nats_url: str, subject_prefix: str) -> None:
     """The settled query and ``rebaser change-set show`` look in the change set's shard, not only shard 0."""
-    from rebaser_client._admin import change_set_report, status_report
+    from rebaser_client.admin.change_set import change_set_report
+    from rebaser_client.admin.status import status_report
     from rebaser_core.ids import ChangeSetId, WorkspacePk
     from rebaser_core.subjects import Subjects
 
@@ -204,7 +205,7 @@ async def test_switching_to_shared_serves_a_shard_whose_pinned_daemon_is_down(
 ) -> None:
     """The operator's remedy for a pinned shard without its daemon: ``rebaser streams set N --assignment shared``;
     the running daemon follows the layout within a second and serves every shard."""
-    from rebaser_client._streams import change_streams
+    from rebaser_client.admin.streams import change_streams
     from rebaser_core.subjects import Subjects
 
     # The fifo intake: "a shard without a daemon" is told by nobody pulling its shared consumer.

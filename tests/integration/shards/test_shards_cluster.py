@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SpoolConfig
-from rebaser_client._streams import change_streams, show_layout
+from rebaser_client.admin.streams import change_streams, show_layout
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.shard_info import spread_leaders
 from rebaser_core.subjects import Subjects

@@ -250,7 +250,7 @@ async def test_the_client_cli_honours_rebaser_nats_url(
         daemons.append(daemon)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         env = {**os.environ, "REBASER_NATS_URL": url, "REBASER_PREFIX": subject_prefix}
-        cli = [sys.executable, "-c", "from rebaser_client.cli import main; main()"]
+        cli = [sys.executable, "-c", "from rebaser_client.admin.cli.main import main; main()"]
         proc = await asyncio.create_subprocess_exec(
             *cli,
             "request",

@@ -8,17 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from rebaser_client import _admin_format as fmt
-from rebaser_client._admin import (
-    ChangeSetLine,
-    ChangeSetReport,
-    QueuedRequest,
-    RecordView,
-    StatusReport,
-    StreamSummary,
-)
-from rebaser_client._admin_dlq import DeadLetter
-from rebaser_client._admin_ops import replay_id
+from rebaser_client._record import RecordView
+from rebaser_client.admin import format as fmt
+from rebaser_client.admin.change_set import ChangeSetReport, QueuedRequest
+from rebaser_client.admin.dead_letters import DeadLetter
+from rebaser_client.admin.reader import StreamSummary
+from rebaser_client.admin.repairs import replay_id
+from rebaser_client.admin.status import ChangeSetLine, StatusReport
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     ContentType,
@@ -206,6 +202,6 @@ def test_the_dead_letter_table_cuts_reasons_between_words() -> None:
     ("count", "text"), [(0, "0 dead letters"), (1, "1 dead letter"), (2, "2 dead letters")]
 )
 def test_counts_agree_with_their_noun(count: int, text: str) -> None:
-    from rebaser_client.admin_cli import plural
+    from rebaser_client.admin.cli.common import plural
 
     assert plural(count, "dead letter") == text

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from rebaser_client.cli import main
+from rebaser_client.admin.cli.main import main
 from rebaser_core.settings import Settings
 
 _WK, _CS = "01KBDQ4Y6N3W2Z8J5X0A9B7C1D", "01KBDQ4Y6N3W2Z8J5X0A9B7C1E"

@@ -33,11 +33,11 @@ def test_importing_the_cli_loads_nothing_heavy_and_is_quick() -> None:
     result = _run(
         "import json, sys, time\n"
         "start = time.perf_counter()\n"
-        "import rebaser_client.cli\n"
+        "import rebaser_client.admin.cli.main\n"
         "seconds = time.perf_counter() - start\n"
         f"print(json.dumps({{'seconds': seconds, 'loaded': {_LOADED}}}))\n"
     )
-    assert result["loaded"] == [], f"importing rebaser_client.cli loaded {result['loaded']}"
+    assert result["loaded"] == [], f"importing rebaser_client.admin.cli.main loaded {result['loaded']}"
     assert isinstance(result["seconds"], float) and result["seconds"] < _IMPORT_BOUND, result
 
 
@@ -46,7 +46,7 @@ def test_help_and_option_parsing_load_nothing_heavy() -> None:
     # that is not NATS's): nothing of it needs more than click.
     result = _run(
         "import contextlib, io, json, sys\n"
-        "from rebaser_client.cli import main\n"
+        "from rebaser_client.admin.cli.main import main\n"
         "codes = []\n"
         "for args in (['--help'], ['dlq', 'replay', '--help'], ['streams', 'set', '--help'],\n"
         "             ['change-set', 'show', 'not-an-id', 'x'], ['status', '--nats-url', 'http://127.0.0.1:1']):\n"
@@ -64,7 +64,7 @@ def test_help_and_option_parsing_load_nothing_heavy() -> None:
 def test_nats_py_defers_aiohttp_to_its_first_use() -> None:
     result = _run(
         "import json, sys\n"
-        "from rebaser_client._cli_imports import defer_aiohttp\n"
+        "from rebaser_client.admin.cli.lazy_imports import defer_aiohttp\n"
         "defer_aiohttp()\n"
         "import nats.aio.client\n"
         "from nats.aio import transport\n"

@@ -7,11 +7,22 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from rebaser_client import _admin_format as fmt
-from rebaser_client._admin import ChangeSetReport, PausedLine, RecordView, StatusReport, StreamSummary
-from rebaser_client._admin_pause import PauseResult, ResumeResult
-from rebaser_client._admin_skip import SkipResult
-from rebaser_client.pause_cli import pause_json, pause_line, resume_json, resume_lines, skip_json, skip_line
+from rebaser_client._pause_read import PausedLine
+from rebaser_client._pausing import PauseResult, ResumeResult
+from rebaser_client._record import RecordView
+from rebaser_client._skipping import SkipResult
+from rebaser_client.admin import format as fmt
+from rebaser_client.admin.change_set import ChangeSetReport
+from rebaser_client.admin.cli.pause import (
+    pause_json,
+    pause_line,
+    resume_json,
+    resume_lines,
+    skip_json,
+    skip_line,
+)
+from rebaser_client.admin.reader import StreamSummary
+from rebaser_client.admin.status import StatusReport
 from rebaser_core import headers as h
 from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
 from rebaser_core.ids import ChangeSetId, WorkspacePk

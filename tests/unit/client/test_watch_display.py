@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.console import Console
 
-from rebaser_client._watch_state import WatchState
-from rebaser_client.watch_cli import _Display
+from rebaser_client.admin.cli.watch import _Display
+from rebaser_client.admin.cli.watch_state import WatchState
 from rebaser_core.api import ChangeSetEvent
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from rebaser_client import _admin_format as fmt
-from rebaser_client._admin import StatusReport
-from rebaser_client._admin_format_workspaces import workspaces_json, workspaces_view
-from rebaser_client._admin_workspaces import DaemonsOwned, busiest_workspaces
+from rebaser_client.admin import format as fmt
+from rebaser_client.admin.format_workspaces import workspaces_json, workspaces_view
+from rebaser_client.admin.status import StatusReport
+from rebaser_client.admin.workspaces import DaemonsOwned, busiest_workspaces
 
 COUNTS = [
     (("A", "1"), {"task": 1, "queued": 3}),

@@ -19,6 +19,23 @@ def test_client_surface() -> None:
         "ChangeSetId",
         "RequestId",
         "SetLiteral",
+        # What the public methods return, and what they raise, beyond the above.
+        "ClientStatus",
+        "EventStream",
+        "SyncEventStream",
+        "GetChangeSetResponse",
+        "ForkChangeSetResponse",
+        "WaitSettledResponse",
+        "WorkspaceBacklogResponse",
+        "StoredUpdates",
+        "Pause",
+        "PauseResult",
+        "ResumeResult",
+        "SkipResult",
+        "StillHeld",
+        "NotPaused",
+        "HeldByDaemon",
+        "NotFirstInLine",
     }
     for name in rebaser_client.__all__:
         assert hasattr(rebaser_client, name), name

@@ -8,7 +8,7 @@ from unittest import mock
 import cbor2
 import pytest
 
-from rebaser_client._admin import RecordView
+from rebaser_client._record import RecordView
 from rebaser_core.api import (
     Conflict,
     ConflictsStatus,

@@ -1,10 +1,10 @@
-"""Skipping the first request of a paused change set: ``rebaser change-set skip`` and ``skip_request``.
+"""Skipping the first request of a paused change set: ``RebaserClient.skip_request`` and ``rebaser change-set
+skip``.
 
-Only while the change set is paused and no daemon holds it (:mod:`rebaser_client._admin_pause`), and only the
-first queued request not yet processed: it is copied to the dead-letter stream, reason ``skipped by an operator``,
-whole (so ``rebaser dlq replay`` can send it again), then deleted from the requests stream. The copy is
-deduplicated by the request's stream sequence: a skip that failed after its copy and is run again stores no second
-one.
+Only while the change set is paused and no daemon holds it (:mod:`rebaser_client._pausing`), and only the first
+queued request not yet processed: it is copied to the dead-letter stream, reason ``skipped by an operator``, whole
+(so ``rebaser dlq replay`` can send it again), then deleted from the requests stream. The copy is deduplicated by
+the request's stream sequence: a skip that failed after its copy and is run again stores no second one.
 """
 
 from __future__ import annotations
@@ -16,62 +16,43 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
-from nats.js.errors import (
-    APIError,
-    NotFoundError,
-)
+from nats.js.errors import APIError, NotFoundError
 
-from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
-from rebaser_client._admin_pause import NotPaused, _js, _read_layout, _record, _shards_of
-from rebaser_client._admin_record import RecordView
+from rebaser_client._jetstream import (
+    OPERATOR_TIMEOUT,
+    jetstream,
+    js_error,
+    read_layout,
+    shards_of,
+    task_state,
+)
 from rebaser_client._pause_read import pauses_of
+from rebaser_client._record import RecordView, read_record
 from rebaser_core import headers as h
 from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
-from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable
+from rebaser_core.errors import (
+    HeldByDaemon,
+    NotFirstInLine,
+    NotPaused,
+    ProtocolError,
+    RebaserRefused,
+    RebaserUnavailable,
+)
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_core.tasks import check_pub_ack
 
-__all__ = [
-    "SKIP_REASON",
-    "HeldByDaemon",
-    "NotFirstInLine",
-    "SkipResult",
-    "SkipTarget",
-    "check_skip",
-    "skip_request",
-]
+__all__ = ["SKIP_REASON", "SkipResult", "SkipTarget", "check_skip", "skip_request"]
 
 SKIP_REASON = "skipped by an operator"
 # nats-server's answer to deleting a sequence that holds no message.
 _NO_MESSAGE = 10057
 
 
-class NotFirstInLine(RebaserRefused):
-    """The request to skip is not the change set's first queued one (``found``: the first one's id, None if nothing
-    is queued or its id cannot be read)."""
-
-    def __init__(
-        self, workspace_id: object, change_set_id: object, request_id: str, found: str | None, seq: int
-    ) -> None:
-        where = f"{workspace_id}/{change_set_id}"
-        if seq == 0:
-            what = f"nothing is queued for change set {where}"
-        elif found is None:
-            what = f"the first request queued for {where} (seq {seq}) has no readable id"
-        else:
-            what = f"the first request queued for {where} is {found} (seq {seq})"
-        super().__init__(f"request {request_id} is not first in line: {what}")
-        self.found = found
-        self.seq = seq
-
-
-class HeldByDaemon(RebaserRefused):
-    """A daemon still holds the paused change set (it lets go at its next request boundary): try again."""
-
-
 @dataclass(frozen=True)
 class SkipResult:
+    """Where the skipped request was, and where its copy is now."""
+
     workspace_id: str
     change_set_id: str
     request_id: str
@@ -104,25 +85,25 @@ async def check_skip(
     change_set_id: ChangeSetId,
     request_id: RequestId | str,
 ) -> SkipTarget:
-    """What :func:`skip_request` would move, if it may: :class:`NotPaused`, :class:`HeldByDaemon` while a daemon
-    still holds the change set, :class:`NotFirstInLine` (naming the first request's id) otherwise."""
+    """What :func:`skip_request` would move, if it may: ``NotPaused``, ``HeldByDaemon`` while a daemon still holds
+    the change set, ``NotFirstInLine`` (naming the first request's id) otherwise (:mod:`rebaser_core.errors`)."""
     from rebaser_core.api import ENQUEUE_UPDATES_REQUEST  # pydantic: only here
 
     wk, cs = workspace_id, change_set_id
     wanted = str(request_id).upper()
-    js = _js(nc)
+    js = jetstream(nc)
     try:
         pause, workspace_pause = await pauses_of(js, subjects, wk, cs)
         if pause is None and workspace_pause is None:
             raise NotPaused(wk, cs)
-        layout = await _read_layout(nc, subjects)
-        shards = _shards_of(subjects, layout, wk, cs)
+        layout = await read_layout(nc, subjects)
+        shards = shards_of(subjects, layout, wk, cs)
         if await task_state(nc, shards[-1], wk, cs) == "owned":
             raise HeldByDaemon(
                 f"change set {wk}/{cs} is paused, but a daemon still holds it (it lets go at its next request "
                 "boundary): try again in a moment, or pause it with --wait"
             )
-        record = await _record(js, subjects, wk, cs)
+        record = await read_record(js, subjects, wk, cs)
         first = await _first_queued(js, shards, wk, cs, record)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
@@ -158,7 +139,7 @@ async def skip_request(
     dead_letter_seq, duplicate = await _copy_to_dead_letters(
         nc, subjects, target.subject, target.headers, target.data, seq
     )
-    deleted = await _delete(_js(nc), target.stream, seq, dead_letter_seq)
+    deleted = await _delete(jetstream(nc), target.stream, seq, dead_letter_seq)
     return SkipResult(
         target.workspace_id,
         target.change_set_id,
@@ -199,7 +180,7 @@ async def _copy_to_dead_letters(
     kept, body = bounded_copy(headers, data, max_body=len(data))
     marks = dead_letter_marks(subjects, subject, seq, SKIP_REASON)
     try:
-        ack = await nc.request(target, body, headers={**kept, **marks}, timeout=ADMIN_TIMEOUT)
+        ack = await nc.request(target, body, headers={**kept, **marks}, timeout=OPERATOR_TIMEOUT)
     except nats.errors.NoRespondersError:
         raise RebaserUnavailable(f"no stream stores {target}: has a daemon set this deployment up?") from None
     except (TimeoutError, nats.errors.Error) as err:

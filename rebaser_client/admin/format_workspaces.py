@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rebaser_client._admin_workspaces import DaemonsOwned, WorkspaceLine
+from rebaser_client.admin.workspaces import DaemonsOwned, WorkspaceLine
 
 __all__ = ["workspaces_json", "workspaces_view"]
 

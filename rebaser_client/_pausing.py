@@ -1,5 +1,6 @@
-"""Pausing and resuming a change set or a whole workspace (skipping a paused change set's first request is
-:mod:`rebaser_client._admin_skip`).
+"""Pausing and resuming a change set or a whole workspace: ``RebaserClient.pause_change_set`` and its kin, and
+``rebaser change-set|workspace pause|resume`` (skipping a paused change set's first request is
+:mod:`rebaser_client._skipping`).
 
 A pause is a key of the ``REBASER_PAUSES`` bucket (:mod:`rebaser_core.pauses`); the daemons watch it. A paused change
 set is let go by its owner at its next request boundary, and a daemon that takes a paused change set's task acks it
@@ -7,17 +8,14 @@ and does nothing; its requests are still accepted and stored meanwhile.
 
 - **Pause** stores ``Pause.now("operator", reason)``. Pausing what is paused already keeps the first pause (its
   cause, reason and ``since``) and says so. With ``wait``, returns once no daemon holds the change set (its task is
-  not delivered to one): :class:`StillHeld` if one still does after ``wait`` seconds (it stays paused).
+  not delivered to one): :class:`~rebaser_core.errors.StillHeld` if one still does after ``wait`` seconds (it stays
+  paused).
 - **Resume** deletes the key, then gives a task to the change set (to every change set of the workspace) that has
   requests queued, so a daemon takes it again. Resuming what is not paused does the same and is not an error. A
   change set stays paused while its workspace is (and a workspace's change sets paused on their own stay so).
-- **Skip** (only while paused, and while no daemon holds the change set) copies the first queued request to the
-  dead-letter stream, reason ``skipped by an operator``, then deletes it from the requests stream. The copy keeps the
-  whole body, so ``rebaser dlq replay`` can send it again later. The copy is deduplicated by the request's stream
-  sequence: a skip that failed after its copy and is run again stores no second one.
 
-Every JetStream call has a deadline (``ADMIN_TIMEOUT``); NATS trouble is :class:`RebaserUnavailable`, a deployment
-that does not exist :class:`RebaserRefused` (``_admin.js_error``).
+Every JetStream call has a deadline (``OPERATOR_TIMEOUT``); NATS trouble is :class:`RebaserUnavailable`, a
+deployment that does not exist :class:`RebaserRefused` (:func:`rebaser_client._jetstream.js_error`).
 """
 
 from __future__ import annotations
@@ -33,21 +31,24 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import StorageType
-from nats.js.errors import (
-    BucketNotFoundError,
-    KeyNotFoundError,
-    KeyWrongLastSequenceError,
-    NotFoundError,
-)
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from rebaser_client._admin import ADMIN_TIMEOUT, js_error, parse_ids, task_state
-from rebaser_client._admin_record import RecordView
+from rebaser_client._jetstream import (
+    OPERATOR_TIMEOUT,
+    jetstream,
+    js_error,
+    parse_ids,
+    read_layout,
+    shard_now,
+    shards_of,
+    task_state,
+)
 from rebaser_client._pause_read import PausedLine, all_pauses, pauses_of, read_pause
-from rebaser_client._routing import fetch_layout
+from rebaser_client._record import read_record
 from rebaser_core import headers as h
 from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent, EventKind
-from rebaser_core.errors import DecodeError, RebaserRefused, RebaserTimeout, RebaserUnavailable
+from rebaser_core.errors import DecodeError, RebaserUnavailable, StillHeld
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
@@ -56,10 +57,8 @@ from rebaser_core.tasks import publish_task
 
 __all__ = [
     "RESUME_BOUND",
-    "NotPaused",
     "PauseResult",
     "ResumeResult",
-    "StillHeld",
     "list_pauses",
     "pause_change_set",
     "pause_of",
@@ -76,23 +75,10 @@ _POLL = 0.1
 _PUBLISH_AT_ONCE = 64
 
 
-class NotPaused(RebaserRefused):
-    """Skipping a request of a change set that is not paused: the daemons may be applying it right now."""
-
-    def __init__(self, workspace_id: object, change_set_id: object) -> None:
-        super().__init__(
-            f"change set {workspace_id}/{change_set_id} is not paused: pause it first "
-            f"(rebaser change-set pause {workspace_id} {change_set_id})"
-        )
-
-
-class StillHeld(RebaserTimeout):
-    """Paused, but a daemon still held the change set (or one of the workspace's) when the wait ran out: it lets go
-    at its next request boundary (a request being applied is finished first)."""
-
-
 @dataclass(frozen=True)
 class PauseResult:
+    """What a pause did: the pause in effect, and whether the change set (or workspace) was paused already."""
+
     workspace_id: str
     change_set_id: str | None  # None: the whole workspace
     pause: Pause  # the pause in effect: the one stored now, or the first one if it was paused already
@@ -102,6 +88,8 @@ class PauseResult:
 
 @dataclass(frozen=True)
 class ResumeResult:
+    """What a resume did: the pause removed, and the change sets given a task to be taken again."""
+
     workspace_id: str
     change_set_id: str | None  # None: the whole workspace
     was: Pause | None  # the pause removed; None: it was not paused
@@ -116,10 +104,6 @@ class ResumeResult:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
-def _js(nc: NatsClient) -> JetStreamContext:
-    return nc.jetstream(timeout=ADMIN_TIMEOUT)
-
-
 def _workspace_filter(pattern: str, workspace_id: WorkspacePk) -> str:
     """A shard's ``…requests[.<k>].*.*`` (or tasks) filter narrowed to one workspace: ``…<wk>.*``."""
     return pattern.replace("*", str(workspace_id), 1)
@@ -174,7 +158,7 @@ async def _wait_let_go(
     while True:
         still = []
         for wk, cs in pending:
-            if await task_state(nc, _shard(subjects, layout, wk, cs), wk, cs) == "owned":
+            if await task_state(nc, shard_now(subjects, layout, wk, cs), wk, cs) == "owned":
                 still.append((wk, cs))
         pending = still
         if not pending:
@@ -189,28 +173,6 @@ async def _wait_let_go(
                 "next request boundary); see `rebaser change-set show`"
             )
         await asyncio.sleep(min(_POLL, left))
-
-
-async def _read_layout(nc: NatsClient, subjects: Subjects) -> Layout | None:
-    try:
-        return await fetch_layout(nc, subjects)
-    except (TimeoutError, nats.errors.Error) as err:
-        raise RebaserUnavailable(f"reading the shard layout failed: {err or type(err).__name__}") from None
-
-
-def _shard(subjects: Subjects, layout: Layout | None, wk: WorkspacePk, cs: ChangeSetId) -> Subjects:
-    """The names of the change set's shard now (its task's)."""
-    return subjects if layout is None else subjects.for_shard(layout.shard_of(wk, cs))
-
-
-def _shards_of(subjects: Subjects, layout: Layout | None, wk: WorkspacePk, cs: ChangeSetId) -> list[Subjects]:
-    """The change set's shards, in the order its requests are applied: while the layout changes its old shard
-    first, then its current one."""
-    if layout is None:
-        return [subjects]
-    current = layout.shard_of(wk, cs)
-    old = layout.old_shard_of(wk, cs)
-    return [subjects.for_shard(s) for s in ([current] if old is None else [old, current])]
 
 
 async def _has_queued(
@@ -234,21 +196,10 @@ async def _give_tasks(
     created = 0
     for at in range(0, len(targets), _PUBLISH_AT_ONCE):
         batch = targets[at : at + _PUBLISH_AT_ONCE]
-        subjects_of = [_shard(subjects, layout, wk, cs).task(wk, cs) for wk, cs in batch]
-        results = await asyncio.gather(*(publish_task(nc, s, timeout=ADMIN_TIMEOUT) for s in subjects_of))
+        subjects_of = [shard_now(subjects, layout, wk, cs).task(wk, cs) for wk, cs in batch]
+        results = await asyncio.gather(*(publish_task(nc, s, timeout=OPERATOR_TIMEOUT) for s in subjects_of))
         created += sum(results)
     return created
-
-
-async def _record(
-    js: JetStreamContext, subjects: Subjects, wk: WorkspacePk, cs: ChangeSetId
-) -> RecordView | None:
-    try:
-        kv = await js.key_value(subjects.change_sets_bucket)
-        entry = await kv.get(subjects.change_set_key(wk, cs))
-    except (BucketNotFoundError, KeyNotFoundError):
-        return None
-    return None if not entry.value else RecordView.decode(entry.value)
 
 
 async def _tell_followers(
@@ -256,7 +207,7 @@ async def _tell_followers(
 ) -> None:
     """With the event feed on (its stream exists): a ``paused`` or ``resumed`` notice for the change set's
     followers, after the last durable event its record counts. Best effort: the pause itself is what counts."""
-    js = _js(nc)
+    js = jetstream(nc)
     try:
         await js.stream_info(subjects.events_stream)
     except NotFoundError:
@@ -264,7 +215,7 @@ async def _tell_followers(
     except (TimeoutError, nats.errors.Error):
         return
     try:
-        record = await _record(js, subjects, wk, cs)
+        record = await read_record(js, subjects, wk, cs)
     except (TimeoutError, nats.errors.Error, DecodeError):
         return
     event = ChangeSetEvent(
@@ -281,7 +232,7 @@ async def _tell_followers(
     headers, body = CHANGE_SET_EVENT.encode(event)
     headers.pop(h.NATS_MSG_ID, None)  # a notice carries none (docs/protocol.md §17)
     with contextlib.suppress(TimeoutError, nats.errors.Error):
-        await js.publish(subjects.events(wk, cs), body, headers=headers, timeout=ADMIN_TIMEOUT)
+        await js.publish(subjects.events(wk, cs), body, headers=headers, timeout=OPERATOR_TIMEOUT)
 
 
 def _name(wk: object, cs: object | None) -> str:
@@ -294,7 +245,7 @@ async def pause_of(
 ) -> tuple[Pause | None, Pause | None]:
     """(the change set's own pause, its workspace's pause); None where there is none. Either one holds it."""
     try:
-        return await pauses_of(_js(nc), subjects, workspace_id, change_set_id)
+        return await pauses_of(jetstream(nc), subjects, workspace_id, change_set_id)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
 
@@ -303,7 +254,7 @@ async def list_pauses(nc: NatsClient, subjects: Subjects) -> list[PausedLine]:
     """Every paused change set and workspace, oldest pause first (at most ``MAX_LISTED_PAUSES``; ``queued`` is not
     counted here: ``status_report`` does)."""
     try:
-        found, _ = await all_pauses(_js(nc), subjects, timeout=ADMIN_TIMEOUT)
+        found, _ = await all_pauses(jetstream(nc), subjects, timeout=OPERATOR_TIMEOUT)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     return found
@@ -322,9 +273,9 @@ async def pause_change_set(
     """Pause a change set (see the module docstring). ``wait``: seconds to wait for its owner to let it go."""
     wk, cs = workspace_id, change_set_id
     try:
-        kv = await _bucket(_js(nc), subjects)
+        kv = await _bucket(jetstream(nc), subjects)
         pause, already = await _store(kv, change_set_key(wk, cs), Pause.now("operator", reason))
-        layout = await _read_layout(nc, subjects) if wait is not None else None
+        layout = await read_layout(nc, subjects) if wait is not None else None
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     if not already:
@@ -346,9 +297,9 @@ async def pause_workspace(
     holds any of them (those with a task: at most ``RESUME_BOUND`` are watched)."""
     wk = workspace_id
     try:
-        kv = await _bucket(_js(nc), subjects)
+        kv = await _bucket(jetstream(nc), subjects)
         pause, already = await _store(kv, workspace_key(wk), Pause.now("operator", reason))
-        layout = await _read_layout(nc, subjects) if wait is not None else None
+        layout = await read_layout(nc, subjects) if wait is not None else None
         targets = await _with_tasks(nc, subjects, layout, wk) if wait is not None else []
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
@@ -376,7 +327,7 @@ async def _with_tasks(
     nc: NatsClient, subjects: Subjects, layout: Layout | None, wk: WorkspacePk
 ) -> list[tuple[WorkspacePk, ChangeSetId]]:
     """The workspace's change sets that have a task (in any shard), at most RESUME_BOUND."""
-    js = _js(nc)
+    js = jetstream(nc)
     found: set[tuple[str, str]] = set()
     for shard in range(1) if layout is None else layout.shards:
         names = subjects.for_shard(shard)
@@ -394,7 +345,7 @@ async def resume_change_set(
 ) -> ResumeResult:
     """Remove the change set's pause, then give it a task if it has requests queued."""
     wk, cs = workspace_id, change_set_id
-    js = _js(nc)
+    js = jetstream(nc)
     try:
         kv = await open_pauses(js, subjects, create=False)
         was = None
@@ -404,9 +355,9 @@ async def resume_change_set(
             was = await read_pause(kv, key)
             await kv.delete(key)
             workspace_pause = await read_pause(kv, workspace_key(wk))
-        layout = await _read_layout(nc, subjects)
+        layout = await read_layout(nc, subjects)
         # After the delete: a daemon that takes the task now sees no pause (or the workspace's).
-        queued = await _has_queued(js, _shards_of(subjects, layout, wk, cs), wk, cs)
+        queued = await _has_queued(js, shards_of(subjects, layout, wk, cs), wk, cs)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     if was is not None:
@@ -428,7 +379,7 @@ async def resume_workspace(nc: NatsClient, subjects: Subjects, workspace_id: Wor
     shard and is not paused on its own: at most ``RESUME_BOUND`` of them (in id order); the others get theirs from
     the daemons' orphan sweep (``left_to_sweep`` says how many)."""
     wk = workspace_id
-    js = _js(nc)
+    js = jetstream(nc)
     try:
         kv = await open_pauses(js, subjects, create=False)
         was = None
@@ -439,11 +390,11 @@ async def resume_workspace(nc: NatsClient, subjects: Subjects, workspace_id: Wor
             await kv.delete(key)
             # Read after the delete: a change set resumed meanwhile is either seen resumed here, or gets its task from
             # its own resume (which publishes after its delete, when the workspace is no longer paused).
-            paused, _ = await all_pauses(js, subjects, timeout=ADMIN_TIMEOUT)
+            paused, _ = await all_pauses(js, subjects, timeout=OPERATOR_TIMEOUT)
             own = {
                 p.change_set_id for p in paused if p.workspace_id == str(wk) and p.change_set_id is not None
             }
-        layout = await _read_layout(nc, subjects)
+        layout = await read_layout(nc, subjects)
         queued: set[tuple[str, str]] = set()
         for shard in range(1) if layout is None else layout.shards:
             names = subjects.for_shard(shard)

@@ -2,9 +2,10 @@
 
 A paused change set is let go by its owner at its next request boundary and taken by no daemon until it is
 resumed; its requests are still accepted and stored. ``skip`` moves a paused change set's first request to the dead
-letters (asks first; ``--yes`` does not). ``rebaser_client._admin_pause`` does the work; this module parses options
-and prints, as ``admin_cli`` does (whose connection options, one-line errors and ``--json`` it shares). Its
-``change-set`` commands join ``admin_cli``'s group (:func:`register`).
+letters (asks first; ``--yes`` does not). The library does the work (:mod:`rebaser_client._pausing`,
+:mod:`rebaser_client._skipping`: ``RebaserClient`` offers the same operations); this module parses options and
+prints, as the other commands do (:mod:`~rebaser_client.admin.cli.common`). Its ``change-set`` commands join
+:mod:`~rebaser_client.admin.cli.change_set`'s group (:func:`register`).
 
 nats-py, pydantic and rich are imported by the commands, once their options are checked.
 """
@@ -17,25 +18,25 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_client._cli_types import SECONDS
-from rebaser_client.admin_cli import (
-    _confirm_connected,
-    _connection_options,
-    _json_option,
-    _print_json,
-    _run,
-    _subjects,
-    _ulid,
-    change_set,
+from rebaser_client.admin.cli.change_set import change_set
+from rebaser_client.admin.cli.common import (
+    confirm_connected,
+    connection_options,
+    json_option,
+    parse_ulid,
     plural,
+    print_json,
+    run,
+    subjects_of,
 )
+from rebaser_client.admin.cli.params import SECONDS
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
-    from rebaser_client._admin_pause import PauseResult, ResumeResult
-    from rebaser_client._admin_skip import SkipResult
+    from rebaser_client._pausing import PauseResult, ResumeResult
+    from rebaser_client._skipping import SkipResult
 
 __all__ = [
     "pause_json",
@@ -50,7 +51,9 @@ __all__ = [
 
 
 def _ids(workspace_id: str, change_set_id: str) -> tuple[WorkspacePk, ChangeSetId]:
-    return _ulid(WorkspacePk, workspace_id, "WORKSPACE"), _ulid(ChangeSetId, change_set_id, "CHANGE_SET")
+    return parse_ulid(WorkspacePk, workspace_id, "WORKSPACE"), parse_ulid(
+        ChangeSetId, change_set_id, "CHANGE_SET"
+    )
 
 
 def _what(workspace_id: str, change_set_id: str | None) -> str:
@@ -79,7 +82,7 @@ def _wait_options(f: Any) -> Any:
 
 # -- what is printed (pure: tests/unit/client/test_pause_format.py) ------------------------------------------------
 def pause_json(result: PauseResult, now: datetime) -> dict[str, Any]:
-    from rebaser_client._admin_format import pause_json as pause_data
+    from rebaser_client.admin.format import pause_json as pause_data
 
     return {
         "workspace_id": result.workspace_id,
@@ -91,7 +94,7 @@ def pause_json(result: PauseResult, now: datetime) -> dict[str, Any]:
 
 
 def pause_line(result: PauseResult, now: datetime) -> str:
-    from rebaser_client._admin_format import pause_text
+    from rebaser_client.admin.format import pause_text
 
     what = _what(result.workspace_id, result.change_set_id)
     if result.already:
@@ -106,7 +109,7 @@ def pause_line(result: PauseResult, now: datetime) -> str:
 
 
 def resume_json(result: ResumeResult, now: datetime) -> dict[str, Any]:
-    from rebaser_client._admin_format import pause_json as pause_data
+    from rebaser_client.admin.format import pause_json as pause_data
 
     data = asdict(result)
     data["was"] = None if result.was is None else pause_data(result.was, now)
@@ -117,7 +120,7 @@ def resume_json(result: ResumeResult, now: datetime) -> dict[str, Any]:
 
 
 def resume_lines(result: ResumeResult, now: datetime) -> list[str]:
-    from rebaser_client._admin_format import pause_text
+    from rebaser_client.admin.format import pause_text
 
     what = _what(result.workspace_id, result.change_set_id)
     head = (
@@ -176,8 +179,8 @@ def _now() -> datetime:
 @click.argument("workspace_id", metavar="WORKSPACE")
 @click.argument("change_set_id", metavar="CHANGE_SET")
 @_wait_options
-@_connection_options
-@_json_option
+@connection_options
+@json_option
 def change_set_pause(
     workspace_id: str,
     change_set_id: str,
@@ -191,10 +194,10 @@ def change_set_pause(
     """Pause a change set: its owner lets it go at the next request boundary, no daemon takes it until it is
     resumed; its requests are still accepted and stored. Pausing a paused change set keeps the first pause."""
     wk, cs = _ids(workspace_id, change_set_id)
-    subjects = _subjects(prefix)
-    from rebaser_client._admin_pause import pause_change_set
+    subjects = subjects_of(prefix)
+    from rebaser_client._pausing import pause_change_set
 
-    result = _run(
+    result = run(
         nats_url,
         lambda nc: pause_change_set(nc, subjects, wk, cs, reason, wait=timeout if wait else None),
     )
@@ -204,18 +207,18 @@ def change_set_pause(
 @click.command("resume")
 @click.argument("workspace_id", metavar="WORKSPACE")
 @click.argument("change_set_id", metavar="CHANGE_SET")
-@_connection_options
-@_json_option
+@connection_options
+@json_option
 def change_set_resume(
     workspace_id: str, change_set_id: str, nats_url: str, prefix: str | None, as_json: bool
 ) -> None:
     """Resume a paused change set: remove its pause and give it a task if requests are queued (not paused: nothing
     to remove, the task all the same)."""
     wk, cs = _ids(workspace_id, change_set_id)
-    subjects = _subjects(prefix)
-    from rebaser_client._admin_pause import resume_change_set
+    subjects = subjects_of(prefix)
+    from rebaser_client._pausing import resume_change_set
 
-    result = _run(nats_url, lambda nc: resume_change_set(nc, subjects, wk, cs))
+    result = run(nats_url, lambda nc: resume_change_set(nc, subjects, wk, cs))
     _show_resume(result, as_json)
 
 
@@ -223,8 +226,8 @@ def change_set_resume(
 @click.argument("workspace_id", metavar="WORKSPACE")
 @click.argument("change_set_id", metavar="CHANGE_SET")
 @click.argument("request_id", metavar="REQUEST_ID")
-@_connection_options
-@_json_option
+@connection_options
+@json_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def change_set_skip(
     workspace_id: str,
@@ -239,21 +242,21 @@ def change_set_skip(
     operator"; `rebaser dlq replay` can send it again). Refused unless the change set is paused and REQUEST_ID is
     first in line. Asks first (--yes does not)."""
     wk, cs = _ids(workspace_id, change_set_id)
-    rid = _ulid(RequestId, request_id, "REQUEST_ID")
-    subjects = _subjects(prefix)
-    from rebaser_client._admin_skip import check_skip, skip_request
+    rid = parse_ulid(RequestId, request_id, "REQUEST_ID")
+    subjects = subjects_of(prefix)
+    from rebaser_client._skipping import check_skip, skip_request
 
     async def work(nc: NatsClient) -> SkipResult:
         target = await check_skip(nc, subjects, wk, cs, rid)  # refused before the question, as `dlq drop` is
-        await _confirm_connected(
+        await confirm_connected(
             yes,
             f"Move request {target.request_id} (seq {target.seq}), first in line of {wk}/{cs}, to the dead letters?",
         )
         return await skip_request(nc, subjects, wk, cs, rid)
 
-    result = _run(nats_url, work)
+    result = run(nats_url, work)
     if as_json:
-        _print_json(skip_json(result))
+        print_json(skip_json(result))
     else:
         click.echo(skip_line(result))
 
@@ -267,8 +270,8 @@ def workspace() -> None:
 @workspace.command("pause")
 @click.argument("workspace_id", metavar="WORKSPACE")
 @_wait_options
-@_connection_options
-@_json_option
+@connection_options
+@json_option
 def workspace_pause(
     workspace_id: str,
     reason: str,
@@ -280,11 +283,11 @@ def workspace_pause(
 ) -> None:
     """Pause every change set of a workspace, those created later too (each is let go at its next request
     boundary; requests are still accepted and stored). A change set's own pause is independent of it."""
-    wk = _ulid(WorkspacePk, workspace_id, "WORKSPACE")
-    subjects = _subjects(prefix)
-    from rebaser_client._admin_pause import pause_workspace
+    wk = parse_ulid(WorkspacePk, workspace_id, "WORKSPACE")
+    subjects = subjects_of(prefix)
+    from rebaser_client._pausing import pause_workspace
 
-    result = _run(
+    result = run(
         nats_url, lambda nc: pause_workspace(nc, subjects, wk, reason, wait=timeout if wait else None)
     )
     _show_pause(result, as_json)
@@ -292,23 +295,23 @@ def workspace_pause(
 
 @workspace.command("resume")
 @click.argument("workspace_id", metavar="WORKSPACE")
-@_connection_options
-@_json_option
+@connection_options
+@json_option
 def workspace_resume(workspace_id: str, nats_url: str, prefix: str | None, as_json: bool) -> None:
     """Resume a workspace: remove its pause and give a task to each of its change sets with requests queued
     (change sets paused on their own stay paused)."""
-    wk = _ulid(WorkspacePk, workspace_id, "WORKSPACE")
-    subjects = _subjects(prefix)
-    from rebaser_client._admin_pause import resume_workspace
+    wk = parse_ulid(WorkspacePk, workspace_id, "WORKSPACE")
+    subjects = subjects_of(prefix)
+    from rebaser_client._pausing import resume_workspace
 
-    result = _run(nats_url, lambda nc: resume_workspace(nc, subjects, wk))
+    result = run(nats_url, lambda nc: resume_workspace(nc, subjects, wk))
     _show_resume(result, as_json)
 
 
 def _show_pause(result: PauseResult, as_json: bool) -> None:
     now = _now()
     if as_json:
-        _print_json(pause_json(result, now))
+        print_json(pause_json(result, now))
     else:
         click.echo(pause_line(result, now))
 
@@ -316,13 +319,13 @@ def _show_pause(result: PauseResult, as_json: bool) -> None:
 def _show_resume(result: ResumeResult, as_json: bool) -> None:
     now = _now()
     if as_json:
-        _print_json(resume_json(result, now))
+        print_json(resume_json(result, now))
     else:
         click.echo("\n".join(resume_lines(result, now)))
 
 
 def register(main: click.Group) -> None:
-    """Add ``pause``, ``resume`` and ``skip`` to ``admin_cli``'s ``change-set`` group and ``workspace`` to ``main``."""
+    """Add ``pause``, ``resume`` and ``skip`` to the ``change-set`` group and ``workspace`` to ``main``."""
     for command in (change_set_pause, change_set_resume, change_set_skip):
         change_set.add_command(command)
     main.add_command(workspace)

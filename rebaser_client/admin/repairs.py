@@ -29,9 +29,9 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import APIError, NotFoundError
 from ulid import ULID
 
-from rebaser_client._admin import ADMIN_TIMEOUT, js_error, task_state
-from rebaser_client._admin_dlq import DeadLetter, NoDeadLetter, dead_letter
+from rebaser_client._jetstream import OPERATOR_TIMEOUT, js_error, task_state
 from rebaser_client._routing import fetch_layout, routed
+from rebaser_client.admin.dead_letters import DeadLetter, NoDeadLetter, dead_letter
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdatesRequest
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
@@ -66,7 +66,7 @@ async def _purge(nc: NatsClient, stream: str, request: dict[str, object]) -> int
     """Purge ``stream`` as asked; the number of messages removed (nats-py's purge_stream only says "success")."""
     try:
         reply = await nc.request(
-            f"{_JS_API}.STREAM.PURGE.{stream}", json.dumps(request).encode(), timeout=ADMIN_TIMEOUT
+            f"{_JS_API}.STREAM.PURGE.{stream}", json.dumps(request).encode(), timeout=OPERATOR_TIMEOUT
         )
     except (TimeoutError, nats.errors.Error) as err:
         raise _unavailable(err) from None
@@ -95,7 +95,7 @@ async def purge_change_set(
     current = subjects if layout is None else subjects.for_shard(layout.shard_of(workspace_id, change_set_id))
     old = None if layout is None else layout.old_shard_of(workspace_id, change_set_id)
     shards = [current] if old is None else [subjects.for_shard(old), current]
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    js = nc.jetstream(timeout=OPERATOR_TIMEOUT)
     task = await task_state(nc, current, workspace_id, change_set_id)
     removed = upto = 0
     for names in shards:
@@ -189,7 +189,7 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
     out_headers[REPLAY_OF] = str(request.id)
     subject = names.requests(wk, cs)
     try:
-        ack = await nc.request(subject, body, headers=out_headers, timeout=ADMIN_TIMEOUT)
+        ack = await nc.request(subject, body, headers=out_headers, timeout=OPERATOR_TIMEOUT)
     except nats.errors.NoRespondersError:
         raise RebaserUnavailable(
             f"no stream stores {subject}: has a daemon set this deployment up?"
@@ -199,8 +199,8 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
     stream_seq = check_pub_ack(ack.data, subject) or 0
     duplicate = bool(json.loads(ack.data).get("duplicate", False))
     # The task after the request, as every caller does; if it fails, the orphan sweep gives the request one.
-    await publish_task(nc, names.task(wk, cs), timeout=ADMIN_TIMEOUT)
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    await publish_task(nc, names.task(wk, cs), timeout=OPERATOR_TIMEOUT)
+    js = nc.jetstream(timeout=OPERATOR_TIMEOUT)
     try:
         await js.delete_msg(subjects.dead_letter_stream, seq)
     except (NotFoundError, APIError) as err:
@@ -234,7 +234,7 @@ async def drop_dead_letters(
         if workspace_id is not None and change_set_id is not None:
             request["filter"] = subjects.dead_letter(workspace_id, change_set_id)
         return await _purge(nc, stream, request)
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    js = nc.jetstream(timeout=OPERATOR_TIMEOUT)
     dropped = 0
     for seq in seqs:
         try:

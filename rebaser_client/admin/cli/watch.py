@@ -3,8 +3,8 @@
 ``--since N`` replays from after durable event N (one change set); ``--json`` prints each event as one JSON object
 per line. A gap in the feed (events older than the stream keeps) is one line on stderr, and the watch goes on.
 On a terminal each change set's state (owner, backlog, settled, DVU running) is kept up to date in place below
-the lines (``_watch_state``). Ctrl-C ends it. nats-py is imported once the options are checked (``rebaser --help``
-must answer at once).
+the lines (:mod:`~rebaser_client.admin.cli.watch_state`). Ctrl-C ends it. nats-py is imported once the options are
+checked (``rebaser --help`` must answer at once).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_client._watch_state import WatchState
-from rebaser_client.admin_cli import _connection_options, _subjects, _ulid
+from rebaser_client.admin.cli.common import admin_connect, connection_options, parse_ulid, subjects_of
+from rebaser_client.admin.cli.watch_state import WatchState
 from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 
@@ -96,7 +96,7 @@ class _Display:
 
 
 @click.command()
-@_connection_options
+@connection_options
 @click.argument("workspace")
 @click.argument("change_set", required=False)
 @click.option(
@@ -115,11 +115,11 @@ def watch(
     as_json: bool,
 ) -> None:
     """Follow a change set's events (or, without CHANGE_SET, a whole workspace's) as they happen."""
-    wk = _ulid(WorkspacePk, workspace, "WORKSPACE")
-    cs = None if change_set is None else _ulid(ChangeSetId, change_set, "CHANGE_SET")
+    wk = parse_ulid(WorkspacePk, workspace, "WORKSPACE")
+    cs = None if change_set is None else parse_ulid(ChangeSetId, change_set, "CHANGE_SET")
     if since is not None and cs is None:
         raise click.BadParameter("--since needs a CHANGE_SET (seqs are per change set)", param_hint="--since")
-    subjects = _subjects(prefix)
+    subjects = subjects_of(prefix)
 
     async def follow(nc: NatsClient) -> None:
         from rebaser_client._events import EventStream
@@ -152,8 +152,6 @@ def _watch_until_stopped(nats_url: str, follow: Callable[[NatsClient], Awaitable
     """Connect and follow until Ctrl-C (or the connection closes). The connection is closed, not drained: a
     watch has nothing to flush, and a drain would wait for the events still pushed to it (up to nats-py's 30 s)."""
     import asyncio
-
-    from rebaser_client._admin import admin_connect
 
     async def main() -> None:
         # Ctrl-C and SIGTERM end the watch, whatever this process inherited (a parent that ignores SIGINT makes

@@ -1,9 +1,9 @@
-"""The change-set record, as far as an operator reads it.
+"""The change-set record, as far as the client reads it: for skipping a request (where the change set's queue
+starts), for the paused and resumed notices (the last event's seq) and for the operators' reports.
 
 The record is the daemons' own (``rebaser_server/record/model.py``); the client never imports the server, so
-:class:`RecordView` decodes the few fields an operator needs, tolerantly (a field it does not know is ignored, a
-missing one has its default). ``tests/unit/client/test_admin_format.py`` checks it reads what ``ChangeSetRecord``
-writes.
+:class:`RecordView` decodes the few fields it needs, tolerantly (a field it does not know is ignored, a missing one
+has its default). ``tests/unit/client/test_admin_format.py`` checks it reads what ``ChangeSetRecord`` writes.
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from datetime import datetime
 from typing import Any
 
 import cbor2
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
 from rebaser_core.errors import DecodeError
-from rebaser_core.ids import RequestId
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.recent_replies import entry_request_id, entry_status
+from rebaser_core.subjects import Subjects
 
-__all__ = ["RecentReply", "RecordView"]
+__all__ = ["RecentReply", "RecordView", "read_record"]
 
 _RECORD_MAX_DEPTH = 128
 
@@ -79,6 +82,24 @@ class RecordView:
             )
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
             raise DecodeError(f"change-set record is not valid: {err}") from None
+
+
+async def read_record(
+    js: JetStreamContext,
+    subjects: Subjects,
+    workspace_id: WorkspacePk | str,
+    change_set_id: ChangeSetId | str,
+) -> RecordView | None:
+    """The change set's record; None if it has none (or the deployment has no records bucket yet). NATS errors are
+    left to the caller, which turns them into its one line."""
+    try:
+        kv = await js.key_value(subjects.change_sets_bucket)
+        entry = await kv.get(
+            f"{workspace_id}.{change_set_id}"
+        )  # Subjects.change_set_key, for ids or their text
+    except (BucketNotFoundError, KeyNotFoundError):
+        return None
+    return None if not entry.value else RecordView.decode(entry.value)
 
 
 def _recent(request_id: str, status: Any) -> RecentReply:

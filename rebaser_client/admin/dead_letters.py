@@ -11,7 +11,8 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from rebaser_client._admin import ADMIN_TIMEOUT, Progress, js_error, no_progress, parse_ids
+from rebaser_client._jetstream import OPERATOR_TIMEOUT, js_error, parse_ids
+from rebaser_client.admin.reader import Progress, no_progress
 from rebaser_core import headers as h
 from rebaser_core.errors import ProtocolError, RebaserRefused
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -111,7 +112,7 @@ async def dead_letters(
     progress: Progress = no_progress,
 ) -> tuple[int, list[DeadLetter]]:
     """(how many there are, the oldest ``limit`` of them), of one change set if both ids are given."""
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    js = nc.jetstream(timeout=OPERATOR_TIMEOUT)
     stream = subjects.dead_letter_stream
     filter_ = (
         subjects.dead_letter(workspace_id, change_set_id)
@@ -138,7 +139,7 @@ async def dead_letters(
 
 async def dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> DeadLetter | None:
     """The dead letter at ``seq``, or None if there is none."""
-    js = nc.jetstream(timeout=ADMIN_TIMEOUT)
+    js = nc.jetstream(timeout=OPERATOR_TIMEOUT)
     try:
         msg = await js.get_msg(subjects.dead_letter_stream, seq=seq, direct=True)
     except NotFoundError:

@@ -28,7 +28,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from rebaser_client._streams import current_layout
+from rebaser_client.admin.streams import current_layout
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import Intake, Layout
 from rebaser_core.layout_store import DEFAULT_POLL, open_layout, write_layout

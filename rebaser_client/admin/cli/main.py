@@ -1,4 +1,6 @@
-"""``rebaser``: enqueue requests from the shell.
+"""``rebaser``: the command group (the console script's ``main``), and the commands that send requests from the shell.
+The operators' commands join it from the other modules of this package (``status``, ``change-set``, ``dlq``,
+``wait``, ``watch``, ``workspace``; ``streams`` is below).
 
 rebaser new-id                      (a fresh ULID, for workspaces and change sets)
 rebaser enqueue --workspace W --change-set C --set /a=1 --set '/s="text"' --function /b=sum(/a,/c) --remove /d
@@ -21,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_client import pause_cli
-from rebaser_client._cli_imports import defer_aiohttp
-from rebaser_client._cli_types import NATS_URL, SECONDS
-from rebaser_client.admin_cli import ADMIN_COMMANDS
-from rebaser_client.watch_cli import watch
+from rebaser_client.admin.cli import pause
+from rebaser_client.admin.cli.change_set import change_set, wait
+from rebaser_client.admin.cli.dlq import dlq
+from rebaser_client.admin.cli.lazy_imports import defer_aiohttp
+from rebaser_client.admin.cli.params import NATS_URL, SECONDS
+from rebaser_client.admin.cli.status import status
+from rebaser_client.admin.cli.watch import watch
 from rebaser_core.errors import RebaserError, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, UlidId, WorkspacePk
 
@@ -201,10 +205,10 @@ def main() -> None:
     defer_aiohttp()  # a subcommand runs next, and most never use aiohttp (nats-py imports it with itself)
 
 
-for _command in ADMIN_COMMANDS:  # status, change-set, dlq, wait: rebaser_client/admin_cli.py
+# The operators' commands, each module of this package one command or group (and `streams`, below).
+for _command in (status, change_set, dlq, wait, watch):
     main.add_command(_command)
-main.add_command(watch)  # rebaser_client/watch_cli.py
-pause_cli.register(main)  # change-set pause/resume/skip, workspace pause/resume: rebaser_client/pause_cli.py
+pause.register(main)  # change-set pause/resume/skip, and the workspace group
 
 
 @main.command("new-id")
@@ -332,7 +336,7 @@ def streams_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def streams_show(nats_url: str, prefix: str | None, as_json: bool) -> None:
     """Show the layout and, per shard, its leader, backlog, tasks and consumers."""
-    from rebaser_client.streams_cli import show
+    from rebaser_client.admin.cli.streams import show
 
     show(nats_url, prefix, as_json)
 
@@ -359,7 +363,7 @@ def streams_set(
 ) -> None:
     """Change the number of shards online: new requests go to the new shards at once; what is queued in a
     change set's old shard is applied first; then the layout settles and removed shards are deleted."""
-    from rebaser_client.streams_cli import set_streams
+    from rebaser_client.admin.cli.streams import set_streams
 
     set_streams(nats_url, prefix, streams, daemons, timeout, assignment)
 
@@ -374,6 +378,6 @@ def streams_intake(nats_url: str, prefix: str | None, intake: Any) -> None:
     """Change how tasks reach the daemons online (docs/fair-share.md): the daemons hand back what they own, the old
     intake's consumers go, and after their ack_wait the daemons take tasks through the new one. Nothing queued
     moves or is lost; no change set is applied for a few seconds."""
-    from rebaser_client.streams_cli import set_intake
+    from rebaser_client.admin.cli.streams import set_intake
 
     set_intake(nats_url, prefix, intake)

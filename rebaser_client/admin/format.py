@@ -10,9 +10,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rebaser_client._admin import ChangeSetReport, PausedLine, RecordView, StatusReport, StreamSummary
-from rebaser_client._admin_dlq import DeadLetter
-from rebaser_client._admin_format_workspaces import workspaces_json, workspaces_view
+from rebaser_client._pause_read import PausedLine
+from rebaser_client._record import RecordView
+from rebaser_client.admin.change_set import ChangeSetReport
+from rebaser_client.admin.dead_letters import DeadLetter
+from rebaser_client.admin.format_workspaces import workspaces_json, workspaces_view
+from rebaser_client.admin.reader import StreamSummary
+from rebaser_client.admin.status import StatusReport
 from rebaser_core.durability import Durability
 from rebaser_core.pauses import Pause
 

@@ -1,5 +1,5 @@
-"""``rebaser streams show|set|intake``: the admin side of sharding and of the intake (rebaser_client._streams and
-rebaser_client._intake do the work)."""
+"""``rebaser streams show|set|intake``: the admin side of sharding and of the intake
+(:mod:`rebaser_client.admin.streams` and :mod:`rebaser_client.admin.intake` do the work)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import click
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client._intake import change_intake
-from rebaser_client._streams import change_streams, show_layout
+from rebaser_client.admin.intake import change_intake
+from rebaser_client.admin.streams import change_streams, show_layout
 from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import RebaserError
 from rebaser_core.layout import AssignmentMode, Intake

@@ -1,0 +1,211 @@
+"""``rebaser status``: one deployment at a glance. Its streams (every shard's), the tasks consumers, the busiest
+change sets and workspaces, the pauses, the dead letters, the daemons' heartbeats and what an acknowledged request
+survives.
+
+Read-only, through :class:`~rebaser_client.admin.reader.Reader`; the busiest workspaces come from
+:mod:`~rebaser_client.admin.workspaces`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.js.errors import NotFoundError
+
+from rebaser_client._jetstream import OPERATOR_TIMEOUT, js_error, parse_ids
+from rebaser_client._pause_read import PausedLine, all_pauses
+from rebaser_client._routing import fetch_layout
+from rebaser_client.admin.reader import Progress, Reader, StreamSummary, no_progress
+from rebaser_client.admin.workspaces import (
+    DaemonsOwned,
+    WorkspaceLine,
+    busiest_workspaces,
+    read_daemons_owned,
+)
+from rebaser_core.durability import Durability, assess
+from rebaser_core.errors import InvalidSubject
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.monitoring import read_servers_sync
+from rebaser_core.subjects import Subjects
+
+__all__ = ["ChangeSetLine", "StatusReport", "status_report"]
+
+
+@dataclass(frozen=True)
+class ChangeSetLine:
+    """One change set with something going on: requests queued, a task, or dead letters."""
+
+    workspace_id: str
+    change_set_id: str
+    queued: int  # requests in the stream (including processed ones not yet purged)
+    task: str  # "owned" (delivered to a daemon), "waiting" (for an owner) or "none"
+    dead_letters: int
+    owner: str | None = None  # from the record: the daemon that took it last
+    epoch: int | None = None
+    dvu_pending: bool | None = None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    prefix: str | None
+    streams: tuple[StreamSummary, ...]
+    tasks_consumer: Mapping[str, int] | None  # pending, ack_pending, redelivered, waiting; None: missing
+    records: int | None  # change-set records in the KV bucket
+    change_sets: tuple[ChangeSetLine, ...]  # the busiest, at most ``limit``
+    change_sets_total: int  # change sets with something going on, listed or not
+    # What an acknowledged request survives, from the streams' replicas and the servers' sync setting as read from
+    # their monitoring endpoints (rebaser_core.durability).
+    durability: Durability | None = None
+    # Paused change sets and workspaces (oldest pause first, at most ``limit``), with what is queued behind each.
+    pauses: tuple[PausedLine, ...] = ()
+    pauses_total: int = 0  # all of them, listed or not (at most MAX_LISTED_PAUSES are read: see pauses_more)
+    pauses_more: bool = False  # there were more than MAX_LISTED_PAUSES: pauses_total counts only those
+    # The busiest workspaces (admin.workspaces: tasks and queued from the streams, owned from the daemons read).
+    workspaces: tuple[WorkspaceLine, ...] = ()
+    workspaces_total: int = 0
+    daemons: DaemonsOwned = field(default_factory=lambda: DaemonsOwned({}, 0))
+    # lease_mode daemon: the daemons' heartbeat keys (REBASER_DAEMONS); None: no such bucket (lease_mode task).
+    heartbeats: int | None = None
+
+    @property
+    def owners(self) -> dict[str, int]:
+        """Daemon -> change sets it owns (among those listed)."""
+        counts: dict[str, int] = {}
+        for line in self.change_sets:
+            if line.task == "owned" and line.owner:
+                counts[line.owner] = counts.get(line.owner, 0) + 1
+        return counts
+
+
+async def status_report(
+    nc: NatsClient,
+    subjects: Subjects,
+    *,
+    limit: int = 50,
+    progress: Progress = no_progress,
+    monitoring_urls: Sequence[str] = (),
+    daemon_urls: Sequence[str] = (),
+) -> StatusReport:
+    """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the busiest
+    workspaces (owned change sets read from ``daemon_urls``, the daemons' health endpoints). With shards
+    (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures summed."""
+    r = Reader(nc, subjects)
+    summaries: list[StreamSummary] = []
+    consumer: dict[str, int] | None = None
+    upto: dict[int, int | None] = {}
+    lines: dict[tuple[str, str], dict[str, int]] = {}
+    try:
+        layout = await fetch_layout(nc, subjects)
+        for shard in range(1) if layout is None else layout.shards:
+            names = subjects.for_shard(shard)
+            requests, queued = await r.subject_counts(names.requests_stream, names.requests_all)
+            tasks, task_subjects = await r.subject_counts(names.tasks_stream, names.tasks_all)
+            summaries += [requests, tasks]
+            try:
+                c = await r.js.consumer_info(names.tasks_stream, names.tasks_consumer)
+                figures = {
+                    "pending": int(c.num_pending or 0),
+                    "ack_pending": int(c.num_ack_pending or 0),
+                    "redelivered": int(c.num_redelivered or 0),
+                    "waiting_pulls": int(c.num_waiting or 0),
+                }
+                consumer = {k: v + (consumer or {}).get(k, 0) for k, v in figures.items()}
+                upto[shard] = int(c.delivered.stream_seq or 0) if c.delivered else 0
+            except NotFoundError:
+                upto[shard] = None
+            for counts, parse, key in (
+                (queued, names.parse_requests, "queued"),
+                (task_subjects, names.parse_task, "task"),
+            ):
+                for subject, count in counts.items():
+                    ids = parse_ids(subject, parse)
+                    if ids is not None:
+                        line = lines.setdefault(ids, {})
+                        line[key] = line.get(key, 0) + count
+                        if key == "task":
+                            line["shard"] = shard
+        dlq, dead = await r.subject_counts(subjects.dead_letter_stream, subjects.dead_letters_all)
+        summaries.append(dlq)
+        records = await r.records()
+        heartbeats = await r.heartbeats()
+        paused, pauses_more = await all_pauses(r.js, subjects, timeout=OPERATOR_TIMEOUT)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    if all(s.messages is None for s in summaries):
+        raise js_error(NotFoundError(), subjects)
+    for subject, count in dead.items():
+        ids = parse_ids(subject, _dead_letter_parser(subjects))
+        if ids is not None:
+            lines.setdefault(ids, {})["dead"] = count
+    busiest = sorted(lines.items(), key=lambda kv: (-kv[1].get("queued", 0), -kv[1].get("dead", 0), kv[0]))
+    chosen = busiest[:limit]
+    out: list[ChangeSetLine] = []
+    for done, ((wk, cs), counts) in enumerate(chosen, 1):
+        record = await r.record(wk, cs)
+        task = "none"
+        if counts.get("task"):
+            shard = counts.get("shard", 0)
+            task = await Reader(nc, subjects.for_shard(shard)).task_state(
+                WorkspacePk(wk), ChangeSetId(cs), upto.get(shard)
+            )
+        out.append(
+            ChangeSetLine(
+                wk,
+                cs,
+                counts.get("queued", 0),
+                task,
+                counts.get("dead", 0),
+                owner=record.owner if record else None,
+                epoch=record.epoch if record else None,
+                dvu_pending=record.dvu_pending if record else None,
+            )
+        )
+        progress(done, len(chosen))
+    servers, problems = await asyncio.to_thread(read_servers_sync, monitoring_urls)
+    daemons = await asyncio.to_thread(read_daemons_owned, daemon_urls)
+    workspaces, workspaces_total = busiest_workspaces(lines.items(), daemons)
+    replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
+    durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)
+    return StatusReport(
+        subjects.prefix,
+        tuple(summaries),
+        consumer,
+        records,
+        tuple(out),
+        len(lines),
+        durability,
+        pauses=tuple(_with_queued(p, lines) for p in paused[:limit]),
+        pauses_total=len(paused),
+        pauses_more=pauses_more,
+        workspaces=workspaces,
+        workspaces_total=workspaces_total,
+        daemons=daemons,
+        heartbeats=heartbeats,
+    )
+
+
+def _with_queued(line: PausedLine, lines: Mapping[tuple[str, str], Mapping[str, int]]) -> PausedLine:
+    """``line`` with the requests queued behind it: its change set's, or every change set's of its workspace."""
+    wk, cs = line.workspace_id, line.change_set_id
+    if cs is not None:
+        queued = lines.get((wk, cs), {}).get("queued", 0)
+    else:
+        queued = sum(counts.get("queued", 0) for (w, _), counts in lines.items() if w == wk)
+    return PausedLine(wk, cs, line.pause, queued)
+
+
+def _dead_letter_parser(subjects: Subjects) -> Callable[[str], Any]:
+    def parse(subject: str) -> Any:
+        # dlq.rebaser.requests.<wk>.<cs> parses like a request subject once the leading "dlq" token is dropped.
+        tokens = subject.split(".")
+        at = 1 if subjects.prefix else 0
+        if len(tokens) <= at or tokens[at] != "dlq":
+            raise InvalidSubject(subject)
+        return subjects.parse_requests(".".join(tokens[:at] + tokens[at + 1 :]))
+
+    return parse
