@@ -60,15 +60,12 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 @contextlib.asynccontextmanager
 async def daemon_process(args: argparse.Namespace, url: str, prefix: str, logs: Path) -> AsyncIterator[int]:
-    logs.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(logs.mkdir, parents=True, exist_ok=True)
     with Processes(logs) as procs:
         env = {**os.environ, "REBASER_LEASE_MODE": args.lease_mode, "REBASER_STORAGE": "memory"}
-        daemon = procs.spawn(
-            f"{prefix}-daemon",
-            [sys.executable, "-m", "rebaser_server", "--nats-url", url, "--prefix", prefix, "--app", APP]
-            + ["--http-port", "-1", "--log-level", "WARNING"],
-            env,
-        )
+        command = [sys.executable, "-m", "rebaser_server", "--nats-url", url, "--prefix", prefix]
+        command += ["--app", APP, "--http-port", "-1", "--log-level", "WARNING"]
+        daemon = procs.spawn(f"{prefix}-daemon", command, env)
         await procs.wait_ready(daemon, "rebaser daemon serving")
         yield daemon.pid
 
@@ -169,7 +166,9 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int) -> in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=5.0, help="minutes left out of the verdict")
     parser.add_argument("--clients", type=int, default=32)

@@ -27,7 +27,11 @@ def test_the_innermost_frame_of_the_app_is_where_it_was_raised() -> None:
     err = _caught("{}")
     assert isinstance(err, KeyError)
     where = raised_at(err)
-    assert where is not None and where.startswith("test_app_failure_location.py:") and where.endswith("in _price")
+    assert (
+        where is not None
+        and where.startswith("test_app_failure_location.py:")
+        and where.endswith("in _price")
+    )
     trace = app_trace(err)
     assert trace is not None and trace.endswith("in _apply > " + where)
 
