@@ -45,6 +45,8 @@ class DeadLetter:
     truncated: int | None  # the original body length, when the copy was cut
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     data: bytes = field(default=b"", repr=False)
+    # Where the app raised the exception that dead-lettered it: its frames, outermost first (None: not an app's).
+    trace: str | None = None
 
     def body(self) -> Any:
         """The request as JSON-able data if it can be decoded, else None."""
@@ -65,6 +67,7 @@ class DeadLetter:
                 h.DEAD_LETTER_SEQUENCE,
                 h.DEAD_LETTER_TRUNCATED,
                 h.DEAD_LETTER_HEADERS_DROPPED,
+                h.DEAD_LETTER_TRACE,
             )
         }
         return {
@@ -94,6 +97,7 @@ def _dead_letter(msg: Any, subjects: Subjects) -> DeadLetter:
         truncated=int(truncated) if truncated and truncated.isdigit() else None,
         headers=headers,
         data=data,
+        trace=h.get_header(headers, h.DEAD_LETTER_TRACE),
     )
     body = letter.body()
     # The request's own Nats-Msg-Id is not kept in the copy (the dead letter's is its original sequence): the id is

@@ -385,6 +385,7 @@ def dead_letter_json(letter: DeadLetter, *, full: bool = False) -> dict[str, Any
         "truncated_from": letter.truncated,
     }
     if full:
+        data["trace"] = None if letter.trace is None else letter.trace.split(" > ")
         data["headers"] = dict(letter.request_headers())
         body = letter.body()
         data["request"] = body
@@ -420,6 +421,9 @@ def dead_letter_view(letter: DeadLetter) -> RenderableType:
     grid.add_column()
     for key, value in dead_letter_json(letter).items():
         grid.add_row(key, "-" if value is None else str(value))
+    if letter.trace:
+        # The app's frames, outermost first: the last line is where it was raised.
+        grid.add_row("raised in the app", "\n".join(letter.trace.split(" > ")))
     for name, value in letter.request_headers().items():
         grid.add_row(f"header {name}", value)
     body = letter.body()

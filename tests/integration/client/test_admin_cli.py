@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import nats.errors
@@ -138,6 +139,11 @@ async def test_dlq_replay_applies_the_request_under_a_new_id(
             shown["request"]["id"] == str(refused.id)
             and shown["request"]["updates"]["updates"][0]["path"] == "/maybe"
         )
+        # Where the app raised it: the last of the app's frames is Refusing.apply, in the reply and the letter.
+        assert re.search(r"\(at test_admin_cli\.py:\d+ in apply\)$", refused.status.message)
+        assert shown["trace"][-1].startswith("test_admin_cli.py:") and shown["trace"][-1].endswith("in apply")
+        table = await rebaser(nats_url, subject_prefix, "dlq", "show", seq)
+        assert table.exit_code == 0 and "raised in the app" in table.output, table.output
 
         app.refuse = False  # the cause is fixed: replay it
         replayed = ok_json(await rebaser(nats_url, subject_prefix, "dlq", "replay", seq, "--yes", "--json"))
