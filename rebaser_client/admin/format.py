@@ -156,6 +156,7 @@ def status_json(report: StatusReport, now: datetime | None = None) -> dict[str, 
             for s in report.streams
         ],
         "durability": None if report.durability is None else report.durability.as_dict(),
+        "durability_from": report.durability_from,  # a daemon's finding ("<daemon> at <time>"), or null: read here
         "tasks_consumer": dict(report.tasks_consumer) if report.tasks_consumer is not None else None,
         "change_set_records": report.records,
         "lease_heartbeats": report.heartbeats,  # lease_mode daemon: heartbeat keys; null: no bucket (task mode)
@@ -196,7 +197,7 @@ def status_view(report: StatusReport, now: datetime | None = None) -> Renderable
             )
     parts: list[RenderableType] = [streams]
     if report.durability is not None:
-        parts.append(_durability_line(report.durability))
+        parts.append(_durability_line(report.durability, report.durability_from))
     c = report.tasks_consumer
     parts.append(
         Text(
@@ -253,9 +254,11 @@ def _leases_line(heartbeats: int | None) -> str:
     )
 
 
-def _durability_line(durability: Durability) -> Text:
+def _durability_line(durability: Durability, found_by: str | None = None) -> Text:
     warning = durability.warning()
     line = f"durability: {durability.level} (sync {durability.sync}, replicas {durability.min_replicas})"
+    if found_by:
+        line += f", as the daemon {found_by} found it"
     if warning is None:
         return Text(line)
     return Text(f"{line}\n  {warning}", style="yellow")

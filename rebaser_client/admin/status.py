@@ -9,6 +9,7 @@ Read-only, through :class:`~rebaser_client.admin.reader.Reader`; the busiest wor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from rebaser_client.admin.workspaces import (
 from rebaser_core.durability import Durability, assess
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.layout_store import open_layout, read_durability
 from rebaser_core.monitoring import read_servers_sync
 from rebaser_core.subjects import Subjects
 
@@ -71,6 +73,8 @@ class StatusReport:
     daemons: DaemonsOwned = field(default_factory=lambda: DaemonsOwned({}, 0))
     # lease_mode daemon: the daemons' heartbeat keys (REBASER_DAEMONS); None: no such bucket (lease_mode task).
     heartbeats: int | None = None
+    # Given no monitoring URL: the durability is a daemon's finding (rebaser_core.layout_store), "<daemon> at <time>".
+    durability_from: str | None = None
 
     @property
     def owners(self) -> dict[str, int]:
@@ -171,6 +175,13 @@ async def status_report(
     workspaces, workspaces_total = busiest_workspaces(lines.items(), daemons)
     replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
     durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)
+    durability_from = None
+    if not monitoring_urls:
+        # The daemons read the servers' monitoring endpoints; this command was given none: what they found.
+        noted = await _noted_durability(nc, subjects)
+        if noted is not None:
+            durability, by, at = noted
+            durability_from = f"{by} at {at}"
     return StatusReport(
         subjects.prefix,
         tuple(summaries),
@@ -186,7 +197,17 @@ async def status_report(
         workspaces_total=workspaces_total,
         daemons=daemons,
         heartbeats=heartbeats,
+        durability_from=durability_from,
     )
+
+
+async def _noted_durability(nc: NatsClient, subjects: Subjects) -> tuple[Durability, str, str] | None:
+    with contextlib.suppress(
+        Exception
+    ):  # an older deployment, a bucket not readable: the command's own reading
+        kv = await open_layout(nc.jetstream(), subjects)
+        return None if kv is None else await read_durability(kv)
+    return None
 
 
 def _with_queued(line: PausedLine, lines: Mapping[tuple[str, str], Mapping[str, int]]) -> PausedLine:

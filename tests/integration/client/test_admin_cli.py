@@ -433,3 +433,27 @@ async def test_status_shows_what_an_acknowledgement_survives(
     assert table.exit_code == 0, table.output
     assert "durability: process-crash (sync every 120s, replicas 1)" in table.output
     assert "do not survive a power loss" in table.output
+
+
+async def test_status_without_a_monitoring_url_shows_what_the_daemon_found(
+    nc: NatsClient, nats_server: NatsServer, subject_prefix: str
+) -> None:
+    # The daemon reads the servers' monitoring endpoints; `rebaser status` given none said "unknown" where the daemon
+    # on the same servers knew. It now shows the daemon's finding, and says whose.
+    monitor = nats_server.monitoring_url
+    assert monitor is not None
+    settings = fast_settings(subject_prefix, storage="file", nats_monitoring_urls=(monitor,))
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        shown = ok_json(await rebaser(nats_server.url, subject_prefix, "status", "--json"))
+        assert (shown["durability"]["level"], shown["durability"]["sync"]) == ("process-crash", "every 120s")
+        assert shown["durability_from"].startswith(f"{daemon.owner} at ")
+        table = await rebaser(nats_server.url, subject_prefix, "status")
+        assert table.exit_code == 0, table.output
+        assert f"as the daemon {daemon.owner} at" in table.output
+        # Given the URL, the command reads it itself.
+        read = ok_json(
+            await rebaser(
+                nats_server.url, subject_prefix, "status", "--json", "--nats-monitoring-url", monitor
+            )
+        )
+        assert read["durability_from"] is None and read["durability"]["level"] == "process-crash"
