@@ -173,6 +173,13 @@ class OwnedChangeSets:
             elif outcome is Outcome.LEASE_LOST and await processor.lease.hand_back_after_lapse():
                 stats.lapse_hand_backs += 1
                 log.info("%s: handed back (this daemon's heartbeat lapsed)", processor.change_set)
+                # Nothing is published for a task handed back: its peers (the fair intake's turns) would find it only
+                # at their next look, half the long task_ack_wait away. A task publish, refused since the task
+                # exists, is seen by every daemon's watch all the same: its workspace joins their lines now.
+                with contextlib.suppress(Exception):
+                    change_set = processor.change_set
+                    task = processor.subjects.task(change_set.workspace_id, change_set.change_set_id)
+                    await self._owning.nats.nc.publish(task, b"")
                 if self.on_handed_back is not None:
                     self.on_handed_back(processor.subjects.shard, processor.change_set.workspace_id, 0.0)
             counter = TASK_COUNTERS[outcome]
