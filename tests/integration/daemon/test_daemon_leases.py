@@ -359,19 +359,21 @@ async def test_a_frozen_daemons_change_sets_are_served_by_a_peer_and_once_each_a
         await send(busy, SetLiteral(path="/sleep", value=1.0))  # being applied when the daemon freezes
         store = ChangeSetStore(nc.jetstream(), Settings(prefix=subject_prefix, storage="memory"))
         await store.open()
+
+        async def every_one_applied_in_order(what: str) -> None:
+            for cs, ids in sent.items():
+
+                async def applied(cs: ChangeSetId = cs, ids: list[str] = ids) -> bool:
+                    record = await store.read(ChangeSet(wk, cs))
+                    return record is not None and record.state["applied"] == ids
+
+                await wait_for(applied, timeout=30, message=f"{cs}: {what}")
+
         os.kill(first.pid, signal.SIGSTOP)
         try:
             for cs in sent:
                 await send(cs)
-            for cs in sent:
-
-                async def applied(cs: ChangeSetId = cs) -> bool:
-                    record = await store.read(ChangeSet(wk, cs))
-                    return record is not None and record.state["applied"] == sent[cs]
-
-                await wait_for(
-                    applied, timeout=30, message=f"{cs} served by the peer while the first is frozen"
-                )
+            await every_one_applied_in_order("served by the peer while the first is frozen")
         finally:
             os.kill(first.pid, signal.SIGCONT)
         await wait_for(
@@ -381,11 +383,5 @@ async def test_a_frozen_daemons_change_sets_are_served_by_a_peer_and_once_each_a
         )
         for cs in sent:
             await send(cs)
-        for cs in sent:
-
-            async def all_once(cs: ChangeSetId = cs) -> bool:
-                record = await store.read(ChangeSet(wk, cs))
-                return record is not None and record.state["applied"] == sent[cs]
-
-            await wait_for(all_once, timeout=30, message=f"{cs}: every request applied once, in order")
+        await every_one_applied_in_order("every request applied once, in order, after the thaw")
         assert "handing its change sets back" in second.log.read_text()
