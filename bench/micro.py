@@ -19,7 +19,6 @@ if not __package__:
 
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core import nats_speedups
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     ENQUEUE_UPDATES_RESPONSE,
@@ -33,6 +32,7 @@ from rebaser_core.api import (
 from rebaser_core.api.codec import ContentType
 from rebaser_core.api.success_reply import decode_success, encode_success
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats import speedups as nats_speedups
 from rebaser_server.apps.snapshots.app import _rebased
 from rebaser_server.apps.snapshots.limits import Limits
 from rebaser_server.apps.snapshots.model import Attribute, Snapshot

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rebaser_core.durability import check_sync
+from rebaser_core.nats.durability import check_sync
 
 __all__ = ["parse_args"]
 

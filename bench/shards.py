@@ -51,10 +51,10 @@ from rebaser_client import RebaserClient  # noqa: E402
 from rebaser_core.api import SetLiteral, SuccessStatus  # noqa: E402
 from rebaser_core.embedded import NatsCluster  # noqa: E402
 from rebaser_core.ids import ChangeSetId, WorkspacePk  # noqa: E402
-from rebaser_core.layout_store import init_layout  # noqa: E402
+from rebaser_core.nats.layout_store import init_layout  # noqa: E402
+from rebaser_core.nats.shard_info import spread_leaders  # noqa: E402
+from rebaser_core.nats.streams import ensure_streams  # noqa: E402
 from rebaser_core.settings import Settings  # noqa: E402
-from rebaser_core.shard_info import spread_leaders  # noqa: E402
-from rebaser_core.streams import ensure_streams  # noqa: E402
 
 APP = "rebaser_server.apps.counter:CounterApp"
 

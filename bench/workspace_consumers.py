@@ -24,8 +24,8 @@ import nats
 
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats.streams import ensure_streams, workspace_tasks_consumer_config
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams, workspace_tasks_consumer_config
 
 
 def _rss_kb(pid: int) -> int:

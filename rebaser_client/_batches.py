@@ -12,8 +12,8 @@ from rebaser_core.api import StoredUpdates, Update
 from rebaser_core.batches import MANIFEST, Manifest, encode_batch, split_parts
 from rebaser_core.errors import RebaserUnavailable
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats.tasks import ensure_connected
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import ensure_connected
 
 __all__ = ["store_batch"]
 

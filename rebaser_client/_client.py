@@ -20,7 +20,6 @@ from rebaser_client._replies import ReplyInbox
 from rebaser_client._routing import Router
 from rebaser_client._skipping import SkipResult
 from rebaser_client._spool import SpoolConfig
-from rebaser_core import nats_speedups
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     FORK_CHANGE_SET_REQUEST,
@@ -40,9 +39,10 @@ from rebaser_core.api import (
     WorkspaceBacklogResponse,
 )
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES
-from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import RebaserRefused, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats import speedups as nats_speedups
+from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
 from rebaser_core.tracing import get_tracer, inject, recording

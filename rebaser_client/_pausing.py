@@ -51,9 +51,10 @@ from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent, EventKind
 from rebaser_core.errors import DecodeError, RebaserUnavailable, StillHeld
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
-from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
+from rebaser_core.nats.pause_store import open_pauses
+from rebaser_core.nats.tasks import publish_task
+from rebaser_core.pauses import Pause, change_set_key, workspace_key
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 
 __all__ = [
     "RESUME_BOUND",

@@ -4,7 +4,7 @@
   slot counts against ``publish_timeout``, and a caller that gets none in time is told ``RebaserBusy``.
 - **Disconnected**: fail fast with ``RebaserUnavailable`` instead of queueing into nats-py's reconnect buffer
   (which would hold the bytes, and might send the request long after its caller was told it had not been).
-- **Refused**: the stream's limits come back as ``RebaserBusy`` naming the limit (see ``rebaser_core.tasks``).
+- **Refused**: the stream's limits come back as ``RebaserBusy`` naming the limit (see ``rebaser_core.nats.tasks``).
 - **Spool** (optional): a refused or undeliverable request goes to a bounded local SQLite spool instead of failing,
   and is replayed in order, with its original ``Nats-Msg-Id``, once NATS takes work again.
 """
@@ -24,16 +24,16 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_client._spool import Spool, SpoolConfig
-from rebaser_core.connect import connection_state
 from rebaser_core.errors import (
     RebaserBusy,
     RebaserError,
     RebaserRefused,
     RebaserUnavailable,
 )
-from rebaser_core.requester import Requester, answered
+from rebaser_core.nats.connect import connection_state
+from rebaser_core.nats.requester import Requester, answered
+from rebaser_core.nats.tasks import ensure_connected, parse_pub_ack, publish_task
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import ensure_connected, parse_pub_ack, publish_task
 
 __all__ = ["ClientStatus", "Publisher", "Sent"]
 

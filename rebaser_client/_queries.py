@@ -30,8 +30,8 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserTimeout, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.tasks import ensure_connected
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import ensure_connected
 
 __all__ = ["Queries", "check_answers"]
 

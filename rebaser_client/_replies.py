@@ -16,9 +16,9 @@ from nats.aio.subscription import Subscription
 from rebaser_client._queries import check_answers
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, EnqueueUpdatesRequest, EnqueueUpdatesResponse
 from rebaser_core.api.success_reply import decode_success
-from rebaser_core.deadlines import Deadlines
 from rebaser_core.errors import ProtocolError, RebaserTimeout
-from rebaser_core.inline_subscription import subscribe_inline
+from rebaser_core.nats.deadlines import Deadlines
+from rebaser_core.nats.inline_subscription import subscribe_inline
 
 __all__ = ["ReplyInbox"]
 

@@ -29,7 +29,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_core.errors import LayoutMismatch, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
-from rebaser_core.layout_store import DEFAULT_POLL
+from rebaser_core.nats.layout_store import DEFAULT_POLL
 from rebaser_core.subjects import Subjects
 
 __all__ = ["Router", "fetch_layout", "routed"]

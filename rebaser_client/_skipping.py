@@ -39,8 +39,8 @@ from rebaser_core.errors import (
     RebaserUnavailable,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.tasks import check_pub_ack
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack
 
 __all__ = ["SKIP_REASON", "SkipResult", "SkipTarget", "check_skip", "skip_request"]
 

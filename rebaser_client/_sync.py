@@ -22,8 +22,8 @@ from rebaser_core.api import (
     WaitSettledResponse,
     WorkspaceBacklogResponse,
 )
-from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.connect import ConnectOptions
 
 if TYPE_CHECKING:
     from rebaser_client._pausing import PauseResult, ResumeResult

@@ -1,6 +1,6 @@
 """The shard layout: how many request/task streams a deployment has, and which shard a change set is in.
 
-Pure and NATS-free (the cluster's copy lives in a KV entry: :mod:`rebaser_core.layout_store`).
+Pure and NATS-free (the cluster's copy lives in a KV entry: :mod:`rebaser_core.nats.layout_store`).
 
 A change set maps to a shard by a stable hash of ``<workspace>.<change_set>``, so all of its requests go to one
 shard, in order. The hash is blake2b, not Python's ``hash()`` (salted per process) and not CRC (a client in another

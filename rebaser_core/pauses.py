@@ -4,7 +4,8 @@ A pause is one key of the bucket: ``cs.<workspace>.<change_set>`` holds a change
 set of a workspace (those created after the pause too). Its value says why, since when and who asked
 (:class:`Pause`). Resuming deletes the key. The bucket is file-stored with the deployment's replicas, so a pause
 survives daemon restarts, failover and NATS restarts. Every daemon watches it (``rebaser_server.daemon.pauses``);
-operators and the client's pausing API write it (``rebaser_client._pausing``).
+operators and the client's pausing API write it (``rebaser_client._pausing``). Opening the bucket is NATS plumbing:
+:mod:`rebaser_core.nats.pause_store`.
 """
 
 from __future__ import annotations
@@ -14,21 +15,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.kv import KeyValue
-
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.streams import open_bucket
-from rebaser_core.subjects import Subjects
 
 __all__ = [
     "MAX_PAUSE_BYTES",
     "Pause",
     "PauseCause",
     "change_set_key",
-    "open_pauses",
     "parse_key",
     "workspace_key",
 ]
@@ -94,16 +88,3 @@ def parse_key(key: str) -> tuple[WorkspacePk, ChangeSetId | None] | None:
     except ValueError:
         return None
     return None
-
-
-async def open_pauses(
-    js: JetStreamContext, subjects: Subjects, *, create: bool, replicas: int = 1, storage: str = "file"
-) -> KeyValue | None:
-    """The pauses bucket; None if it does not exist and ``create`` is false (then nothing is paused)."""
-    config = KeyValueConfig(
-        bucket=subjects.pauses_bucket,
-        history=1,
-        storage=StorageType.FILE if storage == "file" else StorageType.MEMORY,
-        replicas=replicas,
-    )
-    return await open_bucket(js, config, create=create)

@@ -2,7 +2,8 @@
 
 This project's own test fixtures: load it with ``pytest_plugins = ["rebaser_core.testing"]`` in a ``conftest.py``
 or ``-p rebaser_core.testing``. (Applications' tests get ``rebaser_*`` fixtures from the plugin that is installed
-with the package, :mod:`rebaser_server.testing.pytest_plugin`.)
+with the package, :mod:`rebaser_server.testing.pytest_plugin`.) It sits at the top of rebaser_core: it may import
+the rest of it (it starts embedded servers), and nothing in rebaser_core imports it.
 
 Fixtures:
 

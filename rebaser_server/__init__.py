@@ -16,9 +16,10 @@ see the ``[tool.importlinter]`` contracts in ``pyproject.toml``)::
     task         owning a task delivery: lease, keeper, hand-back
     app          the application contract (apps/ holds the built-in applications)
 
-``rebaser_core`` (the wire contract, settings, subjects) sits below all of them. ``rebaser_client`` never imports
-this package; this package imports the client only in tooling that drives a daemon as its users do
-(``devtools.demo``, ``devtools.devload``, ``testing.pytest_plugin``: the exceptions the import-linter contract lists).
+``rebaser_core`` (the wire contract, and the NATS plumbing in ``rebaser_core.nats``) sits below all of them.
+``rebaser_client`` never imports this package; this package imports the client only in tooling that drives a daemon
+as its users do (``devtools.demo``, ``devtools.devload``, ``testing.pytest_plugin``: the exceptions the
+import-linter contract lists).
 """
 
 from __future__ import annotations

@@ -58,9 +58,9 @@ async def _create_streams(url: str) -> None:
     """The streams and the shard layout a daemon creates at its start (all the admin commands need to read)."""
     import nats
 
-    from rebaser_core.layout_store import init_layout
+    from rebaser_core.nats.layout_store import init_layout
+    from rebaser_core.nats.streams import ensure_streams
     from rebaser_core.settings import Settings
-    from rebaser_core.streams import ensure_streams
 
     nc = await nats.connect(url, connect_timeout=5)
     try:

@@ -17,7 +17,7 @@ from rebaser_client.admin.dead_letters import DeadLetter
 from rebaser_client.admin.format_workspaces import workspaces_json, workspaces_view
 from rebaser_client.admin.reader import StreamSummary
 from rebaser_client.admin.status import StatusReport
-from rebaser_core.durability import Durability
+from rebaser_core.nats.durability import Durability
 from rebaser_core.pauses import Pause
 
 __all__ = [

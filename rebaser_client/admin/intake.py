@@ -31,7 +31,7 @@ from nats.js.errors import NotFoundError
 from rebaser_client.admin.streams import current_layout
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import Intake, Layout
-from rebaser_core.layout_store import DEFAULT_POLL, open_layout, write_layout
+from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, write_layout
 from rebaser_core.subjects import TASKS_CONSUMER, Subjects
 
 __all__ = ["change_intake"]

@@ -37,8 +37,8 @@ from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdate
 from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.nats.tasks import check_pub_ack, publish_task
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack, publish_task
 
 __all__ = [
     "REPLAY_OF",

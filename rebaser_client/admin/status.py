@@ -28,11 +28,11 @@ from rebaser_client.admin.workspaces import (
     busiest_workspaces,
     read_daemons_owned,
 )
-from rebaser_core.durability import Durability, assess
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.layout_store import open_layout, read_durability
-from rebaser_core.monitoring import read_servers_sync
+from rebaser_core.nats.durability import Durability, assess
+from rebaser_core.nats.layout_store import open_layout, read_durability
+from rebaser_core.nats.monitoring import read_servers_sync
 from rebaser_core.subjects import Subjects
 
 __all__ = ["ChangeSetLine", "StatusReport", "status_report"]
@@ -61,7 +61,7 @@ class StatusReport:
     change_sets: tuple[ChangeSetLine, ...]  # the busiest, at most ``limit``
     change_sets_total: int  # change sets with something going on, listed or not
     # What an acknowledged request survives, from the streams' replicas and the servers' sync setting as read from
-    # their monitoring endpoints (rebaser_core.durability).
+    # their monitoring endpoints (rebaser_core.nats.durability).
     durability: Durability | None = None
     # Paused change sets and workspaces (oldest pause first, at most ``limit``), with what is queued behind each.
     pauses: tuple[PausedLine, ...] = ()
@@ -73,7 +73,8 @@ class StatusReport:
     daemons: DaemonsOwned = field(default_factory=lambda: DaemonsOwned({}, 0))
     # lease_mode daemon: the daemons' heartbeat keys (REBASER_DAEMONS); None: no such bucket (lease_mode task).
     heartbeats: int | None = None
-    # Given no monitoring URL: the durability is a daemon's finding (rebaser_core.layout_store), "<daemon> at <time>".
+    # Given no monitoring URL: the durability is a daemon's finding (rebaser_core.nats.layout_store),
+    # "<daemon> at <time>".
     durability_from: str | None = None
 
     @property

@@ -30,9 +30,9 @@ from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject, LayoutMismatch
 from rebaser_core.layout import AssignmentMode, Layout
-from rebaser_core.layout_store import DEFAULT_POLL, open_layout, read_layout, write_layout
-from rebaser_core.shard_info import shard_report, spread_leaders
-from rebaser_core.streams import split
+from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, read_layout, write_layout
+from rebaser_core.nats.shard_info import shard_report, spread_leaders
+from rebaser_core.nats.streams import split
 from rebaser_core.subjects import Subjects
 
 __all__ = ["change_streams", "current_layout", "misplaced", "show_layout"]

@@ -12,7 +12,7 @@ Where each figure comes from, chosen to stay cheap with thousands of change sets
 - **served**: the workspace's part of the tasks the daemons read took lately (each daemon's
   ``owned.served_by_workspace`` over its ``served_total``, summed: a task taken counts half as much every minute).
 
-Blocking and standard-library only for the HTTP part (run in a thread), like :mod:`rebaser_core.monitoring`.
+Blocking and standard-library only for the HTTP part (run in a thread), like :mod:`rebaser_core.nats.monitoring`.
 """
 
 from __future__ import annotations

@@ -29,6 +29,11 @@ Split by concern: :mod:`.binary` finds the binary and renders its command line, 
 loopback and port helpers, :mod:`.process` starts the process (own session, parent-death signal),
 :mod:`.store` guards a store directory (one server per store), :mod:`.server` runs one node,
 :mod:`.cluster` a routed cluster of nodes.
+
+Where it sits: in rebaser_core, above the NATS plumbing (it checks ``--sync`` with
+:func:`rebaser_core.nats.durability.check_sync`) and below :mod:`rebaser_core.testing`; the wire contract never
+imports it. It is not in the server because this project's test fixtures (:mod:`rebaser_core.testing`) and the
+benchmarks run nats-servers without a daemon. ``rebaser-server`` starts one when given no NATS URL.
 """
 
 from rebaser_core.embedded.binary import ENV_NATS_SERVER, find_nats_server

@@ -14,12 +14,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from rebaser_core.durability import check_sync
 from rebaser_core.embedded.binary import find_nats_server, server_command
 from rebaser_core.embedded.net import can_connect, check_loopback, format_host, port_of
 from rebaser_core.embedded.process import launch_command
 from rebaser_core.embedded.store import StoreGuard
 from rebaser_core.errors import EmbeddedServerError
+from rebaser_core.nats.durability import check_sync
 
 __all__ = ["NatsServer"]
 

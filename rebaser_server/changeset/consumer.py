@@ -1,10 +1,10 @@
 """The owned change set's ordered push consumer: created, read in order, reset after a loss, deleted when let go.
 
-Created with ``CONSUMER.CREATE`` over the daemon's light requester (``rebaser_core.requester``) rather than nats-py's
-``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` after a request with a random reply token: a
-change set is activated once per quiet period, and every activation would pay for it. Only ``num_pending`` is needed, to
-know whether anything is queued. The consumer is named by the daemon (a random name), so every delivery can be
-checked against it from the first on.
+Created with ``CONSUMER.CREATE`` over the daemon's light requester (``rebaser_core.nats.requester``) rather than
+nats-py's ``add_consumer``, which answers with a fully parsed ``ConsumerInfo`` after a request with a random reply
+token: a change set is activated once per quiet period, and every activation would pay for it. Only ``num_pending``
+is needed, to know whether anything is queued. The consumer is named by the daemon (a random name), so every
+delivery can be checked against it from the first on.
 
 Read by a subscription of its own rather than nats-py's ordered consumer (``subscribe_bind``), which gives every
 activation a subscription task and queue, an ordered-consumer state object and two more tasks (an idle-heartbeat
@@ -45,8 +45,8 @@ from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 from nats.js import api as nats_api
 
-from rebaser_core.inline_subscription import subscribe_inline
-from rebaser_core.requester import Requester, js_api
+from rebaser_core.nats.inline_subscription import subscribe_inline
+from rebaser_core.nats.requester import Requester, js_api
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Stats

@@ -18,8 +18,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from rebaser_core.layout import Layout
+from rebaser_core.nats.requester import Requester
 from rebaser_core.pauses import Pause
-from rebaser_core.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.hooks import Hooks
@@ -93,7 +93,7 @@ class Nats:
     """The daemon's NATS connection, and the lighter paths its per-request work takes.
 
     ``requester``: request-reply over one subscription for the hot paths (commits, deletes, consumer calls), see
-    :mod:`rebaser_core.requester`; ``reads``: a stream's last message as its leader has it
+    :mod:`rebaser_core.nats.requester`; ``reads``: a stream's last message as its leader has it
     (:mod:`rebaser_server.record.direct_reads`).
     """
 

@@ -39,9 +39,9 @@ from rebaser_core.api import (
 from rebaser_core.api.codec import encode_body
 from rebaser_core.errors import ProtocolError
 from rebaser_core.ids import RequestId
-from rebaser_core.requester import Answer, Requester, last_message_direct
+from rebaser_core.nats.requester import Answer, Requester, last_message_direct
+from rebaser_core.nats.tasks import check_pub_ack
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack
 from rebaser_core.tracing import TRACE_HEADERS
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Stats

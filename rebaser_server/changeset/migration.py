@@ -19,10 +19,10 @@ from __future__ import annotations
 from nats.js.errors import NotFoundError
 
 from rebaser_core.layout import Layout
-from rebaser_core.layout_store import open_layout, read_layout
+from rebaser_core.nats.layout_store import open_layout, read_layout
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats
 

@@ -16,10 +16,10 @@ import contextlib
 import logging
 from dataclasses import replace
 
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Pauses, Report
 from rebaser_server.changeset.events import ChangeSetFeed

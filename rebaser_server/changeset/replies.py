@@ -21,9 +21,9 @@ from rebaser_core.api.success_reply import encode_success
 from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
 from rebaser_core.errors import InvalidReplyInbox, RebaserRefused, Unsupported
 from rebaser_core.inbox import reply_inbox_of
+from rebaser_core.nats.tasks import check_pub_ack
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import check_pub_ack
 from rebaser_server.changeset.context import Stats
 from rebaser_server.ops.observe import Observer
 

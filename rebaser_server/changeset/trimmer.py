@@ -37,7 +37,7 @@ from collections.abc import Iterable
 
 from nats.js.errors import APIError
 
-from rebaser_core.requester import JS_API, Answer, Requester, js_api
+from rebaser_core.nats.requester import JS_API, Answer, Requester, js_api
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet

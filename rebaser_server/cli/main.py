@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_core.connect import check_server_url
 from rebaser_core.errors import InvalidUrl
+from rebaser_core.nats.connect import check_server_url
 from rebaser_server.cli.config_file import (
     CONFIG_PATH,
     FILE_SETTINGS,
@@ -370,8 +370,8 @@ def main(
     if ctx.invoked_subcommand is not None:
         return  # a subcommand (dev-cluster) takes its own options
 
-    from rebaser_core.connect import ConnectOptions
     from rebaser_core.errors import DurabilityTooLow, LayoutMismatch
+    from rebaser_core.nats.connect import ConnectOptions
     from rebaser_server.ops.tracing import TracingError, configure_tracing
 
     configure_logging(log_level, log_format)

@@ -13,9 +13,9 @@ import click
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
-from rebaser_core.durability import describe_sync
 from rebaser_core.embedded import NatsServer
+from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
+from rebaser_core.nats.durability import describe_sync
 from rebaser_server.app import RebaserApp, load_app
 from rebaser_server.cli.signals import install_signal_handlers
 from rebaser_server.daemon.config import ServerConfig

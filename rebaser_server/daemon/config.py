@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rebaser_core.connect import ConnectOptions
+from rebaser_core.nats.connect import ConnectOptions
 from rebaser_core.settings import Settings
 
 __all__ = ["DEFAULT_APP", "DEFAULT_EMBEDDED_HOST", "DEFAULT_EMBEDDED_PORT", "ServerConfig"]

@@ -20,15 +20,15 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core import nats_speedups
-from rebaser_core.durability import Durability, meets
 from rebaser_core.errors import DurabilityTooLow
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.nats import speedups as nats_speedups
+from rebaser_core.nats.durability import Durability, meets
+from rebaser_core.nats.requester import Requester
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.pauses import Pause
-from rebaser_core.requester import Requester
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.app.calls import capabilities

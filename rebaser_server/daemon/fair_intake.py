@@ -46,9 +46,9 @@ from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
-from rebaser_core.inline_subscription import subscribe_inline
+from rebaser_core.nats.inline_subscription import subscribe_inline
+from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE
 from rebaser_core.settings import Settings
-from rebaser_core.streams import WORKSPACE_CONSUMER_IDLE
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest

@@ -28,10 +28,10 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import InvalidSubject
+from rebaser_core.nats.streams import open_bucket, stop_watch, watch_bucket
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.streams import open_bucket, stop_watch, watch_bucket
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Placement, Stats
 from rebaser_server.record.store import ChangeSetStore

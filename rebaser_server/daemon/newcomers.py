@@ -32,10 +32,10 @@ from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
-from rebaser_core.requester import js_api
+from rebaser_core.nats.requester import js_api
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_server.changeset.context import Nats, Placement
 
 __all__ = ["Newcomers"]

@@ -25,9 +25,10 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.pauses import Pause, change_set_key, open_pauses, parse_key, workspace_key
+from rebaser_core.nats.pause_store import open_pauses
+from rebaser_core.nats.streams import stop_watch, watch_bucket
+from rebaser_core.pauses import Pause, change_set_key, parse_key, workspace_key
 from rebaser_core.settings import Settings
-from rebaser_core.streams import stop_watch, watch_bucket
 from rebaser_server.app import ChangeSet
 
 __all__ = ["PauseWatcher"]

@@ -21,9 +21,9 @@ from typing import Any
 
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import Layout, ordinal_from_hostname, pinned_shards
-from rebaser_core.layout_store import LayoutFollower, init_layout
+from rebaser_core.nats.layout_store import LayoutFollower, init_layout
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.daemon.puller import TaskPuller

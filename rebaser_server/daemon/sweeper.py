@@ -16,10 +16,10 @@ import random
 from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import ParsedSubject, Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.replies import Replies

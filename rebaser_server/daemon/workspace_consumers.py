@@ -12,8 +12,8 @@ import logging
 from nats.js.errors import BadRequestError, NotFoundError
 
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats.streams import workspace_tasks_consumer_config
 from rebaser_core.settings import Settings
-from rebaser_core.streams import workspace_tasks_consumer_config
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats
 

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import click
 
-from rebaser_core.durability import describe_sync
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.embedded.process import launch_command
 from rebaser_core.errors import RebaserError
+from rebaser_core.nats.durability import describe_sync
 from rebaser_server.app import load_app
 from rebaser_server.daemon.config import DEFAULT_APP
 from rebaser_server.devtools.embedded_start import start_embedded, sync_option

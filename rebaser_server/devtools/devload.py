@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from rebaser_client import RebaserClient
 from rebaser_core.api import SetFunction, SetLiteral, Update
-from rebaser_core.connect import ConnectOptions
 from rebaser_core.errors import RebaserError, RebaserTimeout
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.connect import ConnectOptions
 
 __all__ = ["run_load"]
 

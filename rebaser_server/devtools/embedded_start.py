@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import click
 
-from rebaser_core.durability import check_sync
 from rebaser_core.embedded.net import ADDR_IN_USE
 from rebaser_core.errors import EmbeddedServerError, StoreInUse
+from rebaser_core.nats.durability import check_sync
 
 __all__ = ["start_embedded", "sync_option"]
 
@@ -28,8 +28,8 @@ def start_embedded(start: Callable[[], object], *, in_use: str, port_taken: str)
 
 
 def sync_option(_ctx: click.Context, _param: click.Parameter, value: str) -> str | None:
-    """The ``--sync`` callback of ``rebaser-server`` and its dev cluster: :func:`~rebaser_core.durability.check_sync`,
-    its error as click's."""
+    """The ``--sync`` callback of ``rebaser-server`` and its dev cluster:
+    :func:`~rebaser_core.nats.durability.check_sync`, its error as click's."""
     try:
         return check_sync(value)
     except ValueError as err:

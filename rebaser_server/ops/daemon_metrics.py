@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rebaser_core.durability import DURABILITY_LEVELS
+from rebaser_core.nats.durability import DURABILITY_LEVELS
 from rebaser_server.ops.status import top_workspaces
 from rebaser_server.ops.view import DaemonView
 

@@ -2,9 +2,9 @@
 
 At start-up and after every reconnect the daemon reads each server's sync setting from its monitoring endpoint
 (``Settings.nats_monitoring_urls``: ``/varz`` has ``sync_always`` and ``sync_interval``) and the replicas of every
-stream that holds acknowledged data, and works out the durability (:func:`rebaser_core.durability.assess`). The
+stream that holds acknowledged data, and works out the durability (:func:`rebaser_core.nats.durability.assess`). The
 result is on ``/status`` (``durability``), in ``/metrics`` (``rebaser_durability``), and noted in the layout bucket
-(rebaser_core.layout_store) for ``rebaser status``, which cannot read the monitoring endpoints when it is not given
+(rebaser_core.nats.layout_store) for ``rebaser status``, which cannot read the monitoring endpoints when it is not given
 them.
 When acknowledgements would not survive a power loss it logs one warning line (again only when that changes).
 """
@@ -19,9 +19,9 @@ from typing import Any
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from rebaser_core.durability import Durability, assess
-from rebaser_core.layout_store import open_layout, write_durability
-from rebaser_core.monitoring import read_servers_sync
+from rebaser_core.nats.durability import Durability, assess
+from rebaser_core.nats.layout_store import open_layout, write_durability
+from rebaser_core.nats.monitoring import read_servers_sync
 from rebaser_core.settings import Settings
 
 __all__ = ["DurabilityCheck", "durable_streams"]

@@ -19,11 +19,11 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from rebaser_core.connect import connection_state, redact_url
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.nats.connect import connection_state, redact_url
+from rebaser_core.nats.shard_info import shard_facts
 from rebaser_core.settings import Settings
-from rebaser_core.shard_info import shard_facts
 from rebaser_core.subjects import Subjects
 
 __all__ = ["ConnectionWatch", "JetStreamFacts", "StatusReporter"]

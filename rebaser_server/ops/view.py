@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from rebaser_core.durability import Durability
 from rebaser_core.layout import Layout
+from rebaser_core.nats.durability import Durability
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet

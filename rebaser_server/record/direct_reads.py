@@ -2,7 +2,7 @@
 answer one, else by ``STREAM.MSG.GET`` (which the leader answers).
 
 A direct get costs nats-server a quarter of a ``STREAM.MSG.GET`` (``bench/server_ops.py``), and an activation makes
-three reads that must not miss a write (rebaser_core.requester.last_message_direct). But any server holding the
+three reads that must not miss a write (rebaser_core.nats.requester.last_message_direct). But any server holding the
 stream answers a direct get: a replica that lags behind the leader, a peer still catching up while the stream
 moves, or a mirror made with ``mirror_direct``. So a stream qualifies only if its *actual* configuration, read
 from the server (not this daemon's ``replicas`` setting, which may differ from what an older deployment made),
@@ -15,8 +15,8 @@ from __future__ import annotations
 import base64
 import time
 
-from rebaser_core.nats_speedups import parse_header_lines
-from rebaser_core.requester import Requester, js_api, last_message, last_message_direct
+from rebaser_core.nats.requester import Requester, js_api, last_message, last_message_direct
+from rebaser_core.nats.speedups import parse_header_lines
 
 __all__ = ["DirectReads", "Stored", "single_answerer"]
 

@@ -35,8 +35,8 @@ from nats.js.kv import KeyValue
 
 from rebaser_core.errors import FencedError
 from rebaser_core.headers import get_header
-from rebaser_core.pub_ack import read_pub_ack
-from rebaser_core.requester import Requester
+from rebaser_core.nats.pub_ack import read_pub_ack
+from rebaser_core.nats.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import AppState, ChangeSet

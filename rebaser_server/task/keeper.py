@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from rebaser_core.inline_subscription import subscribe_inline
+from rebaser_core.nats.inline_subscription import subscribe_inline
 from rebaser_server.task.lease import Lease
 
 __all__ = ["LeaseKeeper", "Watched"]

@@ -39,7 +39,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
 from rebaser_server.task.handback import nak_payload
 from rebaser_server.task.heartbeat import Heartbeat
 

@@ -61,7 +61,7 @@ import pytest
 # that has rebaser installed, so rebaser itself (nats-py, the daemon) is imported when a fixture is first used.
 if TYPE_CHECKING:
     from rebaser_client import RebaserClient, SyncRebaserClient
-    from rebaser_core.connect import ConnectOptions
+    from rebaser_core.nats.connect import ConnectOptions
     from rebaser_core.settings import Settings
     from rebaser_server.app import RebaserApp
     from rebaser_server.daemon.daemon import Daemon
@@ -135,7 +135,7 @@ class RebaserTestDaemon:
     daemon: Daemon
 
     def connect_options(self) -> ConnectOptions:
-        from rebaser_core.connect import ConnectOptions
+        from rebaser_core.nats.connect import ConnectOptions
 
         return ConnectOptions(servers=(self.nats_url,), name="rebaser-pytest")
 

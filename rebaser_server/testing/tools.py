@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.connect import connection_state
+from rebaser_core.nats.connect import connection_state
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp
 from rebaser_server.changeset.hooks import CHECKPOINTS, Hooks

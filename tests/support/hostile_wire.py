@@ -8,8 +8,8 @@ from nats.aio.msg import Msg
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, EnqueueUpdatesResponse
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 
 REQUEST_HEADERS = {

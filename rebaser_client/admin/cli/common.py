@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from rebaser_client.admin.cli.params import NATS_URL
-from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import RebaserError, RebaserUnavailable
 from rebaser_core.ids import UlidId
+from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.subjects import Subjects
 
 if TYPE_CHECKING:

@@ -110,7 +110,7 @@ def _id(cls: type[UlidId], value: str, option: str) -> Any:
 
 def _connect(nats_url: str, prefix: str | None) -> SyncRebaserClient:
     from rebaser_client._sync import SyncRebaserClient
-    from rebaser_core.connect import ConnectOptions, redact_url
+    from rebaser_core.nats.connect import ConnectOptions, redact_url
 
     errors: list[Exception] = []
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import click
 
-from rebaser_core.connect import check_server_url
 from rebaser_core.errors import InvalidUrl
+from rebaser_core.nats.connect import check_server_url
 
 __all__ = ["NATS_URL", "SECONDS"]
 

@@ -13,9 +13,9 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client.admin.intake import change_intake
 from rebaser_client.admin.streams import change_streams, show_layout
-from rebaser_core.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.errors import RebaserError
 from rebaser_core.layout import AssignmentMode, Intake
+from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.subjects import Subjects
 
 __all__ = ["set_intake", "set_streams", "show"]

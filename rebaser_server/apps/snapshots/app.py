@@ -45,7 +45,7 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import RefusedError, UnprocessableError
 from rebaser_core.ids import ChangeSetId
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
 from rebaser_core.settings import Settings
 from rebaser_server.app import Applied, AppState, ChangeSet, ChangeSetView, Committed
 from rebaser_server.apps.snapshots.dvu import dependent_values_update, settled_without_update

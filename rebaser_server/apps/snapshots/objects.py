@@ -27,7 +27,7 @@ from typing import Any
 
 from nats.nuid import NUID
 
-from rebaser_core.requester import JS_API, Requester
+from rebaser_core.nats.requester import JS_API, Requester
 
 __all__ = [
     "CHUNK_SIZE",

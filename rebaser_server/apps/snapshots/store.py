@@ -16,9 +16,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.object_store import ObjectStore
 
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
+from rebaser_core.nats.streams import open_object_store
 from rebaser_core.settings import Settings
-from rebaser_core.streams import open_object_store
 from rebaser_server.apps.snapshots.model import Snapshot
 from rebaser_server.apps.snapshots.objects import MultipleChunks, ObjectCorrupt, ObjectReader, ObjectWriter
 

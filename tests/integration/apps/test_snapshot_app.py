@@ -11,7 +11,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import ChangeSetId, RebaserClient, Remove, SetFunction, SetLiteral, WorkspacePk
 from rebaser_core.api import GetChangeSetResponse, Update
-from rebaser_core.streams import ensure_streams
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.apps.snapshots.dvu import dependent_values_update

@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import ObjectStoreConfig, StorageType
 
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
 from rebaser_server.apps.snapshots.objects import (
     CHUNK_SIZE,
     MultipleChunks,

@@ -28,10 +28,10 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import FencedError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
+from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
-from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import AppState, ChangeSet, CommitHooks
 from rebaser_server.changeset.context import Placement, Report, Stats

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.streams import ensure_streams
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.integration.changeset.test_request_consumer import bound_consumer

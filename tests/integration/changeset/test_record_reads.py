@@ -10,7 +10,7 @@ from nats.js import api as js_api
 from nats.js.errors import APIError
 
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.requester import Requester, last_message_direct
+from rebaser_core.nats.requester import Requester, last_message_direct
 from rebaser_server.app import ChangeSet
 from rebaser_server.record.model import ChangeSetRecord
 from rebaser_server.record.store import ChangeSetStore, TaskDelivery

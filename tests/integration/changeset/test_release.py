@@ -15,10 +15,10 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
+from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
-from rebaser_core.tasks import publish_task
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Report, Stats
 from rebaser_server.changeset.outcome import Outcome

@@ -15,8 +15,8 @@ from nats.aio.subscription import Subscription
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, EnqueueUpdatesResponse, SuccessStatus
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.streams import dead_letter_stream_config, ensure_streams
 from rebaser_core.settings import Settings
-from rebaser_core.streams import dead_letter_stream_config, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.replies import Replies

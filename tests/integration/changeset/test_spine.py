@@ -172,7 +172,7 @@ async def test_garbled_and_unsupported_requests_get_error_replies(
                 "UnsupportedContentType",
             ),
         ]
-        from rebaser_core.tasks import publish_task
+        from rebaser_core.nats.tasks import publish_task
 
         for headers, body, expected in cases:
             reply_task = asyncio.create_task(_raw_request(nc, subject, headers, body))

@@ -23,9 +23,9 @@ from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.embedded import NatsServer
 from rebaser_core.errors import UnprocessableError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.streams import ensure_streams
+from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import Applied, AppState, ChangeSet
 from rebaser_server.apps.snapshots import SnapshotApp

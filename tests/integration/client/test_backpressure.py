@@ -11,9 +11,9 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserBusy, RebaserClient, RebaserUnavailable, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.tasks import CHANGE_SET_FULL_RETRY_AFTER, STREAM_FULL_RETRY_AFTER, publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
-from rebaser_core.tasks import CHANGE_SET_FULL_RETRY_AFTER, STREAM_FULL_RETRY_AFTER, publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp

@@ -21,8 +21,8 @@ from rebaser_client import (
     WorkspacePk,
 )
 from rebaser_client.admin.cli.main import main as cli
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.testing import fast_settings, running_daemon

@@ -12,8 +12,8 @@ from rebaser_client import ChangeSetId, RebaserClient, SetFunction, SetLiteral, 
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.ids import RequestId
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.tasks import publish_task
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.hostile_wire import dead_letter_of

@@ -1,4 +1,4 @@
-"""Subscriptions handled as nats-py reads them (rebaser_core.inline_subscription)."""
+"""Subscriptions handled as nats-py reads them (rebaser_core.nats.inline_subscription)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from rebaser_core import inline_subscription
-from rebaser_core.inline_subscription import subscribe_inline
+from rebaser_core.nats import inline_subscription
+from rebaser_core.nats.inline_subscription import subscribe_inline
 from rebaser_core.testing import wait_for
 
 

@@ -1,4 +1,4 @@
-"""A connection with rebaser_core.nats_speedups installed and a plain nats-py one read each other's headers
+"""A connection with rebaser_core.nats.speedups installed and a plain nats-py one read each other's headers
 through a real nats-server exactly as two plain connections would."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import nats
 import pytest
 
-from rebaser_core import nats_speedups
+from rebaser_core.nats import speedups as nats_speedups
 
 HEADERS = {
     "X-CONTENT-TYPE": "application/cbor",

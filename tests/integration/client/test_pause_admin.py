@@ -50,9 +50,9 @@ from rebaser_client.admin.status import status_report
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.layout_store import init_layout
+from rebaser_core.nats.layout_store import init_layout
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.pauses import Pause, change_set_key, workspace_key
-from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon

@@ -1,4 +1,4 @@
-"""Request-reply for the hot paths (rebaser_core.requester): ``send``, whose answer goes to a callback, and
+"""Request-reply for the hot paths (rebaser_core.nats.requester): ``send``, whose answer goes to a callback, and
 ``request`` and ``expect``, whose answer settles a future; all expired by one timer."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_core.embedded import NatsServer
-from rebaser_core.requester import Answer, Requester
+from rebaser_core.nats.requester import Answer, Requester
 from rebaser_core.testing import wait_for
 
 

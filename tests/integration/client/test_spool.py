@@ -18,12 +18,12 @@ from rebaser_client import (
 )
 from rebaser_client._spool import Spool
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
-from rebaser_core.connect import ConnectOptions, connect
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import shard_of
+from rebaser_core.nats.connect import ConnectOptions, connect
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.testing import fast_settings, running_daemon

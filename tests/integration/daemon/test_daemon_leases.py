@@ -16,9 +16,9 @@ from nats.js.errors import KeyNotFoundError
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
+from rebaser_core.nats.streams import open_bucket
 from rebaser_core.settings import Settings
-from rebaser_core.streams import open_bucket
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet

@@ -13,11 +13,11 @@ from nats.aio.client import Client as NatsClient
 from rebaser_core import headers as h
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
+from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
 from rebaser_core.subjects import Subjects
-from rebaser_core.tasks import publish_task
 from rebaser_server.changeset.context import Nats, Placement, Stats
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.sweeper import Sweeper

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core.connect import ConnectOptions, close_connection, connect
 from rebaser_core.embedded import NatsCluster, NatsServer
 from rebaser_core.errors import DurabilityTooLow
-from rebaser_core.layout_store import open_layout, read_durability
-from rebaser_core.monitoring import read_server_sync
+from rebaser_core.nats.connect import ConnectOptions, close_connection, connect
+from rebaser_core.nats.layout_store import open_layout, read_durability
+from rebaser_core.nats.monitoring import read_server_sync
 from rebaser_core.settings import Settings
 from rebaser_core.testing import wait_for
 from rebaser_server.daemon.daemon import Daemon

@@ -16,7 +16,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.streams import WORKSPACE_CONSUMER_IDLE, ensure_streams
+from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.daemon import fair_intake

@@ -8,7 +8,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.streams import ensure_streams
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.daemon.daemon import Daemon
 from rebaser_server.daemon.fair_intake import FairIntake

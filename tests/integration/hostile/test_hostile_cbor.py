@@ -67,7 +67,7 @@ async def test_bomb_reply_is_a_decode_error_at_the_client(nc: NatsClient, subjec
     # No daemon: a rogue answers in its place, on the client's own reply inbox.
     settings = fast_settings(subject_prefix)
     async with RebaserClient(nc, prefix=subject_prefix) as client:
-        from rebaser_core.streams import ensure_streams
+        from rebaser_core.nats.streams import ensure_streams
 
         await ensure_streams(nc.jetstream(), settings, consumer=False)
         wk, cs = WorkspacePk.new(), ChangeSetId.new()

@@ -8,8 +8,8 @@ from nats.js import api as js_api
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core import headers as h
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.streams import dead_letter_stream_config, ensure_streams
 from rebaser_core.settings import Settings
-from rebaser_core.streams import dead_letter_stream_config, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp

@@ -20,8 +20,8 @@ from nats.aio.msg import Msg
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core import headers as h
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
-from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.testing import fast_settings, running_daemon

@@ -19,8 +19,8 @@ from rebaser_core.api import (
 )
 from rebaser_core.errors import ProtocolError, RebaserRefused
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.settings import Settings
-from rebaser_core.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.testing import fast_settings, running_daemon

@@ -12,7 +12,7 @@ from nats.js.errors import NoStreamResponseError
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core import headers as h
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.streams import dead_letter_stream_config, requests_stream_config, tasks_stream_config
+from rebaser_core.nats.streams import dead_letter_stream_config, requests_stream_config, tasks_stream_config
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.testing import fast_settings, running_daemon

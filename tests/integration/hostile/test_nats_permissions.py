@@ -132,8 +132,8 @@ async def test_status_shows_no_credentials(accounts_server: NatsServer) -> None:
 
 
 async def test_connect_failure_shows_no_credentials(accounts_server: NatsServer) -> None:
-    from rebaser_core.connect import ConnectOptions
     from rebaser_core.errors import RebaserUnavailable
+    from rebaser_core.nats.connect import ConnectOptions
 
     url = f"nats://client-1:wrong-password@127.0.0.1:{accounts_server.port}"
     with pytest.raises(RebaserUnavailable) as raised:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
-from rebaser_core.connect import ConnectOptions, connect
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.connect import ConnectOptions, connect
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp, applied

@@ -16,9 +16,10 @@ from nats.js.kv import KeyValue
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_client._pausing import pause_change_set, resume_change_set
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.pauses import Pause, change_set_key, open_pauses, workspace_key
+from rebaser_core.nats.pause_store import open_pauses
+from rebaser_core.nats.tasks import publish_task
+from rebaser_core.pauses import Pause, change_set_key, workspace_key
 from rebaser_core.settings import Settings
-from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
 from rebaser_server.daemon.daemon import Daemon

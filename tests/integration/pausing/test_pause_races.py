@@ -26,9 +26,10 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.api import EnqueueUpdatesRequest
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.pauses import Pause, change_set_key, open_pauses
+from rebaser_core.nats.pause_store import open_pauses
+from rebaser_core.nats.tasks import publish_task
+from rebaser_core.pauses import Pause, change_set_key
 from rebaser_core.settings import Settings
-from rebaser_core.tasks import publish_task
 from rebaser_core.testing import wait_for
 from rebaser_server.app import Applied, AppState, ChangeSet
 from rebaser_server.daemon.daemon import Daemon

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_core.errors import FencedError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
 from rebaser_server.app import ChangeSet
 from rebaser_server.record.store import Acquired, ChangeSetStore, NothingToDo, StaleDelivery, TaskDelivery
 from rebaser_server.testing import fast_settings

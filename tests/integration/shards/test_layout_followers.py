@@ -17,7 +17,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client._routing import Router
 from rebaser_core.layout import Layout
-from rebaser_core.layout_store import LayoutFollower
+from rebaser_core.nats.layout_store import LayoutFollower
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 
@@ -138,8 +138,8 @@ async def test_an_enqueue_is_not_routed_by_a_layout_not_read_lately(
     from rebaser_client import RebaserClient
     from rebaser_core.errors import RebaserUnavailable
     from rebaser_core.ids import ChangeSetId, WorkspacePk
+    from rebaser_core.nats.streams import ensure_streams
     from rebaser_core.settings import Settings
-    from rebaser_core.streams import ensure_streams
 
     await ensure_streams(nc.jetstream(), Settings(prefix=subject_prefix, storage="memory"))
     provider = TracerProvider() if tracing else None

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import RebaserClient, SpoolConfig
 from rebaser_client.admin.streams import change_streams, show_layout
 from rebaser_core.embedded import NatsCluster
-from rebaser_core.shard_info import spread_leaders
+from rebaser_core.nats.shard_info import spread_leaders
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, RebaserUnavailable, SetLiteral
-from rebaser_core.connect import ConnectOptions
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.connect import ConnectOptions
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.cli.main import main

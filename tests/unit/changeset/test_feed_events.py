@@ -23,7 +23,7 @@ from rebaser_core.api import (
 )
 from rebaser_core.api.codec import encode_body
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.requester import Requester
+from rebaser_core.nats.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Stats

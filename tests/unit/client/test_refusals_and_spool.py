@@ -11,8 +11,8 @@ import pytest
 from rebaser_client import SpoolConfig, SpoolError
 from rebaser_client._spool import Spool
 from rebaser_core.errors import RebaserBusy, RebaserRefused, RebaserUnavailable
+from rebaser_core.nats.tasks import CHANGE_SET_FULL_RETRY_AFTER, STREAM_FULL_RETRY_AFTER, check_pub_ack
 from rebaser_core.settings import Settings
-from rebaser_core.tasks import CHANGE_SET_FULL_RETRY_AFTER, STREAM_FULL_RETRY_AFTER, check_pub_ack
 
 
 def refusal(description: str, err_code: int = 10077, code: int = 503) -> bytes:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rebaser_core.deadlines import Deadlines, _Deadline
+from rebaser_core.nats.deadlines import Deadlines, _Deadline
 
 
 async def test_a_block_that_overruns_raises_timeout_error() -> None:

@@ -1,10 +1,10 @@
-"""What an acknowledged write survives, from sync settings and replicas (rebaser_core.durability): pure logic."""
+"""What an acknowledged write survives, from sync settings and replicas (rebaser_core.nats.durability): pure logic."""
 
 from __future__ import annotations
 
 import pytest
 
-from rebaser_core.durability import (
+from rebaser_core.nats.durability import (
     DURABILITY_LEVELS,
     ServerSync,
     assess,

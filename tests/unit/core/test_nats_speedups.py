@@ -1,4 +1,4 @@
-"""rebaser_core.nats_speedups does exactly what nats-py's own header routines do: same bytes, same dicts, same
+"""rebaser_core.nats.speedups does exactly what nats-py's own header routines do: same bytes, same dicts, same
 errors. Compared against nats-py's code on the same inputs (hypothesis), and every code point for the whitespace
 rule."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats import errors
 from nats.aio.client import Client as NatsClient
 
-from rebaser_core import nats_speedups
+from rebaser_core.nats import speedups as nats_speedups
 
 _original_parse = NatsClient._parse_header_lines
 

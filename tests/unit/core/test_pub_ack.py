@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rebaser_core import pub_ack
-from rebaser_core.pub_ack import read_pub_ack
+from rebaser_core.nats import pub_ack
+from rebaser_core.nats.pub_ack import read_pub_ack
 
 # Byte for byte what nats-server 2.15 answered (a work-queue stream with one message per subject).
 SERVER_ACKS = [

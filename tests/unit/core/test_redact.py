@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rebaser_core.connect import ConnectOptions, redact_url
+from rebaser_core.nats.connect import ConnectOptions, redact_url
 
 
 @pytest.mark.parametrize(

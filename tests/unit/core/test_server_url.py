@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rebaser_client import RebaserClient
-from rebaser_core.connect import SERVER_URL_SCHEMES, ConnectOptions, check_server_url
 from rebaser_core.errors import InvalidUrl, RebaserError
+from rebaser_core.nats.connect import SERVER_URL_SCHEMES, ConnectOptions, check_server_url
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,13 @@ import pytest
 from nats.js import api as js_api
 from pydantic import ValidationError
 
-from rebaser_core.settings import Settings
-from rebaser_core.streams import (
+from rebaser_core.nats.streams import (
     dead_letter_stream_config,
     requests_stream_config,
     tasks_consumer_config,
     tasks_stream_config,
 )
+from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 
 NS = 1_000_000_000

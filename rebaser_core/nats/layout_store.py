@@ -20,10 +20,10 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from rebaser_core.durability import Durability
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import AssignmentMode, Intake, Layout
-from rebaser_core.streams import open_bucket
+from rebaser_core.nats.durability import Durability
+from rebaser_core.nats.streams import open_bucket
 from rebaser_core.subjects import Subjects
 
 __all__ = [

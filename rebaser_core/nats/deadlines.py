@@ -10,7 +10,7 @@ The semantics are ``asyncio.timeout``'s (Python 3.11): on expiry the task is can
 raises ``TimeoutError`` if that cancellation is what ended the block and no other cancellation was asked for
 meanwhile (``Task.uncancel``); a cancellation from outside goes through as ``CancelledError``.
 
-The timer itself is :class:`Expiries`, which :class:`~rebaser_core.requester.Requester` uses for its calls too.
+The timer itself is :class:`Expiries`, which :class:`~rebaser_core.nats.requester.Requester` uses for its calls too.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core.errors import BusyLimit, RebaserBusy, RebaserRefused, RebaserUnavailable
-from rebaser_core.pub_ack import read_pub_ack
-from rebaser_core.requester import Requester
+from rebaser_core.nats.pub_ack import read_pub_ack
+from rebaser_core.nats.requester import Requester
 
 __all__ = [
     "CHANGE_SET_FULL_RETRY_AFTER",

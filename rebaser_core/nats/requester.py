@@ -4,11 +4,11 @@ nats-py's ``request`` makes every call a fresh random reply token (a NUID plus `
 a clean-up callback, and ``asyncio.wait_for`` (another future, a timer, a wrapper). On the paths that run once or
 twice per request that machinery is a measurable share of the daemon's and the client's CPU. Here one wildcard
 subscription takes every reply, tokens are a counter, and a call is one future (none for :meth:`Requester.send`).
-One timer per requester expires every call whose deadline has passed (``rebaser_core.deadlines.Expiries``): a timer
-per call (a handle pushed on the event loop's heap, compared in Python, cancelled on the answer) costs 1.5 % of a
+One timer per requester expires every call whose deadline has passed (``rebaser_core.nats.deadlines.Expiries``): a
+timer per call (a handle pushed on the event loop's heap, compared in Python, cancelled on the answer) costs 1.5 % of a
 daemon's time. The semantics are
 nats-py's: ``TimeoutError`` (nats-py's, a ``TimeoutError`` too) after ``timeout``, ``NoRespondersError`` when
-nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.inline_subscription``).
+nobody listens on the subject. Replies are taken as nats-py reads them (``rebaser_core.nats.inline_subscription``).
 
 An answer due while the connection was down is lost (a restarted server forgot the request; a reply sent to a
 client that is gone is dropped), so its caller would wait out the whole timeout. After a reconnect,
@@ -29,8 +29,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
 
-from rebaser_core.deadlines import Expiries
-from rebaser_core.inline_subscription import subscribe_inline
+from rebaser_core.nats.deadlines import Expiries
+from rebaser_core.nats.inline_subscription import subscribe_inline
 
 __all__ = ["JS_API", "Answer", "Requester", "answered", "js_api", "last_message", "last_message_direct"]
 

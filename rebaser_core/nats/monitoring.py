@@ -1,7 +1,7 @@
 """Reading a NATS server's monitoring endpoint (``/varz``) for what it promises about fsync.
 
 Blocking and standard-library only, so the ``rebaser`` CLI can use it as it is and the daemon in a thread
-(:mod:`rebaser_server.ops.durability`). What the numbers mean is :mod:`rebaser_core.durability`'s.
+(:mod:`rebaser_server.ops.durability`). What the numbers mean is :mod:`rebaser_core.nats.durability`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from rebaser_core.durability import ServerSync, server_sync_from_varz
+from rebaser_core.nats.durability import ServerSync, server_sync_from_varz
 
 __all__ = ["read_server_sync", "read_servers_sync"]
 
