@@ -7,9 +7,9 @@ counts and times, each field bounded, so an event is always under :data:`MAX_EVE
 Two sorts of event:
 
 - **durable** (``applied``, ``conflicts``, ``refused``, ``error_reply``, ``dead_lettered``, ``dvu_finished``):
-  committed with the change set's record, numbered ``seq`` = 1, 2, 3, ... per change set without holes. A follower
-  that sees ``seq`` jump knows how many it missed. Republished by the next owner if the daemon died before
-  publishing them, under the same ``Nats-Msg-Id``, so they are stored once (and a follower drops a repeat by ``seq``).
+  committed with the change set's record, numbered ``seq`` = 1, 2, 3, ... per change set without holes, and stored
+  in that order, each once (the next owner publishes what a daemon that died left unstored). A follower that sees
+  ``seq`` jump knows how many it missed, and drops a repeat by ``seq``.
 - **notices** (``taken``, ``released``, ``dvu_started``, ``dvu_failed``; ``paused`` and ``resumed``, said by the
   operator's command or by the owner that paused it after ``max_attempts``): not committed; ``seq`` is the durable
   event before it. A crash can lose a notice; it is never repeated.

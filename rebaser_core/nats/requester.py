@@ -78,6 +78,10 @@ class Requester:
         if sub is not None:
             await sub.unsubscribe()
 
+    async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str] | None = None) -> None:
+        """Publish without asking for an answer, on the same connection (and so in order with) the requests."""
+        await self._nc.publish(subject, payload, headers=headers)
+
     async def request(
         self, subject: str, payload: bytes = b"", *, timeout: float, headers: dict[str, str] | None = None
     ) -> Msg:

@@ -218,6 +218,8 @@ def events_stream_config(settings: Settings) -> js_api.StreamConfig:
         num_replicas=settings.replicas,
         duplicate_window=settings.duplicate_window,
         allow_direct=True,
+        # One change set's events go out as atomic batches, stored in order (rebaser_server.changeset.event_pump).
+        allow_atomic=True,
     )
 
 

@@ -2,11 +2,13 @@
 
 A commit group's durable events are numbered from the record's ``events`` counter and written into the record that
 is committed (``outbox``), *then* published: an owner fenced at the commit publishes nothing, and an owner that
-dies between the commit and the publication leaves them in the record for the next owner, who publishes them again
-(:meth:`ChangeSetFeed.taken`). Publication never waits on the request path: each event's acknowledgement comes back
-to a callback. One that fails is published again before the next ones; while unacknowledged it stays in the
-outbox of every commit (at most :data:`OUTBOX_MAX`; beyond that the oldest are given up, and a follower sees the
-gap in ``seq``).
+dies between the commit and the publication leaves them in the record for the next owner, who publishes what the
+stream does not hold yet (:meth:`ChangeSetFeed.taken`). Publication never waits on the request path, and the stream
+stores one change set's events in the order they were decided, whatever fails
+(:mod:`~rebaser_server.changeset.event_pump`). While unstored, an event stays in the outbox of every commit (at
+most :data:`OUTBOX_MAX`; beyond that the oldest are given up, and a follower sees the gap in ``seq``). The record
+also keeps ``events_at``, the stream sequence up to which the events were known stored, where the next owner starts
+looking.
 
 Notices (taken, released, DVU started or failed) are not committed: published once, in order with the
 rest, on this owner's word.
@@ -14,38 +16,30 @@ rest, on this owner's word.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import nats.errors
 from nats.aio.msg import Msg
 
-from rebaser_core import headers as h
 from rebaser_core.api import (
     CHANGE_SET_EVENT,
     DURABLE_KINDS,
     ConflictsStatus,
-    ContentType,
     EventKind,
     SuccessStatus,
-    event_msg_id,
     reason_class,
 )
-from rebaser_core.api.codec import encode_body
-from rebaser_core.errors import ProtocolError
 from rebaser_core.ids import RequestId
-from rebaser_core.nats.requester import Answer, Requester, last_message_direct
-from rebaser_core.nats.tasks import check_pub_ack
+from rebaser_core.nats.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_core.tracing import TRACE_HEADERS
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.decisions import Decision, Kind
+from rebaser_server.changeset.event_pump import EventPump, Queued
 from rebaser_server.record.model import ChangeSetRecord
 
 __all__ = ["OUTBOX_MAX", "ChangeSetFeed"]
@@ -79,22 +73,24 @@ class ChangeSetFeed:
         enabled: bool,
     ) -> None:
         self._change_set = change_set
-        self._requester = requester
-        self._subject = subjects.events(change_set.workspace_id, change_set.change_set_id)
         self._owner = owner
         self._stats = stats
         self._timeout = timeout
         self.enabled = enabled
         self._epoch = 0
         self._seq = 0  # the last durable event's seq (committed)
-        # seq -> durable events (their JSON-model form) published, or to publish, and not yet acknowledged; and the
-        # ones whose publication failed, published again before anything newer.
+        # seq -> durable events (their JSON-model form) queued and not yet stored, oldest first: the outbox.
         self._unconfirmed: dict[int, dict[str, Any]] = {}
-        self._failed: set[int] = set()
         self._staged: list[tuple[int, dict[str, Any], dict[str, str]]] = []
-        self._stream = subjects.events_stream
-        self._taking: asyncio.Future[None] | None = None  # the take's publications (taken)
-        self._confirmed = asyncio.Event()  # set when no durable event awaits its acknowledgement
+        self._pump = EventPump(
+            requester,
+            stream=subjects.events_stream,
+            subject=subjects.events(change_set.workspace_id, change_set.change_set_id),
+            ids=(change_set.workspace_id, change_set.change_set_id),
+            timeout=timeout,
+            on_stored=self._stored,
+            on_failure=self._failed,
+        )
 
     # -- durable events -------------------------------------------------------------------------------
     def stage(
@@ -136,26 +132,27 @@ class ChangeSetFeed:
             self._staged.append((seq, fields, trace))
         if settled and events:
             events[-1][0]["settled"] = True
+        stored_at = record.events_at if self._pump.last is None else self._pump.last
         if not self._staged and not self._unconfirmed:
-            return record if not record.outbox else replace(record, outbox=())
+            if not record.outbox and stored_at == record.events_at:
+                return record
+            return replace(record, outbox=(), events_at=stored_at)
         outbox = [*self._unconfirmed.values(), *(event for _, event, _ in self._staged)][-OUTBOX_MAX:]
-        return replace(record, events=seq, outbox=tuple(outbox))
+        return replace(record, events=seq, outbox=tuple(outbox), events_at=stored_at)
 
     async def committed(self) -> None:
-        """The record staged last is committed: publish what failed before, then its events."""
+        """The record staged last is committed: queue its events (published in the background, in order)."""
         if not self.enabled:
             return
         staged, self._staged = self._staged, []
-        await self._taken()
-        await self._republish_failed()
         for seq, event, trace in staged:
             self._unconfirmed[seq] = event
             self._seq = seq
-            await self._publish(seq, event, trace)
-        while len(self._unconfirmed) > OUTBOX_MAX:  # given up: no longer in any outbox
-            dropped = next(iter(self._unconfirmed))
-            del self._unconfirmed[dropped]
-            self._failed.discard(dropped)
+            self._pump.put(Queued(seq, event, trace))
+        if len(self._unconfirmed) > OUTBOX_MAX:  # given up: no longer in any outbox
+            for dropped in list(self._unconfirmed)[: len(self._unconfirmed) - OUTBOX_MAX]:
+                del self._unconfirmed[dropped]
+            self._pump.give_up_before(next(iter(self._unconfirmed)))
 
     def dropped(self) -> None:
         """The record staged last was not committed (fenced, failed): its events never happened."""
@@ -186,82 +183,36 @@ class ChangeSetFeed:
 
     # -- notices ------------------------------------------------------------------------------------
     def taken(self, record: ChangeSetRecord) -> None:
-        """The change set is acquired with ``record``. In the background (off the cold path; anything this owner
-        publishes waits for it): publish again what the last owner left in the outbox and the stream does not hold
-        yet, then say ``taken``."""
+        """The change set is acquired with ``record``: publish what the last owner left in the outbox and the
+        stream does not hold yet, then say ``taken`` (in the background, off the cold path)."""
         self._epoch, self._seq = record.epoch, record.events
-        if self.enabled:
-            self._taking = asyncio.ensure_future(self._take(record.outbox))
-
-    async def _take(self, outbox: Iterable[Mapping[str, Any]]) -> None:
-        left = sorted(((seq, dict(e)) for e in outbox if (seq := _seq_of(e)) is not None), key=lambda x: x[0])
-        if left:
-            # The last owner's last events are usually stored: published again after the stream's duplicate window
-            # they would be stored twice. A ``released`` notice stored last says that every durable event up to its
-            # seq was acknowledged (:meth:`released`); after anything else (a crash) all are published again, and
-            # the window or the followers' check of seq drops what was stored already.
-            try:
-                last = await last_message_direct(
-                    self._requester, self._stream, self._subject, timeout=self._timeout
-                )
-                stored = _released_seq(last)
-            except (nats.errors.Error, TimeoutError, ValueError) as err:
-                log.warning(
-                    "%s: reading the last event failed, publishing the outbox again: %r",
-                    self._change_set,
-                    err,
-                )
-                stored = 0
-            for seq, event in left:
-                if seq > stored:
-                    self._unconfirmed[seq] = event
-                    await self._publish(seq, event, {})
-        await self._publish(None, self._notice("taken"), {})
+        if not self.enabled:
+            return
+        self._pump.start_after(record.events_at)
+        left = sorted(
+            ((seq, dict(e)) for e in record.outbox if (seq := _seq_of(e)) is not None), key=lambda x: x[0]
+        )
+        for seq, event in left:
+            self._unconfirmed[seq] = event
+            self._pump.put(Queued(seq, event, {}))
+        self._pump.put(Queued(None, self._notice("taken"), {}))
 
     def close(self) -> None:
-        """The ownership is over: whatever of the take is still unpublished is left to the next owner."""
-        taking, self._taking = self._taking, None
-        if taking is not None:
-            taking.cancel()
-
-    async def _taken(self) -> None:
-        """Wait for the take's own publications (they come before anything else this owner says)."""
-        taking, self._taking = self._taking, None
-        if taking is not None:
-            try:
-                await taking
-            except Exception as err:  # published as far as it got: a follower sees the gap, if any
-                log.warning("%s: publishing the last owner's events failed: %r", self._change_set, err)
+        """The ownership is over: whatever is still unpublished is left to the next owner (the record's outbox)."""
+        self._pump.close()
 
     async def notice(self, kind: EventKind, **fields: object) -> None:
-        """Publish a notice (not committed; published once)."""
-        if not self.enabled:
-            return
-        await self._taken()
-        await self._publish(None, self._notice(kind, **fields), {})
+        """Publish a notice (not committed; published once, after everything before it)."""
+        if self.enabled:
+            self._pump.put(Queued(None, self._notice(kind, **fields), {}))
 
     async def released(self, reason: str) -> None:
-        """Say ``released``, while still the owner, once every durable event is stored (what failed is published
-        again first; waiting at most the NATS timeout). Its seq is the last durable event up to which all are
-        acknowledged, so the next owner publishes again only what may be missing."""
+        """Say ``released``, while still the owner, and wait (at most the NATS timeout) for it and everything before
+        it to be stored: its seq is then the last durable event, all of them stored."""
         if not self.enabled:
             return
-        await self._taken()
-        await self._republish_failed()
-        if self._unconfirmed:
-            self._confirmed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._timeout):
-                    await self._confirmed.wait()
-        event = self._notice("released", reason=reason[:128])
-        if self._unconfirmed:
-            event["seq"] = min(self._unconfirmed) - 1
-        await self._publish(None, event, {})
-
-    async def _republish_failed(self) -> None:
-        for seq in sorted(self._failed):
-            await self._publish(seq, self._unconfirmed[seq], {})
-        self._failed.clear()
+        self._pump.put(Queued(None, self._notice("released", reason=reason[:128]), {}))
+        await self._pump.drained(self._timeout)
 
     def _notice(self, kind: EventKind, **fields: object) -> dict[str, Any]:
         event = self._event(kind, **fields)
@@ -287,47 +238,17 @@ class ChangeSetFeed:
             event["owner"] = self._owner
         return event
 
-    # -- publication ----------------------------------------------------------------------------------
-    async def _publish(self, seq: int | None, event: dict[str, Any], trace: Mapping[str, str]) -> None:
-        headers = {
-            h.CONTENT_TYPE: ContentType.CBOR.value,
-            h.MESSAGE_TYPE: CHANGE_SET_EVENT.name,
-            h.MESSAGE_VERSION: "1",
-            **trace,
-        }
-        if seq is not None:
-            ws, cs = self._change_set.workspace_id, self._change_set.change_set_id
-            headers[h.NATS_MSG_ID] = event_msg_id(ws, cs, seq)
-        try:
-            await self._requester.send(
-                self._subject,
-                encode_body(event, ContentType.CBOR),
-                timeout=self._timeout,
-                headers=headers,
-                on_answer=lambda answer: self._answered(seq, answer),
-            )
-        except (nats.errors.Error, OSError) as err:
-            self._answered(seq, err)
-
-    def _answered(self, seq: int | None, answer: Answer) -> None:
-        error: Exception | None = answer if isinstance(answer, Exception) else None
-        if error is None:
-            assert isinstance(answer, Msg)
-            try:
-                check_pub_ack(answer.data, self._subject)
-            except Exception as err:
-                error = err
-        if error is None:
+    # -- what the publisher says ----------------------------------------------------------------------
+    def _stored(self, seq: int | None, published: bool) -> None:
+        """An event is stored: ``published`` by this owner now, or found stored (by an earlier owner or attempt)."""
+        if published:
             self._stats.events_published += 1
-            if seq is not None:
-                self._unconfirmed.pop(seq, None)
-                if not self._unconfirmed:
-                    self._confirmed.set()
-            return
+        if seq is not None:
+            self._unconfirmed.pop(seq, None)
+
+    def _failed(self, err: Exception) -> None:
         self._stats.event_publish_failures += 1
-        if seq is not None and seq in self._unconfirmed:
-            self._failed.add(seq)  # published again before the next events
-        log.warning("%s: publishing an event failed: %r", self._change_set, error)
+        log.warning("%s: publishing events failed (sent again, in order): %r", self._change_set, err)
 
 
 def _seq_of(event: Mapping[str, Any]) -> int | None:
@@ -338,17 +259,6 @@ def _seq_of(event: Mapping[str, Any]) -> int | None:
         )
     except ValueError:
         return None
-
-
-def _released_seq(msg: Msg | None) -> int:
-    """The seq of a ``released`` notice (every durable event up to it is stored); 0 for anything else."""
-    if msg is None:
-        return 0
-    try:
-        event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
-    except ProtocolError:
-        return 0
-    return event.seq if event.kind == "released" else 0
 
 
 def _trace_of(msg: Msg) -> dict[str, str]:

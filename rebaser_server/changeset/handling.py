@@ -153,6 +153,14 @@ class RequestHandler:
                 return self._pause(msg, seq, counted, request_id_of(msg.headers or {}), reason, UNCHECKED)
             log.error("%s: request seq %d %s", self._change_set, seq, reason)
             return self._refused(msg, seq, record, reason)
+        # Rare (only after an unclean takeover), and what an operator needs to see a crash loop coming.
+        log.info(
+            "%s: the last owner died or froze holding the task: request seq %d counted as attempt %d of %d",
+            self._change_set,
+            seq,
+            count,
+            self._max_attempts,
+        )
         return Decision(Kind.COUNTED, seq, msg, replace(record, suspect=(seq, count)))
 
     def _pause(

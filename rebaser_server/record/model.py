@@ -74,6 +74,9 @@ class ChangeSetRecord:
     # publication loses none of them.
     events: int = 0
     outbox: tuple[Mapping[str, Any], ...] = ()
+    # The stream sequence of the change set's last event known stored when this record was staged: the next owner
+    # looks from there for what of ``outbox`` is stored (rebaser_server.changeset.event_pump). 0: not known.
+    events_at: int = 0
 
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
@@ -95,6 +98,8 @@ class ChangeSetRecord:
             head["outbox"] = [dict(event) for event in self.outbox]
         if self.reaped:
             head["reaped"] = True
+        if self.events_at:
+            head["events_at"] = self.events_at
         return (
             bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
         )
@@ -127,6 +132,7 @@ class ChangeSetRecord:
             suspect=(int(suspect[0]), int(suspect[1])) if (suspect := raw.get("suspect")) else None,
             shard=int(raw.get("shard", 0)),
             events=int(raw.get("events", 0)),
+            events_at=int(raw.get("events_at", 0)),
             outbox=tuple(item for item in raw.get("outbox", ()) if isinstance(item, dict)),
         )
 

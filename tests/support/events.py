@@ -61,15 +61,23 @@ async def _read_events(
 
 
 def check_feed(events: Sequence[ChangeSetEvent], applied: Sequence[str]) -> list[str]:
-    """What is wrong with a change set's stored events, given the request ids its record says were applied in
-    order: each durable seq holds one event only (a republish is the same event, never another: no fenced owner's
-    event shows), the seqs kept have no hole, and the applied requests' events name exactly the tail of ``applied``
-    the stream still keeps, once each, in order."""
+    """What is wrong with a change set's stored events (in stream order), given the request ids its record says
+    were applied in order: the durable events are stored in ``seq`` order, each once (no fenced owner's event
+    shows, and nothing is stored again), the seqs kept have no hole, and the applied requests' events name exactly
+    the tail of ``applied`` the stream still keeps, once each, in order."""
     problems: list[str] = []
     by_seq: dict[int, ChangeSetEvent] = {}
+    last: ChangeSetEvent | None = None
     for event in events:
         if not event.durable:
             continue
+        if last is not None and event.seq <= last.seq:
+            again = " again" if event.seq in by_seq and by_seq[event.seq].id == event.id else ""
+            problems.append(
+                f"seq {event.seq} (epoch {event.epoch}) is stored{again} after seq {last.seq} (epoch {last.epoch})"
+            )
+        if last is None or event.seq > last.seq:
+            last = event
         seen = by_seq.setdefault(event.seq, event)
         if seen.id != event.id:
             problems.append(
