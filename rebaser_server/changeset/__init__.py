@@ -5,7 +5,8 @@ earlier owner; whether a request is queued read meanwhile, :mod:`~rebaser_server
 change set's requests in stream order through one ordered push consumer (:mod:`~rebaser_server.changeset.consumer`,
 bookkeeping in :mod:`~rebaser_server.changeset.ordering`), run the dependent values updates
 (:mod:`~rebaser_server.changeset.dvu`, :mod:`~rebaser_server.changeset.dvu_runs`) and let go when quiet
-(:mod:`~rebaser_server.changeset.quiet`, :mod:`~rebaser_server.changeset.release`).
+(the rule :mod:`~rebaser_server.changeset.quiet`, applied by :mod:`~rebaser_server.changeset.idle`;
+:mod:`~rebaser_server.changeset.release`).
 
 One request's path, decide then act:
 
@@ -25,8 +26,8 @@ What the owned change sets of one daemon share is cut by concern in :mod:`~rebas
 :class:`~rebaser_server.changeset.owning.Owning`; every piece below the processor gets only what it uses.
 
 What the change set's followers are told (its event feed, decided with each commit) is
-:mod:`~rebaser_server.changeset.events`; a paused change set is let go by
-:func:`~rebaser_server.changeset.release.let_go_paused`.
+:mod:`~rebaser_server.changeset.events`, stored in order by :mod:`~rebaser_server.changeset.event_pump`; a paused
+change set is let go by :func:`~rebaser_server.changeset.release.let_go_paused`.
 
 How a task ends is :mod:`~rebaser_server.changeset.outcome`; the order across a shard layout change is
 :mod:`~rebaser_server.changeset.migration`; app steps run under the lease in :mod:`~rebaser_server.changeset.steps`.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -88,8 +88,10 @@ class ChangeSetFeed:
             subject=subjects.events(change_set.workspace_id, change_set.change_set_id),
             ids=(change_set.workspace_id, change_set.change_set_id),
             timeout=timeout,
-            on_stored=self._stored,
-            on_failure=self._failed,
+            # Closures over the outbox and the counters, not methods of the feed: a feed and its publisher that held
+            # each other would be freed only by the cycle collector.
+            on_stored=_on_stored(self._unconfirmed, stats),
+            on_failure=_on_failure(change_set, stats),
         )
 
     # -- durable events -------------------------------------------------------------------------------
@@ -238,17 +240,24 @@ class ChangeSetFeed:
             event["owner"] = self._owner
         return event
 
-    # -- what the publisher says ----------------------------------------------------------------------
-    def _stored(self, seq: int | None, published: bool) -> None:
+
+def _on_stored(unconfirmed: dict[int, dict[str, Any]], stats: Stats) -> Callable[[int | None, bool], None]:
+    def stored(seq: int | None, published: bool) -> None:
         """An event is stored: ``published`` by this owner now, or found stored (by an earlier owner or attempt)."""
         if published:
-            self._stats.events_published += 1
+            stats.events_published += 1
         if seq is not None:
-            self._unconfirmed.pop(seq, None)
+            unconfirmed.pop(seq, None)
 
-    def _failed(self, err: Exception) -> None:
-        self._stats.event_publish_failures += 1
-        log.warning("%s: publishing events failed (sent again, in order): %r", self._change_set, err)
+    return stored
+
+
+def _on_failure(change_set: ChangeSet, stats: Stats) -> Callable[[Exception], None]:
+    def failed(err: Exception) -> None:
+        stats.event_publish_failures += 1
+        log.warning("%s: publishing events failed (sent again, in order): %r", change_set, err)
+
+    return failed
 
 
 def _seq_of(event: Mapping[str, Any]) -> int | None:

@@ -39,7 +39,7 @@ from rebaser_server.changeset.dvu_runs import Activity, ChangeSetDvu
 from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
-from rebaser_server.changeset.migration import draining
+from rebaser_server.changeset.idle import IdleWatch
 from rebaser_server.changeset.outcome import (
     LeaseLost,
     Outcome,
@@ -51,7 +51,6 @@ from rebaser_server.changeset.outcome import (
 )
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.postprocess import PostProcess
-from rebaser_server.changeset.quiet import look, may_give_way
 from rebaser_server.changeset.release import let_go_paused, mark_handed_back, release, resumed_meanwhile
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
@@ -95,8 +94,6 @@ class ChangeSetProcessor:
         )
         self._subject = self._names.requests(change_set.workspace_id, change_set.change_set_id)
         self._result: asyncio.Future[TaskResult] = asyncio.get_running_loop().create_future()
-        self._wake: asyncio.Future[None] | None = None  # resolved to make _wait_for_outcome look again
-        self._wake_after_request = False  # ... and that when the request in hand ends
         self._stopping = False
         # Held while one request is processed; release takes it to wait for the request in hand.
         self._request_lock = asyncio.Lock()
@@ -115,10 +112,18 @@ class ChangeSetProcessor:
             settings=settings,
             stats=report.stats,
         )
-        self._caught_up = False
         # When the last request was handled, and whether one waits: read by the DVU runs (a due one runs in a lull,
         # so a burst of requests shares few) and by the release.
         self._activity = Activity()
+        # When the change set lets go on its own (the quiet rule), and what wakes it to look again.
+        self._idle = IdleWatch(
+            change_set,
+            self._names,
+            placement=owning.placement,
+            settings=settings,
+            activity=self._activity,
+            request_lock=self._request_lock,
+        )
         # The app steps (applies and DVU runs), run under the lease; the watchdog asks whether one overran.
         self._steps = Steps(self.lease)
         self._trimmer = Trimmer(
@@ -244,7 +249,7 @@ class ChangeSetProcessor:
             await report.hooks.checkpoint("acquired", self.change_set)
             self._dvu.start(self._handle)
             await self._bind(await cold.consumer())  # (a record, nothing queued: a redelivered or swept task)
-            if self._caught_up:
+            if self._idle.caught_up:
                 self._started()
                 # Nothing queued (a redelivered or swept task): release at once. Safe for the same reason every
                 # release is: a request published meanwhile is found by the check after the ack.
@@ -268,9 +273,9 @@ class ChangeSetProcessor:
 
     # -- consuming ----------------------------------------------------------------------------------
     async def _bind(self, queued: int) -> None:
-        self._caught_up = queued == 0
+        self._idle.caught_up = queued == 0
         log.debug("%s: consuming, %d requests queued", self.change_set, queued)
-        if not self._caught_up:
+        if not self._idle.caught_up:
             self._activity.lull.clear()
         await self._consumer.bind(self._on_request)
 
@@ -323,10 +328,9 @@ class ChangeSetProcessor:
                 raise
             finally:
                 self._activity.last = time.monotonic()
-                if self._wake_after_request:
-                    self._wake_waiter()
-                self._caught_up = delivery.num_pending == 0
-                if self._caught_up:
+                self._idle.request_ended()
+                self._idle.caught_up = delivery.num_pending == 0
+                if self._idle.caught_up:
                     self._activity.lull.set()
                 else:
                     self._activity.lull.clear()
@@ -370,31 +374,8 @@ class ChangeSetProcessor:
         return True
 
     def nudge(self, now: float) -> bool:
-        """Let go now if this change set is idle enough to give way and its workspace gives way (the watchdog asks at
-        every pass; the fair intake asks at once when a workspace waits for a slot of a full daemon). Whether it
-        will."""
-        if (
-            self._wake is not None
-            and may_give_way(
-                now - self._activity.last,
-                caught_up=self._caught_up,
-                pressure_quiet=self._owning.placement.give_way.quiet,
-            )
-            and self._giving_way()
-        ):
-            self._wake_waiter()  # idle long enough to give way: _wait_for_outcome lets it go
-            return True
-        return False
-
-    def _giving_way(self) -> bool:
-        """Others wait for a slot (the daemon is full) and this change set's workspace is one that gives way now (the
-        busiest first: quiet.GiveWay), or the change set's shard moved (the layout changed, looked at every time: it
-        may change while owned): this ownership then only drains the old shard, and lets go once idle so that its
-        new shard's task goes on."""
-        placement = self._owning.placement
-        return placement.give_way.covers(self.change_set.workspace_id) or draining(
-            placement.layout, self.change_set, self._names
-        )
+        """Let go now if idle enough and others wait for a slot, or the shard moved (idle.py). Whether it will."""
+        return self._idle.nudge(now)
 
     # -- finishing ----------------------------------------------------------------------------------
     def _finish(self, outcome: Outcome, delay: float = 0.0, reason: str = "") -> None:
@@ -402,37 +383,10 @@ class ChangeSetProcessor:
         self._stopping = True
         if not self._result.done():
             self._result.set_result(TaskResult(outcome, delay, reason))
-        self._wake_waiter()
-
-    def _wake_waiter(self) -> None:
-        """Make ``_wait_for_outcome`` look again now (an outcome, or the watchdog saw pressure or a drain)."""
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+        self._idle.wake()
 
     async def _wait_for_outcome(self) -> None:
-        settings = self._owning.settings
-        while not self._result.done():
-            # The quiet rule (quiet.py): release now, or when to look again.
-            step = look(
-                time.monotonic() - self._activity.last,
-                quiescent_period=settings.quiescent_period,
-                nats_timeout=settings.nats_timeout,
-                caught_up=self._caught_up,
-                giving_way=self._caught_up and self._giving_way(),
-                request_in_hand=self._request_lock.locked(),
-                pressure_quiet=self._owning.placement.give_way.quiet,
-            )
-            if step.release is not None:
-                self._finish(Outcome.RELEASED, reason=step.release)
-                return
-            # Look again then, or sooner if woken: by the outcome, by the end of the request in hand
-            # (after_request), or by the watchdog once pressure or a drain shortens the limit (watch). Never on a
-            # fixed tick: with thousands of owned change sets that would be thousands of wake-ups a second.
-            self._wake_after_request = step.after_request
-            self._wake = wake = asyncio.get_running_loop().create_future()
-            await asyncio.wait({wake}, timeout=step.wait)
-            self._wake, self._wake_after_request = None, False
+        await self._idle.wait(self._result, lambda why: self._finish(Outcome.RELEASED, reason=why))
 
     async def _finish_task(self, result: TaskResult) -> TaskResult:
         owning = self._owning

@@ -1,21 +1,18 @@
 """The daemon: take tasks from the shared consumer, run one processor per owned change set, shut down cleanly.
 
-Back-pressure starts here: the daemon only fetches as many tasks as it has free slots (``Settings.concurrency``);
-with every slot taken it stops pulling, and waiting tasks stay in the stream, not in memory.
-
-A NATS outage is survived in place: the pull loop waits for the connection instead of queueing pull requests into
-nats-py's reconnect buffer, and after every reconnect the daemon re-ensures its streams, hands its owned change sets
-back (see :meth:`Daemon._on_reconnect`) and sweeps for orphaned requests at once.
+Tasks come in through one intake per served shard: in order (fifo_intake.py), or by workspace in turns
+(fair_intake.py); either takes only as many as the daemon has free slots, so waiting tasks stay in the stream, not in
+memory. A NATS outage is survived in place: the intakes wait for the connection instead of queueing pull requests
+into nats-py's reconnect buffer, and after every reconnect the daemon re-ensures its streams, hands its owned change
+sets back and sweeps for orphaned requests at once (reconnect.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
-import time
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
@@ -26,7 +23,6 @@ from rebaser_core.layout import Layout
 from rebaser_core.nats import speedups as nats_speedups
 from rebaser_core.nats.durability import Durability, meets
 from rebaser_core.nats.requester import Requester
-from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -39,12 +35,14 @@ from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.admission import Admission
 from rebaser_server.daemon.fair_intake import FairIntake
 from rebaser_server.daemon.fair_intakes import FairIntakes
+from rebaser_server.daemon.fifo_intake import FETCH_TIMEOUT, FifoIntake, others_waiting
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
 from rebaser_server.daemon.puller import TaskPuller
+from rebaser_server.daemon.reconnect import recover_after_reconnect
 from rebaser_server.daemon.shards import ShardPullers
-from rebaser_server.daemon.startup import set_up_with_retries
+from rebaser_server.daemon.startup import set_up_with_retries, start_app, stop_task
 from rebaser_server.daemon.sweeper import Sweeper
 from rebaser_server.ops.durability import DurabilityCheck, durable_streams
 from rebaser_server.ops.health import ConnectionWatch, StatusReporter
@@ -54,21 +52,12 @@ from rebaser_server.queries.service import QueryService
 from rebaser_server.record.direct_reads import DirectReads
 from rebaser_server.record.reader import StoreReader
 from rebaser_server.record.store import ChangeSetStore
-from rebaser_server.task.handback import hand_back
 from rebaser_server.task.keeper import LeaseKeeper
 
 __all__ = ["Daemon"]
 
 log = logging.getLogger(__name__)
 
-# A pending pull request is answered within this long even when idle, so shutdown never waits longer to stop
-# pulling (and never leaves a pull request open that could hand us a task after we stopped).
-_FETCH_TIMEOUT = 1.0
-# Tasks asked for per pull request (at most the free slots). Each is handed out as it arrives (puller.py), so a
-# large batch stalls nobody; it only saves round trips when many change sets become active at once.
-_FETCH_BATCH = 256
-# While disconnected the pull loop looks at the connection this often (nats-py offers nothing to await).
-_RECONNECT_POLL = 0.1
 # lease_mode daemon: how often the watchdog looks at each idle change set (LeaseKeeper's watch_every). A task's own
 # lease runs minutes there; a step overrunning handler_deadline (minutes) is found a second or two later.
 _DAEMON_LEASES_WATCH = 2.0
@@ -162,7 +151,7 @@ class Daemon:
             settings,
             placement,
             self._pull,
-            expires=_FETCH_TIMEOUT,
+            expires=FETCH_TIMEOUT,
             on_intake_switch=self._on_intake_switch,
         )
         # The fair intake's loop per served shard (run by _pull when the layout's intake is fair).
@@ -180,6 +169,14 @@ class Daemon:
             ),
         )
         self._owned.on_handed_back = self.intakes.handed_back
+        self._fifo = FifoIntake(
+            self._owning,
+            self._owned,
+            self._admission,
+            stopping=lambda: self._stopping,
+            lapsed=self._lapsed,
+            others_waiting=lambda: others_waiting(self.health, self.shards.shards),
+        )
         self._sweeper_task: asyncio.Task[None] | None = None
         self.watch = ConnectionWatch(nc)
         self.health = StatusReporter(
@@ -330,16 +327,7 @@ class Daemon:
 
     async def _start_app(self) -> None:
         owning = self._owning
-        try:
-            await owning.app.start(owning.nats.nc, owning.settings)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await owning.app.stop()
-            raise
-        if self._app_stopping:
-            # Shutdown came while the app started, and its stop of the app may have run before the start ended.
-            with contextlib.suppress(Exception):
-                await owning.app.stop()
+        await start_app(owning.app, owning.nats.nc, owning.settings, stopping=lambda: self._app_stopping)
 
     def _lapsed(self) -> bool:
         """lease_mode daemon: this daemon's heartbeat lapsed. It takes no task then (one taken would go straight
@@ -347,114 +335,31 @@ class Daemon:
         return self.liveness is not None and not self.liveness.heartbeat.held()
 
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
-        """The pull loop of one shard's tasks consumer (``subjects``); one runs per served shard. With the fair
-        intake, the shard's workspaces are served in turns instead (fair_intake.py)."""
+        """The intake of one served shard: its tasks consumer pulled in order (fifo_intake.py), or its workspaces
+        served in turns (fair_intake.py)."""
         if self._owning.placement.layout.intake == "fair":
             await self.intakes.run(subjects)
-            return
-        settings, give_way = self._owning.settings, self._owning.placement.give_way
-        while not self._stopping:
-            free = settings.concurrency - len(self._owned)
-            if free <= 0:
-                # Every slot is taken: stop pulling until a change set is released. Meanwhile, if other change sets
-                # wait for an owner, say so: owned change sets that are idle then let go early (pressure), so a
-                # full daemon cannot keep a newcomer waiting for a whole quiet period (minutes by default); the
-                # busiest workspaces' first, so a flood makes room from its own (quiet.GiveWay).
-                freed = await self._admission.wait()
-                if not freed and await self._others_waiting():
-                    give_way.press(self._owned.fair.by_workspace, time.monotonic())
-                else:
-                    give_way.ease()
-                continue
-            give_way.ease()
-            # Admission: at most start_concurrency change sets in their cold path at once (admission.py).
-            room = self._admission.room()
-            if room <= 0:
-                await self._admission.wait()
-                continue
-            if not self._owning.nats.nc.is_connected or self._lapsed():
-                # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale; or what
-                # it brings would go straight back (the heartbeat lapsed).
-                await asyncio.sleep(_RECONNECT_POLL)
-                continue
-            try:
-                # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
-                # it before then, which bounds its lease from below (see lease.py).
-                async for msg, pulled_at in sub.pull(min(free, room, _FETCH_BATCH)):
-                    if self._stopping or len(self._owned) >= settings.concurrency:
-                        # Fetched during shutdown, or beyond our free slots (a late delivery of an earlier pull):
-                        # hand it straight back.
-                        with contextlib.suppress(Exception):
-                            await hand_back(self._owning.nats.nc, msg)
-                    else:
-                        await self._owned.take(msg, pulled_at, subjects)
-            except Exception as err:
-                if self._stopping:
-                    break
-                log.warning("fetching tasks failed (%s); retrying", err)
-                await asyncio.sleep(_FETCH_TIMEOUT)
-                continue
-
-    async def _others_waiting(self) -> bool:
-        """Do change sets wait for an owner (tasks the shared consumer has not delivered yet)? From the health
-        facts, which are cached: at most one consumer-info call a second however often this is asked."""
-        try:
-            facts, stale = await self.health.facts()
-        except Exception:
-            return False
-        if stale:
-            return False
-        # Only shards this daemon pulls: in pinned mode another daemon's waiting tasks are not ours to make room for.
-        served = set(self.shards.shards)
-        return any(s["tasks_waiting"] for s in facts.shards if s["shard"] in served)
+        else:
+            await self._fifo.run(sub, subjects)
 
     async def _on_reconnect(self) -> None:
-        """After a reconnect: calls lost with the old connection ended, streams back, owned change sets handed back,
-        orphans swept.
-
-        A restarted nats-server has lost every memory-storage ordered consumer. Each would be replaced only after two
-        silent heartbeats (``consumer_heartbeat``: over 10 s at the default; ``consumer.py``), and the daemon cannot
-        cheaply tell which survived, so it hands every owned change set back (finish the request in hand, nack the
-        task) and takes them again with fresh consumers. A reconnect is rare; one re-acquire per owned change set is
-        its whole cost.
-        """
-        owning = self._owning
-        owning.report.stats.nats_reconnects += 1
+        """After a reconnect: owned change sets handed back, streams ensured, durability checked, orphans swept
+        (reconnect.py); the daemon stops if the server it reached now keeps too little."""
         if self._stopping:
+            self._owning.report.stats.nats_reconnects += 1
             return
-        # Calls whose answers were lost with the old connection end now: a change set handed back must not wait
-        # nats_timeout for one (a delete of a processed request, a record write) before its task goes back.
-        owning.nats.requester.fail_lost()
-        log.warning("reconnected to NATS: handing back %d owned change sets", len(self._owned))
-        owning.report.stats.reconnect_handbacks += self._owned.interrupt_all()
-        try:
-            # A memory-storage deployment loses streams, consumer and bucket in a restart; elsewhere a no-op.
-            await ensure_streams(
-                owning.nats.js,
-                owning.settings,
-                shards=owning.placement.layout.shards,
-                streams=owning.placement.layout.streams,
-                consumer=owning.placement.layout.shared_consumer,
-            )
-            await owning.store.open()
-            await self._reader.open()
-        except Exception as err:
-            log.warning(
-                "re-ensuring streams after a reconnect failed (%s); the status page shows what is missing",
-                err,
-            )
-        # The server it came back to may not be the one it left (a failover, a restart with another config).
-        floor = await self._check_durability()
+        floor = await recover_after_reconnect(
+            self._owning,
+            self._owned,
+            self._reader,
+            check_durability=self._check_durability,
+            sweep_once=self.sweeper.sweep_once if self._sweep else None,
+        )
         if floor is not None:
             log.error("%s; stopping", floor)
             self.failure = floor
             # Referenced, so it runs to its end; shutdown stops this watch's task, so it cannot be awaited here.
             self._failing = asyncio.create_task(self.shutdown(), name="rebaser shutdown (durability)")
-            return
-        if self._sweep:
-            # A release cut short by the outage may have acked its task without its "anything queued?" check.
-            with contextlib.suppress(Exception):
-                await self.sweeper.sweep_once()
 
     async def _on_intake_switch(self) -> None:
         """The intake changes (``rebaser streams intake``): hand every owned change set back (finish the request in
@@ -498,7 +403,7 @@ class Daemon:
         """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.
 
         Every step is bounded (a NATS call that never answers, or an app that ignores cancellation, must not keep
-        the daemon from stopping): at most about ``_FETCH_TIMEOUT * 4 + shutdown_grace + 5 + 2 * nats_timeout``.
+        the daemon from stopping): at most about ``FETCH_TIMEOUT * 4 + shutdown_grace + 5 + 2 * nats_timeout``.
         """
         if self._stopping:
             await self.stopped.wait()
@@ -507,11 +412,11 @@ class Daemon:
         self._admission.wake()
         settings = self._owning.settings
         # Each puller may finish its fetch; then it is stopped, and what it fetched but never took is handed back.
-        await self.shards.stop(grace=_FETCH_TIMEOUT * 3)
+        await self.shards.stop(grace=FETCH_TIMEOUT * 3)
         self.sweeper.stop()
         for background in (self._sweeper_task, self._watch_task):
             if background is not None:
-                await _stop_task(background, grace=0, after_cancel=settings.nats_timeout)
+                await stop_task(background, grace=0, after_cancel=settings.nats_timeout)
         self._owned.interrupt_all()
         left = await self._owned.wait(timeout=settings.shutdown_grace + 5.0)
         if left:
@@ -536,16 +441,3 @@ class Daemon:
                 log.warning("stopping the %s failed: %r", what, err)
         self.stopped.set()
         log.info("rebaser daemon %s stopped", self._owning.owner)
-
-
-async def _stop_task(task: asyncio.Task[Any], *, grace: float, after_cancel: float) -> None:
-    """Let ``task`` end by itself within ``grace``, else cancel it and wait at most ``after_cancel`` more."""
-    if grace > 0:
-        await asyncio.wait({task}, timeout=grace)
-    if not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=after_cancel)
-    if not task.done():
-        log.error(
-            "%s did not stop within %.1fs of being cancelled; left behind", task.get_name(), after_cancel
-        )

@@ -1,4 +1,6 @@
-"""Setting a daemon up while its cluster may still be forming: retried with backoff, each failure one log line.
+"""Starting a daemon's parts, and stopping them within a bound.
+
+Setting a daemon up while its cluster may still be forming is retried with backoff, each failure one log line.
 
 Every daemon sets up at start-up, often all at once: on a fresh cluster nats-server leaves the losing concurrent
 stream creates unanswered (a timeout), and a stream leader still being elected leaves any JetStream call
@@ -10,14 +12,20 @@ opened) before it is started again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats.errors
+from nats.aio.client import Client as NatsClient
 from nats.js.errors import APIError
 
-__all__ = ["set_up_with_retries", "unavailable"]
+from rebaser_core.settings import Settings
+from rebaser_server.app import RebaserApp
+
+__all__ = ["set_up_with_retries", "start_app", "stop_task", "unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +89,32 @@ async def set_up_with_retries(
             )
             await asyncio.sleep(pause * random.uniform(0.5, 1.5))
             pause = min(pause * 2, _RETRY_MAX)
+
+
+async def start_app(
+    app: RebaserApp, nc: NatsClient, settings: Settings, *, stopping: Callable[[], bool]
+) -> None:
+    """Start the app; an app whose start fails is stopped (releasing what it opened) so it can be started again.
+    ``stopping``: shutdown has come to stopping the app, whose stop may have run before this start ended."""
+    try:
+        await app.start(nc, settings)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await app.stop()
+        raise
+    if stopping():
+        with contextlib.suppress(Exception):
+            await app.stop()
+
+
+async def stop_task(task: asyncio.Task[Any], *, grace: float, after_cancel: float) -> None:
+    """Let ``task`` end by itself within ``grace``, else cancel it and wait at most ``after_cancel`` more."""
+    if grace > 0:
+        await asyncio.wait({task}, timeout=grace)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=after_cancel)
+    if not task.done():
+        log.error(
+            "%s did not stop within %.1fs of being cancelled; left behind", task.get_name(), after_cancel
+        )
