@@ -20,8 +20,10 @@ from rebaser_client._replies import ReplyInbox
 from rebaser_client._routing import Router
 from rebaser_client._skipping import SkipResult
 from rebaser_client._spool import SpoolConfig
+from rebaser_core import headers as h
 from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
+    ENQUEUE_UPDATES_RESPONSE,
     FORK_CHANGE_SET_REQUEST,
     FORK_CHANGE_SET_RESPONSE,
     GET_CHANGE_SET_REQUEST,
@@ -50,6 +52,8 @@ from rebaser_core.tracing import get_tracer, inject, recording
 __all__ = ["RebaserClient", "Updates"]
 
 _NATS_EXPECTED_STREAM = "Nats-Expected-Stream"
+# The newest reply version this client reads (rebaser_core.api.enqueue_updates_response.reads_up_to).
+_REPLY_VERSION, _READS = h.REPLY_VERSION, str(ENQUEUE_UPDATES_RESPONSE.current.VERSION)
 
 
 class RebaserClient:
@@ -407,6 +411,10 @@ class RebaserClient:
         subject = names.requests(request.workspace_id, request.change_set_id)
         headers, body = ENQUEUE_UPDATES_REQUEST.encode(request, self._content_type, reply_inbox=reply_inbox)
         headers[_NATS_EXPECTED_STREAM] = names.requests_stream
+        if reply_inbox is not None:
+            headers[_REPLY_VERSION] = (
+                _READS  # an error reply's details (version 3) are for a client that reads them
+            )
         task = names.task(request.workspace_id, request.change_set_id)
         if not recording(self._tracer_provider):
             inject(headers)  # a trace context the application carries, without spans of our own

@@ -19,6 +19,7 @@ __all__ = [
     "MESSAGE_VERSION",
     "NATS_MSG_ID",
     "REPLY_INBOX",
+    "REPLY_VERSION",
     "check_header_block",
     "check_msg_id",
     "get_header",
@@ -30,6 +31,8 @@ MESSAGE_TYPE = "X-MESSAGE-TYPE"
 MESSAGE_VERSION = "X-MESSAGE-VERSION"
 NATS_MSG_ID = "Nats-Msg-Id"
 REPLY_INBOX = "X-Reply-Inbox"
+# The newest EnqueueUpdatesResponse version the caller reads (rebaser_core.api.enqueue_updates_response.reads_up_to).
+REPLY_VERSION = "X-Reply-Version"
 
 # Added when a request is copied to the dead-letter stream.
 DEAD_LETTER_REASON = "X-Rebaser-Dead-Letter-Reason"

@@ -38,12 +38,15 @@ from rebaser_core.api.enqueue_updates_response import (
     EnqueueUpdatesResponse,
     EnqueueUpdatesResponseV1,
     EnqueueUpdatesResponseV2,
+    EnqueueUpdatesResponseV3,
+    ErrorDetails,
     ErrorStatus,
     RefusedStatus,
     ResponseStatus,
     ResponseStatusV1,
     SuccessStatus,
     oldest_form,
+    reads_up_to,
 )
 from rebaser_core.api.events import (
     CHANGE_SET_EVENT,
@@ -104,6 +107,8 @@ __all__ = [
     "EnqueueUpdatesResponse",
     "EnqueueUpdatesResponseV1",
     "EnqueueUpdatesResponseV2",
+    "EnqueueUpdatesResponseV3",
+    "ErrorDetails",
     "ErrorStatus",
     "EventKind",
     "ForkChangeSetRequest",
@@ -135,5 +140,6 @@ __all__ = [
     "event_msg_id",
     "oldest_form",
     "oldest_reply_form",
+    "reads_up_to",
     "reason_class",
 ]

@@ -10,8 +10,13 @@
   must be > 0"): ``message`` says why, ``details`` (a JSON object, optional) says it in a form a program reads.
   Sending the same request again gets the same answer; nothing is dead-lettered.
 
-A sender writes the *oldest* version that can carry a reply (:func:`oldest_form`): version 1 unless the status is
-``refused``, so a client that only knows version 1 keeps working until an application refuses one of its requests.
+Version 3 adds ``details`` to an ``error`` status the application's code caused: the exception's class and where in
+the app it was raised (:class:`ErrorDetails`; never the request's data).
+
+A sender writes the *oldest* version that can carry a reply (:func:`oldest_form`), and never one newer than the
+caller reads (the request's ``X-Reply-Version``; version 2 without it): version 1 unless the status is ``refused``
+(version 2) or an error with details (version 3, else sent without them). So a client that only knows version 1
+keeps working until an application refuses one of its requests.
 
 A status has a bounded size by construction, so a reply always fits in a NATS message and the last
 ``idempotency_window`` replies fit in the change set's record (unbounded, a 20,000-conflict reply makes every
@@ -46,6 +51,8 @@ __all__ = [
     "EnqueueUpdatesResponse",
     "EnqueueUpdatesResponseV1",
     "EnqueueUpdatesResponseV2",
+    "EnqueueUpdatesResponseV3",
+    "ErrorDetails",
     "ErrorStatus",
     "RefusedStatus",
     "ResponseStatus",
@@ -53,6 +60,7 @@ __all__ = [
     "SuccessStatus",
     "bounded_status",
     "oldest_form",
+    "reads_up_to",
 ]
 
 MAX_LISTED_CONFLICTS = 100
@@ -101,10 +109,20 @@ class ConflictsStatus(_Status):
         return status if listed is status.conflicts else handler({"conflicts": listed})
 
 
+class ErrorDetails(_Status):
+    """What an error the application's code caused was (version 3): the exception's class, and where in the app it
+    was raised (``file.py:42 in apply``; None when no frame was the app's). Code locations only, never values."""
+
+    error_class: str = Field(max_length=128)
+    raised_at: str | None = Field(default=None, max_length=512)
+
+
 class ErrorStatus(_Status):
     kind: Literal["error"] = "error"
     message: str
     retryable: bool = False
+    # Version 3 only: left out of the encoding when absent, so versions 1 and 2 are written as they always were.
+    details: ErrorDetails | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @field_validator("message")
     @classmethod
@@ -223,23 +241,67 @@ class EnqueueUpdatesResponseV2(MessageVersion):
     def ok(self) -> bool:
         return self.status.kind == "success"
 
+    def upgrade(self) -> EnqueueUpdatesResponseV3:
+        return EnqueueUpdatesResponseV3.model_construct(
+            id=self.id, workspace_id=self.workspace_id, change_set_id=self.change_set_id, status=self.status
+        )
 
-EnqueueUpdatesResponse = EnqueueUpdatesResponseV2
+
+class EnqueueUpdatesResponseV3(EnqueueUpdatesResponseV2):
+    """Version 2 and an error status's ``details``."""
+
+    VERSION: ClassVar[int] = 3
+
+    def upgrade(self) -> EnqueueUpdatesResponseV3:
+        raise NotImplementedError("version 3 is the newest")
+
+
+EnqueueUpdatesResponse = EnqueueUpdatesResponseV3
 """The current version."""
 
-ENQUEUE_UPDATES_RESPONSE: VersionedMessage[EnqueueUpdatesResponseV2] = VersionedMessage(
-    "EnqueueUpdatesResponse", (EnqueueUpdatesResponseV1, EnqueueUpdatesResponseV2), EnqueueUpdatesResponseV2
+ENQUEUE_UPDATES_RESPONSE: VersionedMessage[EnqueueUpdatesResponseV3] = VersionedMessage(
+    "EnqueueUpdatesResponse",
+    (EnqueueUpdatesResponseV1, EnqueueUpdatesResponseV2, EnqueueUpdatesResponseV3),
+    EnqueueUpdatesResponseV3,
 )
 
+# The newest version a caller reads when its request does not say (``X-Reply-Version``): clients before version 3.
+READS_WITHOUT_HEADER = 2
 
-def oldest_form(response: EnqueueUpdatesResponseV2) -> EnqueueUpdatesResponseV1 | EnqueueUpdatesResponseV2:
-    """``response`` in the oldest version that carries it: what a sender writes, so that a peer that only knows
-    version 1 reads every reply but a refusal."""
-    if isinstance(response.status, RefusedStatus):
-        return response
+
+def reads_up_to(header: str | None) -> int:
+    """The newest reply version a caller reads, from its request's ``X-Reply-Version`` (junk or absent: 2)."""
+    if header is None or not header.isdigit() or len(header) > 3:
+        return READS_WITHOUT_HEADER
+    return max(1, min(int(header), EnqueueUpdatesResponseV3.VERSION))
+
+
+def oldest_form(
+    response: EnqueueUpdatesResponseV2, reads: int = READS_WITHOUT_HEADER
+) -> EnqueueUpdatesResponseV1 | EnqueueUpdatesResponseV2 | EnqueueUpdatesResponseV3:
+    """``response`` in the oldest version that carries it, and none newer than ``reads`` (an error's details are
+    left out for a caller that cannot read them): what a sender writes, so that a peer that only knows version 1
+    reads every reply but a refusal."""
+    status = response.status
+    if isinstance(status, ErrorStatus) and status.details is not None:
+        if reads >= EnqueueUpdatesResponseV3.VERSION:
+            return EnqueueUpdatesResponseV3.model_construct(
+                id=response.id,
+                workspace_id=response.workspace_id,
+                change_set_id=response.change_set_id,
+                status=status,
+            )
+        status = status.model_copy(update={"details": None})
+    if isinstance(status, RefusedStatus):
+        return EnqueueUpdatesResponseV2.model_construct(
+            id=response.id,
+            workspace_id=response.workspace_id,
+            change_set_id=response.change_set_id,
+            status=status,
+        )
     return EnqueueUpdatesResponseV1.model_construct(
         id=response.id,
         workspace_id=response.workspace_id,
         change_set_id=response.change_set_id,
-        status=response.status,
+        status=status,
     )

@@ -29,6 +29,7 @@ from rebaser_core.api import (
     ENQUEUE_UPDATES_REQUEST,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
+    ErrorDetails,
     ErrorStatus,
     RefusedStatus,
 )
@@ -219,7 +220,7 @@ class RequestHandler:
             return Decision(Kind.APPLIED, seq, msg, staged, refused, inbox)
         except UnprocessableError as err:
             reason = f"{type(err).__name__}: {err}{_at(err)}"  # the §9 form of every error reply
-            trace = app_trace(err)
+            trace, details = app_trace(err), _details(err)
         except (FencedError, LeaseLost):
             raise
         except Exception as err:  # RetryableError, a wedged step, or any bug in the app: up to max_attempts
@@ -236,7 +237,7 @@ class RequestHandler:
                 retry.__cause__ = err
                 return Decision(Kind.RETRY, seq, msg, counted, error=retry)
             reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}{_at(err)}"
-            trace = app_trace(err)
+            trace, details = app_trace(err), _details(err)
             if self._pause_on_max:
                 counted = replace(record, attempts={**record.attempts, rid: attempts})
                 return self._pause(msg, seq, counted, request.id, reason, inbox)
@@ -264,10 +265,19 @@ class RequestHandler:
             id=request.id,
             workspace_id=request.workspace_id,
             change_set_id=request.change_set_id,
-            status=ErrorStatus(message=reason, retryable=False),
+            status=ErrorStatus(message=reason, retryable=False, details=details),
         )
         staged = record.with_reply(rid, response, self._window, **processed_fields(record, seq))
         return Decision(Kind.APPLIED, seq, msg, staged, response, inbox, dead_letter=reason, trace=trace)
+
+
+def _details(err: BaseException) -> ErrorDetails:
+    """The error reply's details (version 3): the exception's class and where in the app it was raised."""
+    return ErrorDetails(error_class=type(err).__name__[:128], raised_at=_cut(raised_at(err), 512))
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    return text if text is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _at(err: BaseException) -> str:

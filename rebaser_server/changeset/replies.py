@@ -16,7 +16,13 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from rebaser_core import headers as h
-from rebaser_core.api import ENQUEUE_UPDATES_RESPONSE, ContentType, EnqueueUpdatesResponse, oldest_form
+from rebaser_core.api import (
+    ENQUEUE_UPDATES_RESPONSE,
+    ContentType,
+    EnqueueUpdatesResponse,
+    oldest_form,
+    reads_up_to,
+)
 from rebaser_core.api.success_reply import encode_success
 from rebaser_core.dead_letter_copy import bounded_copy, dead_letter_marks, dead_letter_subject
 from rebaser_core.errors import InvalidReplyInbox, RebaserRefused, Unsupported
@@ -86,7 +92,8 @@ class Replies:
         # the commonest, without pydantic (the same bytes: rebaser_core.api.success_reply).
         encoded = encode_success(response, content_type)
         if encoded is None:
-            encoded = ENQUEUE_UPDATES_RESPONSE.encode(oldest_form(response), content_type)
+            reads = reads_up_to(h.get_header(request_headers, h.REPLY_VERSION))
+            encoded = ENQUEUE_UPDATES_RESPONSE.encode(oldest_form(response, reads), content_type)
         headers, body = encoded
         try:
             # Its span, in the trace context of the request it answers.

@@ -15,7 +15,13 @@ from typing import Any
 import cbor2
 from pydantic import TypeAdapter
 
-from rebaser_core.api import EnqueueUpdatesRequest, EnqueueUpdatesResponse, ResponseStatus, SuccessStatus
+from rebaser_core.api import (
+    EnqueueUpdatesRequest,
+    EnqueueUpdatesResponse,
+    ErrorStatus,
+    ResponseStatus,
+    SuccessStatus,
+)
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
 from rebaser_core.errors import DecodeError
@@ -176,6 +182,10 @@ def reply_entry(request_id: str, status: ResponseStatus, window: int) -> bytes:
     if type(status) is SuccessStatus:
         # The commonest reply, and never cut: written without pydantic, in the compact form.
         return success_entry(request_id, status.updates_performed, status.snapshot_address)
+    if type(status) is ErrorStatus and status.details is not None:
+        # Kept as versions 1 and 2 have it: a daemon of an earlier release reads this record too (during an
+        # upgrade), and the message still says where the app raised it. A reply replayed from here has no details.
+        status = status.model_copy(update={"details": None})
     bounded = bounded_status(status, max(REPLY_MIN_BYTES, RECENT_REPLIES_MAX_BYTES // window))
     return status_entry(request_id, bounded.model_dump(mode="json"))
 

@@ -37,6 +37,8 @@ from rebaser_core.api import (
     EnqueueUpdatesRequestV3,
     EnqueueUpdatesResponseV1,
     EnqueueUpdatesResponseV2,
+    EnqueueUpdatesResponseV3,
+    ErrorDetails,
     ErrorStatus,
     InlineUpdates,
     MessageVersion,
@@ -66,6 +68,7 @@ RESPONSE_SUCCESS = REQUEST_V3_INLINE  # a reply carries the id of the request it
 RESPONSE_CONFLICTS = RequestId("01JAW0QE4G6J8M0P2R4T6W8Y0A")
 RESPONSE_ERROR = RequestId("01JAW0QF7H9K1N3Q5S7V9X1Z3B")
 RESPONSE_REFUSED = RequestId("01JAW0QG2J4M6P8R0T2W4Y6A8C")
+RESPONSE_ERROR_DETAILS = RequestId("01JAW0QH5K7N9Q1S3V5X7Z9B1D")
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,20 @@ def fixtures() -> list[Fixture]:
                 status=RefusedStatus(
                     message="quantity must be at least 1 — got 0",
                     details={"field": "quantity", "minimum": 1, "got": 0},
+                ),
+            ),
+            None,
+        ),
+        Fixture(
+            "EnqueueUpdatesResponse.v3.error_details",
+            response,
+            EnqueueUpdatesResponseV3(
+                id=RESPONSE_ERROR_DETAILS,
+                workspace_id=WORKSPACE,
+                change_set_id=CHANGE_SET,
+                status=ErrorStatus(
+                    message="gave up after 3 attempts: KeyError: 'price' (at ledger.py:42 in apply)",
+                    details=ErrorDetails(error_class="KeyError", raised_at="ledger.py:42 in apply"),
                 ),
             ),
             None,

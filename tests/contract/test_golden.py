@@ -43,6 +43,7 @@ EXPECTED_STEMS = (
     "EnqueueUpdatesResponse.v1.conflicts",
     "EnqueueUpdatesResponse.v1.error",
     "EnqueueUpdatesResponse.v2.refused",
+    "EnqueueUpdatesResponse.v3.error_details",
 )
 EXPECTED_BODIES = sorted(f"{stem}.{ext}" for stem in EXPECTED_STEMS for ext in EXTENSIONS)
 

@@ -20,6 +20,8 @@ from rebaser_core.api import (
     EnqueueUpdatesRequestV3,
     EnqueueUpdatesResponseV1,
     EnqueueUpdatesResponseV2,
+    EnqueueUpdatesResponseV3,
+    ErrorDetails,
     ErrorStatus,
     InlineUpdates,
     MessageVersion,
@@ -147,9 +149,25 @@ responses_v2 = st.builds(
     status=statuses_v2,
 )
 
+statuses_v3 = statuses_v2 | st.builds(
+    ErrorStatus,
+    message=st.text(max_size=80),
+    retryable=st.booleans(),
+    details=st.builds(
+        ErrorDetails, error_class=st.text(max_size=20), raised_at=st.none() | st.text(max_size=40)
+    ),
+)
+responses_v3 = st.builds(
+    EnqueueUpdatesResponseV3,
+    id=request_ids,
+    workspace_id=workspace_ids,
+    change_set_id=change_set_ids,
+    status=statuses_v3,
+)
+
 current_messages: st.SearchStrategy[tuple[VersionedMessage[Any], MessageVersion]] = st.one_of(
     requests_v3.map(lambda m: (ENQUEUE_UPDATES_REQUEST, m)),
-    responses_v2.map(lambda m: (ENQUEUE_UPDATES_RESPONSE, m)),
+    responses_v3.map(lambda m: (ENQUEUE_UPDATES_RESPONSE, m)),
 )
 
 
@@ -256,6 +274,19 @@ def test_current_version_upgrades_to_itself(message: EnqueueUpdatesRequestV3) ->
 
 
 @PROPERTY
+@given(responses_v2)
+def test_version_2_replies_roundtrip_and_upgrade_to_the_current_version(
+    message: EnqueueUpdatesResponseV2,
+) -> None:
+    for content_type in ContentType:
+        _roundtrip(ENQUEUE_UPDATES_RESPONSE, message, content_type)
+        headers, body = ENQUEUE_UPDATES_RESPONSE.encode(message, content_type)
+        upgraded = ENQUEUE_UPDATES_RESPONSE.decode(headers, body)
+        assert type(upgraded) is EnqueueUpdatesResponseV3
+        assert upgraded.model_dump() == message.model_dump()
+
+
+@PROPERTY
 @given(responses_v1)
 def test_version_1_replies_roundtrip_and_upgrade_to_the_current_version(
     message: EnqueueUpdatesResponseV1,
@@ -264,5 +295,5 @@ def test_version_1_replies_roundtrip_and_upgrade_to_the_current_version(
         _roundtrip(ENQUEUE_UPDATES_RESPONSE, message, content_type)
         headers, body = ENQUEUE_UPDATES_RESPONSE.encode(message, content_type)
         upgraded = ENQUEUE_UPDATES_RESPONSE.decode(headers, body)
-        assert type(upgraded) is EnqueueUpdatesResponseV2
+        assert type(upgraded) is EnqueueUpdatesResponseV3
         assert upgraded.model_dump() == message.model_dump()

@@ -157,7 +157,7 @@ def test_headers_other_than_ours_take_the_general_path(content_type: ContentType
     for name, value in [
         (h.MESSAGE_TYPE, "SomethingElse"),
         (h.MESSAGE_VERSION, "01"),
-        (h.MESSAGE_VERSION, "3"),
+        (h.MESSAGE_VERSION, "4"),
         (h.CONTENT_TYPE, "application/cbor; charset=x"),
         ("X-Padding", "x" * (h.MAX_HEADER_BYTES + 1)),
     ]:

@@ -13,6 +13,7 @@ from rebaser_core.api import (
     Conflict,
     ConflictsStatus,
     EnqueueUpdatesResponse,
+    ErrorDetails,
     ErrorStatus,
     ResponseStatus,
     SuccessStatus,
@@ -103,6 +104,23 @@ def test_a_recorded_reply_reads_back_as_the_status_given(status: ResponseStatus)
     assert [(r.request_id, r.kind) for r in view.recent] == [(str(rid), status.kind)]
     # A success is written without pydantic, from these fields: a new field must be added to the compact form.
     assert set(SuccessStatus.model_fields) == {"kind", "updates_performed", "snapshot_address"}
+
+
+def test_an_error_s_details_are_not_kept_in_the_record() -> None:
+    """A daemon of an earlier release reads the record during an upgrade, and its error status has no details: the
+    record keeps the reply as versions 1 and 2 have it (the message still says where the app raised it)."""
+    ws, cs, rid = WorkspacePk.new(), ChangeSetId.new(), RequestId.new()
+    status = ErrorStatus(
+        message="KeyError: 'x' (at app.py:3 in apply)",
+        details=ErrorDetails(error_class="KeyError", raised_at="app.py:3 in apply"),
+    )
+    response = EnqueueUpdatesResponse(id=rid, workspace_id=ws, change_set_id=cs, status=status)
+    record = ChangeSetRecord(epoch=1, owner="o", state={}).with_reply(str(rid), response, 64)
+    entry = cbor2.loads(record.recent[str(rid)])
+    assert entry[1] == {"kind": "error", "message": status.message, "retryable": False}
+    assert ChangeSetRecord.decode(record.encode()).recorded_status(str(rid)) == status.model_copy(
+        update={"details": None}
+    )
 
 
 def test_a_success_entry_is_compact() -> None:
