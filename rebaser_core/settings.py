@@ -189,7 +189,10 @@ class Settings(BaseModel):
     retry_backoff: float = Field(1.0, gt=0, description="First redelivery delay after a retryable failure.")
     retry_backoff_max: float = Field(60.0, gt=0, description="Cap on the redelivery delay.")
     max_attempts: int = Field(
-        5, ge=1, description="Retryable failures of one request before it is dead-lettered."
+        5,
+        ge=1,
+        description="Retryable failures of one request before it is dead-lettered; also daemons that died or froze "
+        "with it in hand, after the first.",
     )
     nats_timeout: float = Field(
         5.0, gt=0, description="How long one JetStream API call (commit, purge, dead letter, ack) may take."

@@ -6,8 +6,9 @@ Every request comes to exactly one decision, taken against the record as of ever
 
 - **already processed** (its stream sequence is at or below the record's ``applied_seq``): never applied again;
   answered from the record if the reply is still there (REPLAYED);
-- **suspect** (first in line after the owner died or froze holding the task): one more attempt counted (COUNTED),
-  or, at ``max_attempts``, refused with a dead letter (REFUSED);
+- **suspect** (first in line after the owner died or froze holding the task): the suspicion written, and one more
+  attempt counted if the last owner died with the request in hand (COUNTED), or, at ``max_attempts``, refused with
+  a dead letter (REFUSED);
 - **undecodable or not for this change set**: refused with an error reply and a dead letter (REFUSED);
 - **replayed** (its id is in the record: a client resent it): answered from the record (REPLAYED);
 - otherwise **applied** (APPLIED): the app's success or conflicts, or its refusal (a ``refused`` reply, the state
@@ -141,9 +142,15 @@ class RequestHandler:
             return None  # it was dead-lettered (and answered) when it was processed
 
     def _suspect(self, msg: Msg, seq: int, record: ChangeSetRecord) -> Decision:
-        """One more unclean takeover counted against the first queued request; refused past max_attempts."""
-        # Attempts that died with their daemon so far (this takeover is the count-th in a row).
-        count = record.suspect[1] + 1 if record.suspect and record.suspect[0] == seq else 1
+        """An unclean takeover: the first queued request becomes a suspect, and each later owner that dies with it
+        in hand counts an attempt against it; refused at max_attempts.
+
+        The first owner's death is not counted: nothing tells whether it had begun this request (it may have died
+        idle, or in the middle of the requests before it, uncommitted). Every later owner writes the suspicion (this
+        decision, COUNTED, committed at once) right before it applies the request, so its death is one with the
+        request in hand. Counting the first too dead-lettered healthy requests under extreme SIGKILL churn."""
+        # The last owner wrote this suspicion and died: with the request in hand. A new suspect is not counted yet.
+        count = record.suspect[1] + 1 if record.suspect and record.suspect[0] == seq else 0
         if count >= self._max_attempts:
             reason = (
                 f"gave up after {count} attempts: every daemon that took this request died or froze "
@@ -156,7 +163,8 @@ class RequestHandler:
             return self._refused(msg, seq, record, reason)
         # Rare (only after an unclean takeover), and what an operator needs to see a crash loop coming.
         log.info(
-            "%s: the last owner died or froze holding the task: request seq %d counted as attempt %d of %d",
+            "%s: the last owner died or froze holding the task: request seq %d is suspect (%d of %d attempts "
+            "that died with it in hand)",
             self._change_set,
             seq,
             count,

@@ -68,8 +68,9 @@ class ChangeSetRecord:
     # Set by a peer that hands the task back for an owner gone silent (lease_mode daemon): the next owner takes over
     # from a daemon that died or froze holding it, though from a new task message.
     reaped: bool = False
-    # (stream sequence, takeovers) of the first queued request after unclean takeovers: a request that kills or
-    # freezes every daemon that applies it is dead-lettered after ``max_attempts`` of them.
+    # (stream sequence, deaths with it in hand) of the first queued request after an unclean takeover: each later
+    # owner writes it right before applying the request, so a request that kills or freezes every daemon that
+    # applies it is dead-lettered after ``max_attempts`` such deaths (rebaser_server.changeset.handling._suspect).
     suspect: tuple[int, int] | None = None
     # The shard whose streams ``applied_seq``, ``task_seq`` and ``suspect`` count in (sequences are per stream).
     # Taken from another shard after a layout change, they start over (see ChangeSetStore.acquire).

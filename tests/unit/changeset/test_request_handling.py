@@ -185,21 +185,25 @@ async def test_a_processed_request_whose_reply_is_forgotten_or_undecodable_is_re
 # -- suspect (the first request after an unclean takeover) ----------------------------------------------------
 
 
-async def test_an_unclean_takeover_counts_one_attempt_against_the_first_request() -> None:
+async def test_an_unclean_takeover_makes_the_first_request_a_suspect_and_each_later_one_counts_an_attempt() -> (
+    None
+):
+    """The first owner's death is not counted (nothing says it had begun the request); each later owner wrote the
+    suspicion right before applying it, so its death counts."""
     cs, app = _change_set(), FakeApp()
     handler = _handler(cs, app, _settings(max_attempts=3))
     msg = _msg(cs, _request(cs))
     first = await handler.decide(msg, 11, _record(applied_seq=10), unclean=True)
     assert first.kind is Kind.COUNTED and not first.processed
-    assert first.record is not None and first.record.suspect == (11, 1)
+    assert first.record is not None and first.record.suspect == (11, 0)
     assert first.record.applied_seq == 10  # still to be applied
     assert first.response is None and first.dead_letter is None
     second = await handler.decide(msg, 11, first.record, unclean=True)
     assert second.kind is Kind.COUNTED
-    assert second.record is not None and second.record.suspect == (11, 2)
-    # A suspicion of another request does not carry over: the count starts again.
+    assert second.record is not None and second.record.suspect == (11, 1)
+    # A suspicion of another request does not carry over: it starts again, uncounted.
     other = await handler.decide(msg, 12, _record(applied_seq=11, suspect=(11, 2)), unclean=True)
-    assert other.record is not None and other.record.suspect == (12, 1)
+    assert other.record is not None and other.record.suspect == (12, 0)
     assert app.calls == []
 
 
@@ -220,11 +224,12 @@ async def test_a_request_every_owner_died_on_is_refused_with_a_dead_letter_at_ma
     assert app.calls == []
 
 
-async def test_max_attempts_of_one_refuses_at_the_first_unclean_takeover() -> None:
+async def test_max_attempts_of_one_refuses_once_one_owner_died_with_the_request_in_hand() -> None:
     cs, app = _change_set(), FakeApp()
-    decision = await _handler(cs, app, _settings(max_attempts=1)).decide(
-        _msg(cs, _request(cs)), 1, _record(), unclean=True
-    )
+    handler = _handler(cs, app, _settings(max_attempts=1))
+    first = await handler.decide(_msg(cs, _request(cs)), 1, _record(), unclean=True)
+    assert first.kind is Kind.COUNTED and first.record is not None
+    decision = await handler.decide(_msg(cs, _request(cs)), 1, first.record, unclean=True)
     assert decision.kind is Kind.REFUSED and decision.dead_letter is not None
 
 
