@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -97,6 +98,11 @@ def growth(since: tracemalloc.Snapshot, top: int = 10) -> list[str]:
 
 
 async def soak(args: argparse.Namespace) -> int:
+    # A SIGTERM (an impatient caller, a timeout) ends the run as Ctrl-C does: the nats-server and the daemon it
+    # started are stopped on the way out, not left behind.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     prefix = f"soak{os.getpid()}"
     with tempfile.TemporaryDirectory() as store:
         server = NatsServer(store_dir=Path(store) / "nats")
@@ -176,7 +182,11 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--lease-mode", choices=("task", "daemon"), default="task")
     parser.add_argument("--tracemalloc", action="store_true", help="run the daemon here, print what grows")
-    sys.exit(asyncio.run(soak(parser.parse_args())))
+    try:
+        sys.exit(asyncio.run(soak(parser.parse_args())))
+    except asyncio.CancelledError:  # SIGTERM (see soak): everything it started is stopped by now
+        print("stopped by SIGTERM", file=sys.stderr)
+        sys.exit(143)
 
 
 if __name__ == "__main__":
