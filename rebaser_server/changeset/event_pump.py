@@ -13,7 +13,9 @@ of one change set go out one batch at a time:
   says what the subject's last sequence is now, and an unanswered batch is looked for in the stream before it is
   sent again (:meth:`EventPump._settle`).
 
-Nothing waits for this on the request path: the caller queues and goes on (:meth:`EventPump.put`).
+Nothing waits for this on the request path: the caller queues and goes on (:meth:`EventPump.put`). With nothing in
+flight the batch is sent at once and its acknowledgement comes to a callback; a task runs only to look for what is
+stored, after a failure, or while events come faster than one batch per round trip.
 """
 
 from __future__ import annotations
@@ -25,19 +27,20 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
 
 from rebaser_core import headers as h
-from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent, ContentType, event_msg_id
-from rebaser_core.api.codec import encode_body
+from rebaser_core.api import CHANGE_SET_EVENT, ContentType, event_msg_id
+from rebaser_core.api.codec import decode_body, encode_body
 from rebaser_core.errors import ProtocolError
+from rebaser_core.headers import get_header
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.pub_ack import read_pub_ack
-from rebaser_core.nats.requester import Requester, js_api, last_message
+from rebaser_core.nats.requester import Requester, js_api, last_message, last_message_direct
 from rebaser_core.nats.speedups import parse_header_lines
 
 __all__ = ["MAX_BATCH", "EventPump", "Queued"]
@@ -53,6 +56,7 @@ _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 2.0
 _WRONG_LAST = 10071  # "wrong last sequence: N"
 _ATOMIC_OFF = (10174,)  # "atomic publish is disabled" on the stream: publish one at a time
 _NO_MESSAGE = 10037
+_SEQUENCE = "Nats-Sequence"  # the stream sequence a direct get's answer carries
 _WRONG_LAST_TEXT = re.compile(r"wrong last sequence: (\d+)")
 
 
@@ -98,21 +102,44 @@ class EventPump:
         self._atomic = True
         # Queued events to send one at a time, each with its Nats-Msg-Id (see _locate_by_last).
         self._singles = 0
+        self._fresh = False  # see start_after
+        self._closed = False
+        # Locating, recovering from a failure, or a backlog: the publishing goes on in a task (none otherwise).
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
     # -- the caller's side ----------------------------------------------------------------------------
-    def start_after(self, stream_seq: int) -> None:
+    def start_after(self, stream_seq: int, *, fresh: bool = False) -> None:
         """Before the first :meth:`put` of an ownership: the last owner knew everything up to ``stream_seq`` on the
-        subject to be stored (0: not known; then the subject's last message tells)."""
-        self.last, self._scan_from = None, stream_seq
+        subject to be stored (0: not known; then the subject's last message tells). ``fresh``: the ownership took
+        over no unstored event (the record's outbox is empty), so nothing needs looking for: the first batch goes
+        without an expectation, and its acknowledgement says where the subject is."""
+        self.last, self._scan_from, self._fresh = None, stream_seq, fresh
 
-    def put(self, item: Queued) -> None:
+    def enqueue(self, item: Queued) -> None:
+        """Queue ``item`` from where nothing can wait: a task publishes it."""
         self._queue.append(item)
         self._idle.clear()
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._run())
+        if not self._in_flight:
+            self._drive()
+
+    async def put(self, *items: Queued) -> None:
+        """Queue ``items``; publish them now if nothing is in flight (the acknowledgement comes to a callback: no
+        task, no wait). Otherwise they go in the next batch."""
+        self._queue.extend(items)
+        self._idle.clear()
+        if self._in_flight or self._closed or (self._task is not None and not self._task.done()):
+            return
+        if self.last is None and not self._fresh:
+            self._drive()  # to be located first
+            return
+        batch = self._next_batch()
+        self._in_flight = len(batch)
+        try:
+            await self._publish(batch, self.last, on_answer=self._answered)
+        except (nats.errors.Error, OSError) as err:
+            self._answered(err)
 
     def pending(self) -> list[Queued]:
         """What is queued or in flight, oldest first."""
@@ -135,64 +162,114 @@ class EventPump:
     def close(self) -> None:
         """Stop publishing (the ownership is over; what is queued and committed is the next owner's, by the
         record's outbox)."""
+        self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
 
     # -- publishing -----------------------------------------------------------------------------------
-    async def _run(self) -> None:
+    def _next_batch(self) -> list[Queued]:
+        return self._queue[:MAX_BATCH] if self._atomic and not self._singles else self._queue[:1]
+
+    def _answered(self, answer: Msg | Exception) -> None:
+        """The acknowledgement of the batch :meth:`put` sent (in nats-py's read loop: quick, no wait)."""
+        count, self._in_flight = self._in_flight, 0
+        if self._closed:
+            return
+        try:
+            if isinstance(answer, Exception):
+                raise answer
+            stored_at = _stored_seq(answer)
+        except Exception as err:
+            self._drive(err)  # looked into, and sent again, by a task
+            return
+        self._stored(count, stored_at)
+        if self._queue:
+            self._drive()  # more came meanwhile: the next batch (a task only under load)
+        else:
+            self._idle.set()
+
+    def _stored(self, count: int, stored_at: int) -> None:
+        # (A single event the duplicate window knew is acknowledged with the first one's sequence, which may be
+        # older: the next batch is then refused with the real one, and goes on from there.)
+        self.last, self._fresh = stored_at, False
+        self._singles = max(self._singles - count, 0)
+        batch, self._queue = self._queue[:count], self._queue[count:]
+        for item in batch:
+            self._on_stored(item.seq, True)
+
+    def _drive(self, failure: Exception | None = None) -> None:
+        if not self._closed and (self._task is None or self._task.done()):
+            self._task = asyncio.ensure_future(self._run(failure))
+
+    async def _run(self, failure: Exception | None) -> None:
+        """Publish what is queued, one batch at a time, through whatever fails (after ``failure``, first)."""
         failures = 0
-        while self._queue:
+        while failure is not None or self._queue:
+            if failure is not None:
+                err, failure = failure, None
+                failures = await self._recover(err, failures)
+                continue
             try:
-                if self.last is None:
+                if self.last is None and not self._fresh:
                     await self._locate()
                     continue
-                batch = self._queue[:MAX_BATCH] if self._atomic and not self._singles else self._queue[:1]
+                batch = self._next_batch()
                 self._in_flight = len(batch)
                 try:
-                    stored_at = await self._send(batch, self.last)
+                    reply = await self._publish(batch, self.last)
                 finally:
                     self._in_flight = 0
-            except _Refused as err:
-                if err.code == _WRONG_LAST and (found := _WRONG_LAST_TEXT.search(err.description)):
-                    # Someone else published on the subject (an operator's notice, an owner before or after
-                    # this one): nothing of the batch was stored. What they stored of ours is dropped.
-                    await self._scan(self.last or 0, until=int(found[1]))
-                    continue
-                if err.code in _ATOMIC_OFF and self._atomic:
-                    log.warning(
-                        "%s: the events stream takes no atomic batches: one event at a time", self._stream
-                    )
-                    self._atomic = False
-                    continue
-                failures = await self._failed(err, failures)
-                continue
-            except (nats.errors.Error, TimeoutError, OSError, APIError) as err:
-                failures = await self._failed(err, failures)
-                if self.last is not None:
-                    # Unanswered: the batch may be stored. Look before sending it again.
-                    with contextlib.suppress(nats.errors.Error, TimeoutError, OSError, APIError):
-                        await self._scan(self.last)
+                assert reply is not None
+                stored_at = _stored_seq(reply)
+            except (_Refused, nats.errors.Error, TimeoutError, OSError, APIError) as err:
+                failure = err
                 continue
             failures = 0
-            # (A single event the duplicate window knew is acknowledged with the first one's sequence, which may
-            # be older: the next batch is then refused with the real one, and goes on from there.)
-            self.last = stored_at
-            self._singles = max(self._singles - len(batch), 0)
-            del self._queue[: len(batch)]
-            for item in batch:
-                self._on_stored(item.seq, True)
+            self._stored(len(batch), stored_at)
         self._idle.set()
+
+    async def _recover(self, err: Exception, failures: int) -> int:
+        """After a batch failed: find out what is stored now; the failures in a row so far."""
+        if isinstance(err, _Refused):
+            if err.code == _WRONG_LAST and (found := _WRONG_LAST_TEXT.search(err.description)):
+                # Someone else published on the subject (an operator's notice, an owner before or after this one):
+                # nothing of the batch was stored. What they stored of ours is dropped.
+                with contextlib.suppress(nats.errors.Error, TimeoutError, OSError, APIError):
+                    await self._scan(self.last or 0, until=int(found[1]))
+                return failures
+            if err.code in _ATOMIC_OFF and self._atomic:
+                log.warning(
+                    "%s: the events stream takes no atomic batches: one event at a time", self._stream
+                )
+                self._atomic = False
+                return failures
+            return await self._failed(err, failures)  # refused: nothing stored
+        failures = await self._failed(err, failures)
+        if self.last is not None:
+            # Unanswered: the batch may be stored. Look before sending it again.
+            with contextlib.suppress(nats.errors.Error, TimeoutError, OSError, APIError):
+                await self._scan(self.last)
+        elif self._fresh:
+            self._fresh = (
+                False  # where the subject is, and whether the batch is stored: its last message says
+            )
+        return failures
 
     async def _failed(self, err: Exception, failures: int) -> int:
         self._on_failure(err)
         await asyncio.sleep(min(_BACKOFF_FIRST * 2**failures, _BACKOFF_MAX))
         return failures + 1
 
-    async def _send(self, batch: list[Queued], after: int) -> int:
-        """Publish ``batch`` to be stored right after stream sequence ``after``; the last one's stream sequence."""
+    async def _publish(
+        self,
+        batch: list[Queued],
+        after: int | None,
+        on_answer: Callable[[Msg | Exception], None] | None = None,
+    ) -> Msg | None:
+        """Publish ``batch`` to be stored right after stream sequence ``after`` (None: after whatever is there).
+        The acknowledgement goes to ``on_answer``, or is returned."""
         last = len(batch) - 1
-        bodies = [encode_body(item.event, ContentType.CBOR) for item in batch]
         batch_id = secrets.token_hex(12) if last else ""
         for i, item in enumerate(batch):
             headers = {
@@ -201,31 +278,53 @@ class EventPump:
                 h.MESSAGE_VERSION: "1",
                 **item.trace,
             }
-            if i == 0:
+            if i == 0 and after is not None:
                 headers["Nats-Expected-Last-Subject-Sequence"] = str(after)
             if batch_id:
                 # (No Nats-Msg-Id in a batch: the server refuses a whole batch that repeats one.)
                 headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i + 1)})
             elif item.seq is not None:
                 headers[h.NATS_MSG_ID] = event_msg_id(*self._ids, item.seq)
+            body = encode_body(item.event, ContentType.CBOR)
             if i < last:
-                await self._requester.publish(self._subject, bodies[i], headers=headers)
+                await self._requester.publish(self._subject, body, headers=headers)
                 continue
             if batch_id:
                 headers["Nats-Batch-Commit"] = "1"
-            reply = await self._requester.request(
-                self._subject, bodies[i], timeout=self._timeout, headers=headers
-            )
-            return _stored_seq(reply)
+            if on_answer is not None:
+                await self._requester.send(
+                    self._subject, body, timeout=self._timeout, headers=headers, on_answer=on_answer
+                )
+                return None
+            return await self._requester.request(self._subject, body, timeout=self._timeout, headers=headers)
         raise AssertionError("an empty batch")
 
     # -- finding what is stored -----------------------------------------------------------------------
     async def _locate(self) -> None:
-        """Find the subject's last stored message, and drop from the queue what is stored already."""
-        if self._scan_from > 0:
+        """Find where the subject is, and drop from the queue what is stored already.
+
+        First its last message, by a direct get (cheap; a replica's stale answer is caught by the next publication's
+        expectation, and what it shows stored is stored). A durable event, or a daemon's notice (published after
+        every durable event before it was stored), settles it: everything up to its ``seq`` is stored. An operator's
+        notice does not: then the subject is read on from where the record says the events were stored."""
+        found = await last_message_direct(self._requester, self._stream, self._subject, timeout=self._timeout)
+        if found is None:
+            self.last = 0
+            return
+        assert found.headers is not None  # a found message has its Nats-Sequence
+        if self._settled_by(_seen_of(found.headers, found.data)):
+            self.last = int(found.headers[_SEQUENCE])
+        elif self._scan_from > 0:
             await self._scan(self._scan_from)
         else:
             await self._locate_by_last()
+
+    def _settled_by(self, seen: _Seen | None) -> bool:
+        """Whether ``seen`` (the subject's last message) says how far the events are stored; if so, drop those."""
+        if seen is None or not (seen.durable or seen.owner not in ("", "operator")):
+            return False
+        self._drop(lambda q: (q.seq is not None and q.seq <= seen.seq) or q.event.get("id") == seen.id)
+        return True
 
     async def _scan(self, after: int, *, until: int | None = None) -> None:
         """Read the subject's messages after stream sequence ``after`` (up to ``until``, or the last), drop from
@@ -252,32 +351,26 @@ class EventPump:
                 raise
             message = answer["message"]
             last = int(message["seq"])
-            event = _event_of(message)
-            if event is not None:
-                seen_ids.add(str(event.id))
-                if event.durable:
-                    durable = max(durable, event.seq)
+            seen = _seen_in(message)
+            if seen is not None:
+                seen_ids.add(seen.id)
+                if seen.durable:
+                    durable = max(durable, seen.seq)
         self.last = last if until is None else max(last, until)
         self._scan_from = 0
         self._drop(lambda q: str(q.event.get("id")) in seen_ids or (q.seq is not None and q.seq <= durable))
 
     async def _locate_by_last(self) -> None:
-        """Without a place to read from: the subject's last message. A durable event, or a notice this daemon's
-        kind published (after every durable event before it was stored), says how far the events are stored; an
-        operator's notice does not, and the queue is published as it is (a repeat is dropped by the stream's
-        duplicate window or by the follower, by ``seq``)."""
+        """The subject's last message as the stream leader has it, when nothing else tells: settled as in
+        :meth:`_locate`, or, after an operator's notice, the queue is published one event at a time under each
+        one's ``Nats-Msg-Id`` (a repeat is dropped by the stream's duplicate window, or by the follower, by
+        ``seq``)."""
         message = await last_message(self._requester, self._stream, self._subject, timeout=self._timeout)
         if message is None:
             self.last = 0
             return
         self.last = int(message["seq"])
-        event = _event_of(message)
-        if event is not None and (event.durable or event.owner not in ("", "operator")):
-            stored, stored_id = event.seq, str(event.id)
-            self._drop(lambda q: (q.seq is not None and q.seq <= stored) or q.event.get("id") == stored_id)
-        else:
-            # The stream may hold some of the queue: each event goes alone, with its Nats-Msg-Id, until the queue
-            # has been through once.
+        if not self._settled_by(_seen_in(message)):
             self._singles = len(self._queue)
 
     def _drop(self, stored: Callable[[Queued], bool]) -> None:
@@ -304,11 +397,37 @@ def _stored_seq(reply: Msg) -> int:
     return int(ack.get("seq", 0))
 
 
-def _event_of(message: Mapping[str, Any]) -> ChangeSetEvent | None:
-    """A ``STREAM.MSG.GET`` message as an event, or None if it is not one."""
+class _Seen(NamedTuple):
+    """What the publisher needs of a stored event: no model is built for it (a scan may read hundreds)."""
+
+    id: str
+    durable: bool
+    seq: int
+    owner: str
+
+
+def _seen_of(headers: Mapping[str, str] | None, data: bytes) -> _Seen | None:
+    """A stored message as an event's id, kind of event, seq and owner; None if it is not an event."""
+    try:
+        content_type = ContentType.parse(get_header(headers, h.CONTENT_TYPE) or ContentType.CBOR.value)
+        body = decode_body(data, content_type)
+    except (ProtocolError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    ident, durable, seq, owner = body.get("id"), body.get("durable"), body.get("seq"), body.get("owner", "")
+    if not (
+        isinstance(ident, str) and isinstance(durable, bool) and type(seq) is int and isinstance(owner, str)
+    ):
+        return None
+    return _Seen(ident, durable, seq, owner)
+
+
+def _seen_in(message: Mapping[str, Any]) -> _Seen | None:
+    """A ``STREAM.MSG.GET`` message as :func:`_seen_of` reads it."""
     raw = message.get("hdrs")
     try:
         headers = parse_header_lines(base64.b64decode(raw)) if raw else None
-        return CHANGE_SET_EVENT.decode(headers, base64.b64decode(message.get("data") or ""))
-    except (ProtocolError, ValueError):
+        return _seen_of(headers, base64.b64decode(message.get("data") or ""))
+    except ValueError:
         return None

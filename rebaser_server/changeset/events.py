@@ -147,10 +147,11 @@ class ChangeSetFeed:
         if not self.enabled:
             return
         staged, self._staged = self._staged, []
-        for seq, event, trace in staged:
+        for seq, event, _ in staged:
             self._unconfirmed[seq] = event
             self._seq = seq
-            self._pump.put(Queued(seq, event, trace))
+        if staged:
+            await self._pump.put(*(Queued(seq, event, trace) for seq, event, trace in staged))
         if len(self._unconfirmed) > OUTBOX_MAX:  # given up: no longer in any outbox
             for dropped in list(self._unconfirmed)[: len(self._unconfirmed) - OUTBOX_MAX]:
                 del self._unconfirmed[dropped]
@@ -190,14 +191,14 @@ class ChangeSetFeed:
         self._epoch, self._seq = record.epoch, record.events
         if not self.enabled:
             return
-        self._pump.start_after(record.events_at)
         left = sorted(
             ((seq, dict(e)) for e in record.outbox if (seq := _seq_of(e)) is not None), key=lambda x: x[0]
         )
+        self._pump.start_after(record.events_at, fresh=not left)
         for seq, event in left:
             self._unconfirmed[seq] = event
-            self._pump.put(Queued(seq, event, {}))
-        self._pump.put(Queued(None, self._notice("taken"), {}))
+            self._pump.enqueue(Queued(seq, event, {}))
+        self._pump.enqueue(Queued(None, self._notice("taken"), {}))
 
     def close(self) -> None:
         """The ownership is over: whatever is still unpublished is left to the next owner (the record's outbox)."""
@@ -206,14 +207,14 @@ class ChangeSetFeed:
     async def notice(self, kind: EventKind, **fields: object) -> None:
         """Publish a notice (not committed; published once, after everything before it)."""
         if self.enabled:
-            self._pump.put(Queued(None, self._notice(kind, **fields), {}))
+            await self._pump.put(Queued(None, self._notice(kind, **fields), {}))
 
     async def released(self, reason: str) -> None:
         """Say ``released``, while still the owner, and wait (at most the NATS timeout) for it and everything before
         it to be stored: its seq is then the last durable event, all of them stored."""
         if not self.enabled:
             return
-        self._pump.put(Queued(None, self._notice("released", reason=reason[:128]), {}))
+        await self._pump.put(Queued(None, self._notice("released", reason=reason[:128]), {}))
         await self._pump.drained(self._timeout)
 
     def _notice(self, kind: EventKind, **fields: object) -> dict[str, Any]:

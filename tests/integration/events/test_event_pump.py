@@ -78,7 +78,7 @@ async def test_queued_events_are_stored_in_order_in_batches(nc: NatsClient, pump
     pump, stream, subject, wk, cs, failures = await pump_on()
     pump.start_after(0)
     for seq in range(1, 301):
-        pump.put(Queued(seq, _event(wk, cs, seq), {}))
+        await pump.put(Queued(seq, _event(wk, cs, seq), {}))
     assert await pump.drained(20)
     assert await _stored_seqs(nc, stream, subject) == list(range(1, 301))
     assert failures == []
@@ -91,12 +91,12 @@ async def test_what_an_earlier_owner_stored_is_not_stored_again(
     first, stream, subject, wk, cs, _ = await pump_on()
     events = [_event(wk, cs, seq) for seq in range(1, 6)]
     first.start_after(0)
-    first.put(Queued(1, events[0], {}))
+    await first.put(Queued(1, events[0], {}))
     assert await first.drained(10)
     known = first.last  # the record of the commit after event 1 says it is stored at this stream sequence
     assert known is not None
     for seq, event in enumerate(events[1:3], 2):
-        first.put(Queued(seq, event, {}))
+        await first.put(Queued(seq, event, {}))
     assert await first.drained(10)
     # The next owner took over 1-5 (its record's outbox) and finds 1-3 stored: from the sequence its record names
     # (read on from there), or with none (the subject's last message tells).
@@ -112,7 +112,7 @@ async def test_what_an_earlier_owner_stored_is_not_stored_again(
     )
     second.start_after(0 if record_knew == "nothing" else known)
     for seq, event in enumerate(events, 1):
-        second.put(Queued(seq, event, {}))
+        await second.put(Queued(seq, event, {}))
     try:
         assert await second.drained(10)
     finally:
@@ -123,14 +123,14 @@ async def test_what_an_earlier_owner_stored_is_not_stored_again(
 async def test_a_message_published_meanwhile_is_stepped_over(nc: NatsClient, pump_on: Any) -> None:
     pump, stream, subject, wk, cs, failures = await pump_on()
     pump.start_after(0)
-    pump.put(Queued(1, _event(wk, cs, 1), {}))
+    await pump.put(Queued(1, _event(wk, cs, 1), {}))
     assert await pump.drained(10)
     # An operator's notice on the same subject: the publisher's next batch expects what it knew as the last.
     notice = {**_event(wk, cs, 1), "kind": "paused", "durable": False, "owner": "operator"}
     headers, body = CHANGE_SET_EVENT.encode(CHANGE_SET_EVENT.current.model_validate(notice))
     await nc.jetstream().publish(subject, body, headers=headers)
     for seq in (2, 3):
-        pump.put(Queued(seq, _event(wk, cs, seq), {}))
+        await pump.put(Queued(seq, _event(wk, cs, seq), {}))
     assert await pump.drained(10)
     assert await _stored_seqs(nc, stream, subject) == [1, 1, 2, 3]  # the notice carries the seq before it
     assert failures == []  # a refusal for the wrong last sequence is no failure: nothing was stored
@@ -140,7 +140,7 @@ async def test_a_stream_without_atomic_batches_gets_one_event_at_a_time(nc: Nats
     pump, stream, subject, wk, cs, _ = await pump_on(atomic=False)
     pump.start_after(0)
     for seq in range(1, 21):
-        pump.put(Queued(seq, _event(wk, cs, seq), {}))
+        await pump.put(Queued(seq, _event(wk, cs, seq), {}))
     assert await pump.drained(20)
     assert await _stored_seqs(nc, stream, subject) == list(range(1, 21))
 
@@ -153,7 +153,7 @@ async def test_an_event_found_stored_leaves_the_outbox(
     pump, stream, subject, wk, cs, _ = await pump_on()
     stored = _event(wk, cs, 1)
     pump.start_after(0)
-    pump.put(Queued(1, stored, {}))  # the last owner's publication
+    await pump.put(Queued(1, stored, {}))  # the last owner's publication
     assert await pump.drained(10)
     requester = Requester(nc)
     feed = ChangeSetFeed(
