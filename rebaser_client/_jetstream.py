@@ -31,6 +31,7 @@ __all__ = [
     "read_layout",
     "shard_now",
     "shards_of",
+    "task_seq",
     "task_state",
     "task_state_upto",
 ]
@@ -110,15 +111,27 @@ async def task_state_upto(
 ) -> TaskState:
     """The change set's task state, given ``upto``: the shared tasks consumer's last delivered sequence (None: there
     is none, the fair intake: the workspace's own consumer is asked)."""
+    seq = await task_seq(js, subjects, workspace_id, change_set_id)
+    if seq is None:
+        return "none"
+    if upto is None:
+        upto = await delivered_upto(js, subjects, subjects.workspace_tasks_consumer(workspace_id))
+    return "owned" if upto is not None and seq <= upto else "waiting"
+
+
+async def task_seq(
+    js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> int | None:
+    """The stream sequence of the change set's task in its shard's tasks stream; None if it has none. A task keeps
+    its sequence while it lives (a hand-back redelivers the same message), so a reader that follows many change
+    sets (the web console) reads it once per task and compares it with the consumer's delivered sequence."""
     try:
         msg = await js.get_last_msg(
             subjects.tasks_stream, subjects.task(workspace_id, change_set_id), direct=True
         )
     except NotFoundError:
-        return "none"
-    if upto is None:
-        upto = await delivered_upto(js, subjects, subjects.workspace_tasks_consumer(workspace_id))
-    return "owned" if upto is not None and (msg.seq or 0) <= upto else "waiting"
+        return None
+    return int(msg.seq or 0)
 
 
 async def task_state(

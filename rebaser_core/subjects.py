@@ -232,6 +232,10 @@ class Subjects:
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
 
+    def dead_letters_of_workspace(self, workspace_id: WorkspacePk) -> str:
+        """The filter of every change set's dead letters of one workspace."""
+        return self._subject("dlq", "rebaser", "requests", str(workspace_id), "*")
+
     def events(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         """Where the events of one change set are published."""
         return self._subject("rebaser", "events", str(workspace_id), str(change_set_id))

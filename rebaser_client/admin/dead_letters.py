@@ -115,14 +115,16 @@ async def dead_letters(
     limit: int = 50,
     progress: Progress = no_progress,
 ) -> tuple[int, list[DeadLetter]]:
-    """(how many there are, the oldest ``limit`` of them), of one change set if both ids are given."""
+    """(how many there are, the oldest ``limit`` of them), of one change set if both ids are given, of one workspace
+    if only its id is."""
     js = nc.jetstream(timeout=OPERATOR_TIMEOUT)
     stream = subjects.dead_letter_stream
-    filter_ = (
-        subjects.dead_letter(workspace_id, change_set_id)
-        if workspace_id is not None and change_set_id is not None
-        else subjects.dead_letters_all
-    )
+    if workspace_id is not None and change_set_id is not None:
+        filter_ = subjects.dead_letter(workspace_id, change_set_id)
+    elif workspace_id is not None:
+        filter_ = subjects.dead_letters_of_workspace(workspace_id)
+    else:
+        filter_ = subjects.dead_letters_all
     found: list[DeadLetter] = []
     try:
         info = await js.stream_info(stream, subjects_filter=filter_)

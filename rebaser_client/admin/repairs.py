@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import nats.errors
@@ -32,9 +33,10 @@ from ulid import ULID
 from rebaser_client._jetstream import OPERATOR_TIMEOUT, js_error, task_state
 from rebaser_client._routing import fetch_layout, routed
 from rebaser_client.admin.dead_letters import DeadLetter, NoDeadLetter, dead_letter
+from rebaser_client.admin.reader import Progress, no_progress
 from rebaser_core import headers as h
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdatesRequest
-from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserUnavailable, Unsupported
+from rebaser_core.errors import ProtocolError, RebaserError, RebaserRefused, RebaserUnavailable, Unsupported
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.nats.tasks import check_pub_ack, publish_task
@@ -48,6 +50,7 @@ __all__ = [
     "drop_dead_letters",
     "purge_change_set",
     "replay_dead_letter",
+    "replay_dead_letters",
     "replay_id",
 ]
 
@@ -216,6 +219,29 @@ async def replay_dead_letter(nc: NatsClient, subjects: Subjects, seq: int) -> Re
             "replaying it again publishes the same id, which is not applied twice"
         ) from None
     return ReplayResult(seq, str(request.id), str(new_id), subject, stream_seq, duplicate)
+
+
+async def replay_dead_letters(
+    nc: NatsClient,
+    subjects: Subjects,
+    seqs: Sequence[int],
+    *,
+    keep_going: bool = True,
+    progress: Progress = no_progress,
+) -> list[ReplayResult | tuple[int, RebaserError]]:
+    """Replay each dead letter of ``seqs`` in turn (``rebaser dlq replay`` and the web console's replay, one or
+    many): its result, or (its sequence, why it was not replayed). ``keep_going=False``: the first error is raised,
+    and those after it are not tried."""
+    done: list[ReplayResult | tuple[int, RebaserError]] = []
+    for seq in seqs:
+        try:
+            done.append(await replay_dead_letter(nc, subjects, seq))
+        except RebaserError as err:
+            if not keep_going:
+                raise
+            done.append((seq, err))
+        progress(len(done), len(seqs))
+    return done
 
 
 async def drop_dead_letters(

@@ -23,6 +23,7 @@ from rebaser_client._pause_read import PausedLine, all_pauses
 from rebaser_client._routing import fetch_layout
 from rebaser_client.admin.reader import Progress, Reader, StreamSummary, no_progress
 from rebaser_client.admin.workspaces import (
+    WORKSPACES_LISTED,
     DaemonsOwned,
     WorkspaceLine,
     busiest_workspaces,
@@ -30,12 +31,13 @@ from rebaser_client.admin.workspaces import (
 )
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.layout import Layout
 from rebaser_core.nats.durability import Durability, assess
 from rebaser_core.nats.layout_store import open_layout, read_durability
 from rebaser_core.nats.monitoring import read_servers_sync
 from rebaser_core.subjects import Subjects
 
-__all__ = ["ChangeSetLine", "StatusReport", "status_report"]
+__all__ = ["ChangeSetLine", "Counts", "StatusReport", "read_counts", "status_report"]
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,27 @@ class StatusReport:
         return counts
 
 
-async def status_report(
-    nc: NatsClient,
-    subjects: Subjects,
-    *,
-    limit: int = 50,
-    progress: Progress = no_progress,
-    monitoring_urls: Sequence[str] = (),
-    daemon_urls: Sequence[str] = (),
-) -> StatusReport:
-    """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the busiest
-    workspaces (owned change sets read from ``daemon_urls``, the daemons' health endpoints). With shards
-    (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures summed."""
+@dataclass(frozen=True)
+class Counts:
+    """What the streams' subject counts say, every shard's: one stream info per stream and shard, no call per change
+    set. ``rebaser status`` reads them once; the web console every second, for its live list."""
+
+    summaries: tuple[StreamSummary, ...]  # each shard's requests and tasks streams, then the dead letters'
+    consumer: Mapping[str, int] | None  # the shared tasks consumers' figures, summed; None: there is none
+    upto: Mapping[
+        int, int | None
+    ]  # shard -> its shared tasks consumer's last delivered sequence (None: none)
+    # (workspace, change set) -> {"queued": requests stored, "task": tasks, "shard": the task's shard, "dead": ...}
+    lines: Mapping[tuple[str, str], Mapping[str, int]]
+    records: int | None  # change-set records in the KV bucket
+    heartbeats: int | None
+    shards: tuple[int, ...] = (0,)
+    layout: Layout | None = None  # None: one shard, no layout stored
+
+
+async def read_counts(nc: NatsClient, subjects: Subjects) -> Counts:
+    """The deployment's streams and what each change set has in them (:class:`Counts`); one line if NATS fails,
+    :class:`~rebaser_core.errors.RebaserRefused` if there is no deployment."""
     r = Reader(nc, subjects)
     summaries: list[StreamSummary] = []
     consumer: dict[str, int] | None = None
@@ -106,7 +117,8 @@ async def status_report(
     lines: dict[tuple[str, str], dict[str, int]] = {}
     try:
         layout = await fetch_layout(nc, subjects)
-        for shard in range(1) if layout is None else layout.shards:
+        shards = tuple(range(1) if layout is None else layout.shards)
+        for shard in shards:
             names = subjects.for_shard(shard)
             requests, queued = await r.subject_counts(names.requests_stream, names.requests_all)
             tasks, task_subjects = await r.subject_counts(names.tasks_stream, names.tasks_all)
@@ -138,7 +150,6 @@ async def status_report(
         summaries.append(dlq)
         records = await r.records()
         heartbeats = await r.heartbeats()
-        paused, pauses_more = await all_pauses(r.js, subjects, timeout=OPERATOR_TIMEOUT)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     if all(s.messages is None for s in summaries):
@@ -147,14 +158,40 @@ async def status_report(
         ids = parse_ids(subject, _dead_letter_parser(subjects))
         if ids is not None:
             lines.setdefault(ids, {})["dead"] = count
+    return Counts(tuple(summaries), consumer, upto, lines, records, heartbeats, shards, layout)
+
+
+async def status_report(
+    nc: NatsClient,
+    subjects: Subjects,
+    *,
+    limit: int = 50,
+    progress: Progress = no_progress,
+    monitoring_urls: Sequence[str] = (),
+    daemon_urls: Sequence[str] = (),
+    counts: Counts | None = None,
+    workspaces_limit: int = WORKSPACES_LISTED,
+) -> StatusReport:
+    """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the
+    ``workspaces_limit`` busiest workspaces (owned change sets read from ``daemon_urls``, the daemons' health
+    endpoints). With shards (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures
+    summed. ``counts``: the subject counts read already (:func:`read_counts`), not read again."""
+    if counts is None:
+        counts = await read_counts(nc, subjects)
+    summaries, upto, lines = counts.summaries, counts.upto, counts.lines
+    r = Reader(nc, subjects)
+    try:
+        paused, pauses_more = await all_pauses(r.js, subjects, timeout=OPERATOR_TIMEOUT)
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
     busiest = sorted(lines.items(), key=lambda kv: (-kv[1].get("queued", 0), -kv[1].get("dead", 0), kv[0]))
     chosen = busiest[:limit]
     out: list[ChangeSetLine] = []
-    for done, ((wk, cs), counts) in enumerate(chosen, 1):
+    for done, ((wk, cs), figures) in enumerate(chosen, 1):
         record = await r.record(wk, cs)
         task = "none"
-        if counts.get("task"):
-            shard = counts.get("shard", 0)
+        if figures.get("task"):
+            shard = figures.get("shard", 0)
             task = await Reader(nc, subjects.for_shard(shard)).task_state(
                 WorkspacePk(wk), ChangeSetId(cs), upto.get(shard)
             )
@@ -162,9 +199,9 @@ async def status_report(
             ChangeSetLine(
                 wk,
                 cs,
-                counts.get("queued", 0),
+                figures.get("queued", 0),
                 task,
-                counts.get("dead", 0),
+                figures.get("dead", 0),
                 owner=record.owner if record else None,
                 epoch=record.epoch if record else None,
                 dvu_pending=record.dvu_pending if record else None,
@@ -173,7 +210,7 @@ async def status_report(
         progress(done, len(chosen))
     servers, problems = await asyncio.to_thread(read_servers_sync, monitoring_urls)
     daemons = await asyncio.to_thread(read_daemons_owned, daemon_urls)
-    workspaces, workspaces_total = busiest_workspaces(lines.items(), daemons)
+    workspaces, workspaces_total = busiest_workspaces(lines.items(), daemons, limit=workspaces_limit)
     replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
     durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)
     durability_from = None
@@ -185,9 +222,9 @@ async def status_report(
             durability_from = f"{by} at {at}"
     return StatusReport(
         subjects.prefix,
-        tuple(summaries),
-        consumer,
-        records,
+        summaries,
+        counts.consumer,
+        counts.records,
         tuple(out),
         len(lines),
         durability,
@@ -197,7 +234,7 @@ async def status_report(
         workspaces=workspaces,
         workspaces_total=workspaces_total,
         daemons=daemons,
-        heartbeats=heartbeats,
+        heartbeats=counts.heartbeats,
         durability_from=durability_from,
     )
 

@@ -24,9 +24,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["WORKSPACES_LISTED", "DaemonsOwned", "WorkspaceLine", "busiest_workspaces", "read_daemons_owned"]
+__all__ = [
+    "WORKSPACES_LISTED",
+    "DaemonLine",
+    "DaemonsOwned",
+    "WorkspaceLine",
+    "busiest_workspaces",
+    "read_daemons_owned",
+]
 
 # Workspaces listed by ``rebaser status`` (the busiest first); all are counted.
 WORKSPACES_LISTED = 10
@@ -53,6 +60,22 @@ class WorkspaceLine:
 
 
 @dataclass(frozen=True)
+class DaemonLine:
+    """One daemon as its ``/status`` describes it (the web console's overview lists them)."""
+
+    url: str
+    owner: str | None = None  # None: not read (``problem`` says why)
+    ready: bool | None = None
+    not_ready: tuple[str, ...] = ()
+    lease_mode: str | None = None
+    served_shards: tuple[int, ...] = ()
+    owned: int | None = None
+    concurrency: int | None = None
+    durability: str | None = None  # what an acknowledged request survives, as the daemon found it
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
 class DaemonsOwned:
     """Change sets owned per workspace, summed over the daemons read."""
 
@@ -61,6 +84,7 @@ class DaemonsOwned:
     problems: tuple[str, ...] = ()  # why the others could not be
     served: Mapping[str, int] = dataclasses.field(default_factory=dict)  # tasks taken lately, per workspace
     served_total: int = 0  # by every workspace (the busiest are listed in ``served``)
+    daemons: tuple[DaemonLine, ...] = ()  # each daemon read (or not), in the order of the URLs given
 
     @property
     def known(self) -> bool:
@@ -109,6 +133,7 @@ class _Read(NamedTuple):
     problem: str | None = None
     served: Mapping[str, int] = {}
     served_total: int = 0
+    line: DaemonLine | None = None
 
 
 def _read_one(url: str) -> _Read:
@@ -135,6 +160,7 @@ def _read_one(url: str) -> _Read:
         if isinstance(served, dict)
         else {},
         served_total=served_total if isinstance(served_total, int) else 0,
+        line=_daemon_line(url, status, owned),
     )
 
 
@@ -156,4 +182,26 @@ def read_daemons_owned(urls: Sequence[str]) -> DaemonsOwned:
         tuple(read.problem for read in reads if read.problem is not None),
         dict(served),
         sum(read.served_total for read in reads),
+        tuple(
+            read.line or DaemonLine(url, problem=read.problem) for url, read in zip(urls, reads, strict=True)
+        ),
+    )
+
+
+def _daemon_line(url: str, status: Mapping[str, Any], owned: Mapping[str, Any]) -> DaemonLine:
+    """The few facts of a daemon's /status an overview shows; what is missing or malformed is left unknown."""
+    layout, leases, durability = status.get("layout"), status.get("leases"), status.get("durability")
+    shards = layout.get("served_shards") if isinstance(layout, dict) else None
+    reasons = status.get("not_ready")
+    survives = durability.get("level") if isinstance(durability, dict) else None
+    return DaemonLine(
+        url,
+        owner=str(status.get("owner", "")) or None,
+        ready=status["ready"] if isinstance(status.get("ready"), bool) else None,
+        not_ready=tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
+        lease_mode=str(leases.get("mode")) if isinstance(leases, dict) and leases.get("mode") else None,
+        served_shards=tuple(int(s) for s in shards if isinstance(s, int)) if isinstance(shards, list) else (),
+        owned=owned["count"] if isinstance(owned.get("count"), int) else None,
+        concurrency=owned["concurrency"] if isinstance(owned.get("concurrency"), int) else None,
+        durability=str(survives) if survives is not None else None,
     )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from rebaser_client.admin.cli.params import NATS_URL
+from rebaser_client.admin.format_actions import plural
 from rebaser_core.errors import RebaserError, RebaserUnavailable
 from rebaser_core.ids import UlidId
 from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
@@ -65,11 +66,6 @@ def connection_options(f: Any) -> Any:
         show_default=True,
     )(f)
     return f
-
-
-def plural(count: int, singular: str, plural_form: str | None = None) -> str:
-    """``1 dead letter``, ``3 dead letters``, ``0 requests``."""
-    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
 
 
 def limit_option(default: int, help_text: str) -> Callable[[_F], _F]:

@@ -28,7 +28,6 @@ from rebaser_client.admin.cli.common import (
     run,
     subjects_of,
 )
-from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
 
@@ -166,7 +165,8 @@ def dlq_replay(
         raise click.UsageError("give dead-letter sequences, or --all")
     subjects = subjects_of(prefix)
     from rebaser_client.admin.dead_letters import dead_letters
-    from rebaser_client.admin.repairs import check_replayable, replay_dead_letter
+    from rebaser_client.admin.format_actions import replay_json
+    from rebaser_client.admin.repairs import check_replayable, replay_dead_letters
 
     async def work(nc: NatsClient) -> list[dict[str, Any]]:
         if everything:
@@ -185,30 +185,19 @@ def dlq_replay(
                 check_replayable(letter)
             targets = list(seqs)
             await confirm_connected(yes, f"Replay {_letters_named(seqs)} as new requests?")
-        done: list[dict[str, Any]] = []
         with progress_bar("replaying", enabled=not as_json and len(targets) > 1) as progress:
-            for seq in targets:
-                try:
-                    r = await replay_dead_letter(nc, subjects, seq)
-                except RebaserError as err:
-                    if not everything:
-                        raise
-                    done.append({"dead_letter_seq": seq, "error": error_line(err)})
-                else:
-                    done.append(
-                        {
-                            "dead_letter_seq": r.dead_letter_seq,
-                            "original_id": r.original_id,
-                            "request_id": r.request_id,
-                            "subject": r.subject,
-                            "stream_seq": r.stream_seq,
-                            "duplicate": r.duplicate,
-                        }
-                    )
-                progress(len(done), len(targets))
-        return done
+            outcomes = await replay_dead_letters(
+                nc, subjects, targets, keep_going=everything, progress=progress
+            )
+        return [
+            {"dead_letter_seq": o[0], "error": error_line(o[1])} if isinstance(o, tuple) else replay_json(o)
+            for o in outcomes
+        ]
 
     results = run(nats_url, work)
+    from rebaser_client.admin.format_actions import replay_line
+    from rebaser_client.admin.repairs import ReplayResult
+
     if as_json:
         print_json({"replayed": results})
     else:
@@ -218,11 +207,7 @@ def dlq_replay(
             if "error" in r:
                 click.echo(f"dead letter {r['dead_letter_seq']}: not replayed: {r['error']}")
             else:
-                again = " (already stored: replayed before)" if r["duplicate"] else ""
-                click.echo(
-                    f"dead letter {r['dead_letter_seq']}: replayed as request {r['request_id']} "
-                    f"(was {r['original_id']}) on {r['subject']}{again}"
-                )
+                click.echo(replay_line(ReplayResult(**r)))
     if any("error" in r for r in results):
         sys.exit(1)
 

@@ -25,6 +25,7 @@ import click
 
 from rebaser_client.admin.cli import pause
 from rebaser_client.admin.cli.change_set import change_set, wait
+from rebaser_client.admin.cli.console import console
 from rebaser_client.admin.cli.dlq import dlq
 from rebaser_client.admin.cli.lazy_imports import defer_aiohttp
 from rebaser_client.admin.cli.params import NATS_URL, SECONDS
@@ -206,7 +207,7 @@ def main() -> None:
 
 
 # The operators' commands, each module of this package one command or group (and `streams`, below).
-for _command in (status, change_set, dlq, wait, watch):
+for _command in (status, change_set, dlq, wait, watch, console):
     main.add_command(_command)
 pause.register(main)  # change-set pause/resume/skip, and the workspace group
 

@@ -12,7 +12,6 @@ nats-py, pydantic and rich are imported by the commands, once their options are 
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +23,19 @@ from rebaser_client.admin.cli.common import (
     connection_options,
     json_option,
     parse_ulid,
-    plural,
     print_json,
     run,
     subjects_of,
 )
 from rebaser_client.admin.cli.params import SECONDS
+from rebaser_client.admin.format_actions import (
+    pause_json,
+    pause_line,
+    resume_json,
+    resume_lines,
+    skip_json,
+    skip_line,
+)
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 if TYPE_CHECKING:
@@ -56,12 +62,6 @@ def _ids(workspace_id: str, change_set_id: str) -> tuple[WorkspacePk, ChangeSetI
     )
 
 
-def _what(workspace_id: str, change_set_id: str | None) -> str:
-    return (
-        f"workspace {workspace_id}" if change_set_id is None else f"change set {workspace_id}/{change_set_id}"
-    )
-
-
 def _wait_options(f: Any) -> Any:
     f = click.option(
         "--timeout",
@@ -78,96 +78,6 @@ def _wait_options(f: Any) -> Any:
     )(f)
     f = click.option("--reason", default="", help="Why (shown by `status` and `change-set show`).")(f)
     return f
-
-
-# -- what is printed (pure: tests/unit/client/test_pause_format.py) ------------------------------------------------
-def pause_json(result: PauseResult, now: datetime) -> dict[str, Any]:
-    from rebaser_client.admin.format import pause_json as pause_data
-
-    return {
-        "workspace_id": result.workspace_id,
-        "change_set_id": result.change_set_id,
-        "already_paused": result.already,
-        "let_go": result.let_go,
-        "pause": pause_data(result.pause, now),
-    }
-
-
-def pause_line(result: PauseResult, now: datetime) -> str:
-    from rebaser_client.admin.format import pause_text
-
-    what = _what(result.workspace_id, result.change_set_id)
-    if result.already:
-        line = f"{what} was paused already, {pause_text(result.pause, now)}: that pause is kept"
-    else:
-        line = f"paused {what}" + (f" ({result.pause.reason})" if result.pause.reason else "")
-    if result.let_go:
-        line += "; no daemon holds it"
-    elif result.let_go is None:
-        line += "; its owner lets it go at its next request boundary"
-    return line
-
-
-def resume_json(result: ResumeResult, now: datetime) -> dict[str, Any]:
-    from rebaser_client.admin.format import pause_json as pause_data
-
-    data = asdict(result)
-    data["was"] = None if result.was is None else pause_data(result.was, now)
-    data["workspace_pause"] = (
-        None if result.workspace_pause is None else pause_data(result.workspace_pause, now)
-    )
-    return data
-
-
-def resume_lines(result: ResumeResult, now: datetime) -> list[str]:
-    from rebaser_client.admin.format import pause_text
-
-    what = _what(result.workspace_id, result.change_set_id)
-    head = (
-        f"{what} was not paused"
-        if result.was is None
-        else f"resumed {what} (paused {pause_text(result.was, now)})"
-    )
-    if result.change_set_id is not None:
-        if not result.queued:
-            tasks = "nothing is queued"
-        elif result.tasks_published:
-            tasks = "gave it a task: a daemon takes it"
-        else:
-            tasks = "it has a task already"
-    else:
-        tasks = (
-            f"{plural(result.queued, 'change set')} with requests queued: {result.tasks_published} given a task"
-            + (f", {result.tasks_existing} had one" if result.tasks_existing else "")
-        )
-    lines = [f"{head}; {tasks}"]
-    if result.left_to_sweep:
-        lines.append(
-            f"note: {plural(result.left_to_sweep, 'change set')} past the first {result.queued - result.left_to_sweep} "
-            "get their task from the daemons' orphan sweep (within its interval, 30 s by default)"
-        )
-    if result.still_paused:
-        lines.append(f"note: {plural(result.still_paused, 'change set')} paused on their own stay paused")
-    if result.workspace_pause is not None:
-        lines.append(
-            f"note: its workspace is paused ({pause_text(result.workspace_pause, now)}): the change set stays "
-            f"paused until `rebaser workspace resume {result.workspace_id}`"
-        )
-    return lines
-
-
-def skip_json(result: SkipResult) -> dict[str, Any]:
-    return asdict(result)
-
-
-def skip_line(result: SkipResult) -> str:
-    copy = "stored already as" if result.duplicate else "now"
-    gone = "" if result.deleted else " (it had left the requests stream meanwhile)"
-    return (
-        f"skipped request {result.request_id} (seq {result.seq} of {result.stream}){gone}: {copy} dead letter "
-        f"{result.dead_letter_seq} (`rebaser dlq show {result.dead_letter_seq}`); the change set stays paused: "
-        f"`rebaser change-set resume {result.workspace_id} {result.change_set_id}`"
-    )
 
 
 def _now() -> datetime:

@@ -1,0 +1,113 @@
+"""``rebaser console``: serve the web console (:mod:`rebaser_client.admin.console`) until Ctrl-C or SIGTERM.
+
+It binds 127.0.0.1 by default; any other address needs ``--token`` (or ``REBASER_CONSOLE_TOKEN``), which every
+request must then carry. aiohttp and nats-py are imported once the options are checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+
+import click
+
+from rebaser_client.admin.cli.common import connection_options, subjects_of
+from rebaser_core.errors import RebaserError
+
+__all__ = ["console"]
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@click.command()
+@connection_options
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --token)."
+)
+@click.option(
+    "--port", default=8470, show_default=True, type=click.IntRange(0, 65535), help="0: any free port."
+)
+@click.option(
+    "--token",
+    envvar="REBASER_CONSOLE_TOKEN",
+    default=None,
+    help="A secret every request must carry (open the console once with ?token=...). Needed off loopback.",
+)
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing: every action is refused.")
+@click.option(
+    "--daemon-url",
+    "daemon_urls",
+    multiple=True,
+    help="A daemon's health endpoint (http://HOST:9464), once per daemon: the overview shows its health.",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(0.1, 60),
+    default=1.0,
+    show_default=True,
+    help="Seconds between two reads of the streams' counts.",
+)
+def console(
+    nats_url: str,
+    prefix: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    read_only: bool,
+    daemon_urls: tuple[str, ...],
+    refresh: float,
+) -> None:
+    """Serve the web console: the overview, the change sets (live, filtered), one change set's timeline, the dead
+    letters, and pause, resume, skip, replay and drop, each asked first."""
+    if host not in LOOPBACK and not token:
+        raise click.UsageError(
+            f"--host {host} is not a loopback address: give --token (or REBASER_CONSOLE_TOKEN) so that only those who "
+            "have it can use the console"
+        )
+    if token is not None and len(token) < 16:
+        raise click.BadParameter("at least 16 characters", param_hint="--token")
+    subjects = subjects_of(prefix)
+    import asyncio
+
+    from aiohttp import web
+
+    from rebaser_client.admin.console.live import Live
+    from rebaser_client.admin.console.server import make_app, serving_port, set_port
+    from rebaser_core.nats.connect import ConnectOptions, close_connection, connect
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        # A console runs for days: it reconnects to NATS for as long as it runs (unlike a one-shot command).
+        nc = await connect(ConnectOptions(servers=(nats_url,), extra={"max_reconnect_attempts": -1}))
+        live = Live(nc, subjects, daemon_urls=daemon_urls, refresh=refresh)
+        app = make_app(live, token=token, read_only=read_only, port=port)
+        runner = web.AppRunner(app, access_log=None)
+        try:
+            await live.start()
+            await runner.setup()
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            bound = serving_port(site, port)
+            set_port(app, bound)  # --port 0: the port the system gave (a request's Host must name it)
+            shown = f"[{host}]" if ":" in host else host
+            mode = ", read-only" if read_only else ""
+            click.echo(f"rebaser console serving http://{shown}:{bound}/{mode}")
+            sys.stdout.flush()
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            await live.stop()
+            await close_connection(nc)
+
+    try:
+        with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
+            asyncio.run(main())
+    except RebaserError as err:
+        raise click.ClickException(f"{type(err).__name__}: {err}") from None
+    except OSError as err:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {err}") from None

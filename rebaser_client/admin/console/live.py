@@ -1,0 +1,371 @@
+"""The console's one set of NATS watches and reads, shared by every open browser (:class:`Live`).
+
+- **Watches** (pushed by NATS): the change-set records (``REBASER_CHANGE_SETS``), the pauses (``REBASER_PAUSES``) and,
+  when the daemons publish it, the event feed (``REBASER_EVENTS``, every change set: new events only).
+- **Reads** (the console's own, once per ``refresh`` whatever the number of browsers): the streams' subject counts
+  (:func:`~rebaser_client.admin.status.read_counts`), then, only for what changed, a task's sequence (owned or
+  waiting) and a queue's first request (its age); every ``overview_every`` refreshes, ``rebaser status``'s report
+  (:func:`~rebaser_client.admin.status.status_report`) for the overview.
+- A page's own reads (one change set's report, a list of dead letters, a change set's past events) are kept
+  ``READ_TTL`` seconds and shared by the browsers that ask meanwhile.
+
+What changed is published to the :class:`~rebaser_client.admin.console.hub.Hub` every ``FLUSH`` seconds: records
+written many times a second cost one decode and one message per flush. Every loop survives NATS trouble: it says what
+went wrong (:attr:`Live.problem`, shown on every page) and tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.js import api as js_api
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from rebaser_client._jetstream import OPERATOR_TIMEOUT, delivered_upto, jetstream, task_seq
+from rebaser_client._record import RecordView
+from rebaser_client.admin.console.hub import Hub
+from rebaser_client.admin.console.index import Index, Row
+from rebaser_client.admin.status import Counts, StatusReport, read_counts, status_report
+from rebaser_core.errors import DecodeError, ProtocolError, RebaserError
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.streams import stop_watch, watch_bucket
+from rebaser_core.pauses import Pause, parse_key
+from rebaser_core.subjects import Subjects
+
+__all__ = ["FEED_OFF", "FLUSH", "READ_TTL", "Live"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+FLUSH = 0.25  # seconds between two pushes of what changed
+READ_TTL = 1.0  # a page's read is shared this long
+_RETRY = 2.0  # a watch that failed (no bucket yet, NATS away) is started again after this long
+_READS_PER_ROUND = 200  # task sequences and first requests read per refresh at most (the rest: next round)
+_HISTORY_MAX = 500  # past events shown on a change set's page at most
+FEED_OFF = (
+    "The event feed is off: the daemons publish events only with REBASER_EVENTS=true (or events = true in their "
+    "--config file). Turn it on to see each change set's timeline here; everything else on these pages comes from "
+    "the records, the pauses and the streams."
+)
+
+
+class Live:
+    def __init__(
+        self,
+        nc: NatsClient,
+        subjects: Subjects,
+        *,
+        daemon_urls: Sequence[str] = (),
+        refresh: float = 1.0,
+        overview_every: int = 3,
+    ) -> None:
+        self.nc, self.subjects, self.js = nc, subjects, jetstream(nc)
+        self.daemon_urls = tuple(daemon_urls)
+        self.refresh, self.overview_every = refresh, overview_every
+        self.index = Index()
+        self.hub = Hub()
+        self.counts: Counts | None = None
+        self.report: StatusReport | None = None
+        self.feed_on: bool | None = None  # None: not known yet
+        self.records_loaded = False  # the records watch has delivered every record once
+        self.problem: str | None = None  # the last thing that went wrong, until a refresh succeeds
+        self._raw_records: dict[str, bytes | None] = {}
+        self._task_seqs: dict[tuple[str, str], int] = {}
+        self._reads: dict[Any, tuple[float, asyncio.Future[Any]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._poked = asyncio.Event()
+        self._dead_letters_seen: tuple[int | None, int] = (None, 0)
+
+    async def start(self) -> None:
+        for name, loop in (
+            ("records", self._watch_records),
+            ("pauses", self._watch_pauses),
+            ("feed", self._follow_feed),
+            ("refresh", self._refresh_loop),
+            ("flush", self._flush_loop),
+        ):
+            self._tasks.append(asyncio.create_task(loop(), name=f"console-{name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # -- the watches --------------------------------------------------------------------------------------------------
+    async def _watch(
+        self, bucket: str, apply: Callable[[str, bytes | None], None], loaded: Callable[[], None]
+    ) -> None:
+        """Follow every key of ``bucket`` (started again after any failure, the bucket created later included)."""
+        while True:
+            watcher: KeyValue.KeyWatcher | None = None
+            try:
+                kv = await self.js.key_value(bucket)
+                watcher = await watch_bucket(kv)
+                async for entry in watcher:
+                    if entry is None:
+                        loaded()  # every key's last value is in: what follows are changes
+                        continue
+                    apply(entry.key, entry.value if entry.operation is None else None)
+            except asyncio.CancelledError:
+                raise
+            except BucketNotFoundError:
+                loaded()  # nothing to load: no daemon has created it yet
+            except Exception as err:
+                log.info("the watch of %s stopped (%r); it starts again", bucket, err)
+            finally:
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await stop_watch(self.js, bucket, watcher)
+            await asyncio.sleep(_RETRY)
+
+    async def _watch_records(self) -> None:
+        def keep(key: str, value: bytes | None) -> None:
+            self._raw_records[key] = (
+                value  # decoded at the next flush: a record written ten times is decoded once
+            )
+
+        def loaded() -> None:
+            self.records_loaded = True
+
+        await self._watch(self.subjects.change_sets_bucket, keep, loaded)
+
+    async def _watch_pauses(self) -> None:
+        def apply(key: str, value: bytes | None) -> None:
+            target = parse_key(key)
+            if target is None:
+                return
+            pause = None
+            if value:
+                with contextlib.suppress(DecodeError):
+                    pause = Pause.decode(value)
+            wk, cs = target
+            self.index.apply_pause(str(wk), None if cs is None else str(cs), pause)
+
+        await self._watch(self.subjects.pauses_bucket, apply, lambda: None)
+
+    async def _follow_feed(self) -> None:
+        """Every change set's new events, if the deployment has the feed; looked for again while it has not."""
+        from rebaser_core.api import CHANGE_SET_EVENT
+
+        while True:
+            sub: Any = None
+            try:
+                await self.js.stream_info(self.subjects.events_stream)
+                sub = await self.js.subscribe(
+                    self.subjects.events_stream_subject,
+                    stream=self.subjects.events_stream,
+                    ordered_consumer=True,
+                    deliver_policy=js_api.DeliverPolicy.NEW,
+                )
+                self._set_feed(True)
+                while True:
+                    msg = await sub.next_msg(timeout=None)
+                    try:
+                        event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
+                    except ProtocolError:
+                        continue  # not an event: the feed's own followers skip it too
+                    wk, cs = str(event.workspace_id), str(event.change_set_id)
+                    self.index.apply_event(wk, cs, event.kind, event.owner, event.epoch)
+                    self.hub.publish(f"cs:{wk}.{cs}", event)
+            except asyncio.CancelledError:
+                raise
+            except NotFoundError:
+                self._set_feed(False)
+            except Exception as err:
+                log.info("following the event feed stopped (%r); it starts again", err)
+            finally:
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+            await asyncio.sleep(_RETRY)
+
+    def _set_feed(self, on: bool) -> None:
+        if self.feed_on != on:
+            self.feed_on = on
+            self.hub.publish("feed", on)
+
+    # -- the reads ----------------------------------------------------------------------------------------------------
+    async def _refresh_loop(self) -> None:
+        rounds = 0
+        while True:
+            started = time.monotonic()
+            try:
+                await self.refresh_once(overview=rounds % self.overview_every == 0)
+                self.problem = None
+            except asyncio.CancelledError:
+                raise
+            except RebaserError as err:
+                self.problem = f"{type(err).__name__}: {err}"
+            except Exception as err:
+                self.problem = f"reading the deployment failed: {err!r}"
+                log.exception("a refresh failed")
+            rounds += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._poked.wait(), max(0.05, self.refresh - (time.monotonic() - started))
+                )
+            self._poked.clear()
+
+    def poke(self) -> None:
+        """Refresh now: an action changed something (the watches see pauses at once, the streams' counts not)."""
+        self._poked.set()
+
+    async def refresh_once(self, *, overview: bool = True) -> None:
+        counts = await read_counts(self.nc, self.subjects)
+        self.counts = counts
+        self.index.apply_counts(counts.lines)
+        dlq = counts.summaries[-1]
+        if (dlq.messages, dlq.last_seq) != self._dead_letters_seen:
+            self._dead_letters_seen = (dlq.messages, dlq.last_seq)
+            self.hub.publish("dead-letters", None)
+        await self._read_tasks(counts)
+        await self._read_oldest(counts)
+        if overview:
+            self.report = await status_report(
+                self.nc,
+                self.subjects,
+                limit=0,
+                daemon_urls=self.daemon_urls,
+                counts=counts,
+                workspaces_limit=1000,
+            )
+            self.hub.publish("overview", self.report)
+
+    async def _read_tasks(self, counts: Counts) -> None:
+        """Owned or waiting: a task's sequence (read once per task) against its consumer's last delivered one."""
+        with_task = {key for key, c in counts.lines.items() if c.get("task")}
+        for key in list(self._task_seqs):
+            if key not in with_task:
+                del self._task_seqs[key]
+        reads, fair_upto = 0, {}
+        for key in sorted(with_task):
+            row = self.index.rows[key]
+            names = self.subjects.for_shard(row.shard)
+            wk, cs = WorkspacePk(key[0]), ChangeSetId(key[1])
+            if key not in self._task_seqs:
+                if reads >= _READS_PER_ROUND:
+                    continue
+                reads += 1
+                seq = await task_seq(self.js, names, wk, cs)
+                if seq is None:
+                    continue
+                self._task_seqs[key] = seq
+            upto = counts.upto.get(row.shard)
+            if upto is None:  # the fair intake: each workspace has its consumer
+                consumer = (row.shard, key[0])
+                if consumer not in fair_upto:
+                    fair_upto[consumer] = await delivered_upto(
+                        self.js, names, names.workspace_tasks_consumer(wk)
+                    )
+                upto = fair_upto[consumer]
+            owned = upto is not None and self._task_seqs[key] <= upto
+            self.index.set_task(row, "owned" if owned else "waiting")
+
+    async def _read_oldest(self, counts: Counts) -> None:
+        """When each queue's first request not yet processed was stored, for queues whose first one moved."""
+        reads = 0
+        for key, c in counts.lines.items():
+            row = self.index.rows[key]
+            if not c.get("queued") or row.oldest_at is not None or reads >= _READS_PER_ROUND:
+                continue
+            reads += 1
+            wk, cs = WorkspacePk(key[0]), ChangeSetId(key[1])
+            layout = counts.layout
+            names = self.subjects if layout is None else self.subjects.for_shard(layout.shard_of(wk, cs))
+            try:
+                msg = await self.js.get_msg(
+                    names.requests_stream,
+                    seq=row.applied_seq + 1,
+                    subject=names.requests(wk, cs),
+                    next=True,
+                    direct=True,
+                )
+            except NotFoundError:
+                continue
+            if msg.time is not None:
+                self.index.set_oldest(row, msg.time.timestamp())
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH)
+            self.flush()
+
+    def flush(self) -> None:
+        raw, self._raw_records = self._raw_records, {}
+        for key, value in raw.items():
+            wk, _, cs = key.partition(".")
+            record = None
+            if value:
+                try:
+                    record = RecordView.decode(value)
+                except DecodeError:
+                    log.info("record %s cannot be read", key)
+            self.index.apply_record(wk, cs, record)
+        changed = self.index.take_changed()
+        if changed:
+            self.hub.publish("rows", changed)
+
+    # -- a page's reads -----------------------------------------------------------------------------------------------
+    async def shared(self, key: Any, read: Callable[[], Awaitable[T]], *, newer_than: float = 0.0) -> T:
+        """``read()``, or what it gave (or is giving) for the same ``key`` if that read started less than READ_TTL
+        seconds ago and after ``newer_than`` (``time.monotonic()``: a change seen then must show)."""
+        now = time.monotonic()
+        for old in [k for k, (at, _) in self._reads.items() if now - at > READ_TTL]:
+            del self._reads[old]
+        found = self._reads.get(key)
+        if found is None or found[0] < newer_than:
+            future: asyncio.Future[Any] = asyncio.ensure_future(read())
+            self._reads[key] = found = (now, future)
+        result: T = await asyncio.shield(found[1])
+        return result
+
+    async def history(
+        self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, since: int | None
+    ) -> list[Any]:
+        """The change set's events the stream keeps, after durable seq ``since`` (None: the last _HISTORY_MAX)."""
+        from rebaser_core.api import CHANGE_SET_EVENT
+
+        subject = self.subjects.events(workspace_id, change_set_id)
+        try:
+            info = await self.js.stream_info(self.subjects.events_stream, subjects_filter=subject)
+        except NotFoundError:
+            return []
+        if not (info.state.subjects or {}).get(subject):
+            return []
+        sub = await self.js.subscribe(
+            subject,
+            stream=self.subjects.events_stream,
+            ordered_consumer=True,
+            deliver_policy=js_api.DeliverPolicy.ALL,
+        )
+        events: list[Any] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=OPERATOR_TIMEOUT)
+                except nats.errors.TimeoutError:
+                    break
+                with contextlib.suppress(ProtocolError):
+                    event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
+                    if since is None or event.seq > since or (not event.durable and event.seq == since):
+                        events.append(event)
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return events[-_HISTORY_MAX:]
+
+    def row_of(self, workspace_id: str, change_set_id: str) -> Row | None:
+        return self.index.rows.get((workspace_id, change_set_id))

@@ -1,0 +1,193 @@
+"""The overview and the change-set list, as HTML (the content of :func:`~rebaser_client.admin.console.html.page`).
+Pure: they render what :mod:`~rebaser_client.admin.console.live` knows (the index, ``rebaser status``'s report).
+
+A list row is rendered by :func:`row_html` alone, for the page and for the live updates alike, so a row pushed to
+the browser is the same markup as one the page was loaded with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from rebaser_client.admin.console.html import action_button, age_cell, badges, esc, link, table
+from rebaser_client.admin.console.index import STATES, Filter, Index, Row
+from rebaser_client.admin.format_actions import plural
+from rebaser_client.admin.status import Counts, StatusReport
+from rebaser_client.admin.workspaces import DaemonLine
+
+__all__ = ["change_sets_body", "overview_body", "row_html"]
+
+
+# -- the change-set list ---------------------------------------------------------------------------------------------
+def row_html(row: Row, states: Sequence[str], *, read_only: bool) -> str:
+    wk, cs = row.workspace_id, row.change_set_id
+    target = {"targets": [{"workspace_id": wk, "change_set_id": cs}]}
+    action = ""
+    if not read_only:
+        action = (
+            action_button("resume", "resume", target)
+            if row.pause is not None
+            else action_button("pause", "pause", target)
+        )
+    owner = esc(row.owner) if row.owner else "-"
+    return (
+        f'<tr id="r-{esc(wk)}-{esc(cs)}" data-ws="{esc(wk)}" data-states="{esc(" ".join(states))}">'
+        f'<td><a href="/change-sets/{esc(wk)}/{esc(cs)}">{esc(cs)}</a></td>'
+        f'<td><a href="/change-sets?workspace={esc(wk)}">{esc(wk)}</a></td>'
+        f"<td>{badges(states)}</td><td>{owner}</td><td class=n>{row.queued}</td>{age_cell(row.oldest_at)}"
+        f"<td class=n>{row.dead_letters}</td><td>{action}</td></tr>"
+    )
+
+
+def change_sets_body(index: Index, flt: Filter, *, read_only: bool, loaded: bool) -> str:
+    rows = list(index.matching(flt))
+    counts = index.state_counts()
+    options = "".join(
+        f'<option value="{s}"{" selected" if flt.state == s else ""}>{s} ({counts[s]})</option>'
+        for s in STATES
+    )
+    workspaces = sorted({r.workspace_id for r in index.rows.values()})
+    datalist = "".join(f'<option value="{esc(w)}">' for w in workspaces[:1000])
+    form = (
+        '<form method="get" action="/change-sets" class="filter" id="filter">'
+        f'<label>workspace <input name="workspace" list="workspaces" size="30" value="{esc(flt.workspace_id or "")}">'
+        f'</label><datalist id="workspaces">{datalist}</datalist>'
+        f'<label>state <select name="state"><option value="">any ({len(index.rows)})</option>{options}</select></label>'
+        '<button type="submit">Filter</button> <a href="/change-sets">clear</a></form>'
+    )
+    bulk = ""
+    if not read_only:
+        where = {"filter": flt.query()}
+        bulk = (
+            '<div class="bulk">On this filter: '
+            + action_button("pause", "Pause every change set listed", where)
+            + action_button("resume", "Resume every change set listed", where)
+        )
+        if flt.workspace_id:
+            ws = {"targets": [{"workspace_id": flt.workspace_id, "change_set_id": None}]}
+            bulk += action_button("pause", "Pause the workspace", ws) + action_button(
+                "resume", "Resume the workspace", ws
+            )
+        bulk += "</div>"
+    listing = table(
+        ("change set", "workspace", "state", "owner", "queued", "oldest request", "dead letters", ""),
+        (row_html(r, index.states(r), read_only=read_only) for r in rows),
+        table_id="rows",
+        empty="no change set matches" if loaded else "reading the change sets…",
+    )
+    summary = (
+        f'<p class="summary"><span id="shown">{len(rows)}</span> of {plural(len(index.rows), "change set")} '
+        f"({esc(flt.describe())})</p>"
+    )
+    return f'<h1>Change sets</h1>{form}{bulk}{summary}<div id="list">{listing}</div>'
+
+
+# -- the overview ----------------------------------------------------------------------------------------------------
+def _health(d: DaemonLine) -> str:
+    if d.ready:
+        return "ready"
+    if d.ready is False:
+        return "not ready: " + ", ".join(d.not_ready)
+    return d.problem or "?"
+
+
+def _daemons(report: StatusReport, index: Index) -> str:
+    lines = report.daemons.daemons
+    if lines:
+        rows = [
+            "<tr>"
+            f"<td>{esc(d.owner or '-')}</td><td>{esc(d.url)}</td>"
+            f"<td>{esc(_health(d))}</td>"
+            f"<td>{esc(d.lease_mode or '-')}</td><td>{esc(', '.join(map(str, d.served_shards)) or '-')}</td>"
+            f"<td class=n>{'-' if d.owned is None else d.owned}/{'-' if d.concurrency is None else d.concurrency}</td>"
+            f"<td>{esc(d.durability or '-')}</td></tr>"
+            for d in lines
+        ]
+        return table(
+            ("daemon", "health endpoint", "health", "lease mode", "shards", "owned", "durability"), rows
+        )
+    owners = sorted({r.owner for r in index.rows.values() if r.task == "owned" and r.owner})
+    heard = f"Daemons holding change sets now (their records): {esc(', '.join(owners) or 'none')}."
+    beats = "" if report.heartbeats is None else f" Heartbeats (lease mode daemon): {report.heartbeats}."
+    return (
+        f"<p>{heard}{beats} Give <code>rebaser console --daemon-url http://HOST:9464</code> (once per daemon) to see "
+        "each daemon's health, shards, lease mode and durability here.</p>"
+    )
+
+
+def _shards(counts: Counts | None) -> str:
+    if counts is None:
+        return ""
+    summaries = counts.summaries
+    rows = []
+    for i, shard in enumerate(counts.shards):
+        requests, tasks = summaries[2 * i], summaries[2 * i + 1]
+        upto = counts.upto.get(shard)
+        rows.append(
+            f"<tr><td class=n>{shard}</td><td>{esc(requests.name)}</td><td class=n>{requests.messages or 0}</td>"
+            f"<td class=n>{tasks.messages or 0}</td><td class=n>{'-' if upto is None else upto}</td></tr>"
+        )
+    layout = counts.layout
+    title = (
+        "one shard" if layout is None else f"{layout.streams} shards ({layout.mode}, intake {layout.intake})"
+    )
+    return f"<h2>Shards: {esc(title)}</h2>" + table(
+        ("shard", "requests stream", "requests", "tasks", "tasks delivered up to"), rows
+    )
+
+
+def _workspaces(report: StatusReport) -> str:
+    def share(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    rows = (
+        f"<tr><td>{link('/change-sets', w.workspace_id, {'workspace': w.workspace_id})}</td><td class=n>{w.queued}</td>"
+        f"<td class=n>{w.tasks}</td><td class=n>{'-' if w.owned is None else w.owned}</td>"
+        f"<td class=n>{'-' if w.waiting is None else w.waiting}</td><td class=n>{share(w.served)}</td></tr>"
+        for w in report.workspaces
+    )
+    return f"<h2>Workspaces: {report.workspaces_total}</h2>" + table(
+        (
+            "workspace",
+            "requests queued",
+            "change sets with a task",
+            "owned",
+            "waiting",
+            "share served lately",
+        ),
+        rows,
+        empty="no workspace has work queued",
+    )
+
+
+def overview_body(
+    report: StatusReport | None, counts: Counts | None, index: Index, feed_on: bool | None
+) -> str:
+    states = index.state_counts()
+    totals = "".join(
+        f'<a class="tile" href="/change-sets?state={s}"><b>{states[s]}</b>{s}</a>' for s in STATES
+    )
+    if report is None:
+        return f'<h1>Overview</h1><div class="tiles">{totals}</div><p>reading the deployment…</p>'
+    dlq = report.streams[-1] if report.streams else None  # read_counts lists the dead letters' stream last
+    queued = sum(s.messages or 0 for s in report.streams[:-1][::2])  # each shard's requests, then its tasks
+    facts: Iterable[tuple[str, object]] = (
+        ("change sets known", len(index.rows)),
+        ("records", "-" if report.records is None else report.records),
+        ("requests in the streams", queued),
+        ("dead letters", 0 if dlq is None else dlq.messages or 0),
+        ("pauses", f"{report.pauses_total}{'+' if report.pauses_more else ''}"),
+        ("event feed", "on" if feed_on else "off" if feed_on is False else "?"),
+    )
+    durability = report.durability
+    dur = "unknown"
+    if durability is not None:
+        dur = f"{durability.level} (sync {durability.sync}, replicas {durability.min_replicas})"
+        if report.durability_from:
+            dur += f", as the daemon {report.durability_from} found it"
+    facts_html = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
+    return (
+        f'<h1>Overview</h1><div class="tiles">{totals}</div>'
+        f'<table class="facts">{facts_html}<tr><th>durability</th><td>{esc(dur)}</td></tr></table>'
+        f"<h2>Daemons</h2>{_daemons(report, index)}{_shards(counts)}{_workspaces(report)}"
+    )

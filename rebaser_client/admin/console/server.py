@@ -1,0 +1,285 @@
+"""The console's web server (aiohttp, the web stack the daemon's health endpoint uses too): the pages, the live
+updates (server-sent events from the :class:`~rebaser_client.admin.console.hub.Hub`), the actions and the assets.
+
+**Safe by default.** :func:`guard` checks every request before it reaches a page:
+
+- With a token (needed to bind anything but a loopback address), every request carries it: ``Authorization: Bearer``
+  or the cookie set when a page is opened once with ``?token=`` (HttpOnly, SameSite=Strict). Without one (a
+  loopback address), the ``Host`` header must name the console itself: a page elsewhere cannot reach it through a
+  rebound DNS name.
+- An action is a ``POST`` of JSON with the page's CSRF header (a value made per console process, which another site
+  can neither read nor send without a CORS preflight the console never grants), and an ``Origin``, when the browser
+  sends one, of the console itself. ``--read-only`` refuses every action.
+- The pages load nothing from elsewhere (Content-Security-Policy ``default-src 'self'``): the script and the style
+  sheet are the package's own (``static/``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from rebaser_client.admin.console import actions
+from rebaser_client.admin.console.html import esc, link, page
+from rebaser_client.admin.console.index import Filter
+from rebaser_client.admin.console.live import FEED_OFF, Live
+from rebaser_client.admin.console.pages import change_sets_body, overview_body
+from rebaser_client.admin.console.pages_detail import change_set_body, dead_letter_body
+from rebaser_client.admin.console.sse import serve_stream
+from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html
+from rebaser_client.admin.dead_letters import dead_letter
+from rebaser_core.errors import RebaserError
+from rebaser_core.ids import ChangeSetId, WorkspacePk
+
+__all__ = ["COOKIE", "CSRF_HEADER", "make_app", "serving_port", "set_port"]
+
+COOKIE = "rebaser_console"
+CSRF_HEADER = "X-Rebaser-CSRF"
+_STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LIVE: web.AppKey[Live] = web.AppKey("live", Live)
+CONFIG: web.AppKey[dict[str, Any]] = web.AppKey("config", dict)
+
+
+def make_app(live: Live, *, token: str | None, read_only: bool, port: int) -> web.Application:
+    """The console's application; ``port`` is the one it serves on (its own ``Host`` names it)."""
+    app = web.Application(middlewares=[guard], client_max_size=1024 * 1024)
+    app[LIVE] = live
+    app[CONFIG] = {"token": token, "read_only": read_only, "csrf": secrets.token_urlsafe(32)}
+    set_port(app, port)
+    app.router.add_get("/", overview)
+    app.router.add_get("/change-sets", change_sets)
+    app.router.add_get("/change-sets/{wk}/{cs}", one_change_set)
+    app.router.add_get("/dead-letters", letters)
+    app.router.add_get("/dead-letters/{seq:[0-9]+}", one_letter)
+    app.router.add_get("/find", find)
+    app.router.add_get("/stream", stream)
+    app.router.add_post("/api/actions/{name}", action)
+    app.router.add_get("/static/{name}", static)
+    return app
+
+
+def set_port(app: web.Application, port: int) -> None:
+    """The port the console serves on: without a token, a request's Host must be this console's own."""
+    app[CONFIG]["hosts"] = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
+
+
+def serving_port(site: web.TCPSite, asked: int) -> int:
+    """The port ``site`` listens on (``asked``, unless that was 0)."""
+    server: Any = site._server  # aiohttp keeps the asyncio server private; its sockets say the port
+    for sock in getattr(server, "sockets", None) or ():
+        return int(sock.getsockname()[1])
+    return asked
+
+
+# -- the guard -------------------------------------------------------------------------------------------------------
+def _same(a: str | None, b: str) -> bool:
+    return a is not None and hmac.compare_digest(a.encode(), b.encode())
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    token: str | None = config["token"]
+    if token is None and request.host not in config["hosts"]:
+        return web.Response(status=421, text=f"this console answers as {sorted(config['hosts'])[0]} only\n")
+    if token is not None:
+        given = request.query.get("token")
+        if given is not None and _same(given, token) and request.method == "GET":
+            rest = {k: v for k, v in request.query.items() if k != "token"}
+            again = web.HTTPSeeOther(request.path + (f"?{urlencode(rest)}" if rest else ""))
+            again.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
+            return again
+        bearer = request.headers.get("Authorization", "")
+        bearer_token = bearer[7:] if bearer.startswith("Bearer ") else None
+        if not (_same(request.cookies.get(COOKIE), token) or _same(bearer_token, token)):
+            return _refused(
+                request, 401, "this console needs its token: open it once with ?token=… (see --token)"
+            )
+    if request.method == "POST":
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
+            return _refused(request, 403, f"refused: a request from {origin}, not from this console")
+        if not _same(request.headers.get(CSRF_HEADER), config["csrf"]):
+            return _refused(request, 403, f"refused: no {CSRF_HEADER} header of this console's pages")
+    response = await handler(request)
+    if not response.prepared:
+        response.headers.update(_HEADERS)
+    return response
+
+
+def _refused(request: web.Request, status: int, why: str) -> web.Response:
+    if request.method == "POST" or request.path.startswith("/api/"):
+        return web.json_response({"ok": False, "lines": [why]}, status=status, headers=_HEADERS)
+    return web.Response(status=status, text=why + "\n", headers=_HEADERS)
+
+
+# -- pages -----------------------------------------------------------------------------------------------------------
+def _page(
+    request: web.Request, *, title: str, section: str, body: str, stream: str, banner: str | None = None
+) -> web.Response:
+    config, live = request.app[CONFIG], request.app[LIVE]
+    html = page(
+        title=title,
+        section=section,
+        body=body,
+        csrf=config["csrf"],
+        stream=stream,
+        read_only=config["read_only"],
+        problem=live.problem,
+        banner=banner,
+    )
+    return web.Response(text=html, content_type="text/html")
+
+
+async def overview(request: web.Request) -> web.Response:
+    live = request.app[LIVE]
+    body = overview_body(live.report, live.counts, live.index, live.feed_on)
+    banner = FEED_OFF if live.feed_on is False else None
+    return _page(
+        request,
+        title="Overview",
+        section="overview",
+        body=body,
+        stream="/stream?page=overview",
+        banner=banner,
+    )
+
+
+async def change_sets(request: web.Request) -> web.Response:
+    live, config = request.app[LIVE], request.app[CONFIG]
+    flt = Filter.parse(request.query)
+    body = change_sets_body(live.index, flt, read_only=config["read_only"], loaded=live.records_loaded)
+    query = urlencode({"page": "list", **flt.query()})
+    return _page(request, title="Change sets", section="change-sets", body=body, stream=f"/stream?{query}")
+
+
+def _ids(request: web.Request) -> tuple[WorkspacePk, ChangeSetId]:
+    try:
+        return WorkspacePk(request.match_info["wk"]), ChangeSetId(request.match_info["cs"])
+    except ValueError:
+        raise web.HTTPNotFound(text="not a workspace and change set id (ULIDs)\n") from None
+
+
+async def one_change_set(request: web.Request) -> web.Response:
+    live = request.app[LIVE]
+    wk, cs = _ids(request)
+    since_text = request.query.get("since", "").strip()
+    since = int(since_text) if since_text.isdigit() else None
+    detail = await detail_html(live, wk, cs, read_only=request.app[CONFIG]["read_only"])
+    body = change_set_body(str(wk), str(cs), detail, since=since, feed_on=live.feed_on)
+    query = {
+        "page": "cs",
+        "wk": str(wk),
+        "cs": str(cs),
+        **({"since": str(since)} if since is not None else {}),
+    }
+    return _page(
+        request,
+        title=f"Change set {cs}",
+        section="change-sets",
+        body=body,
+        stream=f"/stream?{urlencode(query)}",
+    )
+
+
+async def letters(request: web.Request) -> web.Response:
+    query = letters_filter(request.query)
+    body = await letters_html(request.app[LIVE], query, read_only=request.app[CONFIG]["read_only"])
+    return _page(
+        request,
+        title="Dead letters",
+        section="dead-letters",
+        body=body,
+        stream=f"/stream?{urlencode({'page': 'dlq', **query})}",
+    )
+
+
+async def one_letter(request: web.Request) -> web.Response:
+    live, config = request.app[LIVE], request.app[CONFIG]
+    seq = int(request.match_info["seq"])
+    letter = await dead_letter(live.nc, live.subjects, seq)
+    if letter is None:
+        body = (
+            f'<h1>Dead letter {seq}</h1><p class="empty">no dead letter at sequence {seq}: replayed or dropped '
+            '(see <a href="/dead-letters">the list</a>)</p>'
+        )
+    else:
+        body = dead_letter_body(letter, read_only=config["read_only"])
+    return _page(request, title=f"Dead letter {seq}", section="dead-letters", body=body, stream="")
+
+
+async def find(request: web.Request) -> web.Response:
+    live = request.app[LIVE]
+    text = request.query.get("id", "").strip()
+    found = live.index.find(text)
+    exact = [r for r in found if r.change_set_id == text.upper()]
+    if len(exact) == 1 or len(found) == 1:
+        row = (exact or found)[0]
+        if row.change_set_id.startswith(text.upper()):
+            raise web.HTTPSeeOther(f"/change-sets/{row.workspace_id}/{row.change_set_id}")
+    workspaces = sorted({r.workspace_id for r in found if r.workspace_id.startswith(text.upper())})
+    if len(workspaces) == 1 and not any(r.change_set_id.startswith(text.upper()) for r in found):
+        raise web.HTTPSeeOther(f"/change-sets?{urlencode({'workspace': workspaces[0]})}")
+    items = "".join(
+        f"<li>{link(f'/change-sets/{r.workspace_id}/{r.change_set_id}', f'{r.workspace_id}/{r.change_set_id}')}</li>"
+        for r in found[:200]
+    )
+    body = f"<h1>Find {esc(text)}</h1>" + (
+        f"<ul>{items}</ul>"
+        if items
+        else '<p class="empty">no change set or workspace has that id (at least 6 characters of it)</p>'
+    )
+    return _page(request, title="Find", section="change-sets", body=body, stream="")
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in _STATIC:
+        raise web.HTTPNotFound()
+    text = resources.files("rebaser_client.admin.console").joinpath("static", name).read_text()
+    return web.Response(text=text, content_type=_STATIC[name], charset="utf-8")
+
+
+# -- actions ---------------------------------------------------------------------------------------------------------
+async def action(request: web.Request) -> web.Response:
+    live, config = request.app[LIVE], request.app[CONFIG]
+    if config["read_only"]:
+        return web.json_response(
+            {"ok": False, "lines": ["this console is read-only: actions are off"]}, status=403
+        )
+    if request.content_type != "application/json":
+        return web.json_response({"ok": False, "lines": ["an action is JSON"]}, status=415)
+    name = request.match_info["name"]
+    try:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
+        if body.get("confirm"):
+            outcome = await actions.run(live, name, body)
+            return web.json_response({"ok": outcome.ok, "lines": outcome.lines})
+        planned = await actions.plan(live, name, body)
+    except RebaserError as err:
+        return web.json_response({"ok": False, "lines": [f"{type(err).__name__}: {err}"]})
+    except (KeyError, ValueError, TypeError) as err:
+        return web.json_response({"ok": False, "lines": [f"malformed action: {err!r}"]}, status=400)
+    return web.json_response(
+        {"ok": True, "question": planned.question, "targets": planned.targets, "body": planned.body}
+    )
+
+
+# -- live updates ----------------------------------------------------------------------------------------------------
+async def stream(request: web.Request) -> web.StreamResponse:
+    return await serve_stream(request, request.app[LIVE], read_only=request.app[CONFIG]["read_only"])
