@@ -86,7 +86,8 @@ def console(
         nc = await connect(ConnectOptions(servers=(nats_url,), extra={"max_reconnect_attempts": -1}))
         live = Live(nc, subjects, daemon_urls=daemon_urls, refresh=refresh)
         app = make_app(live, token=token, read_only=read_only, port=port)
-        runner = web.AppRunner(app, access_log=None)
+        # A browser that goes away ends its event stream's handler at once (not at its next write).
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         try:
             await live.start()
             await runner.setup()

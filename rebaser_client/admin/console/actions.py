@@ -9,9 +9,12 @@ refused before anything is) and returns the question and what to send to do it; 
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from rebaser_client._pausing import pause_change_set, pause_workspace, resume_change_set, resume_workspace
 from rebaser_client._skipping import check_skip, skip_request
@@ -27,16 +30,19 @@ from rebaser_client.admin.format_actions import (
     target_name,
 )
 from rebaser_client.admin.repairs import check_replayable, drop_dead_letters, replay_dead_letters
-from rebaser_core.errors import RebaserError, RebaserRefused
+from rebaser_core.errors import HeldByDaemon, RebaserError, RebaserRefused
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 __all__ = ["ACTIONS", "BULK_MAX", "Outcome", "Plan", "plan", "run"]
+
+T = TypeVar("T")
 
 ACTIONS = ("pause", "resume", "skip", "replay", "drop")
 BULK_MAX = 10_000  # change sets or dead letters one action takes at most (the rest: run it again)
 _LISTED = 20  # targets named in a question (the rest are counted)
 # A single change set's pause waits until its owner lets it go, so its outcome can say so; a bulk one does not wait.
 _PAUSE_WAIT = 10.0
+_HELD_PATIENCE = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,20 @@ async def _seqs(body: dict[str, Any], live: Live) -> list[int]:
     return seqs[:BULK_MAX]
 
 
+async def _patient(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, tried again for up to _HELD_PATIENCE seconds while a daemon holds the paused change set. Under
+    load every new request publishes a task, and a daemon that takes a paused change set's task holds it for a
+    moment before it acks it: the command says "try again in a moment", the console does it for the operator."""
+    deadline = time.monotonic() + _HELD_PATIENCE
+    while True:
+        try:
+            return await attempt()
+        except HeldByDaemon:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
 def _named(names: list[str]) -> list[str]:
     return names[:_LISTED] + ([f"… and {len(names) - _LISTED} more"] if len(names) > _LISTED else [])
 
@@ -115,7 +135,7 @@ async def plan(live: Live, action: str, body: dict[str, Any]) -> Plan:
     if action == "skip":
         wk, cs = WorkspacePk(body["workspace_id"]), ChangeSetId(body["change_set_id"])
         rid = RequestId(body["request_id"])
-        target = await check_skip(live.nc, live.subjects, wk, cs, rid)
+        target = await _patient(lambda: check_skip(live.nc, live.subjects, wk, cs, rid))
         question = (
             f"Move request {target.request_id} (seq {target.seq}), first in line of {wk}/{cs}, "
             "to the dead letters?"
@@ -171,7 +191,8 @@ async def run(live: Live, action: str, body: dict[str, Any]) -> Outcome:
                     lines.append(f"{target_name(str(wk), None if cs is None else str(cs))}: {_error(err)}")
         elif action == "skip":
             wk, cs = WorkspacePk(body["workspace_id"]), ChangeSetId(body["change_set_id"])
-            lines.append(skip_line(await skip_request(nc, subjects, wk, cs, RequestId(body["request_id"]))))
+            rid = RequestId(body["request_id"])
+            lines.append(skip_line(await _patient(lambda: skip_request(nc, subjects, wk, cs, rid))))
         elif action == "replay":
             for outcome in await replay_dead_letters(nc, subjects, [int(s) for s in body.get("seqs") or []]):
                 if isinstance(outcome, tuple):

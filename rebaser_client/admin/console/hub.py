@@ -62,6 +62,15 @@ class Hub:
         finally:
             self._subs.discard(sub)
 
+    def close(self) -> None:
+        """Every subscription gets ``close`` next, ahead of anything queued: the console is stopping, and its
+        streams end now instead of at their next write."""
+        for sub in self._subs:
+            while not sub.queue.empty():
+                sub.queue.get_nowait()
+            sub.behind = False
+            sub.queue.put_nowait(Message("close", None))
+
     def wanted(self, topic: str) -> bool:
         """Whether any browser follows ``topic`` (what nobody shows is not rendered)."""
         return any(topic in sub.topics for sub in self._subs)

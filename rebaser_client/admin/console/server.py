@@ -59,6 +59,7 @@ def make_app(live: Live, *, token: str | None, read_only: bool, port: int) -> we
     app[LIVE] = live
     app[CONFIG] = {"token": token, "read_only": read_only, "csrf": secrets.token_urlsafe(32)}
     set_port(app, port)
+    app.on_shutdown.append(_close_streams)
     app.router.add_get("/", overview)
     app.router.add_get("/change-sets", change_sets)
     app.router.add_get("/change-sets/{wk}/{cs}", one_change_set)
@@ -69,6 +70,10 @@ def make_app(live: Live, *, token: str | None, read_only: bool, port: int) -> we
     app.router.add_post("/api/actions/{name}", action)
     app.router.add_get("/static/{name}", static)
     return app
+
+
+async def _close_streams(app: web.Application) -> None:
+    app[LIVE].hub.close()
 
 
 def set_port(app: web.Application, port: int) -> None:
@@ -222,25 +227,34 @@ async def one_letter(request: web.Request) -> web.Response:
 
 
 async def find(request: web.Request) -> web.Response:
+    """A change set by its id (or the first characters of it: any change set the console knows, idle ones too),
+    a workspace by its id, or ``WORKSPACE/CHANGE_SET`` (read from NATS even if the console has not seen it)."""
     live = request.app[LIVE]
-    text = request.query.get("id", "").strip()
+    text = request.query.get("id", "").strip().upper()
+    if text.count("/") == 1:
+        raise web.HTTPSeeOther(f"/change-sets/{text}")
+    rows = live.index.rows.values()
+    by_id = [r for r in rows if r.change_set_id == text]
+    if len(by_id) == 1:
+        raise web.HTTPSeeOther(f"/change-sets/{by_id[0].workspace_id}/{text}")
+    if any(r.workspace_id == text for r in rows):
+        raise web.HTTPSeeOther(f"/change-sets?{urlencode({'workspace': text})}")
     found = live.index.find(text)
-    exact = [r for r in found if r.change_set_id == text.upper()]
-    if len(exact) == 1 or len(found) == 1:
-        row = (exact or found)[0]
-        if row.change_set_id.startswith(text.upper()):
-            raise web.HTTPSeeOther(f"/change-sets/{row.workspace_id}/{row.change_set_id}")
-    workspaces = sorted({r.workspace_id for r in found if r.workspace_id.startswith(text.upper())})
-    if len(workspaces) == 1 and not any(r.change_set_id.startswith(text.upper()) for r in found):
+    change_sets = [r for r in found if r.change_set_id.startswith(text)]
+    workspaces = sorted({r.workspace_id for r in found if r.workspace_id.startswith(text)})
+    if len(change_sets) == 1 and not workspaces:
+        raise web.HTTPSeeOther(f"/change-sets/{change_sets[0].workspace_id}/{change_sets[0].change_set_id}")
+    if len(workspaces) == 1 and not change_sets:
         raise web.HTTPSeeOther(f"/change-sets?{urlencode({'workspace': workspaces[0]})}")
-    items = "".join(
+    items = [f"<li>workspace {link('/change-sets', w, {'workspace': w})}</li>" for w in workspaces[:100]] + [
         f"<li>{link(f'/change-sets/{r.workspace_id}/{r.change_set_id}', f'{r.workspace_id}/{r.change_set_id}')}</li>"
-        for r in found[:200]
-    )
+        for r in change_sets[:200]
+    ]
     body = f"<h1>Find {esc(text)}</h1>" + (
-        f"<ul>{items}</ul>"
+        f"<ul>{''.join(items)}</ul>"
         if items
-        else '<p class="empty">no change set or workspace has that id (at least 6 characters of it)</p>'
+        else '<p class="empty">no change set or workspace the console knows has that id (give at least 6 '
+        "characters of it, or WORKSPACE/CHANGE_SET)</p>"
     )
     return _page(request, title="Find", section="change-sets", body=body, stream="")
 

@@ -87,6 +87,8 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                 if message is None:
                     if due is None:
                         await response.write(b": keep-alive\n\n")
+                elif message.topic == "close":
+                    break
                 elif message.topic in ("resync", "feed"):
                     await response.write(_sse("reload", {}))
                 elif message.topic == "overview":

@@ -109,6 +109,9 @@
     const button = e.target.closest("button.act");
     if (!button) return;
     const action = button.dataset.action;
+    const box = $("#outcome");
+    box.hidden = true;
+    box.replaceChildren();
     const planned = await post(action, { ...JSON.parse(button.dataset.body), confirm: false });
     if (!planned.ok) return show(false, planned.lines);
     if (!(await ask(planned.question, planned.targets))) return show(null, ["not confirmed: nothing was done"]);
