@@ -40,8 +40,11 @@ class Subscription:
             while not self.queue.empty():
                 self.queue.get_nowait()
             return Message("resync", None)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can turn a cancel that comes as the time runs out
+        # into a TimeoutError, and a stream's handler would then go on after its browser left.
         try:
-            return await asyncio.wait_for(self.queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self.queue.get()
         except TimeoutError:
             return None
 

@@ -49,7 +49,8 @@ FLUSH = 0.25  # seconds between two pushes of what changed
 READ_TTL = 1.0  # a page's read is shared this long
 _RETRY = 2.0  # a watch that failed (no bucket yet, NATS away) is started again after this long
 _READS_PER_ROUND = 200  # task sequences and first requests read per refresh at most (the rest: next round)
-_HISTORY_MAX = 500  # past events shown on a change set's page at most
+_HISTORY_MAX = 500
+_STOP_TIMEOUT = 10.0  # past events shown on a change set's page at most
 FEED_OFF = (
     "The event feed is off: the daemons publish events only with REBASER_EVENTS=true (or events = true in their "
     "--config file). Turn it on to see each change set's timeline here; everything else on these pages comes from "
@@ -99,7 +100,8 @@ class Live:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                async with asyncio.timeout(_STOP_TIMEOUT):  # a loop that will not end is left, not waited for
+                    await task
         self._tasks.clear()
 
     # -- the watches --------------------------------------------------------------------------------------------------
@@ -211,10 +213,11 @@ class Live:
                 self.problem = f"reading the deployment failed: {err!r}"
                 log.exception("a refresh failed")
             rounds += 1
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can turn a cancel that comes as the time runs
+            # out into a TimeoutError, and the loop would then outlive stop().
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._poked.wait(), max(0.05, self.refresh - (time.monotonic() - started))
-                )
+                async with asyncio.timeout(max(0.05, self.refresh - (time.monotonic() - started))):
+                    await self._poked.wait()
             self._poked.clear()
 
     def poke(self) -> None:

@@ -69,6 +69,7 @@ def make_app(live: Live, *, token: str | None, read_only: bool, port: int) -> we
     app.router.add_get("/stream", stream)
     app.router.add_post("/api/actions/{name}", action)
     app.router.add_get("/static/{name}", static)
+    app.router.add_get("/favicon.ico", no_icon)
     return app
 
 
@@ -257,6 +258,10 @@ async def find(request: web.Request) -> web.Response:
         "characters of it, or WORKSPACE/CHANGE_SET)</p>"
     )
     return _page(request, title="Find", section="change-sets", body=body, stream="")
+
+
+async def no_icon(request: web.Request) -> web.Response:
+    return web.Response(status=204)  # there is none: no 404 in every browser's log
 
 
 async def static(request: web.Request) -> web.Response:

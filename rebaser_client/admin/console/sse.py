@@ -18,7 +18,7 @@ from aiohttp import web
 from rebaser_client.admin.console.hub import Message
 from rebaser_client.admin.console.index import Filter, Row
 from rebaser_client.admin.console.live import Live
-from rebaser_client.admin.console.pages import overview_body, row_html
+from rebaser_client.admin.console.pages import overview_body, row_data
 from rebaser_client.admin.console.pages_detail import event_html
 from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -33,12 +33,12 @@ def _sse(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _row(message: Message, row: Row, live: Live, read_only: bool) -> str:
-    """A row's markup, rendered once per message whatever the number of browsers it goes to."""
-    html: str | None = message.cache.get(row.key)
-    if html is None:
-        html = message.cache[row.key] = row_html(row, live.index.states(row), read_only=read_only)
-    return html
+def _row(message: Message, row: Row, live: Live) -> list[Any]:
+    """A row's data, made once per message whatever the number of browsers it goes to."""
+    data: list[Any] | None = message.cache.get(row.key)
+    if data is None:
+        data = message.cache[row.key] = row_data(row, live.index.states(row))
+    return data
 
 
 def _event(message: Message) -> bytes:
@@ -103,9 +103,7 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                 elif message.topic == "rows":
                     rows: list[Row] = message.data
                     if kind == "list":
-                        upsert = [
-                            _row(message, r, live, read_only) for r in rows if live.index.matches(flt, r)
-                        ]
+                        upsert = [_row(message, r, live) for r in rows if live.index.matches(flt, r)]
                         remove = [
                             f"r-{r.workspace_id}-{r.change_set_id}"
                             for r in rows

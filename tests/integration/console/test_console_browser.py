@@ -89,7 +89,8 @@ async def _load(d: Deployment, stop: asyncio.Event) -> None:
             await d.client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=d.sent)])
             d.sent += 1
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.05)  # paced: a steady load, not a flood
+            async with asyncio.timeout(0.05):  # paced: a steady load, not a flood
+                await stop.wait()
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -24,18 +24,95 @@
   tick();
   setInterval(tick, 1000);
 
+  // -- the change-set list: every row's data in the page, only the rows on screen drawn ---------------------------
+  // A list may hold tens of thousands of change sets: the browser lays out the fifty or so in view, not them all.
+  const ROW = 27; // px: a row's height (console.css gives rows one line)
+  const readOnly = document.body.dataset.readOnly === "1";
+  function cell(tr, text, cls) {
+    const td = tr.insertCell();
+    if (cls) td.className = cls;
+    if (text !== undefined) td.textContent = text;
+    return td;
+  }
+  function drawRow([ws, cs, states, owner, queued, since, dead]) {
+    const tr = document.createElement("tr");
+    tr.id = `r-${ws}-${cs}`;
+    Object.assign(tr.dataset, { ws, cs, states: states.join(" ") });
+    const link = Object.assign(document.createElement("a"), { href: `/change-sets/${ws}/${cs}`, textContent: cs });
+    cell(tr).append(link);
+    cell(tr, ws);
+    const badges = cell(tr);
+    if (!states.length) badges.textContent = "idle";
+    for (const s of states) badges.append(Object.assign(document.createElement("span"), { className: `badge ${s}`, textContent: s }));
+    cell(tr, owner || "-");
+    cell(tr, String(queued), "n");
+    const aged = cell(tr, since === null ? "-" : undefined, "age");
+    if (since !== null) aged.dataset.since = String(since);
+    cell(tr, String(dead), "n");
+    const act = cell(tr);
+    if (!readOnly) {
+      const verb = states.includes("paused") ? "resume" : "pause";
+      act.append(Object.assign(document.createElement("a"), { href: "#", role: "button", className: "act", textContent: verb }));
+      act.firstChild.dataset.action = verb;
+    }
+    return tr;
+  }
+  const list = (() => {
+    const table = $("#rows");
+    const source = $("#rows-data");
+    if (!table || !source) return null;
+    const rows = JSON.parse(source.textContent);
+    const tbody = table.tBodies[0];
+    const empty = $("tr.empty", tbody);
+    const spacer = () => {
+      const tr = Object.assign(document.createElement("tr"), { className: "spacer" });
+      tr.insertCell().colSpan = 8;
+      return tr;
+    };
+    const top = spacer();
+    const bottom = spacer();
+    let at = new Map();
+    const reindex = () => (at = new Map(rows.map((d, i) => [`r-${d[0]}-${d[1]}`, i])));
+    let pending = false;
+    function draw() {
+      pending = false;
+      const offset = table.getBoundingClientRect().top + window.scrollY + 30;
+      const first = Math.max(0, Math.floor((window.scrollY - offset) / ROW) - 20);
+      const last = Math.min(rows.length, first + Math.ceil(window.innerHeight / ROW) + 40);
+      top.style.height = `${first * ROW}px`;
+      bottom.style.height = `${(rows.length - last) * ROW}px`;
+      const drawn = rows.slice(first, last).map(drawRow);
+      tbody.replaceChildren(...(rows.length ? [top, ...drawn, bottom] : empty ? [empty] : []));
+      const shown = $("#shown");
+      if (shown) shown.textContent = String(rows.length);
+      tick();
+    }
+    const later = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
+    window.addEventListener("scroll", later, { passive: true });
+    window.addEventListener("resize", later);
+    reindex();
+    draw();
+    return {
+      update(upsert, remove) {
+        for (const d of upsert) {
+          const i = at.get(`r-${d[0]}-${d[1]}`);
+          if (i === undefined) { at.set(`r-${d[0]}-${d[1]}`, rows.length); rows.push(d); } else rows[i] = d;
+        }
+        if (remove.some((id) => at.has(id))) {
+          const gone = new Set(remove);
+          for (let i = rows.length - 1; i >= 0; i--) if (gone.has(`r-${rows[i][0]}-${rows[i][1]}`)) rows.splice(i, 1);
+          reindex();
+        }
+        later();
+      },
+    };
+  })();
+
   // -- live updates ----------------------------------------------------------------------------------------------
   function parseRows(html) {
     const body = document.createElement("tbody");
     body.innerHTML = html;
     return [...body.children];
-  }
-  function place(tbody, tr) {
-    const old = document.getElementById(tr.id);
-    if (old) old.replaceWith(tr);
-    else tbody.appendChild(tr);
-    const empty = $("tr.empty", tbody);
-    if (empty) empty.remove();
   }
   const stream = document.body.dataset.stream;
   if (stream) {
@@ -45,13 +122,7 @@
     source.onerror = () => live.classList.remove("on");
     source.addEventListener("rows", (e) => {
       const data = JSON.parse(e.data);
-      const tbody = $("#rows tbody");
-      if (!tbody) return;
-      for (const html of data.upsert) for (const tr of parseRows(html)) place(tbody, tr);
-      for (const id of data.remove) document.getElementById(id)?.remove();
-      const shown = $("#shown");
-      if (shown) shown.textContent = String(tbody.querySelectorAll("tr[id]").length);
-      tick();
+      if (list) list.update(data.upsert, data.remove);
     });
     source.addEventListener("event", (e) => {
       const data = JSON.parse(e.data);
@@ -106,13 +177,19 @@
     box.replaceChildren(close, ...lines.map((l) => Object.assign(document.createElement("p"), { textContent: l })));
   }
   document.addEventListener("click", async (e) => {
-    const button = e.target.closest("button.act");
+    const button = e.target.closest(".act");
     if (!button) return;
+    e.preventDefault();
     const action = button.dataset.action;
+    // A list row's button carries no body: the row says which change set (pages.py keeps rows small).
+    const row = button.closest("tr[data-cs]");
+    const body = button.dataset.body
+      ? JSON.parse(button.dataset.body)
+      : { targets: [{ workspace_id: row.dataset.ws, change_set_id: row.dataset.cs }] };
     const box = $("#outcome");
     box.hidden = true;
     box.replaceChildren();
-    const planned = await post(action, { ...JSON.parse(button.dataset.body), confirm: false });
+    const planned = await post(action, { ...body, confirm: false });
     if (!planned.ok) return show(false, planned.lines);
     if (!(await ask(planned.question, planned.targets))) return show(null, ["not confirmed: nothing was done"]);
     const done = await post(action, { ...planned.body, confirm: true });
