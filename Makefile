@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test coverage coverage-run lint validate unit chaos bench soak clean
+.PHONY: run serve test coverage coverage-run lint validate unit chaos bench soak screenshots clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -86,6 +86,11 @@ bench: $(BIN)/.installed
 soak: $(BIN)/.installed
 	$(BIN)/python -m bench.soak --minutes 60 --lease-mode task
 	$(BIN)/python -m bench.soak --minutes 60 --lease-mode daemon
+
+# The web console's pages as the browser tests see them, written into docs/images/ (shown by docs/console.md); a
+# plain test run writes them into its temporary directory instead. Needs chromium (apt-get install chromium).
+screenshots: $(BIN)/.installed
+	REBASER_SCREENSHOTS=docs $(BIN)/pytest -q -p no:randomly tests/integration/console/test_console_browser.py
 
 clean:
 	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis .import_linter_cache build *.egg-info

@@ -53,8 +53,9 @@ async def serving_console(
     token: str | None = None,
     read_only: bool = False,
     refresh: float = 0.5,
+    daemon_urls: tuple[str, ...] = (),
 ) -> AsyncIterator[Console]:
-    live = Live(nc, subjects, refresh=refresh, overview_every=2)
+    live = Live(nc, subjects, refresh=refresh, overview_every=2, daemon_urls=daemon_urls)
     app = make_app(live, token=token, read_only=read_only, port=0)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await live.start()

@@ -132,9 +132,7 @@ def _shards(counts: Counts | None) -> str:
             f"<td class=n>{tasks.messages or 0}</td><td class=n>{'-' if upto is None else upto}</td></tr>"
         )
     layout = counts.layout
-    title = (
-        "one shard" if layout is None else f"{layout.streams} shards ({layout.mode}, intake {layout.intake})"
-    )
+    title = "one" if layout is None else f"{layout.streams} ({layout.mode}, intake {layout.intake})"
     return f"<h2>Shards: {esc(title)}</h2>" + table(
         ("shard", "requests stream", "requests", "tasks", "tasks delivered up to"), rows
     )

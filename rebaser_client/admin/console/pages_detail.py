@@ -132,12 +132,12 @@ def change_set_body(
     return (
         f"<h1>Change set {esc(change_set_id)}</h1>"
         f"<p>workspace {link('/change-sets', workspace_id, {'workspace': workspace_id})}</p>"
-        f'<section id="detail">{detail}</section>'
-        f'<h2>Timeline</h2>{feed}<form method="get" class="filter">from durable event '
+        f'<h2>Timeline, newest first</h2>{feed}<form method="get" class="filter">from durable event '
         f'<input name="since" size="6" value="{esc(since_value)}">'
         " <button>Show</button></form>"
-        '<table id="timeline"><thead><tr><th>time</th><th>seq</th><th>event</th><th>details</th></tr></thead>'
-        "<tbody></tbody></table>"
+        '<div class="timeline"><table id="timeline"><thead><tr><th>time</th><th>seq</th><th>event</th>'
+        "<th>details</th></tr></thead><tbody></tbody></table></div>"
+        f'<section id="detail">{detail}</section>'
     )
 
 

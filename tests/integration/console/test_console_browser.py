@@ -33,6 +33,7 @@ from rebaser_core.testing import wait_for
 from rebaser_server.app import Applied, AppState, ChangeSet
 from rebaser_server.daemon.daemon import Daemon
 from rebaser_server.testing import fast_settings, running_daemon
+from tests.integration.operations.test_metrics import metrics_url
 from tests.support.apps import RecordingApp, applied
 from tests.support.console import Console, chromium, screenshot_path, serving_console
 
@@ -109,7 +110,10 @@ async def deployment(
             async with (
                 RebaserClient(nc, prefix=prefix) as client,
                 running_daemon(nc, settings, app) as daemon,
-                serving_console(console_nc, Subjects(prefix)) as console,
+                metrics_url(daemon) as metrics,
+                serving_console(
+                    console_nc, Subjects(prefix), daemon_urls=(metrics[: -len("/metrics")],)
+                ) as console,
             ):
                 shots = tmp_path_factory.mktemp("shots")
                 d = Deployment(nc, client, Subjects(prefix), daemon, app, console, browser, shots)
@@ -258,6 +262,9 @@ async def test_the_overview_shows_the_daemon_and_the_workspaces(deployment: Depl
     d = deployment
     page = await d.page("/")
     await page.locator(f"main a:has-text('{d.w1}')").wait_for(timeout=20_000)
+    await page.locator("main td:has-text('ready')").wait_for(
+        timeout=20_000
+    )  # the daemon's health, from /status
     assert "event feed" in await page.locator("table.facts").inner_text()
     await page.screenshot(path=screenshot_path(d.shots, "console-overview.png"))
     await page.close()

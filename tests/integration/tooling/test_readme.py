@@ -54,6 +54,7 @@ INVENTORY: dict[str, list[str]] = {
     "docs/capacity.md": ["sh:checked", "sh:checked"],
     "docs/apps.md": ["sh:checked", "text:shown", "python:copy", "sh:checked", "sh:checked", "python:copy"],
     "docs/client.md": ["python:run", "sh:run"],
+    "docs/console.md": ["sh:checked", "sh:checked", "sh:checked"],
     "docs/contributing.md": [],
     "docs/deployment.md": ["sh:checked", "sh:checked", "sh:checked"],
     "docs/design.md": ["plain:shown", "mermaid:drawn", "mermaid:drawn"],
