@@ -18,7 +18,9 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
+from nats.js.api import StorageType
 
+from rebaser_client._pausing import pause_workspace
 from rebaser_client.admin.cli.main import main as cli
 from rebaser_client.admin.console.server import CSRF_HEADER
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -176,3 +178,46 @@ async def test_the_pages_say_what_to_turn_on_when_the_feed_is_off(
             assert response.status == 200 and "no change set or workspace" in await response.text()
         async with http.get(f"{console.url}/find?id={wk}", allow_redirects=False) as response:
             assert response.status == 303 and response.headers["Location"] == f"/change-sets?workspace={wk}"
+
+
+async def test_ten_browsers_share_the_consoles_watches(nc: NatsClient, subject_prefix: str) -> None:
+    """Ten open pages cost NATS nothing more than one: no consumer of their own on the records, the pauses or the
+    event feed (the console's one set of watches serves them all)."""
+    settings = fast_settings(subject_prefix, events=True)
+    await ensure_streams(nc.jetstream(), settings)
+    subjects = settings.subjects
+    js = nc.jetstream()
+    await js.create_key_value(bucket=subjects.change_sets_bucket, storage=StorageType.MEMORY)
+    await pause_workspace(
+        nc, subjects, WorkspacePk.new(), "held"
+    )  # the pauses bucket, created as an operator does
+
+    async def consumers() -> dict[str, int]:
+        found = {}
+        for stream in (
+            subjects.events_stream,
+            f"KV_{subjects.pauses_bucket}",
+            f"KV_{subjects.change_sets_bucket}",
+        ):
+            try:
+                found[stream] = (await js.stream_info(stream)).state.consumer_count
+            except Exception:
+                found[stream] = -1  # not there
+        return found
+
+    async with serving_console(nc, subjects) as console, aiohttp.ClientSession() as http:
+        await wait_for(lambda: console.live.feed_on, timeout=10, message="the console follows the feed")
+        await wait_for(
+            lambda: console.live.index.workspace_pauses, timeout=10, message="it watches the pauses"
+        )
+        one = await consumers()
+        assert min(one.values()) >= 1, one  # the console's own watches, and nothing else
+        streams = [await http.get(f"{console.url}/stream?page=list") for _ in range(10)]
+        try:
+            await wait_for(
+                lambda: len(console.live.hub) == 10, timeout=10, message="ten pages follow the list"
+            )
+            assert await consumers() == one
+        finally:
+            for response in streams:
+                response.close()
