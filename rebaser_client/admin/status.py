@@ -171,17 +171,20 @@ async def status_report(
     daemon_urls: Sequence[str] = (),
     counts: Counts | None = None,
     workspaces_limit: int = WORKSPACES_LISTED,
+    pauses: tuple[list[PausedLine], bool] | None = None,
 ) -> StatusReport:
     """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the
     ``workspaces_limit`` busiest workspaces (owned change sets read from ``daemon_urls``, the daemons' health
     endpoints). With shards (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures
-    summed. ``counts``: the subject counts read already (:func:`read_counts`), not read again."""
+    summed. ``counts``: the subject counts read already (:func:`read_counts`), not read again; ``pauses``: every
+    pause and whether there were more (:func:`~rebaser_client._pause_read.all_pauses`), known already (the web
+    console watches them)."""
     if counts is None:
         counts = await read_counts(nc, subjects)
     summaries, upto, lines = counts.summaries, counts.upto, counts.lines
     r = Reader(nc, subjects)
     try:
-        paused, pauses_more = await all_pauses(r.js, subjects, timeout=OPERATOR_TIMEOUT)
+        paused, pauses_more = pauses or await all_pauses(r.js, subjects, timeout=OPERATOR_TIMEOUT)
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
     busiest = sorted(lines.items(), key=lambda kv: (-kv[1].get("queued", 0), -kv[1].get("dead", 0), kv[0]))

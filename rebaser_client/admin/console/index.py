@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from rebaser_client._pause_read import PausedLine
 from rebaser_client._record import RecordView
 from rebaser_core.pauses import Pause
 
@@ -228,6 +229,13 @@ class Index:
             for r in self.rows.values()
             if r.change_set_id.startswith(text) or r.workspace_id.startswith(text)
         ]
+
+    def pauses(self) -> list[PausedLine]:
+        """Every pause, oldest first, as ``rebaser status`` lists them."""
+        found = [PausedLine(r.workspace_id, r.change_set_id, r.pause) for r in self.rows.values() if r.pause]
+        found += [PausedLine(wk, None, pause) for wk, pause in self.workspace_pauses.items()]
+        found.sort(key=lambda line: (line.pause.since, line.workspace_id, line.change_set_id or ""))
+        return found
 
     def state_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(STATES, 0)

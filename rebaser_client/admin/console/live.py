@@ -242,6 +242,7 @@ class Live:
                 daemon_urls=self.daemon_urls,
                 counts=counts,
                 workspaces_limit=1000,
+                pauses=(self.index.pauses(), False),  # watched already: not read again
             )
             self.hub.publish("overview", self.report)
 

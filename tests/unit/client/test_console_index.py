@@ -32,6 +32,8 @@ def test_states_follow_counts_pauses_and_records() -> None:
     assert index.states(row) == ("paused", "retrying")
     assert index.states(index.rows[(WK, CS2)]) == ("paused", "dead-lettered")
     assert index.states(index.rows[(OTHER, CS3)]) == ("queued",)
+    # Every pause, as `rebaser status` lists them.
+    assert [(p.workspace_id, p.change_set_id) for p in index.pauses()] == [(WK, None)]
     index.apply_pause(WK, None, None)
     index.apply_counts({})  # nothing queued, no task, no dead letter any more
     assert index.states(index.rows[(WK, CS2)]) == ()
