@@ -32,21 +32,11 @@ from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.subjects import Subjects
+from rebaser_core.testing import CHROMIUM, HEADLESS_CHROMIUM_ARGS
 from rebaser_server.record.model import ChangeSetRecord
 from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.testing import fast_settings
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Navigation Timing: from the request to the load event, and to the frame painted after it.
 _TIMING = """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => {
   const t = performance.getEntriesByType("navigation")[0];
@@ -114,7 +104,9 @@ async def main() -> None:
             set_port(app, port)
             loads: list[dict[str, float]] = []
             async with async_playwright() as pw:
-                browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+                browser = await pw.chromium.launch(
+                    executable_path=CHROMIUM, headless=True, args=HEADLESS_CHROMIUM_ARGS
+                )
                 for _ in range(options.loads):
                     page = await browser.new_page(viewport={"width": 1280, "height": 800})
                     await page.goto(f"http://127.0.0.1:{port}/change-sets", wait_until="load")

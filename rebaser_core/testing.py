@@ -36,6 +36,8 @@ import pytest
 from rebaser_core.embedded import NatsCluster, NatsServer
 
 __all__ = [
+    "CHROMIUM",
+    "HEADLESS_CHROMIUM_ARGS",
     "nats_cluster",
     "nats_server",
     "nats_url",
@@ -44,6 +46,20 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+# Debian's chromium, as the browser tests and the console's benchmark start it: headless, as root (no sandbox), and
+# quiet on a closed network (without the background-networking flags it keeps calling Google's hosts, refused).
+CHROMIUM = "/usr/bin/chromium"
+HEADLESS_CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @overload

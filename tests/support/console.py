@@ -21,18 +21,8 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client.admin.console.live import Live
 from rebaser_client.admin.console.server import make_app, serving_port, set_port
 from rebaser_core.subjects import Subjects
+from rebaser_core.testing import CHROMIUM, HEADLESS_CHROMIUM_ARGS
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ROOT = Path(__file__).resolve().parents[2]
 # `make screenshots` (REBASER_SCREENSHOTS=docs) writes the pages the browser tests see into docs/images (shown by
 # docs/console.md); other runs write them into the test's temporary directory, so a test run leaves docs/ alone.
@@ -85,7 +75,9 @@ async def chromium() -> AsyncIterator[Any]:
             "the playwright package is not installed (pip install -e '.[dev]'): the browser tests skip"
         )
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=HEADLESS_CHROMIUM_ARGS
+        )
         try:
             yield browser
         finally:

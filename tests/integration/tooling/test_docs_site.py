@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rebaser_core.testing import HEADLESS_CHROMIUM_ARGS
+
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 MKDOCS_YML = (ROOT / "mkdocs.yml").read_text()
@@ -175,14 +177,7 @@ async def test_diagrams_are_drawn_offline(site: Path, page: Path, tmp_path: Path
         with (tmp_path / "chromium.log").open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
                 CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *HEADLESS_CHROMIUM_ARGS,
                 f"--user-data-dir={tmp_path / 'profile'}",
                 # Chromium's own calls home (updates, time, sign-in) go to the refusing recorder, not the network.
                 f"--proxy-server=http://127.0.0.1:{proxy_port}",
