@@ -2,8 +2,12 @@
 # with one (as in docker-compose.yml) it joins that NATS. Health, readiness and Prometheus metrics on port 9464.
 # Checked by `make validate` (hadolint) in CI.
 
+# The base of both stages. The default is the one users get; the container tests (tests/container/) pass a Debian
+# base made locally, since they run where no image registry is reachable (docs/deployment.md).
+ARG BASE_IMAGE=python:3.11-slim
+
 # -- build: a virtualenv with the package and its dependencies (the nats-server binary comes with them) --------
-FROM python:3.11-slim AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/rebaser
@@ -15,15 +19,17 @@ COPY rebaser_server ./rebaser_server
 RUN /opt/rebaser/bin/pip install --no-cache-dir ".[otlp]"
 
 # -- run: the virtualenv on a clean slim base, as an unprivileged user ----------------------------------------
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 # A fixed numeric id, so file ownership in the volume means the same on every host and orchestrator.
 RUN groupadd --system --gid 10001 rebaser \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/rebaser --create-home rebaser
 COPY --from=build /opt/rebaser /opt/rebaser
 # Inside a container "reachable" means on every interface: the container's network is the fence. The embedded
 # server and the health endpoint bind 0.0.0.0 (both are loopback-only by default outside a container).
-# REBASER_SYNC=always: the embedded server fsyncs before it acknowledges, so an acknowledged request survives the
-# host losing power (docs/RELIABILITY.md). A duration (1s) is faster and loses up to that much in a power loss.
+# The embedded server fsyncs before it acknowledges (its default, --sync always), so an acknowledged request
+# survives the host losing power (docs/RELIABILITY.md); REBASER_SYNC=1s is faster and loses up to that much in a
+# power loss. The image serves both modes, so it leaves REBASER_SYNC unset: beside REBASER_NATS_URL the daemon
+# refuses it (an external server's fsync is in that server's configuration).
 ENV PATH=/opt/rebaser/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -31,8 +37,7 @@ ENV PATH=/opt/rebaser/bin:$PATH \
     REBASER_EMBEDDED_HOST=0.0.0.0 \
     REBASER_HTTP_HOST=0.0.0.0 \
     REBASER_HTTP_PORT=9464 \
-    REBASER_LOG_FORMAT=json \
-    REBASER_SYNC=always
+    REBASER_LOG_FORMAT=json
 USER 10001:10001
 WORKDIR /var/lib/rebaser
 # The embedded server's JetStream store: requests and change-set records survive a new container.

@@ -44,7 +44,12 @@ def test_hadolint_passes_the_dockerfile() -> None:
 def test_the_image_is_a_real_one() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     final = dockerfile[dockerfile.rindex("\nFROM ") :]  # the run stage: nothing of the build stage's tools
-    assert re.search(r"^FROM python:3\.\d+-slim$", final, re.MULTILINE)
+    # Users get python slim; the container tests pass a base of their own (tests/container/).
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.\d+-slim$", dockerfile, re.MULTILINE)
+    assert re.findall(r"^FROM .*$", dockerfile, re.MULTILINE) == [
+        "FROM ${BASE_IMAGE} AS build",
+        "FROM ${BASE_IMAGE}",
+    ]
     assert re.search(r"^USER 10001:10001$", final, re.MULTILINE), "not root"
     assert re.search(rf"^EXPOSE 4222 {DEFAULT_HTTP_PORT}$", final, re.MULTILINE)
     assert "HEALTHCHECK" in final and "/healthz" in final
@@ -52,6 +57,12 @@ def test_the_image_is_a_real_one() -> None:
     for variable in ("REBASER_EMBEDDED_HOST=0.0.0.0", "REBASER_HTTP_HOST=0.0.0.0", "REBASER_DATA_DIR="):
         assert variable in final
     assert "pip install" not in final
+    # Beside REBASER_NATS_URL the daemon refuses REBASER_SYNC (an external server's fsync is its own): the image,
+    # which serves both modes, must not set it (the embedded default is already "always").
+    assert "REBASER_SYNC" not in re.sub(r"^#.*$", "", final, flags=re.MULTILINE)
+    assert (
+        "/usr/local/share/ca-certificates" not in dockerfile
+    )  # the host's authorities: the test base's only
 
 
 def test_compose_describes_the_local_cluster() -> None:
