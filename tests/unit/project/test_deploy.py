@@ -12,6 +12,7 @@ from typing import Any
 
 import compose
 
+from rebaser_core.settings import Settings
 from rebaser_server.ops.http import DEFAULT_HTTP_PORT
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,6 +81,24 @@ def test_compose_describes_the_local_cluster() -> None:
         assert env["REBASER_NATS_URL"].split() == [f"nats://{n}:4222" for n in nats]
         assert env["REBASER_REPLICAS"] == "3"
     assert {"otel-collector", "jaeger", "prometheus"} <= set(services)
+
+
+def test_every_service_states_how_long_sigterm_has() -> None:
+    """podman 4.3's Docker API takes a missing stop_grace_period as 0 (SIGKILL at once); a daemon's drain needs
+    shutdown_grace and the hand-back (docs/running.md)."""
+    services = compose_config()["services"]
+    grace = {name: service.get("stop_grace_period") for name, service in services.items()}
+    assert all(grace.values()), grace
+    shutdown_grace = Settings.model_fields["shutdown_grace"].default
+    for name, service in services.items():
+        if "build" in service:
+            assert _seconds(service["stop_grace_period"]) >= 2 * shutdown_grace, name
+
+
+def _seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)s", duration)
+    assert match, duration
+    return float(match[1])
 
 
 def test_prometheus_scrapes_every_daemon() -> None:
