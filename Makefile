@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test coverage coverage-run lint validate unit chaos bench soak screenshots clean
+.PHONY: run serve test container-test coverage coverage-run lint validate unit chaos bench soak screenshots clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -58,7 +58,7 @@ COVERAGE ?= off
 
 # --durations: the ten slowest tests, printed after every run, so a test that grows the suite shows (the budget:
 # docs/contributing.md).
-PYTEST_RUN = $(BIN)/pytest -m "not slow" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
+PYTEST_RUN = $(BIN)/pytest -m "not slow and not container" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
 
 test: lint
 ifeq ($(COVERAGE),on)
@@ -66,6 +66,12 @@ ifeq ($(COVERAGE),on)
 else
 	$(PYTEST_RUN)
 endif
+
+# The image built from the Dockerfile and the compose cluster run for real, with podman (docs/deployment.md): as
+# root, with podman, runc and debootstrap installed (.ci/run installs them); where no container can run, every
+# test skips with one reason. One at a time (they publish ports and share podman's store), bounded per test.
+container-test: $(BIN)/.installed
+	$(BIN)/pytest -m container -q --timeout 900 tests/container
 
 coverage: lint coverage-run
 
