@@ -56,7 +56,14 @@ INVENTORY: dict[str, list[str]] = {
     "docs/client.md": ["python:run", "sh:run"],
     "docs/console.md": ["sh:checked", "sh:checked", "sh:checked"],
     "docs/contributing.md": [],
-    "docs/deployment.md": ["sh:checked", "sh:checked", "sh:checked"],
+    "docs/deployment.md": [
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+        "sh:checked",
+    ],
     "docs/design.md": ["plain:shown", "mermaid:drawn", "mermaid:drawn"],
     "docs/events.md": ["python:checked", "python:checked", "sh:checked", "plain:shown"],
     "docs/fair-share.md": [
