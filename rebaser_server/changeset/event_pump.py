@@ -5,9 +5,11 @@ The feed promises a follower that a change set's events come in ``seq`` order, s
 promise whenever one publication fails and a later one succeeds: the failed one is stored after it. So the events
 of one change set go out one batch at a time:
 
-- Everything queued since the last batch goes in the next one (at most :data:`MAX_BATCH`), as one JetStream atomic
-  batch (ADR-50: all of it is stored or none, contiguously, with one acknowledgement): under load a batch holds a
-  commit group's events and more, and costs the server and this daemon one acknowledgement instead of one each.
+- One event at a time while they come slower than acknowledgements; once :data:`BATCH_FROM` wait, everything queued
+  goes in the next one (at most :data:`MAX_BATCH`), as one JetStream atomic batch (ADR-50: all of it is stored or
+  none, contiguously, with one acknowledgement). A batch costs nats-server about 1.2 ms of CPU whatever its size, an
+  event alone 10 µs, so batches are only for a backlog, where they keep one busy change set's feed from falling
+  behind (one event per round trip would).
 - Its first message carries ``Nats-Expected-Last-Subject-Sequence``: the stream stores the batch only right after
   the last message this publisher knows of on the subject. Nothing can be stored in between, or twice: a refusal
   says what the subject's last sequence is now, and an unanswered batch is looked for in the stream before it is
@@ -26,6 +28,7 @@ import contextlib
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -47,14 +50,20 @@ __all__ = ["MAX_BATCH", "EventPump", "Queued"]
 
 log = logging.getLogger(__name__)
 
-# Events in one atomic batch (the server takes up to 1,000; events are under 8 KiB each).
+# Events in one atomic batch (the server takes up to 1,000; events are under 8 KiB each), and the backlog from which
+# one is sent (below it, one event at a time: see _next_batch).
 MAX_BATCH = 128
+BATCH_FROM = 32
 # Messages read one by one when looking for what an unanswered batch (or the last owner) stored: the outbox bound and
 # the notices between. Past it, only the subject's last message is read (_locate_by_last).
 _SCAN_MAX = 512
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 2.0
 _WRONG_LAST = 10071  # "wrong last sequence: N"
 _ATOMIC_OFF = (10174,)  # "atomic publish is disabled" on the stream: publish one at a time
+# A batch refused whole for a limit ("incomplete": messages of it dropped past the server's 50 batches in flight per
+# stream): nothing stored; one event at a time for _BATCHES_PAUSE seconds.
+_BATCH_REFUSED = (10176,)
+_BATCHES_PAUSE = 5.0
 _NO_MESSAGE = 10037
 _SEQUENCE = "Nats-Sequence"  # the stream sequence a direct get's answer carries
 _WRONG_LAST_TEXT = re.compile(r"wrong last sequence: (\d+)")
@@ -103,6 +112,7 @@ class EventPump:
         # Queued events to send one at a time, each with its Nats-Msg-Id (see _locate_by_last).
         self._singles = 0
         self._fresh = False  # see start_after
+        self._batches_after = 0.0  # (monotonic) no batch before then: see _recover
         self._closed = False
         # Locating, recovering from a failure, or a backlog: the publishing goes on in a task (none otherwise).
         self._task: asyncio.Task[None] | None = None
@@ -169,7 +179,16 @@ class EventPump:
 
     # -- publishing -----------------------------------------------------------------------------------
     def _next_batch(self) -> list[Queued]:
-        return self._queue[:MAX_BATCH] if self._atomic and not self._singles else self._queue[:1]
+        # An atomic batch costs nats-server about 1.2 ms of CPU whatever its size (bench/event_batches.py): one
+        # event alone costs 10 µs. So one at a time, and a batch only once a backlog makes it pay for itself.
+        if (
+            self._atomic
+            and not self._singles
+            and len(self._queue) >= BATCH_FROM
+            and time.monotonic() >= self._batches_after
+        ):
+            return self._queue[:MAX_BATCH]
+        return self._queue[:1]
 
     def _answered(self, answer: Msg | Exception) -> None:
         """The acknowledgement of the batch :meth:`put` sent (in nats-py's read loop: quick, no wait)."""
@@ -244,6 +263,11 @@ class EventPump:
                 )
                 self._atomic = False
                 return failures
+            if err.code in _BATCH_REFUSED:
+                # Nothing stored. The server's limit of batches in flight (50 per stream, all daemons together) is
+                # reached: one event at a time for a while, which keeps the order and goes on.
+                self._batches_after = time.monotonic() + _BATCHES_PAUSE
+                return failures
             return await self._failed(err, failures)  # refused: nothing stored
         failures = await self._failed(err, failures)
         if self.last is not None:
@@ -281,9 +305,10 @@ class EventPump:
             if i == 0 and after is not None:
                 headers["Nats-Expected-Last-Subject-Sequence"] = str(after)
             if batch_id:
-                # (No Nats-Msg-Id in a batch: the server refuses a whole batch that repeats one.)
                 headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i + 1)})
-            elif item.seq is not None:
+            elif self._singles and item.seq is not None:
+                # Only where the stream may hold it already (see _locate_by_last): the expectation keeps everything
+                # else from being stored twice, and the server keeps each id for duplicate_window (minutes).
                 headers[h.NATS_MSG_ID] = event_msg_id(*self._ids, item.seq)
             body = encode_body(item.event, ContentType.CBOR)
             if i < last:

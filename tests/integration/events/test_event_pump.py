@@ -174,3 +174,27 @@ async def test_an_event_found_stored_leaves_the_outbox(
         feed.close()
         await requester.close()
     assert await _stored_seqs(nc, stream, subject) == [1, 1]  # the event, then the taken notice after it
+
+
+async def test_a_batch_cut_short_on_its_way_is_stored_whole_later_in_order(
+    nc: NatsClient, pump_on: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One message of the first atomic batch never reaches the server: the server refuses the batch as incomplete
+    (nothing of it stored), and the events go again, one at a time, in order, each once."""
+    pump, stream, subject, wk, cs, failures = await pump_on()
+    original = NatsClient.publish
+    dropped: list[str] = []
+
+    async def publish(self: NatsClient, subj: str, payload: bytes = b"", reply: str = "", **kw: Any) -> None:
+        headers = kw.get("headers") or {}
+        if subj == subject and headers.get("Nats-Batch-Sequence") == "2" and not dropped:
+            dropped.append(headers["Nats-Batch-Id"])
+            return
+        await original(self, subj, payload, reply=reply, **kw)
+
+    monkeypatch.setattr(NatsClient, "publish", publish)
+    pump.start_after(0)
+    await pump.put(*(Queued(seq, _event(wk, cs, seq), {}) for seq in range(1, 81)))
+    assert await pump.drained(30)
+    assert dropped and failures == []  # refused for the limit: nothing stored, no failure
+    assert await _stored_seqs(nc, stream, subject) == list(range(1, 81))
