@@ -145,10 +145,14 @@ class Lease:
         deleted message does nothing. The change set's steps have stopped before this is called."""
         if self._heartbeat is None or self._heartbeat.covers(self._generation):
             return False
-        own = self._expires - self._margin - time.monotonic()
-        if own <= 0 or not self._nc.is_connected:
-            return False
-        return await self._send(nak_payload(None), min(own, 5.0))
+        # Tried again while the delivery's own lease holds: the lapse often comes with the cluster's trouble (a node
+        # killed, the heartbeat bucket without a leader), when the first nak fails too; given up, the task would
+        # wait out that lease (task_ack_wait) after the cluster is back.
+        while (own := self._expires - self._margin - time.monotonic()) > 0:
+            if self._nc.is_connected and await self._send(nak_payload(None), min(own, 5.0)):
+                return True
+            await asyncio.sleep(min(_SETTLE_AGAIN_AFTER, max(own, 0.0)))
+        return False
 
     async def term(self) -> bool:
         """Remove the task for good (it can have no work) if the lease is held."""

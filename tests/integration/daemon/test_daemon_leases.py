@@ -303,6 +303,45 @@ async def test_a_change_set_held_when_the_heartbeat_lapses_is_handed_back_by_its
         assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
 
 
+async def test_a_lapse_hand_back_that_fails_is_sent_again(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The heartbeat lapses with the cluster's trouble (a node killed), when the daemon's nak of the task it gives up
+    # fails too. Tried once, the task then waited out its own lease (task_ack_wait, 120 s here) after the cluster was
+    # back: 52 s stalls in the node-kill battery. It is tried again while that lease holds.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    request = Requester.request
+    lost: list[str] = []
+
+    async def lose_the_first_naks(self: Requester, subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        if payload.startswith(b"-NAK") and len(lost) < 3:
+            lost.append(subject)  # never answered: the cluster is in trouble
+            raise TimeoutError("the nak was lost")
+        return await request(self, subject, payload, **kwargs)
+
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert daemon.liveness is not None
+        heartbeat = daemon.liveness.heartbeat
+        kv = await nc.jetstream().key_value(settings.subjects.daemons_bucket)
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+        monkeypatch.setattr(Requester, "request", lose_the_first_naks)
+        await heartbeat.stop(delete=False)
+        await wait_for(lambda: daemon.stats.leases_lost == 1, timeout=10, message="the change set given up")
+        await heartbeat.start(kv, timeout=10)
+        await wait_for(
+            lambda: daemon.stats.lapse_hand_backs == 1, timeout=20, message="handed back after all"
+        )
+        assert len(lost) == 3
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
+        record = await daemon.store.read(ChangeSet(wk, cs))
+        assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
+
+
 async def test_a_release_ack_that_is_lost_is_sent_again(
     nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
