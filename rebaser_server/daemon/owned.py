@@ -164,8 +164,13 @@ class OwnedChangeSets:
             if outcome.hands_back:
                 # Only while the lease is held: a late nak would take the task from the daemon that has it now.
                 delay = result.delay if outcome is Outcome.RETRY else None
+                # The nak is tried again while the lease holds; if the heartbeat lapsed meanwhile (the same trouble
+                # as the reconnect that made this hand-back, often), while the delivery's own lease holds.
                 if not await processor.lease.nak(delay=delay):
-                    self.unconfirmed_hand_backs += 1
+                    if await processor.lease.hand_back_after_lapse():
+                        stats.lapse_hand_backs += 1
+                    else:
+                        self.unconfirmed_hand_backs += 1
                 if self.on_handed_back is not None:
                     self.on_handed_back(
                         processor.subjects.shard, processor.change_set.workspace_id, delay or 0.0

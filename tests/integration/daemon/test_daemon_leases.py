@@ -342,6 +342,48 @@ async def test_a_lapse_hand_back_that_fails_is_sent_again(
         assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
 
 
+async def test_a_hand_back_whose_nak_fails_until_the_heartbeat_lapses_is_sent_again(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reconnect hands every owned change set back, and the naks fail with the same trouble until the heartbeat
+    # lapses: tried only while the lease held, the tasks then waited out task_ack_wait (a 31 s stall in the
+    # node-kill battery). They are handed back as after a lapse, while each delivery's own lease holds.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    request = Requester.request
+    trouble = [True]
+    lost: list[str] = []
+
+    async def lose_naks_in_trouble(self: Requester, subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        if payload.startswith(b"-NAK") and trouble[0]:
+            lost.append(subject)
+            raise TimeoutError("the nak was lost")
+        return await request(self, subject, payload, **kwargs)
+
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert daemon.liveness is not None
+        heartbeat = daemon.liveness.heartbeat
+        kv = await nc.jetstream().key_value(settings.subjects.daemons_bucket)
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+        monkeypatch.setattr(Requester, "request", lose_naks_in_trouble)
+        await heartbeat.stop(delete=False)
+        daemon._owned.interrupt_all()  # as a reconnect does
+        await wait_for(
+            lambda: lost and not heartbeat.held(), timeout=20, message="naks lost, heartbeat lapsed"
+        )
+        trouble[0] = False
+        await heartbeat.start(kv, timeout=10)
+        await wait_for(
+            lambda: daemon.stats.lapse_hand_backs == 1, timeout=20, message="handed back after all"
+        )
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
+        assert daemon._owned.unconfirmed_hand_backs == 0
+
+
 async def test_a_release_ack_that_is_lost_is_sent_again(
     nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
