@@ -188,6 +188,7 @@ class Daemon:
         self._failing: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
+        self.serving = False  # set-up done (/readyz): see start
 
     # -- what operations code reads (rebaser_server.ops.view.DaemonView) ---------------------------------
     @property
@@ -306,6 +307,7 @@ class Daemon:
         if self._sweep:
             self._sweeper_task = asyncio.create_task(self.sweeper.run(), name="rebaser orphan sweep")
         self._watch_task = asyncio.create_task(self.watch.run(self._on_reconnect), name="rebaser NATS watch")
+        self.serving = True
         log.info(
             "rebaser daemon %s serving (prefix=%s, concurrency=%d, shards %s of %d, %s)",
             owning.owner,

@@ -240,6 +240,7 @@ class StatusReporter:
         stale: bool,
         *,
         stopping: bool,
+        serving: bool = True,
         owned: int = 0,
         workspaces_waiting: int = 0,
     ) -> list[str]:
@@ -249,6 +250,9 @@ class StatusReporter:
         reasons = []
         if stopping:
             reasons.append("shutting down")
+        elif not serving:
+            # The streams of an earlier run may all be there already: not ready until queries are answered too.
+            reasons.append("starting: set-up not done (JetStream, the app, the query service, the intake)")
         down, limit = self.watch.disconnected_for(), settings.ready_max_disconnected
         if down > limit:
             reasons.append(f"NATS unreachable for {down:.1f}s (ready_max_disconnected {limit:g}s)")

@@ -23,6 +23,7 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
         facts,
         stale,
         stopping=daemon.stopping,
+        serving=daemon.serving,
         owned=len(owned),
         workspaces_waiting=int(intake.get("workspaces_waiting_total") or 0),
     )

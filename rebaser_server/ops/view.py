@@ -67,6 +67,10 @@ class DaemonView(Protocol):
     def stopping(self) -> bool: ...
 
     @property
+    def serving(self) -> bool:
+        """Set-up is done: the daemon answers queries and takes tasks."""
+
+    @property
     def settled_waits(self) -> int:
         """Settled queries held now."""
 
