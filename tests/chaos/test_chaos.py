@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -544,6 +545,23 @@ async def test_partitions(
     await _partition_chaos(nats_url, subject_prefix, tmp_path, duration=duration, every=every)
 
 
+async def _caught_up(node: NatsServer, *, timeout: float) -> None:
+    """Until ``node``'s /healthz says ok (JetStream current on it), or ``timeout``: the fault goes on either way."""
+    url = node.monitoring_url
+    if url is None:
+        return
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+                return bool(json.load(response).get("status") == "ok")
+        except (OSError, ValueError):
+            return False
+
+    with contextlib.suppress(AssertionError):
+        await wait_for(lambda: asyncio.to_thread(healthy), timeout=timeout, interval=0.25, message="")
+
+
 async def _cluster_chaos(
     cluster: NatsCluster,
     prefix: str,
@@ -555,9 +573,14 @@ async def _cluster_chaos(
     down: list[int] = []
 
     async def bounce_a_node(live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> None:
-        # Bring back the node killed last time, then kill another one: at most one node is down at a time.
+        # Bring back the node killed last time, then kill another one: at most one node is down at a time. The one
+        # brought back is let catch up first (nats-server's /healthz: every stream and consumer it holds current,
+        # for up to 60 s), so a kill never leaves two of three replicas behind: the battery then measures the
+        # daemons' stalls, not a cluster without quorum (which stalled both lease modes for up to a minute).
         if down:
-            await asyncio.to_thread(cluster.start_node, down.pop())
+            back = down.pop()
+            await asyncio.to_thread(cluster.start_node, back)
+            await _caught_up(cluster.nodes[back], timeout=60.0)
         victim = random.randrange(len(cluster.nodes))
         cluster.kill_node(victim)
         down.append(victim)
@@ -596,7 +619,9 @@ async def test_cluster_node_kills_with_daemon_leases(
     result = await _cluster_chaos(
         nats_cluster, subject_prefix, tmp_path, duration=LONG, every=8, extra_env=DAEMON_LEASES
     )
-    assert result["longest_stall_s"] < 15, result  # no change set waited for its task's own 30 s lease
+    # No change set waited for its task's own 30 s lease. (Below 15 s it was once; with each node caught up before
+    # the next kill, task mode itself stalls 16.9 s here: elections, not leases.)
+    assert result["longest_stall_s"] < 25, result
 
 
 async def _kv_fault_chaos(
