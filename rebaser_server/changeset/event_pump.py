@@ -26,6 +26,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import math
 import re
 import secrets
 import time
@@ -69,14 +70,13 @@ _SEQUENCE = "Nats-Sequence"  # the stream sequence a direct get's answer carries
 _WRONG_LAST_TEXT = re.compile(r"wrong last sequence: (\d+)")
 
 
-class Queued:
-    """An event waiting for its turn: its JSON-model form, its durable ``seq`` (None for a notice), and the trace
+class Queued(NamedTuple):
+    """An event waiting for its turn: its durable ``seq`` (None for a notice), its JSON-model form, and the trace
     headers of the request it tells of."""
 
-    __slots__ = ("event", "seq", "trace")
-
-    def __init__(self, seq: int | None, event: dict[str, Any], trace: Mapping[str, str]) -> None:
-        self.seq, self.event, self.trace = seq, event, trace
+    seq: int | None
+    event: dict[str, Any]
+    trace: Mapping[str, str]
 
 
 class _Refused(Exception):
@@ -108,11 +108,10 @@ class EventPump:
         # The stream sequence of the subject's last message as far as this publisher knows (None: to be found).
         self.last: int | None = None
         self._scan_from = 0  # where to look from when ``last`` is to be found (the record's ``events_at``)
-        self._atomic = True
         # Queued events to send one at a time, each with its Nats-Msg-Id (see _locate_by_last).
         self._singles = 0
         self._fresh = False  # see start_after
-        self._batches_after = 0.0  # (monotonic) no batch before then: see _recover
+        self._batches_after = 0.0  # monotonic; no batch before (inf: none ever): see _recover
         self._closed = False
         # Locating, recovering from a failure, or a backlog: the publishing goes on in a task (none otherwise).
         self._task: asyncio.Task[None] | None = None
@@ -151,10 +150,6 @@ class EventPump:
         except (nats.errors.Error, OSError) as err:
             self._answered(err)
 
-    def pending(self) -> list[Queued]:
-        """What is queued or in flight, oldest first."""
-        return list(self._queue)
-
     def give_up_before(self, seq: int) -> None:
         """Drop the durable events before ``seq`` still queued (they are no longer in any outbox): a follower sees
         the gap. Those in flight go on."""
@@ -181,12 +176,7 @@ class EventPump:
     def _next_batch(self) -> list[Queued]:
         # An atomic batch costs nats-server about 1.2 ms of CPU whatever its size (bench/event_batches.py): one
         # event alone costs 10 µs. So one at a time, and a batch only once a backlog makes it pay for itself.
-        if (
-            self._atomic
-            and not self._singles
-            and len(self._queue) >= BATCH_FROM
-            and time.monotonic() >= self._batches_after
-        ):
+        if not self._singles and len(self._queue) >= BATCH_FROM and time.monotonic() >= self._batches_after:
             return self._queue[:MAX_BATCH]
         return self._queue[:1]
 
@@ -257,11 +247,11 @@ class EventPump:
                 with contextlib.suppress(nats.errors.Error, TimeoutError, OSError, APIError):
                     await self._scan(self.last or 0, until=int(found[1]))
                 return failures
-            if err.code in _ATOMIC_OFF and self._atomic:
+            if err.code in _ATOMIC_OFF:
                 log.warning(
                     "%s: the events stream takes no atomic batches: one event at a time", self._stream
                 )
-                self._atomic = False
+                self._batches_after = math.inf  # never again
                 return failures
             if err.code in _BATCH_REFUSED:
                 # Nothing stored. The server's limit of batches in flight (50 per stream, all daemons together) is

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import Sequence
 
 import nats.errors
@@ -16,6 +14,7 @@ from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent
 from rebaser_core.errors import ProtocolError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.settings import Settings
+from rebaser_core.testing import wait_for
 
 
 async def stored_events(
@@ -25,14 +24,18 @@ async def stored_events(
 
     The read is tried again until ``deadline`` seconds have passed: right after node kills the events stream may
     still be electing its leader, and a checker that gives up then says nothing about the feed."""
-    give_up = time.monotonic() + deadline
-    while True:
-        try:
-            return await _read_events(js, settings, wk, cs)
-        except (TimeoutError, nats.errors.Error):
-            if time.monotonic() > give_up:
-                raise
-            await asyncio.sleep(0.5)
+
+    async def read() -> tuple[list[ChangeSetEvent]]:
+        return (await _read_events(js, settings, wk, cs),)  # a tuple: no events read is an answer too
+
+    (events,) = await wait_for(
+        read,
+        timeout=deadline,
+        interval=0.5,
+        retry_on=(TimeoutError, nats.errors.Error),
+        message=f"the events of {wk}/{cs} could not be read",
+    )
+    return events
 
 
 async def _read_events(
