@@ -405,7 +405,7 @@ class Daemon:
         """Stop taking tasks, finish the requests in hand (bounded), nack owned tasks so others take them now.
 
         Every step is bounded (a NATS call that never answers, or an app that ignores cancellation, must not keep
-        the daemon from stopping): at most about ``FETCH_TIMEOUT * 4 + shutdown_grace + 5 + 2 * nats_timeout``.
+        the daemon from stopping): at most about ``FETCH_TIMEOUT * 4 + shutdown_grace + 5 + 3 * nats_timeout``.
         """
         if self._stopping:
             await self.stopped.wait()
@@ -435,9 +435,12 @@ class Daemon:
         await self.pauses.stop()
         await self._owned.fair.stop()
         self._app_stopping = True
+        # The queries get twice the NATS timeout: their stop itself waits up to one for the held settled-waits to
+        # answer "ask again"; cut at one, those answers were lost under load and the callers waited on.
+        budgets = {"queries": 2 * settings.nats_timeout, "app": settings.nats_timeout}
         for what, stop in (("queries", self.queries.stop), ("app", self._owning.app.stop)):
             try:
-                async with asyncio.timeout(settings.nats_timeout):
+                async with asyncio.timeout(budgets[what]):
                     await stop()
             except Exception as err:
                 log.warning("stopping the %s failed: %r", what, err)
