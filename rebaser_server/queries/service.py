@@ -8,9 +8,11 @@ and a ``fork`` creates a record that does not exist yet (refused if it does), so
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -77,6 +79,15 @@ class QueryService:
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query)
+        # The server has the interest once it answers a ping: until then a query that comes from another connection
+        # gets "no responders", though /readyz already says ready (found by a CLI test on a loaded machine).
+        try:
+            await self._nc.flush(timeout=math.ceil(self._settings.nats_timeout))
+        except (
+            nats.errors.Error,
+            TimeoutError,
+        ) as err:  # not connected: the reconnect sends the interest again
+            log.warning("queries: the subscription is not confirmed yet (%s)", err or type(err).__name__)
 
     async def stop(self) -> None:
         if self._sub is not None:
