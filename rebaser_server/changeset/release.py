@@ -51,9 +51,16 @@ async def release(
         return TaskResult(Outcome.FENCED, reason="lost ownership before release")
     await report.hooks.checkpoint("stopped_consuming", change_set)
     if not await lease.ack(timeout=settings.nats_timeout):
-        # Not sent (the lease ran out) or not confirmed: the task may or may not still exist. The check below is
-        # still right either way: a task publish while one exists is refused, which is harmless.
-        log.warning("%s: release ack not confirmed; checking for queued requests anyway", change_set)
+        if lease.lapsed() and await lease.hand_back_after_lapse():
+            # The heartbeat lapsed (a freeze) after the change set went quiet: the task is still this delivery's,
+            # and no peer reaps a daemon whose heartbeat is back. Unacked, it would hold the requests queued since
+            # for task_ack_wait; handed back, it is delivered again at once.
+            report.stats.lapse_hand_backs += 1
+            log.info("%s: handed back at release (this daemon's heartbeat lapsed)", change_set)
+        else:
+            # Not sent (the lease ran out) or not confirmed: the task may or may not still exist. The check below
+            # is still right either way: a task publish while one exists is refused, which is harmless.
+            log.warning("%s: release ack not confirmed; checking for queued requests anyway", change_set)
     await report.hooks.checkpoint("task_acked", change_set)
     await _task_for_queued(nats, settings.nats_timeout, report, change_set, subjects)
     return TaskResult(Outcome.RELEASED, reason="quiescent")

@@ -412,6 +412,46 @@ async def test_a_release_ack_that_is_lost_is_sent_again(
         assert reply.ok, reply
 
 
+async def test_a_release_whose_ack_comes_after_a_heartbeat_lapse_hands_the_task_back(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    # A daemon frozen just as a change set went quiet wakes with its heartbeat lapsed and goes on releasing it: the
+    # ack is not sent (the lease no longer holds), and a request queued meanwhile found its task still there, held by
+    # a delivery nobody acts on and no peer reaps (the heartbeat is back). It waited for task_ack_wait: 23 s stalls
+    # in the daemon-lease freezes battery (30 s there, 120 s here). The task is handed back instead.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    gate = CheckpointGate("stopped_consuming")
+    async with running_daemon(nc, settings, RecordingApp(), hooks=gate) as daemon:
+        assert daemon.liveness is not None
+        heartbeat = daemon.liveness.heartbeat
+        kv = await nc.jetstream().key_value(settings.subjects.daemons_bucket)
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+        await gate.wait_reached()  # quiet: releasing, the ack not sent yet
+        await heartbeat.stop(delete=False)
+        await wait_for(lambda: not heartbeat.held(), timeout=10, message="the heartbeat lapsed")
+        await heartbeat.start(kv, timeout=10)  # back, in a new generation: no peer reaps
+        js = nc.jetstream()
+        before = (await js.stream_info(settings.subjects.requests_stream)).state.last_seq
+        queued = asyncio.create_task(
+            client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        )
+
+        async def published() -> bool:
+            return (await js.stream_info(settings.subjects.requests_stream)).state.last_seq > before
+
+        await wait_for(published, timeout=10, message="the second request stored (its task publish refused)")
+        gate.release()
+        reply = await queued
+        assert reply.ok, reply
+        assert daemon.stats.lapse_hand_backs == 1
+        record = await daemon.store.read(ChangeSet(wk, cs))
+        assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
+
+
 async def test_a_frozen_daemons_change_sets_are_served_by_a_peer_and_once_each_after_it_thaws(
     nc: NatsClient, nats_url: str, subject_prefix: str, tmp_path: Path
 ) -> None:
