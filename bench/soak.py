@@ -157,6 +157,8 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int) -> in
                     else:
                         print("\n".join(growth(since)), flush=True)
     finally:
+        for task in callers:  # done by now at the end of the run; on a SIGTERM, stopped here
+            task.cancel()
         await asyncio.gather(*callers, return_exceptions=True)
         await client.close()
         await nc.close()

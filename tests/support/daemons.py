@@ -66,7 +66,8 @@ async def spawn_daemon(
         "--app",
         "tests.support.apps:RecordingApp",
         "--log-level",
-        "INFO",
+        # DEBUG (every task taken, released and handed back) to explain a rare stall of a long chaos run.
+        os.environ.get("REBASER_CHAOS_LOG_LEVEL", "INFO"),
         stdout=out,
         stderr=asyncio.subprocess.STDOUT,
         env=full_env,
