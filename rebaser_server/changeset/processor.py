@@ -266,6 +266,13 @@ class ChangeSetProcessor:
             # pair is freed only by the cycle collector.
             self._post = None
 
+    async def hand_back_after_lapse(self) -> bool:
+        """``lease_mode`` daemon: :meth:`Lease.hand_back_after_lapse`, this ownership's record claimed first if it
+        wrote one (a peer reaping this daemon acts only on records that name it)."""
+        handle = self._handle
+        claim = handle.claim_after_lapse if handle is not None and handle.written else None
+        return await self.lease.hand_back_after_lapse(claim)
+
     def _started(self) -> None:
         callback, self._on_started = self._on_started, None
         if callback is not None:

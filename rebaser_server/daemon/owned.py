@@ -167,7 +167,7 @@ class OwnedChangeSets:
                 # The nak is tried again while the lease holds; if the heartbeat lapsed meanwhile (the same trouble
                 # as the reconnect that made this hand-back, often), while the delivery's own lease holds.
                 if not await processor.lease.nak(delay=delay):
-                    if await processor.lease.hand_back_after_lapse():
+                    if await processor.hand_back_after_lapse():
                         stats.lapse_hand_backs += 1
                     else:
                         self.unconfirmed_hand_backs += 1
@@ -175,7 +175,7 @@ class OwnedChangeSets:
                     self.on_handed_back(
                         processor.subjects.shard, processor.change_set.workspace_id, delay or 0.0
                     )
-            elif outcome is Outcome.LEASE_LOST and await processor.lease.hand_back_after_lapse():
+            elif outcome is Outcome.LEASE_LOST and await processor.hand_back_after_lapse():
                 stats.lapse_hand_backs += 1
                 log.info("%s: handed back (this daemon's heartbeat lapsed)", processor.change_set)
                 # Nothing is published for a task handed back: its peers (the fair intake's turns) would find it only

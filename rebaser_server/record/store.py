@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import (
@@ -141,6 +142,21 @@ class ChangeSetHandle:
         self._unanswered = None
         self.record = record
         self.written = True
+
+    async def claim_after_lapse(self) -> bool | None:
+        """``lease_mode`` daemon, this owner's heartbeat lapsed: may it nak its task itself? Marks the record reaped
+        (compare-and-set on this owner's last write), as a peer reaping this daemon would. True: marked, so a peer's
+        reap, racing, finds it done and leaves the task alone; False: somebody wrote first (a peer's reap, which
+        deletes this task message and publishes a fresh one: a nak in between would give the change set to two
+        daemons at once); None: not known (NATS trouble), ask again."""
+        try:
+            async with asyncio.timeout(self._timeout), self.lock:
+                await self.commit(replace(self.record, reaped=True))
+        except FencedError:
+            return False
+        except (TimeoutError, nats.errors.Error, OSError):
+            return None
+        return True
 
     async def _write(self, value: bytes) -> int:
         if self._requester is None:
@@ -288,8 +304,8 @@ class ChangeSetStore:
         if entry is None or entry.value is None:
             return None
         record = ChangeSetRecord.decode(entry.value)
-        if record.owner != owner or not record.task_seq:
-            return None
+        if record.owner != owner or not record.task_seq or record.reaped:
+            return None  # (reaped: by a peer, or by the owner itself before its own hand-back)
         try:
             await self.kv.update(key, replace(record, reaped=True).encode(), last=entry.revision)
         except KeyWrongLastSequenceError:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
@@ -145,22 +146,35 @@ class Lease:
             and self._expires - self._margin > time.monotonic()
         )
 
-    async def hand_back_after_lapse(self) -> bool:
+    async def hand_back_after_lapse(self, claim: Callable[[], Awaitable[bool | None]] | None = None) -> bool:
         """``lease_mode`` daemon: hand back (nack, at once) a task given up because the daemon's heartbeat lapsed,
         while the delivery itself is still held. Without it the task waits for the tasks consumer's long
         ``task_ack_wait``: a lapse shorter than ``ack_wait`` (a freeze, a slow heartbeat put) lets no peer reap it.
 
         Safe although the heartbeat no longer covers the task: the server has not redelivered it (the delivery's own
-        lease holds), so the nack takes it from nobody; a peer that reaped it meanwhile deleted it, and a nack of a
-        deleted message does nothing. The change set's steps have stopped before this is called."""
+        lease holds), so the nack takes it from nobody. A peer may be reaping this daemon at the same time: it marks
+        the record, deletes this task message and publishes a fresh one, and a nack between its mark and its delete
+        would let another daemon take this message while a third takes the fresh one (found by the freezes battery:
+        two daemons applying one change set at once, the first fenced only at its commit). ``claim`` (the change
+        set's record, when this owner wrote one: ``ChangeSetHandle.claim_after_lapse``) settles who hands it back:
+        True, this daemon; False, the peer; None, not known yet. The change set's steps have stopped before this
+        is called."""
         if self._heartbeat is None or self._heartbeat.covers(self._generation):
             return False
+        claimed = claim is None
         # Tried again while the delivery's own lease holds: the lapse often comes with the cluster's trouble (a node
         # killed, the heartbeat bucket without a leader), when the first nak fails too; given up, the task would
         # wait out that lease (task_ack_wait) after the cluster is back.
         while (own := self._expires - self._margin - time.monotonic()) > 0:
-            if self._nc.is_connected and await self._send(nak_payload(None), min(own, 5.0)):
-                return True
+            if self._nc.is_connected:
+                if not claimed:
+                    assert claim is not None
+                    verdict = await claim()
+                    if verdict is False:
+                        return False  # a peer reaped it: the fresh task it published is the change set's
+                    claimed = verdict is True
+                if claimed and await self._send(nak_payload(None), min(own, 5.0)):
+                    return True
             await asyncio.sleep(min(_SETTLE_AGAIN_AFTER, max(own, 0.0)))
         return False
 

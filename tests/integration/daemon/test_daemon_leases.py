@@ -18,6 +18,7 @@ from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.requester import Requester
 from rebaser_core.nats.streams import open_bucket
+from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_core.testing import wait_for
@@ -295,6 +296,9 @@ async def test_a_change_set_held_when_the_heartbeat_lapses_is_handed_back_by_its
         ).ok
         await heartbeat.stop(delete=False)
         await wait_for(lambda: daemon.stats.leases_lost == 1, timeout=10, message="the change set given up")
+        await wait_for(lambda: daemon.stats.lapse_hand_backs == 1, timeout=10, message="handed back")
+        # Marked reaped by the daemon itself before its nak: a peer reaping it now leaves the task alone.
+        assert await daemon.store.mark_reaped(ChangeSet(wk, cs), daemon.owner) is None
         await heartbeat.start(kv, timeout=10)
         reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
         assert reply.ok, reply
@@ -450,6 +454,44 @@ async def test_a_release_whose_ack_comes_after_a_heartbeat_lapse_hands_the_task_
         assert daemon.stats.lapse_hand_backs == 1
         record = await daemon.store.read(ChangeSet(wk, cs))
         assert record is not None and record.task_delivery == 2  # the same task, redelivered at once
+
+
+async def test_a_lapse_hand_back_leaves_a_task_a_peer_is_reaping_to_that_peer(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    # A peer reaps a silent daemon's change set in three steps: mark the record, delete the task message, publish a
+    # fresh task. The daemon, thawed, handed the same task back by a nak, which came between the mark and the delete
+    # in the freezes battery: one daemon took the nacked message, another the fresh one, and both applied a request
+    # at once (the first was fenced only at its commit). Here the peer's reap is held after its mark.
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    change_set = ChangeSet(wk, cs)
+    js = nc.jetstream()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert daemon.liveness is not None
+        heartbeat = daemon.liveness.heartbeat
+        kv = await js.key_value(settings.subjects.daemons_bucket)
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+        await heartbeat.stop(delete=False)
+        reaping = await daemon.store.mark_reaped(change_set, daemon.owner)  # the peer's first step
+        assert reaping is not None
+        await wait_for(
+            lambda: daemon.stats.tasks_lease_lost == 1, timeout=10, message="the change set given up"
+        )
+        assert daemon.stats.lapse_hand_backs == 0  # the peer's to hand back: no nak
+        # The peer's other two steps.
+        await js.delete_msg(settings.subjects.tasks_stream, reaping.task_seq)
+        task = settings.subjects.task(wk, cs)
+        assert await publish_task(nc, task)
+        await heartbeat.start(kv, timeout=10)
+        reply = await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=2)], timeout=20)
+        assert reply.ok, reply
+        record = await daemon.store.read(change_set)
+        assert record is not None and record.task_seq > reaping.task_seq  # the fresh task, delivered once
+        assert record.task_delivery == 1
 
 
 async def test_a_frozen_daemons_change_sets_are_served_by_a_peer_and_once_each_after_it_thaws(
