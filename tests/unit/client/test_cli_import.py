@@ -11,9 +11,6 @@ import sys
 
 # What a command pays for only when it uses it (nats-py brings aiohttp; the wire models are pydantic).
 _HEAVY = ("nats", "aiohttp", "pydantic", "pydantic_core", "rich", "opentelemetry", "ulid")
-# Generous: on a loaded 2-core machine the import takes about 0.1 s, against 0.7 s with every import eager. It is
-# here so the cost cannot creep back unnoticed; scripts/cli_timings.py has the real figures.
-_IMPORT_BOUND = 1.0
 
 
 def _run(code: str) -> dict[str, object]:
@@ -29,16 +26,13 @@ def _run(code: str) -> dict[str, object]:
 _LOADED = f"sorted({{m.split('.')[0] for m in sys.modules}} & set({_HEAVY!r}))"
 
 
-def test_importing_the_cli_loads_nothing_heavy_and_is_quick() -> None:
+def test_importing_the_cli_loads_nothing_heavy() -> None:
+    # What made the import slow (0.7 s against 0.1 s) was the heavy modules; how long it takes is a benchmark's to say
+    # (scripts/cli_timings.py): a bound on the time failed on a machine busy with other work (1.5 s).
     result = _run(
-        "import json, sys, time\n"
-        "start = time.perf_counter()\n"
-        "import rebaser_client.admin.cli.main\n"
-        "seconds = time.perf_counter() - start\n"
-        f"print(json.dumps({{'seconds': seconds, 'loaded': {_LOADED}}}))\n"
+        f"import json, sys\nimport rebaser_client.admin.cli.main\nprint(json.dumps({{'loaded': {_LOADED}}}))\n"
     )
     assert result["loaded"] == [], f"importing rebaser_client.admin.cli.main loaded {result['loaded']}"
-    assert isinstance(result["seconds"], float) and result["seconds"] < _IMPORT_BOUND, result
 
 
 def test_help_and_option_parsing_load_nothing_heavy() -> None:
