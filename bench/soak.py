@@ -96,13 +96,17 @@ def daemon_snapshot() -> tracemalloc.Snapshot:
     )
 
 
-def growth(since: tracemalloc.Snapshot, top: int = 10) -> list[str]:
-    """The total the daemon's code holds, then the ``top`` source lines whose allocations grew most since ``since``:
-    a total that stays flat while the RSS grows is the allocator's fragmentation, not a leak."""
+def growth(since: tracemalloc.Snapshot, top: int = 10, frames: int = 1) -> list[str]:
+    """The total the daemon's code holds, then the ``top`` source lines whose allocations grew most since ``since``
+    (with ``frames`` > 1, the call stacks of the first three): a total that stays flat while the RSS grows is the
+    allocator's fragmentation, not a leak."""
     now = daemon_snapshot()
     total = sum(trace.size for trace in now.traces) / 2**20
-    stats = now.compare_to(since, "lineno")
-    return [f"    traced {total:.1f} MB", *(f"    {stat}" for stat in stats[:top])]
+    lines = [f"    traced {total:.1f} MB"]
+    if frames > 1:
+        for stat in now.compare_to(since, "traceback")[:3]:
+            lines += [f"    {stat}", *(f"        {line}" for line in stat.traceback.format())]
+    return lines + [f"    {stat}" for stat in now.compare_to(since, "lineno")[:top]]
 
 
 async def soak(args: argparse.Namespace) -> int:
@@ -118,7 +122,7 @@ async def soak(args: argparse.Namespace) -> int:
         try:
             start = daemon_here(args, server.url, prefix) if args.tracemalloc else None
             if args.tracemalloc:
-                tracemalloc.start(1)
+                tracemalloc.start(args.frames)
             async with start or daemon_process(args, server.url, prefix, Path(store) / "logs") as pid:
                 return await _load(args, server.url, prefix, pid)
         finally:
@@ -163,7 +167,7 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int) -> in
                     if since is None:
                         since = daemon_snapshot()
                     else:
-                        print("\n".join(growth(since)), flush=True)
+                        print("\n".join(growth(since, frames=args.frames)), flush=True)
     finally:
         for task in callers:  # done by now at the end of the run; on a SIGTERM, stopped here
             task.cancel()
@@ -192,6 +196,7 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--lease-mode", choices=("task", "daemon"), default="task")
     parser.add_argument("--tracemalloc", action="store_true", help="run the daemon here, print what grows")
+    parser.add_argument("--frames", type=int, default=1, help="with --tracemalloc: call stacks this deep")
     try:
         sys.exit(asyncio.run(soak(parser.parse_args())))
     except asyncio.CancelledError:  # SIGTERM (see soak): everything it started is stopped by now
