@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # Slots free up as acks come back (milliseconds each), so a caller refused for want of one may retry soon.
 _IN_FLIGHT_RETRY_AFTER = 0.5
+# An unanswered request publish is sent again after this long (see Publisher._acked).
+_RESEND_AFTER = 2.0
 # A failed task publish is tried again after these pauses (doubling), for up to publish_timeout in all.
 _TASK_RETRY_FIRST = 0.05
 _TASK_RETRY_MAX = 0.5
@@ -244,8 +246,7 @@ class Publisher:
                 await self._requester.ready()
                 reply_to, ack = self._requester.expect(max(deadline - loop.time(), 0.001))
                 await self._nc.publish(subject, body, reply=reply_to, headers=headers)
-                # Shielded: a cancelled caller must not cancel the wait for the ack (see below).
-                reply = answered(await asyncio.shield(ack))
+                reply = answered(await self._acked(ack, subject, body, reply_to, headers))
             except nats.errors.NoRespondersError:
                 raise RebaserUnavailable(
                     f"no JetStream stream answers on {subject}: is a daemon set up?"
@@ -281,6 +282,21 @@ class Publisher:
             raise
         self._release()
         return duplicate
+
+    async def _acked(
+        self, ack: asyncio.Future[Msg], subject: str, body: bytes, reply_to: str, headers: dict[str, str]
+    ) -> Msg:
+        """The request's acknowledgement (the requester fails ``ack`` at the caller's deadline). Not cancelled with a
+        cancelled caller (see below). Sent again, to the same reply subject, while it goes unanswered for
+        :data:`_RESEND_AFTER`: a publish written to a connection that then drops is lost without a word (found after a
+        server restart: a request published right after the reconnect waited out its caller's 10 s). Its
+        ``Nats-Msg-Id`` makes the stream store it once; a late first answer settles ``ack`` all the same."""
+        while True:
+            done, _ = await asyncio.wait({ack}, timeout=_RESEND_AFTER)
+            if done:
+                return ack.result()
+            if self._nc.is_connected:
+                await self._nc.publish(subject, body, reply=reply_to, headers=headers)
 
     def _release(self, _: object = None) -> None:
         self._in_flight -= 1
