@@ -267,8 +267,7 @@ class ChangeSetProcessor:
             self._post = None
 
     async def hand_back_after_lapse(self) -> bool:
-        """``lease_mode`` daemon: :meth:`Lease.hand_back_after_lapse`, this ownership's record claimed first if it
-        wrote one (a peer reaping this daemon acts only on records that name it)."""
+        """:meth:`Lease.hand_back_after_lapse`, the record claimed first if this ownership wrote one."""
         handle = self._handle
         claim = handle.claim_after_lapse if handle is not None and handle.written else None
         return await self.lease.hand_back_after_lapse(claim)
@@ -412,11 +411,8 @@ class ChangeSetProcessor:
                             owned=result.outcome not in (Outcome.FENCED, Outcome.LEASE_LOST)
                         )
         await self._consumer.close()
-        if result.outcome in (
-            Outcome.RELEASED,
-            Outcome.RETRY,
-            Outcome.INTERRUPTED,
-        ):  # not PAUSED: no DVU then
+        # Not PAUSED: no DVU then.
+        if result.outcome in (Outcome.RELEASED, Outcome.RETRY, Outcome.INTERRUPTED):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
                     await self._dvu.drain()  # a DVU cut short stays due in the record (dvu_pending)

@@ -51,7 +51,7 @@ async def release(
         return TaskResult(Outcome.FENCED, reason="lost ownership before release")
     await report.hooks.checkpoint("stopped_consuming", change_set)
     if not await lease.ack(timeout=settings.nats_timeout):
-        if lease.lapsed() and await lease.hand_back_after_lapse(handle.claim_after_lapse):
+        if await lease.hand_back_after_lapse(handle.claim_after_lapse):  # False unless the heartbeat lapsed
             # The heartbeat lapsed (a freeze) after the change set went quiet: the task is still this delivery's,
             # and no peer reaps a daemon whose heartbeat is back. Unacked, it would hold the requests queued since
             # for task_ack_wait; handed back, it is delivered again at once.

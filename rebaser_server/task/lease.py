@@ -136,16 +136,6 @@ class Lease:
                 return False
             await asyncio.sleep(min(_SETTLE_AGAIN_AFTER, max(self.remaining(), 0.0)))
 
-    def lapsed(self) -> bool:
-        """``lease_mode`` daemon: lost to a lapse of the daemon's heartbeat while the delivery's own lease still holds,
-        so :meth:`hand_back_after_lapse` can give the task back."""
-        heartbeat = self._heartbeat
-        return (
-            heartbeat is not None
-            and not heartbeat.covers(self._generation)
-            and self._expires - self._margin > time.monotonic()
-        )
-
     async def hand_back_after_lapse(self, claim: Callable[[], Awaitable[bool | None]] | None = None) -> bool:
         """``lease_mode`` daemon: hand back (nack, at once) a task given up because the daemon's heartbeat lapsed,
         while the delivery itself is still held. Without it the task waits for the tasks consumer's long
