@@ -42,7 +42,9 @@ USER 10001:10001
 WORKDIR /var/lib/rebaser
 # The embedded server's JetStream store: requests and change-set records survive a new container.
 VOLUME ["/var/lib/rebaser"]
-# 4222: the embedded nats-server (clients); 9464: /healthz, /readyz, /status, /metrics.
+# 4222: the embedded nats-server (clients); 9464: /healthz, /readyz, /status, /metrics. /status and /metrics name
+# workspaces: off the container they answer only with REBASER_HTTP_TOKEN or REBASER_HTTP_TOKEN_FILE set, and the
+# bearer token sent (docs/deployment.md).
 EXPOSE 4222 9464
 # No curl in a slim image: the image's own Python asks /healthz (on the port the daemon was given).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

@@ -1,9 +1,11 @@
 """Following a change set's (or a workspace's) events: :class:`EventStream`, what ``RebaserClient.watch`` returns.
 
 Events come from the ``REBASER_EVENTS`` stream through an ordered consumer (nats-py recreates it by itself after
-a lost message or a reconnect, from where it was). Durable events are numbered per change set without holes
-(rebaser_core.api.events), so this side drops a repeat (a republish after a crash) and notices a gap: a durable
-event whose ``seq`` jumps raises :class:`EventsLost`, which says how many were lost and where to resume.
+a lost message or a reconnect, from where it was). The consumer is created through the daemons
+(``rebaser.api.follow.<wk>``, rebaser_server.queries.follow), so a follower needs no JetStream API of its own.
+Durable events are numbered per change set without holes (rebaser_core.api.events), so this side drops a repeat
+(a republish after a crash) and notices a gap: a durable event whose ``seq`` jumps raises :class:`EventsLost`,
+which says how many were lost and where to resume.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class EventStream:
     ) -> None:
         self._nc = nc
         self._workspace_id = workspace_id
+        self._change_set_id = change_set_id
         self._subjects = subjects
         if change_set_id is None:
             self._filter = subjects.events_of_workspace(workspace_id)
@@ -98,7 +101,8 @@ class EventStream:
         self.malformed = 0
 
     async def start(self) -> Self:
-        js = self._nc.jetstream()
+        # The daemons create the consumer on this follower's behalf: the JetStream API under the workspace's prefix.
+        js = self._nc.jetstream(prefix=self._subjects.follow_api(self._workspace_id))
         policy = js_api.DeliverPolicy.ALL if self._replay else js_api.DeliverPolicy.NEW
         try:
             self._sub = await js.subscribe(
@@ -113,6 +117,14 @@ class EventStream:
             raise RebaserUnavailable(
                 f"cannot follow {self._filter}: the deployment has no {self._stream} stream; its daemons publish "
                 "events only with the feed on (REBASER_EVENTS=true, or events = true in their --config file)"
+            ) from err
+        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as err:
+            said = getattr(err, "description", None)
+            if said:  # a daemon answered: it could not make the consumer
+                raise RebaserUnavailable(f"cannot follow {self._filter}: {said}") from err
+            raise RebaserUnavailable(
+                f"cannot follow {self._filter}: no daemon answers. The daemons make a follower's consumer, and "
+                "publish events only with the feed on (REBASER_EVENTS=true, or events = true in their --config file)"
             ) from err
         except (nats.errors.Error, TimeoutError) as err:
             raise RebaserUnavailable(f"cannot follow {self._filter}: {err!r}") from err
@@ -193,6 +205,10 @@ class EventStream:
             return None
         if (on.workspace_id, on.change_set_id) != (event.workspace_id, event.change_set_id):
             self._skip(msg, "its ids are not those of its subject")
+            return None
+        # Only what this stream follows: anything else reached its inbox by someone else's doing.
+        if on.workspace_id != self._workspace_id or self._change_set_id not in (None, on.change_set_id):
+            self._skip(msg, "it is not an event this stream follows")
             return None
         return event
 

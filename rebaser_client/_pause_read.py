@@ -4,12 +4,14 @@ Below both :mod:`rebaser_client._pausing` (which writes them) and the operators'
 ``rebaser_client.admin`` (``status`` and ``change-set show`` show pauses). NATS errors are left to the caller, which
 turns them into its one line.
 
-A value that is not a pause is skipped, as the daemons skip it: it pauses nothing.
+A key whose value is not a pause counts as one, as the daemons count it (fail closed): ``Pause.unreadable``, cause
+``unreadable``, which ``status`` lists with the command that deletes it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
@@ -45,8 +47,8 @@ async def read_pause(kv: KeyValue, key: str) -> Pause | None:
         return None
     try:
         return Pause.decode(entry.value or b"")
-    except DecodeError:
-        return None
+    except DecodeError as err:
+        return Pause.unreadable(err)
 
 
 async def pauses_of(
@@ -77,8 +79,9 @@ async def all_pauses(
                 continue
             try:
                 pause = Pause.decode(entry.value or b"")
-            except DecodeError:
-                continue
+            except DecodeError as err:
+                created = getattr(entry, "created", None)
+                pause = Pause.unreadable(err, created.timestamp() if isinstance(created, datetime) else None)
             if len(found) >= bound:
                 truncated = True
                 break

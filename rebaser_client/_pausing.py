@@ -133,9 +133,9 @@ async def _store(kv: KeyValue, key: str, pause: Pause) -> tuple[Pause, bool]:
             return pause, False
         except KeyWrongLastSequenceError:
             existing = await read_pause(kv, key)
-        if existing is not None:
+        if existing is not None and existing.cause != "unreadable":
             return existing, True
-        try:  # not a pause (the daemons ignore it) or deleted meanwhile: overwrite what is there now
+        try:  # not a pause (it holds all the same: fail closed) or deleted meanwhile: overwrite what is there now
             entry = await kv.get(key)
             await kv.update(key, pause.encode(), last=entry.revision)
             return pause, False

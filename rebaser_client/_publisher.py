@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import enum
 import logging
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import nats.errors
@@ -41,8 +42,11 @@ log = logging.getLogger(__name__)
 
 # Slots free up as acks come back (milliseconds each), so a caller refused for want of one may retry soon.
 _IN_FLIGHT_RETRY_AFTER = 0.5
-# An unanswered request publish is sent again after this long (see Publisher._acked).
+# An unanswered request publish is sent again after _RESEND_AFTER, then after twice the last pause each time, up to
+# _RESEND_MAX, each pause jittered by up to _RESEND_JITTER either way (see resend_pauses and Publisher._acked).
 _RESEND_AFTER = 2.0
+_RESEND_MAX = 8.0
+_RESEND_JITTER = 0.2
 # A failed task publish is tried again after these pauses (doubling), for up to publish_timeout in all.
 _TASK_RETRY_FIRST = 0.05
 _TASK_RETRY_MAX = 0.5
@@ -50,6 +54,17 @@ _TASK_RETRY_MAX = 0.5
 _REPLAY_POLL = 0.1
 # Publishes whose caller was cancelled, kept referenced until they finish (a bare task may be garbage-collected).
 _UNFINISHED: set[asyncio.Future[bool]] = set()
+
+
+def resend_pauses() -> Iterator[float]:
+    """The pauses before each resend of a request publish left unanswered: :data:`_RESEND_AFTER`, then doubling up
+    to :data:`_RESEND_MAX`, each jittered by up to :data:`_RESEND_JITTER` either way. A slow server is not sent a
+    large request again every 2 s while it is still working through the first, and the requests of many callers left
+    unanswered at once (a stalled server) are not all sent again at the same moment."""
+    pause = _RESEND_AFTER
+    while True:
+        yield pause * random.uniform(1 - _RESEND_JITTER, 1 + _RESEND_JITTER)
+        pause = min(pause * 2, _RESEND_MAX)
 
 
 def _forget(publish: asyncio.Future[bool]) -> None:
@@ -117,6 +132,8 @@ class Publisher:
         self._spool_dropped = 0
         self._replayer: asyncio.Task[None] | None = None
         self._start_lock = asyncio.Lock()
+        # Told of each resend of an unanswered request publish: its subject, and the pause that went unanswered.
+        self.on_resend: Callable[[str, float], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -287,16 +304,21 @@ class Publisher:
         self, ack: asyncio.Future[Msg], subject: str, body: bytes, reply_to: str, headers: dict[str, str]
     ) -> Msg:
         """The request's acknowledgement (the requester fails ``ack`` at the caller's deadline). Not cancelled with a
-        cancelled caller (see below). Sent again, to the same reply subject, while it goes unanswered for
-        :data:`_RESEND_AFTER`: a publish written to a connection that then drops is lost without a word (found after a
-        server restart: a request published right after the reconnect waited out its caller's 10 s). Its
-        ``Nats-Msg-Id`` makes the stream store it once; a late first answer settles ``ack`` all the same."""
-        while True:
-            done, _ = await asyncio.wait({ack}, timeout=_RESEND_AFTER)
+        cancelled caller (see below). Sent again, to the same reply subject, while it goes unanswered: first after
+        :data:`_RESEND_AFTER`, then ever less often (:func:`resend_pauses`). A publish written to a connection that
+        then drops is lost without a word (found after a server restart: a request published right after the
+        reconnect waited out its caller's 10 s); but an answer may also be late because the server is busy, and a
+        large request sent again every 2 s adds to its load. Its ``Nats-Msg-Id`` makes the stream store it once; a
+        late first answer settles ``ack`` all the same."""
+        for pause in resend_pauses():
+            done, _ = await asyncio.wait({ack}, timeout=pause)
             if done:
-                return ack.result()
+                break
             if self._nc.is_connected:
                 await self._nc.publish(subject, body, reply=reply_to, headers=headers)
+                if self.on_resend is not None:
+                    self.on_resend(subject, pause)
+        return ack.result()
 
     def _release(self, _: object = None) -> None:
         self._in_flight -= 1

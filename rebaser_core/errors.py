@@ -33,6 +33,7 @@ Catch the narrowest class that tells you what to do next::
     │   └── UnprocessableError         an operator must look: the request is dead-lettered with an error reply
     ├── FencedError                    this daemon no longer owns the change set; its commit was refused
     ├── LayoutMismatch                 a flag disagrees with the cluster's shard layout, or a layout change is unsafe
+    │   └── LayoutUnreadable           the cluster's layout entry cannot be read (``rebaser streams repair``)
     ├── DurabilityTooLow               acknowledgements would survive less than ``require_durability`` asks
     └── EmbeddedServerError            the embedded nats-server could not be started or stopped
         ├── NatsServerNotFound         the nats-server binary is not installed
@@ -59,6 +60,7 @@ __all__ = [  # classes only (BusyLimit, a type alias, is importable but not list
     "InvalidSubject",
     "InvalidUrl",
     "LayoutMismatch",
+    "LayoutUnreadable",
     "MissingHeader",
     "NatsServerNotFound",
     "NotFirstInLine",
@@ -175,12 +177,14 @@ BusyLimit = Literal[
     "stream",
     "in_flight",
     "spool",
+    "stored_batches",
 ]
 """Which limit refused a request: this change set's backlog (``requests_max_msgs_per_change_set``), the requests
 stream's message or byte cap, the tasks stream's (``tasks_max_msgs``, ``tasks_max_bytes``: the request was stored,
 its task was not; sending it again with the same id is safe), the workspace's queued requests
 (``workspace_max_requests``, checked by the client before it publishes), an unrecognised stream limit, the client's
-``max_in_flight`` publishes, or its full spool."""
+``max_in_flight`` publishes, its full spool, or (storing a batch) the full stored batches stream
+(``stored_batches_max_msgs``, ``stored_batches_max_bytes``)."""
 
 
 class RebaserBusy(RebaserRefused):
@@ -297,6 +301,12 @@ class FencedError(RebaserError):
 
 class LayoutMismatch(RebaserError):
     """A ``--streams`` or ``--assignment`` flag disagrees with the cluster's layout, or a layout is refused."""
+
+
+class LayoutUnreadable(LayoutMismatch):
+    """The cluster's layout entry holds something that is not a layout (a bug, or someone else wrote it). A daemon
+    waits for it to be repaired (``rebaser streams repair`` rewrites it from the streams that exist) instead of
+    guessing a layout: routing by a wrong one would give a change set two owners."""
 
 
 class DurabilityTooLow(RebaserError):

@@ -28,13 +28,19 @@ from rebaser_core.subjects import Subjects
 __all__ = [
     "DEFAULT_INBOX_PREFIX",
     "MAX_INBOX_BYTES",
+    "SERVICE_REPLY_PREFIX",
     "check_inbox_prefix",
+    "check_query_reply",
     "check_reply_inbox",
     "reply_inbox_of",
     "request_id_of",
 ]
 
 DEFAULT_INBOX_PREFIX = "_INBOX."
+# Where nats-server sends the answer to a request that came from another account through a service import: it
+# rewrites the request's reply subject to ``_R_.<id>.<id>`` in the exporting (the daemons') account and routes a
+# publish there back to the caller's account, to the caller's own reply subject (docs/nats-accounts.conf).
+SERVICE_REPLY_PREFIX = "_R_."
 MAX_INBOX_BYTES = 255
 # One subject token: printable ASCII except the separator and the wildcards; a subject: tokens joined by dots.
 _TOKEN_CHARS = r"[!-)+-\-/-=?-~]+"
@@ -85,6 +91,20 @@ def check_reply_inbox(inbox: str, prefix: str, subjects: Subjects) -> str:
     if inbox.startswith(_reserved(subjects)):
         raise InvalidReplyInbox(f"reply inbox {_shown(inbox)} lies under a subject the daemon uses")
     return inbox
+
+
+def check_query_reply(reply: str, prefix: str, subjects: Subjects) -> str:
+    """Return a query's NATS reply subject if the daemon may answer on it: a reply inbox (:func:`check_reply_inbox`),
+    or the response subject nats-server made for a query that came through a service import (a caller in an
+    account of its own). A ``_R_.`` subject lies in no stream and is routed only to the account that asked."""
+    if reply.startswith(SERVICE_REPLY_PREFIX) and len(reply) > len(SERVICE_REPLY_PREFIX):
+        if len(reply.encode("utf-8", "surrogatepass")) > MAX_INBOX_BYTES:
+            raise InvalidReplyInbox(
+                f"reply subject of {len(reply)} characters is longer than {MAX_INBOX_BYTES} bytes"
+            )
+        _check_tokens(reply, "reply subject")
+        return reply
+    return check_reply_inbox(reply, prefix, subjects)
 
 
 def reply_inbox_of(headers: Mapping[str, str] | None, prefix: str, subjects: Subjects) -> str | None:

@@ -19,10 +19,11 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from rebaser_core.errors import LayoutMismatch
+from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 
 __all__ = [
     "INTAKES",
+    "LAYOUT_REPAIR",
     "MAX_STREAMS",
     "AssignmentMode",
     "Intake",
@@ -40,6 +41,8 @@ Intake = Literal["fifo", "fair"]
 INTAKES: tuple[Intake, ...] = ("fifo", "fair")
 # A shard is at least two streams and a consumer; far more than the servers of any cluster is only overhead.
 MAX_STREAMS = 64
+# The command that rewrites an unreadable layout entry (rebaser_client.admin.store_repairs), named where one is met.
+LAYOUT_REPAIR = "`rebaser streams repair`"
 _ORDINAL = re.compile(r"-(\d+)$")
 
 
@@ -199,6 +202,7 @@ class Layout:
                 intake_from=raw.get("intake_from"),
             )
         except (ValueError, KeyError, TypeError) as err:
-            raise LayoutMismatch(
-                f"the cluster's layout entry is unreadable ({err}): {data[:200]!r}"
+            raise LayoutUnreadable(
+                f"the cluster's layout entry is unreadable ({err}): {data[:200]!r}; {LAYOUT_REPAIR} rewrites it "
+                "from the streams that exist"
             ) from None

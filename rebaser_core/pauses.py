@@ -6,6 +6,14 @@ set of a workspace (those created after the pause too). Its value says why, sinc
 survives daemon restarts, failover and NATS restarts. Every daemon watches it (``rebaser_server.daemon.pauses``);
 operators and the client's pausing API write it (``rebaser_client._pausing``). Opening the bucket is NATS plumbing:
 :mod:`rebaser_core.nats.pause_store`.
+
+Two causes stand for damage rather than for someone's decision, and each has its repair (:func:`repair_command`):
+
+- ``record_unreadable``: a daemon found the change set's record unreadable and quarantined it, rather than retrying
+  it for ever (its requests stay queued; ``rebaser change-set reset-record`` starts it over);
+- ``unreadable``: never stored, it is what a key of the bucket that does not hold a pause counts as
+  (:meth:`Pause.unreadable`). Fail closed: garbage where a pause was must not silently lift it (at the next daemon
+  restart, say); ``rebaser change-set resume`` (or ``workspace resume``) deletes the entry.
 """
 
 from __future__ import annotations
@@ -20,16 +28,19 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 
 __all__ = [
     "MAX_PAUSE_BYTES",
+    "PAUSE_CAUSES",
     "Pause",
     "PauseCause",
     "change_set_key",
     "parse_key",
+    "repair_command",
     "workspace_key",
 ]
 
-PauseCause = Literal["operator", "max_attempts"]
+PauseCause = Literal["operator", "max_attempts", "record_unreadable", "unreadable"]
+PAUSE_CAUSES: tuple[PauseCause, ...] = ("operator", "max_attempts", "record_unreadable", "unreadable")
 
-# A pause's value is a few hundred bytes; anything longer in the bucket is not one of ours and is ignored.
+# A pause's value is a few hundred bytes; anything longer in the bucket is not one of ours (an unreadable pause).
 MAX_PAUSE_BYTES = 4096
 _REASON_MAX = 500
 
@@ -62,11 +73,29 @@ class Pause:
             request_id = raw.get("request_id")
         except (ValueError, KeyError, TypeError) as err:
             raise DecodeError(f"not a pause: {err}") from None
-        if cause not in ("operator", "max_attempts") or not isinstance(reason, str):
+        if cause not in PAUSE_CAUSES or not isinstance(reason, str):
             raise DecodeError("not a pause: unknown cause or reason")
         if request_id is not None and not isinstance(request_id, str):
             raise DecodeError("not a pause: request_id")
         return cls(cause, reason[:_REASON_MAX], since, request_id)
+
+    @classmethod
+    def unreadable(cls, err: object, since: float | None = None) -> Pause:
+        """What an entry of the bucket that is not a pause counts as: a pause all the same (fail closed), saying
+        why it could not be read. ``since``: when the entry was written, if known."""
+        reason = f"the pause entry cannot be read ({err}); it holds what it pauses until it is deleted"
+        return cls("unreadable", reason[:_REASON_MAX], time.time() if since is None else since)
+
+
+def repair_command(pause: Pause, workspace_id: object, change_set_id: object | None) -> str | None:
+    """The command that repairs the damage ``pause`` stands for; None for a pause that someone decided."""
+    if pause.cause == "record_unreadable" and change_set_id is not None:
+        return f"rebaser change-set reset-record {workspace_id} {change_set_id}"
+    if pause.cause == "unreadable":
+        if change_set_id is None:
+            return f"rebaser workspace resume {workspace_id}"
+        return f"rebaser change-set resume {workspace_id} {change_set_id}"
+    return None
 
 
 def change_set_key(workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:

@@ -74,6 +74,19 @@ class Settings(BaseModel):
     dead_letter_max_msgs: int = Field(
         100_000, ge=-1, description="Dead letters kept; the oldest go first (-1: unlimited)."
     )
+    dead_letter_max_per_change_set: int = Field(
+        100,
+        ge=-1,
+        description="Dead letters kept per change set (the stream's max_msgs_per_subject); its oldest go first, so a "
+        "flood of refusals in one change set evicts only that change set's letters (-1: unlimited).",
+    )
+    dead_letter_max_per_workspace: int = Field(
+        1_000,
+        ge=-1,
+        description="Dead letters kept per workspace; once over it, the daemon that dead-letters purges the "
+        "workspace's oldest, so a workspace's flood of refusals evicts only its own letters (-1: unlimited; "
+        "docs/capacity.md#bounds).",
+    )
     dead_letter_max_body: int = Field(
         64 * 1024, ge=0, description="A dead letter keeps at most this many bytes of the request's body."
     )
@@ -94,6 +107,44 @@ class Settings(BaseModel):
         1000,
         ge=1,
         description="Messages kept per change set in REBASER_EVENTS (events and notices); the oldest go first.",
+    )
+    # Stored update batches (REBASER_STORED_BATCHES, docs/protocol.md §14). A part is at most 256 KiB, so a message
+    # cap bounds the bytes too, without the up-front reservation a byte cap costs.
+    stored_batches_max_age: float = Field(
+        24 * 3600.0,
+        ge=0,
+        description="A stored batch is deleted this long after it was written (0: never); a request naming it after "
+        "that is refused (its batch does not exist).",
+    )
+    stored_batches_max_msgs: int = Field(
+        8_192,
+        ge=-1,
+        description="Messages (parts of 256 KiB at most, and manifests) of every workspace's stored batches "
+        "together: 2 GiB at most per replica. Once full, storing a batch is refused with RebaserBusy (-1: none).",
+    )
+    stored_batches_max_bytes: int = Field(
+        -1,
+        ge=-1,
+        description="Bytes of every workspace's stored batches together; reserved up front by nats-server "
+        "(-1: none, stored_batches_max_msgs bounds them).",
+    )
+    stored_batches_max_msgs_per_workspace: int = Field(
+        512,
+        ge=-1,
+        description="Messages of one workspace's stored batches (128 MiB at most); over it, the daemons' batch "
+        "sweep deletes the workspace's oldest batches, so one workspace cannot fill the stream others share (-1: "
+        "none; docs/capacity.md#bounds).",
+    )
+    stored_batch_unfinished_age: float = Field(
+        600.0,
+        gt=0,
+        description="Parts of a batch whose manifest has not come this long after the batch sweep first saw them "
+        "are deleted (a batch being written takes seconds).",
+    )
+    stored_batches_sweep_interval: float = Field(
+        30.0,
+        gt=0,
+        description="How often a daemon sweeps the stored batches (unfinished ones, workspaces' shares).",
     )
     max_active_change_sets: int = Field(
         10_000,
@@ -238,6 +289,20 @@ class Settings(BaseModel):
     reply_inbox_prefix: str = Field(
         DEFAULT_INBOX_PREFIX,
         description="Replies go only to inboxes under this prefix (nats-py's default; see rebaser_core.inbox).",
+    )
+
+    # -- queries ---------------------------------------------------------------------------------------------
+    settled_max_waits_per_workspace: int = Field(
+        100,
+        ge=1,
+        description="settled queries of one workspace one daemon holds at once (of its 1,000); one over it is looked "
+        "at once and answered, settled or 'ask again', without being held.",
+    )
+    follow_creates_per_minute: int = Field(
+        120,
+        ge=1,
+        description="Event followers' consumers one daemon makes for one workspace in a minute; past it a follower's "
+        "request is refused (it tries again later: nats-py recreates a lost consumer every few seconds).",
     )
 
     # -- health (the daemon's /readyz) ----------------------------------------------------------------------

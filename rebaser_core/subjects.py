@@ -261,6 +261,48 @@ class Subjects:
         return self._subject("rebaser", "api", operation, str(workspace_id), str(change_set_id))
 
     @property
+    def gate_all(self) -> str:
+        """Requests of callers in accounts of their own, which their accounts import from the daemons' account under
+        ``rebaser.gate.``: a daemon checks the workspace's limit and passes them on (rebaser_server.queries.gate)."""
+        return self._subject("rebaser", "gate", "requests", ">")
+
+    def ungated(self, subject: str) -> str:
+        """The request subject a gated one (``[P.]rebaser.gate.requests.…``) stands for: ``gate.`` left out."""
+        head = f"{self.prefix}.rebaser.gate." if self.prefix else "rebaser.gate."
+        if not subject.startswith(head):
+            raise InvalidSubject(f"subject {subject[:200]!r} is not a gated request")
+        return subject[: len(head) - len("gate.")] + subject[len(head) :]
+
+    def follow_api(self, workspace_id: WorkspacePk) -> str:
+        """The JetStream API prefix through which a follower of ``workspace_id`` creates its events consumer: the
+        daemons create it for it (``rebaser_server.queries.follow``), so a caller needs no JetStream API of its own
+        (docs/events.md, "Permissions")."""
+        return self._subject("rebaser", "api", "follow", str(workspace_id))
+
+    def parse_follow_api(self, subject: str) -> tuple[WorkspacePk, list[str]]:
+        """The workspace of a follower's API request and the JetStream API tokens after it
+        (``CONSUMER.CREATE.<stream>.<name>.<filter>``)."""
+        tokens = subject.split(".")
+        head = [self.prefix] if self.prefix else []
+        head += ["rebaser", "api", "follow"]
+        if tokens[: len(head)] != head or len(tokens) <= len(head) + 1:
+            raise InvalidSubject(f"subject {subject[:200]!r} is not a follower's API request")
+        token = tokens[len(head)]
+        try:
+            workspace_id = WorkspacePk(token)
+        except ValueError as err:
+            raise InvalidSubject(f"subject {subject[:200]!r}: {err}") from None
+        if str(workspace_id) != token:
+            raise InvalidSubject(
+                f"subject {subject[:200]!r}: ids in subjects must be canonical upper-case ULIDs"
+            )
+        return workspace_id, tokens[len(head) + 1 :]
+
+    def is_follow_api(self, subject: str) -> bool:
+        head = f"{self.prefix}.rebaser.api.follow." if self.prefix else "rebaser.api.follow."
+        return subject.startswith(head)
+
+    @property
     def api_all(self) -> str:
         return self._subject("rebaser", "api", ">")
 

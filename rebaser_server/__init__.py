@@ -3,13 +3,14 @@
 The public face is this module: the daemon, the application contract and the daemon's configuration. Everything
 else is reached through the sub-packages below, whose ``__init__`` says what each owns and what it may import.
 
-The layers, top to bottom (a package imports only packages below it; ``make lint`` checks it with import-linter,
-see the ``[tool.importlinter]`` contracts in ``pyproject.toml``)::
+The layers, top to bottom (a package imports only packages below it, never one beside it; ``make lint`` checks it
+with import-linter, see the ``[tool.importlinter]`` contracts in ``pyproject.toml``)::
 
     cli          rebaser-server: flags, config file, signals
     devtools     demo, dev cluster, dev load          testing    test tools, the pytest plugin
-    daemon       the process: task pullers per shard, admission, orphan sweep, shutdown
+    daemon       the process: an intake per served shard, the change sets owned, orphan sweep, shutdown
     queries      get, fork, reply, settled: any daemon answers them, for any change set
+    intake       beside queries: which task a daemon takes next (fifo, or fair: workspaces in turns), admission
     changeset    the life of one owned change set: consume, decide, carry out, DVU, let go
     ops          metrics, logs, traces, health: reads the daemon through a Protocol of its own
     record       the change set's record in KV: its form, the store, the fence

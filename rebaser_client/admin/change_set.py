@@ -20,7 +20,7 @@ from rebaser_client._record import RecordView
 from rebaser_client._routing import routed
 from rebaser_client.admin.reader import Progress, Reader, no_progress
 from rebaser_core import headers as h
-from rebaser_core.errors import ProtocolError
+from rebaser_core.errors import DecodeError, ProtocolError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
@@ -110,7 +110,10 @@ async def change_set_report(
     r = Reader(nc, subjects)
     subject = subjects.requests(workspace_id, change_set_id)
     try:
-        record = await r.record(str(workspace_id), str(change_set_id))
+        try:
+            record = await r.record(str(workspace_id), str(change_set_id))
+        except DecodeError:  # garbage: the daemons quarantine it, and its pause names the repair
+            record = None
         _, queued = await r.subject_counts(subjects.requests_stream, subject)
         _, dead = await r.subject_counts(
             subjects.dead_letter_stream, subjects.dead_letter(workspace_id, change_set_id)

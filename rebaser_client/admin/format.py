@@ -18,7 +18,7 @@ from rebaser_client.admin.format_workspaces import workspaces_json, workspaces_v
 from rebaser_client.admin.reader import StreamSummary
 from rebaser_client.admin.status import StatusReport
 from rebaser_core.nats.durability import Durability
-from rebaser_core.pauses import Pause
+from rebaser_core.pauses import Pause, repair_command
 
 __all__ = [
     "change_set_json",
@@ -108,6 +108,9 @@ def _paused_line_json(line: PausedLine, now: datetime) -> dict[str, Any]:
         workspace_id=line.workspace_id,
         change_set_id=line.change_set_id,
         queued=line.queued,
+        repair=repair_command(
+            line.pause, line.workspace_id, line.change_set_id
+        ),  # None: a pause someone decided
     )
 
 
@@ -134,7 +137,12 @@ def _pauses_view(report: StatusReport, now: datetime) -> RenderableType:
             pause.request_id or "-",
             str(line.queued),
         )
-    return table
+    # A pause that stands for damage (an unreadable record or pause entry) is named with the command that repairs it.
+    repairs = [
+        (line, repair_command(line.pause, line.workspace_id, line.change_set_id)) for line in report.pauses
+    ]
+    fixes = [f"repair {ln.workspace_id}/{ln.change_set_id or '(all)'}: {cmd}" for ln, cmd in repairs if cmd]
+    return Group(table, Text("\n".join(fixes), style="yellow")) if fixes else table
 
 
 # -- status --------------------------------------------------------------------------------------------------------
@@ -327,6 +335,8 @@ def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> Renderable
     head.add_row("task", owner)
     if report.pause is not None:
         head.add_row("paused", Text(pause_text(report.pause, report.now), style="yellow"))
+        if fix := repair_command(report.pause, report.workspace_id, report.change_set_id):
+            head.add_row("repair", Text(fix, style="yellow"))
     if report.workspace_pause is not None:
         head.add_row(
             "paused" if report.pause is None else "workspace paused",

@@ -29,7 +29,7 @@ from rebaser_client.admin.workspaces import (
     busiest_workspaces,
     read_daemons_owned,
 )
-from rebaser_core.errors import InvalidSubject
+from rebaser_core.errors import DecodeError, InvalidSubject
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.nats.durability import Durability, assess
@@ -191,7 +191,10 @@ async def status_report(
     chosen = busiest[:limit]
     out: list[ChangeSetLine] = []
     for done, ((wk, cs), figures) in enumerate(chosen, 1):
-        record = await r.record(wk, cs)
+        try:
+            record = await r.record(wk, cs)
+        except DecodeError:  # garbage: quarantined, and its pause (listed below) names the repair
+            record = None
         task = "none"
         if figures.get("task"):
             shard = figures.get("shard", 0)

@@ -17,13 +17,16 @@ Blocking and standard-library only for the HTTP part (run in a thread), like :mo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -136,12 +139,26 @@ class _Read(NamedTuple):
     line: DaemonLine | None = None
 
 
+def _http_token() -> str | None:
+    """The daemons' HTTP token, as they read it (``REBASER_HTTP_TOKEN``, else the first line of
+    ``REBASER_HTTP_TOKEN_FILE``): their /status wants it from another host (rebaser_server.ops.http)."""
+    token = os.environ.get("REBASER_HTTP_TOKEN", "").strip()
+    path = os.environ.get("REBASER_HTTP_TOKEN_FILE")
+    if not token and path:
+        with contextlib.suppress(OSError):
+            lines = Path(path).read_text(encoding="utf-8").strip().splitlines()
+            token = lines[0].strip() if lines else ""
+    return token or None
+
+
 def _read_one(url: str) -> _Read:
     where = f"{url.rstrip('/')}/status"
     if not where.startswith(("http://", "https://")):
         return _Read(None, f"{url}: not an http:// or https:// URL")
+    token = _http_token()
+    request = urllib.request.Request(where, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with _OPENER.open(where, timeout=READ_TIMEOUT) as response:
+        with _OPENER.open(request, timeout=READ_TIMEOUT) as response:
             body = response.read(_MAX_STATUS_BYTES + 1)
         if len(body) > _MAX_STATUS_BYTES:
             return _Read(None, f"{where} answered more than {_MAX_STATUS_BYTES} bytes")

@@ -39,15 +39,20 @@ async def _ignore_error(_exc: Exception) -> None:
     return None
 
 
-async def _jetstream_ready(url: str, probe_replicas: int = 0) -> bool:
+async def _jetstream_ready(
+    url: str, probe_replicas: int = 0, credentials: tuple[str, str] | None = None
+) -> bool:
     """True if the server at ``url`` answers JetStream API requests (it knows the meta leader).
 
     With ``probe_replicas`` > 1 it also creates and deletes a throw-away in-memory stream with
     that many replicas, which proves the cluster can place replicated assets.
     """
     try:
+        user, password = credentials or (None, None)
         nc = await nats.connect(
             servers=[url],
+            user=user,
+            password=password,
             allow_reconnect=False,
             max_reconnect_attempts=0,
             connect_timeout=1,
@@ -96,6 +101,8 @@ class NatsCluster:
         client_ports: Sequence[int] | None = None,
         die_with_parent: bool = False,
         sync: str | None = None,
+        credentials: tuple[str, str] | None = None,
+        include: Path | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
@@ -109,6 +116,10 @@ class NatsCluster:
         self._name = cluster_name or f"rebaser-{secrets.token_hex(3)}"
         self._host = check_loopback(host)
         self._extra_args = list(extra_args)
+        # A user and password the readiness probe connects with, for nodes whose configuration (include) has
+        # accounts: a connection without them is refused then.
+        self._credentials = credentials
+        self._include = include  # a configuration every node includes (NatsServer's include)
         self._binary = binary
         self._started_once = False
         self._nodes = self._build_nodes()
@@ -131,6 +142,7 @@ class NatsCluster:
                     routes=routes,
                     server_name=name,
                     extra_args=self._extra_args,
+                    include=self._include,
                     binary=self._binary,
                     port=self._client_ports[i],
                     die_with_parent=self._die_with_parent,
@@ -189,14 +201,20 @@ class NatsCluster:
         indices = list(nodes) if nodes is not None else list(range(self._size))
         pending = [i for i in indices if self._nodes[i].running]
         while pending:
-            pending = [i for i in pending if not await _jetstream_ready(self._nodes[i].url)]
+            pending = [
+                i
+                for i in pending
+                if not await _jetstream_ready(self._nodes[i].url, credentials=self._credentials)
+            ]
             if pending:
                 if time.monotonic() >= deadline:
                     raise EmbeddedServerError(self._not_ready_message(pending))
                 await asyncio.sleep(0.05)
         running = [n for n in self._nodes if n.running]
         if nodes is None and len(running) == self._size and self._size > 1:
-            while not await _jetstream_ready(running[0].url, probe_replicas=self._size):
+            while not await _jetstream_ready(
+                running[0].url, probe_replicas=self._size, credentials=self._credentials
+            ):
                 if time.monotonic() >= deadline:
                     raise EmbeddedServerError(self._not_ready_message(list(range(self._size))))
                 await asyncio.sleep(0.05)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -93,6 +94,7 @@ class NatsServer:
         sync: str | None = None,
         monitoring: bool = True,
         monitoring_port: int | None = None,
+        include: Path | None = None,
     ) -> None:
         # Loopback only unless the caller says otherwise (``expose``): the server has no authentication. A daemon
         # in a container exposes it on 0.0.0.0, where the container's network is the fence.
@@ -117,6 +119,9 @@ class NatsServer:
         # back the sync setting (rebaser_server.ops.durability), and where an operator looks.
         self._monitoring = monitoring
         self._monitoring_port = monitoring_port or None
+        # A configuration file of the operator's (accounts: docs/nats-accounts.conf), included by the one written
+        # here: a second -c would replace that one, and with it the sync setting and the monitoring endpoint.
+        self._include = Path(include).absolute() if include is not None else None
         self._log_offset = 0
         self._res = _Resources()
         if self._store_dir_arg is not None and jetstream:
@@ -314,6 +319,10 @@ class NatsServer:
     def _write_config(self) -> Path | None:
         """The config file for what only a config file can set (None: nothing to set)."""
         lines = []
+        path = self._runtime_dir() / "nats-server.conf"
+        if self._include is not None:
+            # nats-server reads an include relative to the including file, even a path that starts with "/".
+            lines.append(f'include "{os.path.relpath(self._include, path.parent)}"')
         if self._sync is not None and self._jetstream:
             lines.append(f'jetstream {{\n  sync_interval: "{self._sync}"\n}}')
         if self._monitoring:
@@ -322,7 +331,6 @@ class NatsServer:
             lines.append(f'http: "127.0.0.1:{port}"')
         if not lines:
             return None
-        path = self._runtime_dir() / "nats-server.conf"
         path.write_text("\n".join(lines) + "\n")
         return path
 

@@ -81,6 +81,9 @@ class ConnectOptions:
     token: str | None = field(default=None, repr=False)
     nkeys_seed: str | None = None  # path to an nkey seed file
     creds: str | None = None  # path to a .creds file (JWT + seed)
+    # Where the client's replies and inboxes live: a caller in an account of its own imports only its own prefix
+    # (docs/accounts.md), e.g. "_INBOX.client-1". None: nats-py's "_INBOX".
+    inbox_prefix: str | None = None
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -118,7 +121,7 @@ class ConnectOptions:
             "reconnect_time_wait": 0.5,
             "pending_size": self.pending_size,
         }
-        for key in ("name", "user", "password", "token", "nkeys_seed"):
+        for key in ("name", "user", "password", "token", "nkeys_seed", "inbox_prefix"):
             value = getattr(self, key)
             if value is not None:
                 options[key] = value

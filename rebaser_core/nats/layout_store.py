@@ -20,7 +20,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from rebaser_core.errors import LayoutMismatch
+from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 from rebaser_core.layout import AssignmentMode, Intake, Layout
 from rebaser_core.nats.durability import Durability
 from rebaser_core.nats.streams import open_bucket
@@ -131,12 +131,17 @@ class LayoutFollower:
         *,
         poll: float = DEFAULT_POLL,
         on_change: Callable[[Layout, Layout], Awaitable[None]] | None = None,
+        on_unreadable: Callable[[str | None], None] | None = None,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self.current = initial
         self._poll = poll
         self._on_change = on_change
+        # Told when the entry turns unreadable (what was found) and readable again (None): the last layout is kept
+        # meanwhile, since routing by a guessed one could give a change set two owners.
+        self._on_unreadable = on_unreadable
+        self._unreadable = False
         self._kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
         # The loop's own stop flag: a cancellation landing as a NATS answer arrives is swallowed by asyncio.wait_for
@@ -159,7 +164,20 @@ class LayoutFollower:
         if self._kv is None:
             self._kv = await open_layout(self._js, self._subjects)
         if self._kv is not None:
-            found = await read_layout(self._kv, self._subjects)
+            try:
+                found = await read_layout(self._kv, self._subjects)
+            except LayoutUnreadable as err:
+                if not self._unreadable:
+                    log.error("%s; still routing by the last layout read", err)
+                    self._unreadable = True
+                    if self._on_unreadable is not None:
+                        self._on_unreadable(str(err))
+                raise
+            if self._unreadable:
+                self._unreadable = False
+                log.warning("the cluster's layout entry reads again")
+                if self._on_unreadable is not None:
+                    self._on_unreadable(None)
             if found is not None and found[0] != self.current:
                 old, self.current = self.current, found[0]
                 log.warning(

@@ -190,6 +190,10 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
         subjects=[settings.subjects.dead_letters_all],
         retention=js_api.RetentionPolicy.LIMITS,
         discard=js_api.DiscardPolicy.OLD,  # bounded: a flood of poison drops the oldest dead letters, not work
+        # A subject is one change set's (or the malformed ones'): its flood drops its own oldest letters first. The
+        # workspace's share is kept by the daemon (rebaser_server.changeset.replies); the caps below are the last
+        # resort (docs/capacity.md#bounds).
+        max_msgs_per_subject=settings.dead_letter_max_per_change_set,
         max_age=settings.dead_letter_max_age,
         max_bytes=settings.dead_letter_max_bytes,
         max_msgs=settings.dead_letter_max_msgs,
@@ -226,8 +230,11 @@ def events_stream_config(settings: Settings) -> js_api.StreamConfig:
 def stored_batches_stream_config(settings: Settings) -> js_api.StreamConfig:
     """``REBASER_STORED_BATCHES``: the stored update batches, each under its workspace (rebaser_core.batches).
 
-    One message per subject (a part, or the manifest): a batch written again replaces itself. Kept as long as
-    requests are (``requests_max_age``): a batch is read when its request is processed."""
+    One message per subject (a part, or the manifest): a batch written again replaces itself. Bounded in age
+    (``stored_batches_max_age``) and in total (``stored_batches_max_msgs``, ``stored_batches_max_bytes``), discard
+    new: a full stream refuses a new batch rather than drop one a queued request names. One workspace's share
+    (``stored_batches_max_msgs_per_workspace``) and unfinished batches are kept in bounds by the daemons' batch
+    sweep (rebaser_server.daemon.batch_sweep)."""
     return js_api.StreamConfig(
         name=settings.subjects.stored_batches_stream,
         description="rebaser: stored update batches, by workspace and content address (docs/protocol.md §14)",
@@ -235,7 +242,9 @@ def stored_batches_stream_config(settings: Settings) -> js_api.StreamConfig:
         retention=js_api.RetentionPolicy.LIMITS,
         discard=js_api.DiscardPolicy.NEW,
         max_msgs_per_subject=1,
-        max_age=settings.requests_max_age,
+        max_msgs=settings.stored_batches_max_msgs,
+        max_bytes=settings.stored_batches_max_bytes,
+        max_age=settings.stored_batches_max_age,
         max_msg_size=PART_BYTES + 1024,
         storage=_storage(settings),
         num_replicas=settings.replicas,
@@ -274,7 +283,7 @@ def workspace_tasks_consumer_config(
     The same as the shared consumer (a task is a lock: explicit ack, ``max_deliver`` unlimited, the lease's
     ``ack_wait``) but filtered to the workspace, so its tasks wait in a queue of their own. Made when the workspace
     first has a task to take, deleted by nats-server :data:`WORKSPACE_CONSUMER_IDLE` after its last pull (daemons
-    pull it while any of its tasks is held: rebaser_server.daemon.fair_intake)."""
+    pull it while any of its tasks is held: rebaser_server.intake.fair_intake)."""
     subjects = settings.subjects.for_shard(shard)
     return js_api.ConsumerConfig(
         durable_name=subjects.workspace_tasks_consumer(workspace_id),

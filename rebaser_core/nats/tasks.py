@@ -10,6 +10,7 @@ requests stream's limits that is :class:`~rebaser_core.errors.RebaserBusy` namin
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import nats.errors
@@ -36,6 +37,7 @@ TASK_EXISTS = (
 # nats-server 2.15 reports every "stream full" limit (messages, bytes, per subject) as 10077; only the description
 # tells them apart. 10054 is a message over the size limit, which retrying cannot fix (RebaserRefused).
 STREAM_FULL = frozenset({10077})
+_WORKSPACE = re.compile(r"workspace ([0-9A-Z]{26})")
 
 # One change set's backlog drains as fast as its single owner applies requests (typically milliseconds each), so a
 # short wait usually finds room. A full stream means the whole cluster is behind: back off for longer.
@@ -45,6 +47,13 @@ STREAM_FULL_RETRY_AFTER = 5.0
 # Substrings of nats-server's descriptions, most specific first ("maximum messages per subject exceeded" also
 # contains "maximum messages").
 _LIMITS: tuple[tuple[str, BusyLimit, str, float], ...] = (
+    (
+        "per workspace",  # the daemons' request gate (rebaser_server.queries.gate), not nats-server
+        "workspace_requests",
+        "this workspace has as many requests queued as it may (workspace_max_requests); other workspaces still "
+        "accept work",
+        CHANGE_SET_FULL_RETRY_AFTER,
+    ),
     (
         "per subject",
         "change_set",
@@ -92,11 +101,13 @@ def busy_error(
         ((limit, what, retry) for needle, limit, what, retry in limits if needle in lowered),
         ("stream", "a stream limit was reached", STREAM_FULL_RETRY_AFTER),
     )
+    workspace = _WORKSPACE.search(description) if limit == "workspace_requests" else None
     return RebaserBusy(
         f"publish to {subject} refused: {what}; retry after {retry_after:g}s "
         f"(nats-server: {description!r}, err_code {code})",
         retry_after=retry_after,
         limit=limit,
+        workspace=workspace.group(1) if workspace else None,
     )
 
 

@@ -27,7 +27,8 @@ What the owned change sets of one daemon share is cut by concern in :mod:`~rebas
 
 What the change set's followers are told (its event feed, decided with each commit) is
 :mod:`~rebaser_server.changeset.events`, stored in order by :mod:`~rebaser_server.changeset.event_pump`; a paused
-change set is let go by :func:`~rebaser_server.changeset.release.let_go_paused`.
+change set is let go by :func:`~rebaser_server.changeset.release.let_go_paused`, and one whose record cannot be read
+is paused (quarantined) by :mod:`~rebaser_server.changeset.quarantine` instead of being retried for ever.
 
 How a task ends is :mod:`~rebaser_server.changeset.outcome`; the order across a shard layout change is
 :mod:`~rebaser_server.changeset.migration`; app steps run under the lease in :mod:`~rebaser_server.changeset.steps`.

@@ -51,6 +51,10 @@ class Stats:
     requests_replayed: int = 0
     requests_dead_lettered: int = 0
     dead_letter_failures: int = 0  # dead-letter copies given up (refused twice, or the stream unreachable)
+    # A workspace's oldest dead letters purged to keep it at dead_letter_max_per_workspace (replies.py).
+    dead_letters_evicted: int = 0
+    # Stored batches deleted by the batch sweep: unfinished, or over their workspace's share (daemon/batch_sweep.py).
+    stored_batches_deleted: int = 0
     requests_retried: int = 0
     delete_failures: int = 0
     # Tasks handed over without a handback (the owner died or froze), lease renewals and leases lost.
@@ -68,6 +72,8 @@ class Stats:
     events_published: int = 0
     event_publish_failures: int = 0
     tasks_paused: int = 0  # ownerships ended by a pause (or taken while paused: acked, nothing done)
+    # Change sets quarantined because their record could not be read (changeset/quarantine.py): once each.
+    records_unreadable: int = 0
     dvu_runs: int = 0
     dvu_failures: int = 0
     nats_reconnects: int = 0

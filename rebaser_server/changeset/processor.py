@@ -10,7 +10,8 @@ Life of a task (the daemon holds the change set's task delivery for all of it, u
    decided (``handling.py``) and the decision carried out by the post-process step (``postprocess.py``).
 3. **Finish** with one outcome (see ``outcome.py``): quiet for ``quiescent_period`` -> release; retryable failure
    -> nack with backoff; shutdown -> nack now; wedged -> nack; fenced, lease lost or stale -> touch nothing; paused
-   (seen before a request, or told by the daemon's watch of the pauses) -> ack, without the release's check.
+   (seen before a request, or told by the daemon's watch of the pauses; or its record unreadable, which pauses it:
+   ``quarantine.py``) -> ack, without the release's check.
 4. **Release** (the quiescence race): stop consuming, finish the DVU, ack the task, and only then ask "is any
    request still queued?". A request published before the ack either made its client's task publish fail (a task
    still existed) and is seen by that check, or its task publish comes after the ack and succeeds. Either way it
@@ -28,7 +29,7 @@ from collections.abc import Callable
 import nats.errors
 from nats.aio.msg import Msg
 
-from rebaser_core.errors import FencedError
+from rebaser_core.errors import DecodeError, FencedError
 from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet, CommitHooks
@@ -40,17 +41,10 @@ from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.group import CommitGroup
 from rebaser_server.changeset.handling import RequestHandler
 from rebaser_server.changeset.idle import IdleWatch
-from rebaser_server.changeset.outcome import (
-    LeaseLost,
-    Outcome,
-    PauseNow,
-    Retry,
-    TaskResult,
-    Wedged,
-    failed,
-)
+from rebaser_server.changeset.outcome import LeaseLost, Outcome, PauseNow, Retry, TaskResult, Wedged, failed
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.postprocess import PostProcess
+from rebaser_server.changeset.quarantine import quarantine
 from rebaser_server.changeset.release import let_go_paused, mark_handed_back, release, resumed_meanwhile
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
@@ -223,6 +217,8 @@ class ChangeSetProcessor:
                 return TaskResult(Outcome.STALE, reason=str(err))
             except FencedError as err:
                 return TaskResult(Outcome.RETRY, settings.retry_backoff, str(err))
+            except DecodeError as err:  # garbage in the record: paused, not retried for ever (quarantine.py)
+                return await quarantine(self.change_set, self.lease, err, self._names, owning)
             if not self.lease.held():
                 return TaskResult(Outcome.LEASE_LOST, reason="lease ran out while acquiring")
             self._handle, self._unclean = acquired.handle, acquired.unclean

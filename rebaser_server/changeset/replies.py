@@ -8,6 +8,7 @@ still undo).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 
@@ -38,6 +39,10 @@ __all__ = ["UNCHECKED", "Replies", "Unchecked"]
 log = logging.getLogger(__name__)
 
 
+# Workspaces whose dead letters since their last purge a daemon counts at most (_keep_workspace_share).
+_COUNTED_WORKSPACES = 10_000
+
+
 class Unchecked:
     """The reply inbox is still to be read from the request's headers and checked."""
 
@@ -55,7 +60,10 @@ class Replies:
         self._settings = settings
         self.subjects = subjects  # shard 0's names and the shared ones (dead letters)
         self._stats = stats
+        self.stats = stats  # the daemon's counters, for the sweeps that share this daemon's replies
         self._observe = observe
+        # Dead letters stored per workspace (its subject head) since its last purge (_keep_workspace_share).
+        self._letters_since_purge: dict[str, int] = {}
 
     def inbox(self, headers: Mapping[str, str] | None) -> str | None:
         """The request's reply inbox if the daemon may publish to it (None: no reply wanted); else
@@ -139,7 +147,43 @@ class Replies:
             return self._given_up(seq, marks[h.DEAD_LETTER_SUBJECT], reason, err)
         self._stats.requests_dead_lettered += 1
         log.warning("dead-lettered request seq %d of %s: %s", seq, marks[h.DEAD_LETTER_SUBJECT][:200], reason)
+        await self._keep_workspace_share(target)
         return True
+
+    async def _keep_workspace_share(self, target: str) -> None:
+        """Keep the workspace of dead letter ``target`` at ``dead_letter_max_per_workspace`` letters: purge its
+        oldest (a purge filtered on the workspace, keeping the newest). Not after every letter: after every k-th
+        this daemon stores for the workspace (k: a hundredth of the cap, from 1 to 100), so a workspace may pass
+        its cap by k - 1 letters per daemon. Best effort: a failed purge is tried again at the next k-th letter."""
+        cap = self._settings.dead_letter_max_per_workspace
+        if cap < 0 or target == self.subjects.dead_letter_malformed:
+            return
+        workspace_head = target.rpartition(".")[0]  # dlq.rebaser.requests.<wk>
+        every = max(1, min(100, cap // 100))
+        count = self._letters_since_purge.get(workspace_head, 0) + 1
+        if count < every:
+            if len(self._letters_since_purge) >= _COUNTED_WORKSPACES:
+                self._letters_since_purge.clear()  # bounded memory; costs at most k - 1 more letters each
+            self._letters_since_purge[workspace_head] = count
+            return
+        self._letters_since_purge.pop(workspace_head, None)
+        purge: dict[str, object] = {"filter": f"{workspace_head}.*"}
+        if cap:
+            purge["keep"] = cap
+        try:
+            reply = await self._nc.request(
+                f"$JS.API.STREAM.PURGE.{self.subjects.dead_letter_stream}",
+                json.dumps(purge).encode(),
+                timeout=self._settings.nats_timeout,
+            )
+            answer = json.loads(reply.data)
+            if "error" in answer:
+                raise RebaserRefused(str(answer["error"]))
+        except Exception as err:
+            log.warning("keeping %s.* at %d dead letters failed: %s", workspace_head, cap, err)
+            return
+        if answer.get("purged"):
+            self._stats.dead_letters_evicted += int(answer["purged"])
 
     async def _store(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         try:

@@ -111,6 +111,21 @@ def _check_sync(ctx: click.Context, param: click.Parameter, value: str) -> str |
     return sync_option(ctx, param, value)
 
 
+def _http_token(token: str | None, token_file: Path | None) -> str | None:
+    """The health endpoint's token, given itself or in a file (its first line); not both, never empty."""
+    if token is not None and token_file is not None:
+        raise click.UsageError("give --http-token or --http-token-file, not both")
+    if token_file is not None:
+        lines = token_file.read_text(encoding="utf-8").strip().splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise click.UsageError(f"--http-token-file {token_file} is empty")
+        return token
+    if token is not None and not token.strip():
+        raise click.UsageError("--http-token is empty")
+    return None if token is None else token.strip()
+
+
 def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str, ...]) -> tuple[str, ...]:
     """A URL nats-py cannot use (``http://...``) is refused here, naming the schemes, not later as a failed name
     lookup of ``http``."""
@@ -299,6 +314,22 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     help="Port of the health endpoint; 0 picks a free one, -1 turns it off.",
 )
 @click.option(
+    "--http-token",
+    default=None,
+    envvar="REBASER_HTTP_TOKEN",
+    show_envvar=True,
+    help="Bearer token /status and /metrics want (Authorization: Bearer <token>); /healthz and /readyz stay open. "
+    "Without one, /status and /metrics answer only this host unless --http-host is a loopback address.",
+)
+@click.option(
+    "--http-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    envvar="REBASER_HTTP_TOKEN_FILE",
+    show_envvar=True,
+    help="A file holding the --http-token (its first line), e.g. a mounted secret.",
+)
+@click.option(
     "--demo",
     is_flag=True,
     envvar="REBASER_DEMO",
@@ -353,6 +384,8 @@ def main(
     require_durability: str,
     http_host: str,
     http_port: int,
+    http_token: str | None,
+    http_token_file: Path | None,
     demo: bool,
     log_level: str,
     log_format: LogFormat,
@@ -429,6 +462,7 @@ def main(
         embedded_sync=embedded_sync,
         http_host=http_host,
         http_port=http_port,
+        http_token=_http_token(http_token, http_token_file),
         log_format=log_format,
         **({"data_dir": data_dir} if data_dir else {}),
     )

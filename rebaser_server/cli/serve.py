@@ -183,7 +183,7 @@ def _start_embedded(config: ServerConfig) -> NatsServer:
 async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | None:
     if config.http_port < 0:
         return None
-    http = HealthServer(daemon, host=config.http_host, port=config.http_port)
+    http = HealthServer(daemon, host=config.http_host, port=config.http_port, token=config.http_token)
     try:
         await http.start()
     except OSError as err:
@@ -193,5 +193,5 @@ async def _start_http(daemon: Daemon, config: ServerConfig) -> HealthServer | No
             f"health endpoint port {config.http_host}:{config.http_port} {reason}; "
             "choose another with --http-port N (0: any free port, -1: no health endpoint)"
         ) from None
-    _announce(config, f"health endpoint on {http.url} (/healthz, /readyz, /status, /metrics)")
+    _announce(config, f"health endpoint on {http.url} (/healthz, /readyz, /status, /metrics; {http.access})")
     return http

@@ -33,5 +33,8 @@ class ServerConfig:
     # The health endpoint (rebaser_server.ops.http): port 0 picks a free one, a negative port turns it off.
     http_host: str = "127.0.0.1"
     http_port: int = 9464  # rebaser_server.ops.http.DEFAULT_HTTP_PORT
+    # What /status and /metrics want as "Authorization: Bearer <token>" (None: loopback peers only, unless bound to
+    # loopback; rebaser_server.ops.http).
+    http_token: str | None = field(default=None, repr=False)
     # "console" or "json" (rebaser_server.ops.logs): also how the start-up lines are written.
     log_format: str = "console"

@@ -1,10 +1,10 @@
-"""The daemon: take tasks from the shared consumer, run one processor per owned change set, shut down cleanly.
+"""The daemon: take tasks through its intake, run one processor per owned change set, shut down cleanly.
 
-Tasks come in through one intake per served shard: in order (fifo_intake.py), or by workspace in turns
-(fair_intake.py); either takes only as many as the daemon has free slots, so waiting tasks stay in the stream, not in
-memory. A NATS outage is survived in place: the intakes wait for the connection instead of queueing pull requests
-into nats-py's reconnect buffer, and after every reconnect the daemon re-ensures its streams, hands its owned change
-sets back and sweeps for orphaned requests at once (reconnect.py).
+Tasks come in through one intake per served shard (rebaser_server.intake): in order (fifo_intake.py), or by workspace
+in turns (fair_intake.py); either takes only as many as the daemon has free slots, so waiting tasks stay in the
+stream, not in memory. A NATS outage is survived in place: the intakes wait for the connection instead of queueing
+pull requests into nats-py's reconnect buffer, and after every reconnect the daemon re-ensures its streams, hands its
+owned change sets back and sweeps for orphaned requests at once (reconnect.py).
 """
 
 from __future__ import annotations
@@ -32,18 +32,18 @@ from rebaser_server.changeset.context import Nats, Placement, Report, Stats
 from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.replies import Replies
-from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.fair_intake import FairIntake
-from rebaser_server.daemon.fair_intakes import FairIntakes
-from rebaser_server.daemon.fifo_intake import FETCH_TIMEOUT, FifoIntake, others_waiting
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
-from rebaser_server.daemon.puller import TaskPuller
 from rebaser_server.daemon.reconnect import recover_after_reconnect
 from rebaser_server.daemon.shards import ShardPullers
 from rebaser_server.daemon.startup import set_up_with_retries, start_app, stop_task
 from rebaser_server.daemon.sweeper import Sweeper
+from rebaser_server.intake.admission import Admission
+from rebaser_server.intake.fair_intake import FairIntake
+from rebaser_server.intake.fair_intakes import FairIntakes
+from rebaser_server.intake.fifo_intake import FETCH_TIMEOUT, FifoIntake, others_waiting
+from rebaser_server.intake.puller import TaskPuller
 from rebaser_server.ops.durability import DurabilityCheck, durable_streams
 from rebaser_server.ops.health import ConnectionWatch, StatusReporter
 from rebaser_server.ops.observe import Observer
@@ -139,7 +139,7 @@ class Daemon:
         self.sweeper = Sweeper(nats, settings, placement, replies, paused=self.pauses.paused)
         self.queries = QueryService(nc, js, settings, app=app, store=store, placement=placement)
         self._sweep = sweep
-        # Change sets taken but not yet past their cold path, and waiting for a slot (rebaser_server.daemon.admission).
+        # Change sets taken but not yet past their cold path, and waiting for a slot (rebaser_server.intake.admission).
         self._admission = Admission(settings)
         # The change sets owned now, one processor each (rebaser_server.daemon.owned).
         self._owned = OwnedChangeSets(self._owning, self._admission)
@@ -182,6 +182,7 @@ class Daemon:
         self.health = StatusReporter(
             nc, settings, self.watch, layout=lambda: placement.layout, paused=self.pauses.targets
         )
+        self.health.problems = self.shards.problems  # an unreadable layout entry (shards.py)
         self._durability = DurabilityCheck(js, settings, owner=owner)
         # Why the daemon stopped by itself (None: it was asked to, or has not stopped); the CLI exits non-zero then.
         self.failure: str | None = None

@@ -24,8 +24,8 @@ from rebaser_server.changeset.migration import old_shard_busy
 from rebaser_server.changeset.outcome import TASK_COUNTERS
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.changeset.processor import ChangeSetProcessor, Outcome, TaskResult
-from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.fairness import FairShare
+from rebaser_server.intake.admission import Admission
+from rebaser_server.intake.fairness import FairShare
 from rebaser_server.record.store import NothingToDo, TaskDelivery
 from rebaser_server.task.delivery import Delivery
 

@@ -8,7 +8,12 @@ so a pause reaches every daemon within milliseconds of being stored. What it doe
 - an owned change set that becomes paused is told (``on_pause``): its owner lets it go at the next request boundary;
 - the orphan sweep gives no task to a paused change set.
 
-It also stores the pauses the daemon decides itself (``on_max_attempts = "pause"``) and counts them, by cause.
+It also stores the pauses the daemon decides itself (``on_max_attempts = "pause"``, and the quarantine of a change
+set whose record is unreadable) and counts them, by cause.
+
+A key whose value is not a pause counts as paused (fail closed, ``Pause.unreadable``): garbage written over a pause,
+by a bug or by someone with write access to the bucket, must not lift it, least of all silently at the next
+restart. It is logged, shown on ``/status`` with the command that deletes it, and counted on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
@@ -27,7 +33,7 @@ from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.pause_store import open_pauses
 from rebaser_core.nats.streams import stop_watch, watch_bucket
-from rebaser_core.pauses import Pause, change_set_key, parse_key, workspace_key
+from rebaser_core.pauses import Pause, change_set_key, parse_key, repair_command, workspace_key
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 
@@ -55,7 +61,7 @@ class PauseWatcher:
         self._kv: KeyValue | None = None
         self._watcher: KeyValue.KeyWatcher | None = None
         self._task: asyncio.Task[None] | None = None
-        self.pauses = Counter[str]()  # pauses seen appear, by cause (operator, max_attempts)
+        self.pauses = Counter[str]()  # pauses seen appear, by cause (rebaser_core.pauses.PAUSE_CAUSES)
 
     async def start(self) -> None:
         """Open (or create) the bucket and load what it holds; then follow it in the background."""
@@ -95,8 +101,15 @@ class PauseWatcher:
         try:
             pause = Pause.decode(entry.value or b"")
         except DecodeError as err:
-            log.warning("ignoring the pause %s: %s", entry.key, err)
-            return
+            pause = Pause.unreadable(err, _created(entry))
+            if not _is_unreadable(self._paused.get(target)):  # once per entry gone bad, not at every rewrite
+                log.error(
+                    "the pause %s cannot be read (%s): %s counts as paused until it is repaired: %s",
+                    entry.key,
+                    err,
+                    _name(target),
+                    repair_command(pause, *target),
+                )
         new = target not in self._paused
         self._paused[target] = pause
         if new and not initial:
@@ -126,8 +139,8 @@ class PauseWatcher:
                 continue
             try:
                 return Pause.decode(entry.value or b"")
-            except DecodeError:
-                continue
+            except DecodeError as err:
+                return Pause.unreadable(err, _created(entry))  # fail closed, as the watch does
         return None
 
     @property
@@ -140,8 +153,16 @@ class PauseWatcher:
         """(workspace, change set or None) of every pause, as last seen."""
         return list(self._paused)
 
-    def listed(self) -> list[tuple[str, Pause]]:
-        return [(_name(target), pause) for target, pause in self._paused.items()]
+    @property
+    def unreadable(self) -> int:
+        """Keys of the bucket that hold no readable pause (each counts as paused), as last seen."""
+        return sum(1 for pause in self._paused.values() if pause.cause == "unreadable")
+
+    def listed(self) -> list[tuple[str, Pause, str | None]]:
+        """(what, its pause, the command that repairs it if the pause stands for damage) of every pause."""
+        return [
+            (_name(target), pause, repair_command(pause, *target)) for target, pause in self._paused.items()
+        ]
 
     # -- writing -----------------------------------------------------------------------------------------------
     async def pause(self, change_set: ChangeSet, pause: Pause) -> None:
@@ -152,6 +173,16 @@ class PauseWatcher:
         if target not in self._paused:  # the watch will see it too; counted once
             self._paused[target] = pause
             self.pauses[pause.cause] += 1
+
+
+def _is_unreadable(pause: Pause | None) -> bool:
+    return pause is not None and pause.cause == "unreadable"
+
+
+def _created(entry: KeyValue.Entry) -> float | None:
+    """When ``entry`` was written (nats-py reads it from the message's metadata), if known."""
+    created = getattr(entry, "created", None)
+    return created.timestamp() if isinstance(created, datetime) else None
 
 
 def _name(target: Paused) -> str:

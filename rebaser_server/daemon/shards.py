@@ -7,6 +7,10 @@ sets wait (their tasks stay queued, nothing is lost) and ``/status`` and ``rebas
 that daemon is back (docs/operations.md, "a shard without a daemon").
 
 While the layout changes (``Layout.previous``) the daemon also serves the shards that drain.
+
+An unreadable layout entry (garbage written over it) is never guessed around: set-up waits for its repair
+(``rebaser_server.daemon.startup``), and a running daemon keeps serving by the last layout it read. Either way
+``problems`` names it with its repair, for ``/readyz`` and ``/status``, until the entry reads again.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from rebaser_core.errors import LayoutMismatch
+from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 from rebaser_core.layout import Layout, ordinal_from_hostname, pinned_shards
 from rebaser_core.nats.layout_store import LayoutFollower, init_layout
 from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
-from rebaser_server.daemon.puller import TaskPuller
+from rebaser_server.intake.puller import TaskPuller
 from rebaser_server.task.handback import hand_back
 
 __all__ = ["ShardPullers", "replica_index", "served_shards"]
@@ -87,12 +91,14 @@ class ShardPullers:
         self._settings = settings
         self._placement = placement  # its layout is written here, as the cluster's changes
         self._pull = pull
-        self._expires = expires  # of each pull request (rebaser_server.daemon.puller)
+        self._expires = expires  # of each pull request (rebaser_server.intake.puller)
         self._hostname = hostname
         self._on_intake_switch = (
             on_intake_switch  # the intake began to change: let go of every owned change set
         )
         self._pullers: dict[int, _Puller] = {}
+        # What an operator must repair, by what ("layout": its entry is unreadable): shown on /readyz and /status.
+        self.problems: dict[str, str] = {}
         self._follower: LayoutFollower | None = None
         self._lock = asyncio.Lock()
 
@@ -103,16 +109,21 @@ class ShardPullers:
     async def set_up(self) -> Layout:
         """Read (or create) the layout, check this daemon's flags against it, and ensure every shard's streams."""
         js, settings = self._nats.js, self._settings
-        layout = await init_layout(
-            js,
-            settings.subjects,
-            streams=settings.streams,
-            mode=settings.assignment,
-            who="this daemon",
-            replicas=settings.replicas,
-            storage=settings.storage,
-            intake=settings.intake,
-        )
+        try:
+            layout = await init_layout(
+                js,
+                settings.subjects,
+                streams=settings.streams,
+                mode=settings.assignment,
+                who="this daemon",
+                replicas=settings.replicas,
+                storage=settings.storage,
+                intake=settings.intake,
+            )
+        except LayoutUnreadable as err:
+            self._problem(str(err))  # set-up waits for the repair (startup.py)
+            raise
+        self._problem(None)
         served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
         await ensure_streams(
             js, settings, shards=layout.shards, streams=layout.streams, consumer=layout.shared_consumer
@@ -124,9 +135,20 @@ class ShardPullers:
         layout = self._placement.layout
         await self._apply(layout)
         self._follower = LayoutFollower(
-            self._nats.js, self._settings.subjects, layout, on_change=self._on_change
+            self._nats.js,
+            self._settings.subjects,
+            layout,
+            on_change=self._on_change,
+            on_unreadable=self._problem,
         )
         self._follower.start()
+
+    def _problem(self, unreadable: str | None) -> None:
+        """The layout entry is unreadable (what was found, naming its repair), or readable again (None)."""
+        if unreadable is None:
+            self.problems.pop("layout", None)
+        else:
+            self.problems["layout"] = unreadable
 
     async def _on_change(self, old: Layout, new: Layout) -> None:
         try:

@@ -7,6 +7,11 @@ stream creates unanswered (a timeout), and a stream leader still being elected l
 unanswered, the app's own (the snapshot app opens an object store) included. So a failure here is retried, not
 fatal. Retrying is safe: each step is create-or-update, and an app whose start failed is stopped (releasing what it
 opened) before it is started again.
+
+An unreadable layout entry (:class:`~rebaser_core.errors.LayoutUnreadable`) is waited out the same way, though it
+is no NATS trouble: it needs an operator's repair (``rebaser streams repair``). A daemon that exited instead would
+only restart into the same error; one that waits says what is wrong on ``/readyz`` and ``/status`` (the problem is
+kept by :class:`~rebaser_server.daemon.shards.ShardPullers`) and in one error line, and starts once it is repaired.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import APIError
 
+from rebaser_core.errors import LayoutUnreadable
 from rebaser_core.settings import Settings
 from rebaser_server.app import RebaserApp
 
@@ -66,6 +72,7 @@ async def set_up_with_retries(
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     pause = _RETRY_FIRST
+    told = False  # the unreadable layout was logged
     while not stopping():
         app_step = False
         try:
@@ -76,17 +83,22 @@ async def set_up_with_retries(
             if start_app is not None:
                 await start_app()
             return
-        except (nats.errors.Error, TimeoutError, OSError) as err:
+        except (nats.errors.Error, TimeoutError, OSError, LayoutUnreadable) as err:
             if deadline is not None and loop.time() + pause > deadline:
                 raise
             if app_step and not unavailable(err):
                 raise
-            log.warning(
-                "JetStream set-up failed (%s: %s); retrying in %.1fs",
-                type(err).__name__,
-                err or "no answer",
-                pause,
-            )
+            if isinstance(err, LayoutUnreadable):
+                # Said once as an error; then only /readyz and /status say it, not a line every 5 s.
+                log.log(logging.DEBUG if told else logging.ERROR, "%s; waiting for it to be repaired", err)
+                told = True
+            else:
+                log.warning(
+                    "JetStream set-up failed (%s: %s); retrying in %.1fs",
+                    type(err).__name__,
+                    err or "no answer",
+                    pause,
+                )
             await asyncio.sleep(pause * random.uniform(0.5, 1.5))
             pause = min(pause * 2, _RETRY_MAX)
 

@@ -23,6 +23,7 @@ from rebaser_core.subjects import ParsedSubject, Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.replies import Replies
+from rebaser_server.daemon.batch_sweep import BatchSweeper
 from rebaser_server.daemon.junk import JunkRemover
 
 __all__ = ["Sweeper"]
@@ -59,6 +60,8 @@ class Sweeper:
         self.sweeps = 0
         self.orphans_found = 0
         self.junk = JunkRemover(nats.js, replies)
+        # The stored batches' per-workspace share and unfinished batches, every stored_batches_sweep_interval.
+        self.batches = BatchSweeper(nats.js, settings, replies.stats, self.junk)
         self._paused = paused
         # The loop's own stop flag: nats-py's request (asyncio.wait_for) can swallow a cancellation on Python 3.11,
         # and a sweep loop stopped only by it would go on sweeping after its daemon stopped.
@@ -125,3 +128,9 @@ class Sweeper:
                 await self.sweep_once()
             except Exception:
                 log.exception("orphan sweep failed; trying again next interval")
+            if self._stopped or not self.batches.due():
+                continue
+            try:
+                await self.batches.sweep_once()
+            except Exception:
+                log.exception("batch sweep failed; trying again next interval")

@@ -47,6 +47,8 @@ CLUSTER_NAME = "rebaser-dev"
 _SERVING = b"rebaser daemon serving"
 _HEALTH = re.compile(rb"health endpoint on (http://\S+)")
 _RESTART_DELAY, _RESTART_DELAY_MAX = 1.0, 30.0
+# The daemons' user of docs/nats-accounts.conf, for --accounts; another with --daemon-user and --daemon-password.
+DAEMON_CREDENTIALS = ("rebaser-daemon", "change-me-daemon")
 _STABLE = 30.0  # a daemon that ran this long before dying is restarted after the short delay again
 
 
@@ -87,6 +89,8 @@ class DevCluster:
         http_port: int,
         stop_timeout: float,
         sync: str | None = "always",
+        accounts: Path | None = None,
+        daemon_credentials: tuple[str, str] = DAEMON_CREDENTIALS,
         echo: Callable[[str], None] = click.echo,
     ) -> None:
         self._temporary = data_dir is None
@@ -96,6 +100,10 @@ class DevCluster:
         self._app = app
         self._stop_timeout = stop_timeout
         self._echo = echo
+        # With an accounts configuration (docs/nats-accounts.conf) every node loads it, and the daemons connect as
+        # the daemons' user of it; callers connect as users of their own accounts.
+        self.accounts = accounts.absolute() if accounts is not None else None
+        self._credentials = daemon_credentials if accounts is not None else None
         self.nats = NatsCluster(
             NODES,
             base_dir=self.dir / "nats",
@@ -103,6 +111,8 @@ class DevCluster:
             client_ports=[nats_port + i if nats_port else 0 for i in range(NODES)],
             die_with_parent=True,
             sync=sync,
+            include=self.accounts,
+            credentials=self._credentials,
         )
         self.slots = [
             _Slot(i, self.dir / f"daemon-{i}.log", http_port + i - 1 if http_port else 0)
@@ -150,6 +160,8 @@ class DevCluster:
     async def _start_daemon(self, slot: _Slot, timeout: float = 60.0) -> None:
         env = {**os.environ, "REBASER_REPLICAS": str(NODES), "PYTHONUNBUFFERED": "1"}
         env.pop("REBASER_NATS_URL", None)  # --nats-url is given; the variable would only confuse a reader
+        if self._credentials is not None:  # in the environment, not on the command line (ps shows that)
+            env["REBASER_NATS_USER"], env["REBASER_NATS_PASSWORD"] = self._credentials
         env.setdefault("OTEL_SERVICE_NAME", f"rebaser-dev-{slot.index}")
         with slot.log.open("ab") as out:
             offset = out.tell()
@@ -203,6 +215,15 @@ class DevCluster:
             self._echo(f"daemon {slot.index} serving again: {self._describe(slot)}")
             self.write_status("running")
 
+    @property
+    def load_urls(self) -> list[str]:
+        """The nodes' URLs for the demo load, with the daemons' user when the nodes have accounts (the load stands in
+        for an operator's traffic, from the daemons' account)."""
+        if self._credentials is None:
+            return self.nats.urls
+        user, password = self._credentials
+        return [url.replace("nats://", f"nats://{user}:{password}@", 1) for url in self.nats.urls]
+
     # -- what runs --------------------------------------------------------------------------------------------
     @staticmethod
     def _describe(slot: _Slot) -> str:
@@ -221,6 +242,12 @@ class DevCluster:
             )
         for slot in self.slots:
             self._echo(f"  daemon {slot.index}: {self._describe(slot)}")
+        if self.accounts is not None:
+            self._echo(
+                f"  accounts: {self.accounts}; callers connect as its users, each with its own inbox prefix "
+                "(docs/accounts.md), e.g. REBASER_NATS_URL=nats://client-1:change-me-client-1@<node> and "
+                "inbox_prefix _INBOX.client-1"
+            )
         self._echo(
             f"Point a client at it (any node will do; it learns the others):\n"
             f"  export REBASER_NATS_URL={self.nats.urls[0]}\n"
@@ -234,6 +261,7 @@ class DevCluster:
             "pid": os.getpid(),
             "nats": [{"name": n.server_name, "url": n.url, "pid": n.pid} for n in self.nats.nodes],
             "client_url": self.nats.urls[0],
+            "accounts": str(self.accounts) if self.accounts is not None else None,
             "daemons": [
                 {
                     "index": s.index,
@@ -320,7 +348,7 @@ async def _serve(cluster: DevCluster, demo: bool) -> int:
         await cluster.start_daemons()
         cluster.announce()
         if demo:
-            load = asyncio.create_task(_demo_load(cluster.nats.urls))
+            load = asyncio.create_task(_demo_load(cluster.load_urls))
         await asyncio.Event().wait()  # until a signal
     except asyncio.CancelledError:
         if not signals:
@@ -376,6 +404,21 @@ async def _demo_load(urls: list[str]) -> None:
     help="When the NATS nodes fsync: always (before acknowledging), a duration such as 1s, or interval (2m).",
 )
 @click.option(
+    "--accounts",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="A NATS accounts configuration for every node, e.g. docs/nats-accounts.conf: callers in accounts of "
+    "their own (docs/accounts.md). The daemons connect as --daemon-user.",
+)
+@click.option("--daemon-user", default=DAEMON_CREDENTIALS[0], help="With --accounts: the daemons' NATS user.")
+@click.option(
+    "--daemon-password",
+    envvar="REBASER_DEV_DAEMON_PASSWORD",
+    show_envvar=True,
+    default=DAEMON_CREDENTIALS[1],
+    help="With --accounts: the daemons' NATS password.",
+)
+@click.option(
     "--stop-timeout",
     type=click.FloatRange(1),
     default=30.0,
@@ -389,6 +432,9 @@ def command(
     http_port: int,
     app_spec: str,
     sync: str | None,
+    accounts: Path | None,
+    daemon_user: str,
+    daemon_password: str,
     stop_timeout: float,
 ) -> None:
     """Run docker-compose.yml's topology as local processes: 3 NATS nodes and N daemons on 127.0.0.1.
@@ -407,5 +453,7 @@ def command(
         http_port=http_port,
         stop_timeout=stop_timeout,
         sync=sync,
+        accounts=accounts,
+        daemon_credentials=(daemon_user, daemon_password),
     )
     raise SystemExit(asyncio.run(_serve(cluster, demo)))

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rebaser_core.nats.durability import DURABILITY_LEVELS
+from rebaser_core.pauses import PAUSE_CAUSES
 from rebaser_server.ops.status import top_workspaces
 from rebaser_server.ops.view import DaemonView
 
@@ -35,6 +36,14 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
     ),
     "requests_retried": ("rebaser_requests_retried", "Retryable request failures (the request stays first)."),
     "dead_letter_failures": ("rebaser_dead_letter_failures", "Dead-letter copies given up."),
+    "dead_letters_evicted": (
+        "rebaser_dead_letters_evicted",
+        "Dead letters purged to keep their workspace at dead_letter_max_per_workspace.",
+    ),
+    "stored_batches_deleted": (
+        "rebaser_stored_batches_deleted",
+        "Stored batches deleted by the batch sweep: unfinished, or over their workspace's share.",
+    ),
     "delete_failures": ("rebaser_delete_failures", "Failed purges of processed requests."),
     "lease_renewals": ("rebaser_lease_renewals", "Confirmed progress acks renewing a task lease."),
     "leases_lost": ("rebaser_leases_lost", "Task leases that ran out while owned."),
@@ -70,6 +79,10 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
     "lapse_hand_backs": (
         "rebaser_lapse_hand_backs",
         "Tasks this daemon handed back itself after its heartbeat lapsed (lease_mode daemon).",
+    ),
+    "records_unreadable": (
+        "rebaser_records_unreadable",
+        "Change sets quarantined because their record could not be read (paused, cause record_unreadable).",
     ),
     "tasks_deferred": (
         "rebaser_tasks_deferred",
@@ -206,9 +219,14 @@ class DaemonCollector(Collector):
         pauses = CounterMetricFamily(
             "rebaser_pauses", "Pauses seen appear since start-up, by cause.", labels=["cause"]
         )
-        for cause in ("operator", "max_attempts"):
+        for cause in PAUSE_CAUSES:
             pauses.add_metric([cause], daemon.pauses.pauses.get(cause, 0))
         yield pauses
+        yield GaugeMetricFamily(
+            "rebaser_pauses_unreadable",
+            "Keys of the pauses bucket that hold no readable pause: each counts as paused until it is repaired.",
+            value=daemon.pauses.unreadable,
+        )
         durability = daemon.durability
         if durability is not None:
             # A state set (one series per level, 1 for the current one): alert on rebaser_durability{level=...}.

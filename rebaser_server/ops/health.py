@@ -140,6 +140,9 @@ class StatusReporter:
         self._paused = paused
         self._js = nc.jetstream(timeout=_INFO_TIMEOUT)
         self.watch = watch
+        # What an operator must repair (what -> what was found, naming its repair), e.g. an unreadable layout entry:
+        # the daemon is not ready while any is here (the daemon shares its ShardPullers' dict).
+        self.problems: dict[str, str] = {}
         self._facts = JetStreamFacts()
         self._lock = asyncio.Lock()
 
@@ -253,6 +256,7 @@ class StatusReporter:
         elif not serving:
             # The streams of an earlier run may all be there already: not ready until queries are answered too.
             reasons.append("starting: set-up not done (JetStream, the app, the query service, the intake)")
+        reasons.extend(self.problems.values())
         down, limit = self.watch.disconnected_for(), settings.ready_max_disconnected
         if down > limit:
             reasons.append(f"NATS unreachable for {down:.1f}s (ready_max_disconnected {limit:g}s)")

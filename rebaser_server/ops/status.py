@@ -41,6 +41,7 @@ async def status_of(daemon: DaemonView) -> dict[str, Any]:
         },
         "ready": not reasons,
         "not_ready": reasons,
+        "problems": dict(health.problems),  # what an operator must repair (each also a not_ready reason)
         "alive": daemon.alive() is None,
         "stopping": daemon.stopping,
         "nats": health.connection(),
@@ -92,8 +93,16 @@ def _paused(daemon: DaemonView) -> dict[str, Any]:
         "change_sets": change_sets,
         "workspaces": workspaces,
         "pauses_by_cause": dict(pauses.pauses),
+        "unreadable": pauses.unreadable,
         "held": [
-            {"what": what, "cause": p.cause, "reason": p.reason, "since": p.since, "request_id": p.request_id}
-            for what, p in pauses.listed()[:STATUS_MAX_PAUSED]
+            {
+                "what": what,
+                "cause": p.cause,
+                "reason": p.reason,
+                "since": p.since,
+                "request_id": p.request_id,
+                "repair": repair,  # set where the pause stands for damage (rebaser_core.pauses.repair_command)
+            }
+            for what, p, repair in pauses.listed()[:STATUS_MAX_PAUSED]
         ],
     }

@@ -37,7 +37,12 @@ class PausesView(Protocol):
     def pauses(self) -> Mapping[str, int]:
         """Pauses seen appear since start-up, by cause."""
 
-    def listed(self) -> list[tuple[str, Pause]]: ...
+    @property
+    def unreadable(self) -> int:
+        """Keys of the pauses bucket that hold no readable pause (each counts as paused)."""
+
+    def listed(self) -> list[tuple[str, Pause, str | None]]:
+        """(what, its pause, the command that repairs it if the pause stands for damage)."""
 
 
 class DaemonView(Protocol):

@@ -50,6 +50,10 @@ class WorkspaceBacklogs:
             counting.add_done_callback(lambda _: self._counting.pop(workspace_id, None))
         return await asyncio.shield(counting)
 
+    async def count(self, workspace_id: WorkspacePk) -> int:
+        """The workspace's queued requests, counted now (kept for :meth:`queued` too)."""
+        return await self._count(workspace_id)
+
     async def _count(self, workspace_id: WorkspacePk) -> int:
         subjects = self._settings.subjects
         total = 0

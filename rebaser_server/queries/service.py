@@ -40,11 +40,13 @@ from rebaser_core.api import (
     oldest_reply_form,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
-from rebaser_core.inbox import check_reply_inbox, request_id_of
+from rebaser_core.inbox import check_query_reply, request_id_of
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp, SupportsDescribe, SupportsFork
 from rebaser_server.changeset.context import Placement
 from rebaser_server.queries.backlog import WorkspaceBacklogs
+from rebaser_server.queries.follow import FollowerConsumers
+from rebaser_server.queries.gate import RequestGate
 from rebaser_server.queries.settled import SettledWaits
 from rebaser_server.record.store import ChangeSetStore
 
@@ -76,9 +78,12 @@ class QueryService:
             nc, js, settings, placement
         )  # held ``settled`` queries (rebaser_server/queries/settled.py)
         self.backlogs = WorkspaceBacklogs(js, settings, placement)
+        self.followers = FollowerConsumers(nc, settings)  # event followers' consumers, made on their behalf
+        self.gate = RequestGate(nc, settings, self.backlogs)  # requests of callers in accounts of their own
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(self._subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query)
+        await self.gate.start()
         # The server has the interest once it answers a ping: until then a query that comes from another connection
         # gets "no responders", though /readyz already says ready (found by a CLI test on a loaded machine).
         try:
@@ -93,15 +98,19 @@ class QueryService:
         if self._sub is not None:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
+        await self.gate.stop()
         await self.settled.stop()
 
     async def _on_query(self, msg: Msg) -> None:
         if not msg.reply:
             return
         try:
-            check_reply_inbox(msg.reply, self._settings.reply_inbox_prefix, self._subjects)
+            check_query_reply(msg.reply, self._settings.reply_inbox_prefix, self._subjects)
         except InvalidReplyInbox as err:
             log.warning("not answering query on %s: %s", msg.subject[:200], err)
+            return
+        if self._subjects.is_follow_api(msg.subject):
+            await self.followers.answer(msg)
             return
         operation = msg.subject.split(".")[-3]
         query = _QUERIES.get(operation)

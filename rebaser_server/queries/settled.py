@@ -14,6 +14,12 @@ to the KV subject sees a write *before* it is stored (a read right after may sti
 and the wait would then hang until the next re-check) and sees compare-and-set writes the stream refused too. Each
 wait is a task of its own (a query callback must not hold the subscription), bounded in number (``MAX_WAITS``): each
 holds one consumer.
+
+One workspace holds at most ``settled_max_waits_per_workspace`` of a daemon's waits, so it cannot take the
+``MAX_WAITS`` every workspace shares. A wait over either cap is not held but looked at once: a change set already
+settled is answered settled, any other with an ``error`` ending in ``ask again`` (the client asks again a little
+later, and may reach another daemon). Those one-off looks are bounded too (``MAX_LOOKS``); past them the answer is
+``ask again`` without a look.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from rebaser_core.api import (
     WaitSettledRequest,
     WaitSettledResponse,
 )
-from rebaser_core.ids import RequestId
+from rebaser_core.ids import RequestId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -57,6 +63,8 @@ _RECHECK_MAX = 8.0
 # Waits one daemon holds at once (one consumer each); beyond it a wait is answered with an error at once (the caller
 # asks again, and may reach another daemon).
 MAX_WAITS = 1_000
+# One-off looks (three reads) at waits over a cap, in flight at once; beyond it they are answered "ask again" unlooked.
+MAX_LOOKS = 1_000
 # A wait's consumer is deleted by the server this long after the wait ends (or its daemon dies).
 _WATCH_INACTIVE = 5.0
 _KV_OPERATION = "KV-Operation"  # DEL or PURGE on a deleted record
@@ -152,6 +160,8 @@ class SettledWaits:
         self._subjects = settings.subjects  # made once: Settings.subjects builds (and validates) new ones
         self._placement = placement  # the shard layout, as the daemon follows it
         self._waits: set[asyncio.Task[None]] = set()
+        self._looks: set[asyncio.Task[None]] = set()  # one-off looks at waits over a cap (not held)
+        self._per_workspace: dict[WorkspacePk, int] = {}  # held waits by workspace
 
     @property
     def held(self) -> int:
@@ -161,25 +171,64 @@ class SettledWaits:
     def start(
         self, reply: str, change_set: ChangeSet, request: WaitSettledRequest, content_type: ContentType
     ) -> None:
-        """Answer ``request`` on ``reply`` once the change set is settled or the wait is over (in the background)."""
-        if len(self._waits) >= MAX_WAITS:
-            response = WaitSettledResponse(
-                id=request.id,
-                workspace_id=change_set.workspace_id,
-                change_set_id=change_set.change_set_id,
-                error=f"this daemon already holds {MAX_WAITS} settled waits; ask again",
+        """Answer ``request`` on ``reply`` once the change set is settled or the wait is over (in the background).
+        Over a cap (``MAX_WAITS``, ``settled_max_waits_per_workspace``) the change set is looked at once instead:
+        answered settled if it is, else asked to ask again."""
+        workspace = change_set.workspace_id
+        cap = self._settings.settled_max_waits_per_workspace
+        if len(self._waits) >= MAX_WAITS or self._per_workspace.get(workspace, 0) >= cap:
+            full = (
+                f"this daemon already holds {MAX_WAITS} settled waits"
+                if len(self._waits) >= MAX_WAITS
+                else f"this daemon already holds {cap} settled waits of workspace {workspace} "
+                "(settled_max_waits_per_workspace)"
             )
-            task = asyncio.create_task(self._answer(reply, response, content_type))
-        else:
-            task = asyncio.create_task(
-                self._wait(reply, change_set, request, content_type), name=f"settled {change_set}"
-            )
+            busy = _error(change_set, request, f"{full}; ask again")
+            if len(self._looks) >= MAX_LOOKS:
+                look = asyncio.create_task(self._answer(reply, busy, content_type))
+            else:
+                look = asyncio.create_task(self._look(reply, change_set, request, content_type, busy))
+            self._looks.add(look)
+            look.add_done_callback(self._looks.discard)
+            return
+        task = asyncio.create_task(
+            self._wait(reply, change_set, request, content_type), name=f"settled {change_set}"
+        )
         self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
+        self._per_workspace[workspace] = self._per_workspace.get(workspace, 0) + 1
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._waits.discard(task)
+            left = self._per_workspace.pop(workspace, 1) - 1
+            if left > 0:
+                self._per_workspace[workspace] = left
+
+        task.add_done_callback(done)
+
+    async def _look(
+        self,
+        reply: str,
+        change_set: ChangeSet,
+        request: WaitSettledRequest,
+        content_type: ContentType,
+        busy: WaitSettledResponse,
+    ) -> None:
+        """A wait over a cap: settled now is answered so, anything else ``busy`` (ask again), without holding."""
+        try:
+            response = await settled_now(
+                self._js, self._subjects, self._placement.layout, change_set, request.id
+            )
+        except asyncio.CancelledError:
+            await self._answer(reply, _error(change_set, request, STOPPING), content_type)
+            raise
+        except Exception as err:
+            log.warning("settled query on %s failed: %r", change_set, err)
+            response = _error(change_set, request, f"{type(err).__name__}: {err}")
+        await self._answer(reply, response if response.settled or response.error else busy, content_type)
 
     async def stop(self) -> None:
         """Answer every held wait with an error saying to ask again (another daemon will answer it)."""
-        waits = list(self._waits)
+        waits = [*self._waits, *self._looks]
         for task in waits:
             task.cancel()
         if waits:

@@ -52,7 +52,10 @@ class Cluster:
     def connect_options(self) -> ConnectOptions:
         """Every node's published client port (nats-test.conf keeps the nodes from advertising any other)."""
         urls = tuple(f"nats://127.0.0.1:{self.ports[f'NATS{i}']}" for i in (1, 2, 3))
-        return ConnectOptions(servers=urls, name="container-test")
+        # The nodes load docs/nats-accounts.conf: the test is an operator of the daemons' account.
+        return ConnectOptions(
+            servers=urls, name="container-test", user="rebaser-operator", password="change-me-operator"
+        )
 
     def monitor(self, node: str) -> str:
         return f"http://127.0.0.1:{self.ports[f'MONITOR{node[-1]}']}"
@@ -61,9 +64,14 @@ class Cluster:
         return f"http://127.0.0.1:{self.ports[f'HTTP{daemon[-1]}']}"
 
 
+# The daemons' /status and /metrics want the token docker-compose.yml gives them (deploy/http-token).
+HTTP_TOKEN = (HERE.parent.parent / "deploy" / "http-token").read_text().strip()
+
+
 def get_json(url: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {HTTP_TOKEN}"})
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)
     except OSError:
         return None
@@ -166,7 +174,10 @@ async def test_the_nats_nodes_form_one_jetstream_cluster(cluster: Cluster) -> No
 
 async def replicas_current(cluster: Cluster) -> str | None:
     """The requests stream's leader, once it has two peers and both are current (R3, caught up); else None."""
-    nc = await nats.connect(servers=list(cluster.connect_options().servers), connect_timeout=5)
+    options = cluster.connect_options()
+    nc = await nats.connect(
+        servers=list(options.servers), user=options.user, password=options.password, connect_timeout=5
+    )
     try:
         info = await nc.jetstream(timeout=5).stream_info(REQUESTS_STREAM)
     except Exception:

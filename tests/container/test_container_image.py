@@ -55,9 +55,14 @@ class Embedded:
         return published
 
 
+# /status wants the daemon's HTTP token from a peer that is not the container itself (rebaser_server.ops.http).
+HTTP_TOKEN = "container-test-token"
+
+
 def get_json(url: str) -> object:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {HTTP_TOKEN}"})
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return json.load(response)
     except OSError:
         return None
@@ -80,6 +85,7 @@ def embedded(podman: Podman, rebaser_image: str, note: Callable[[str], None]) ->
     try:
         podman(
             *("create", "--name", name, "--volume", f"{volume}:/var/lib/rebaser"),
+            *("--env", f"REBASER_HTTP_TOKEN={HTTP_TOKEN}"),
             *("--publish", "127.0.0.1::4222", "--publish", "127.0.0.1::9464", rebaser_image),
         )
         container = Embedded(podman, name)

@@ -1,7 +1,8 @@
 """``rebaser change-set show|purge`` and ``rebaser wait``: one change set (``change-set pause|resume|skip`` join
 this group from :mod:`rebaser_client.admin.cli.pause`).
 
-What deletes something asks first (``--yes`` skips the question): ``change-set purge``.
+What deletes something asks first (``--yes`` skips the question): ``change-set purge`` and ``change-set
+reset-record`` (which repairs an unreadable record: :mod:`rebaser_client.admin.store_repairs`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ __all__ = ["change_set", "wait"]
 
 @click.group("change-set")
 def change_set() -> None:
-    """Inspect, purge, pause, resume one change set, or skip its first request."""
+    """Inspect, purge, pause, resume one change set, skip its first request, or reset its unreadable record."""
 
 
 @change_set.command("show")
@@ -101,6 +102,49 @@ def change_set_purge(
     )
     if result.task == "owned":
         click.echo("note: a daemon owns the change set; it still applies the requests it had already read")
+
+
+@change_set.command("reset-record")
+@click.argument("workspace")
+@click.argument("change_set_id", metavar="CHANGE_SET")
+@connection_options
+@json_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def change_set_reset_record(
+    workspace: str, change_set_id: str, nats_url: str, prefix: str | None, as_json: bool, yes: bool
+) -> None:
+    """Repair a change set whose record cannot be read (a daemon quarantined it: `rebaser status` names it): delete
+    the record and lift the quarantine. The change set starts over from the app's initial state, then applies its
+    queued requests in order. Refused if the record reads."""
+    wk, cs = (
+        parse_ulid(WorkspacePk, workspace, "WORKSPACE"),
+        parse_ulid(ChangeSetId, change_set_id, "CHANGE_SET"),
+    )
+    subjects = subjects_of(prefix)
+    from rebaser_client.admin.store_repairs import reset_record
+
+    confirm(yes, f"Delete the unreadable record of {wk}/{cs}? It starts over from the app's initial state.")
+    result = run(nats_url, lambda nc: reset_record(nc, subjects, wk, cs))
+    resumed = result.resumed
+    if as_json:
+        print_json(
+            {
+                "found": result.found,
+                "resumed": resumed is not None,
+                "task_published": bool(resumed and resumed.tasks_published),
+                "still_paused": None if result.still_paused is None else result.still_paused.cause,
+            }
+        )
+        return
+    click.echo(f"deleted the unreadable record of {wk}/{cs} ({result.found})")
+    if result.still_paused is not None:
+        click.echo(
+            f"note: still paused by {result.still_paused.cause}; `rebaser change-set resume {wk} {cs}` lets it go on"
+        )
+    elif resumed is not None and resumed.queued:
+        click.echo("resumed: its queued requests are applied from the app's initial state")
+    else:
+        click.echo("resumed: nothing queued")
 
 
 # -- wait -------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ nats-py and rich are imported by the commands that use them, once their options 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -88,6 +89,12 @@ def parse_ulid(cls: type[UlidId], value: str, what: str) -> Any:
         ) from None
 
 
+def inbox_prefix() -> str | None:
+    """``REBASER_NATS_INBOX_PREFIX``: the inbox prefix a caller in an account of its own connects with (its account
+    imports only that prefix, docs/accounts.md), e.g. ``_INBOX.client-1``; unset: nats-py's."""
+    return os.environ.get("REBASER_NATS_INBOX_PREFIX") or None
+
+
 def subjects_of(prefix: str | None) -> Subjects:
     try:
         return Subjects(prefix)
@@ -112,6 +119,7 @@ async def admin_connect(nats_url: str) -> NatsClient:
 
     options = ConnectOptions(
         servers=(nats_url,),
+        inbox_prefix=inbox_prefix(),
         connect_timeout=_CONNECT_TIMEOUT,
         extra={"max_reconnect_attempts": 1, "reconnect_time_wait": 0.1, "error_cb": remember},
     )

@@ -111,6 +111,7 @@ def _id(cls: type[UlidId], value: str, option: str) -> Any:
 
 def _connect(nats_url: str, prefix: str | None) -> SyncRebaserClient:
     from rebaser_client._sync import SyncRebaserClient
+    from rebaser_client.admin.cli.common import inbox_prefix
     from rebaser_core.nats.connect import ConnectOptions, redact_url
 
     errors: list[Exception] = []
@@ -120,6 +121,7 @@ def _connect(nats_url: str, prefix: str | None) -> SyncRebaserClient:
 
     options = ConnectOptions(
         servers=(nats_url,),
+        inbox_prefix=inbox_prefix(),
         connect_timeout=CLI_CONNECT_TIMEOUT,
         # nats-py retries a server until it has failed max_reconnect_attempts + 1 times (0 means forever), waiting
         # reconnect_time_wait in between: 1 and a short wait make it two quick attempts, then the answer.
@@ -367,6 +369,26 @@ def streams_set(
     from rebaser_client.admin.cli.streams import set_streams
 
     set_streams(nats_url, prefix, streams, daemons, timeout, assignment)
+
+
+@streams_group.command("repair")
+@click.option(
+    "--nats-url", envvar="REBASER_NATS_URL", type=NATS_URL, default="nats://127.0.0.1:4222", show_default=True
+)
+@click.option("--prefix", envvar="REBASER_PREFIX", default=None, help="Subject prefix of the deployment.")
+@click.option(
+    "--assignment",
+    type=click.Choice(["shared", "pinned"]),
+    default=None,
+    help="The mode (default: as it was).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def streams_repair(nats_url: str, prefix: str | None, assignment: Any, as_json: bool) -> None:
+    """Rewrite an unreadable layout entry (daemons wait for it, /readyz says so): the last readable layout if it
+    agrees with the streams that exist, else one made from them. Refused if the entry reads."""
+    from rebaser_client.admin.cli.streams import repair
+
+    repair(nats_url, prefix, assignment, as_json)
 
 
 @streams_group.command("intake")

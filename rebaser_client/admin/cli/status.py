@@ -37,7 +37,8 @@ __all__ = ["status"]
     multiple=True,
     envvar="REBASER_DAEMON_URLS",
     help="Health endpoint of each daemon (http://host:9464), to read the change sets it owns per workspace (none: "
-    "each workspace's owned and waiting change sets are shown as unknown).",
+    "each workspace's owned and waiting change sets are shown as unknown). Sends REBASER_HTTP_TOKEN (or "
+    "REBASER_HTTP_TOKEN_FILE's) as the bearer token the daemons' /status wants.",
 )
 def status(
     nats_url: str,

@@ -1,5 +1,6 @@
-"""``rebaser streams show|set|intake``: the admin side of sharding and of the intake
-(:mod:`rebaser_client.admin.streams` and :mod:`rebaser_client.admin.intake` do the work)."""
+"""``rebaser streams show|set|intake|repair``: the admin side of sharding and of the intake
+(:mod:`rebaser_client.admin.streams` and :mod:`rebaser_client.admin.intake` do the work; ``repair``, which rewrites an
+unreadable layout entry, :mod:`rebaser_client.admin.store_repairs`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import click
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client.admin.intake import change_intake
+from rebaser_client.admin.store_repairs import repair_layout
 from rebaser_client.admin.streams import change_streams, show_layout
 from rebaser_core.errors import RebaserError
 from rebaser_core.layout import AssignmentMode, Intake
 from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
 from rebaser_core.subjects import Subjects
 
-__all__ = ["set_intake", "set_streams", "show"]
+__all__ = ["repair", "set_intake", "set_streams", "show"]
 
 T = TypeVar("T")
 _CONNECT_TIMEOUT = 2.0
@@ -120,3 +122,21 @@ def set_streams(
 def set_intake(nats_url: str, prefix: str | None, intake: Intake) -> None:
     layout = _run(nats_url, lambda nc: change_intake(nc, Subjects(prefix), intake, progress=click.echo))
     click.echo(f"layout: {layout.streams} streams, {layout.mode}, {layout.intake} intake")
+
+
+def repair(nats_url: str, prefix: str | None, mode: AssignmentMode | None, as_json: bool) -> None:
+    result = _run(nats_url, lambda nc: repair_layout(nc, Subjects(prefix), assignment=mode))
+    layout = result.layout
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"found": result.found, "source": result.source, "layout": json.loads(layout.encode())}
+            )
+        )
+        return
+    source = "the last readable layout" if result.source == "history" else "the streams that exist"
+    click.echo(f"the layout entry was unreadable ({result.found})")
+    click.echo(
+        f"rewritten from {source}: {layout.streams} streams, {layout.mode}, {layout.intake} intake "
+        f"(epoch {layout.epoch}); waiting daemons start within seconds"
+    )

@@ -149,8 +149,12 @@ class Live:
                 return
             pause = None
             if value:
-                with contextlib.suppress(DecodeError):
+                try:
                     pause = Pause.decode(value)
+                except DecodeError as err:
+                    pause = Pause.unreadable(
+                        err
+                    )  # it holds all the same, as the daemons count it (fail closed)
             wk, cs = target
             self.index.apply_pause(str(wk), None if cs is None else str(cs), pause)
 

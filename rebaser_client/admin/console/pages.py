@@ -13,9 +13,11 @@ from typing import Any
 
 from rebaser_client.admin.console.html import action_button, esc, link, table
 from rebaser_client.admin.console.index import STATES, Filter, Index, Row
+from rebaser_client.admin.format import shorten
 from rebaser_client.admin.format_actions import plural
 from rebaser_client.admin.status import Counts, StatusReport
 from rebaser_client.admin.workspaces import DaemonLine
+from rebaser_core.pauses import repair_command
 
 __all__ = ["change_sets_body", "json_script", "overview_body", "row_data"]
 
@@ -191,5 +193,27 @@ def overview_body(
     return (
         f'<h1>Overview</h1><div class="tiles">{totals}</div>'
         f'<table class="facts">{facts_html}<tr><th>durability</th><td>{esc(dur)}</td></tr></table>'
-        f"<h2>Daemons</h2>{_daemons(report, index)}{_shards(counts)}{_workspaces(report)}"
+        f"{_repairs(report)}<h2>Daemons</h2>{_daemons(report, index)}{_shards(counts)}{_workspaces(report)}"
     )
+
+
+def _repairs(report: StatusReport) -> str:
+    """The paused change sets whose pause stands for damage (an unreadable record, an unreadable pause entry), each
+    with the command that repairs it; nothing if there is none."""
+    rows = []
+    for line in report.pauses:
+        fix = repair_command(line.pause, line.workspace_id, line.change_set_id)
+        if fix is not None:
+            what = (
+                line.workspace_id
+                if line.change_set_id is None
+                else f"{line.workspace_id}/{line.change_set_id}"
+            )
+            target = f"/change-sets/{line.workspace_id}/{line.change_set_id}" if line.change_set_id else ""
+            rows.append(
+                f"<tr><td>{link(target, what) if target else esc(what)}</td><td>{esc(line.pause.cause)}</td>"
+                f"<td>{esc(shorten(line.pause.reason, 160))}</td><td><code>{esc(fix)}</code></td></tr>"
+            )
+    if not rows:
+        return ""
+    return "<h2>Needs repair</h2>" + table(("what", "cause", "found", "repair"), rows, empty="")

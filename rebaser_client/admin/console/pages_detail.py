@@ -17,6 +17,7 @@ from rebaser_client.admin.console.index import Row
 from rebaser_client.admin.dead_letters import DeadLetter
 from rebaser_client.admin.format import pause_text, shorten
 from rebaser_client.admin.format_actions import plural
+from rebaser_core.pauses import repair_command
 
 __all__ = [
     "change_set_body",
@@ -29,6 +30,12 @@ __all__ = [
 
 def _ts(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
+
+
+def _repair(report: ChangeSetReport) -> str | None:
+    if report.pause is None:
+        return None
+    return repair_command(report.pause, report.workspace_id, report.change_set_id)
 
 
 def change_set_detail(
@@ -73,6 +80,8 @@ def change_set_detail(
             esc(f"{record.owner} (epoch {record.epoch})" if record else "-") + f" · task {esc(report.task)}",
         ),
         ("paused", esc("; ".join(pauses) or "no") + f" {actions}"),
+        # A pause that stands for damage (an unreadable record or pause entry): the command that repairs it.
+        *[("repair", f"<code>{esc(fix)}</code>") for fix in [_repair(report)] if fix],
         ("queued", f"{report.queued_total}"),
         ("applied up to", esc(record.applied_seq if record else "-")),
         ("DVU", esc(dvu)),

@@ -19,7 +19,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
-from rebaser_server.daemon import fair_intake
+from rebaser_server.intake import fair_intake
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.daemons import daemon_processes, spawn_daemon

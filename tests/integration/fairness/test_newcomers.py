@@ -1,9 +1,10 @@
-"""The fair intake's newcomers (rebaser_server.daemon.newcomers) against a real nats-server: a workspace with only
+"""The fair intake's newcomers (rebaser_server.intake.newcomers) against a real nats-server: a workspace with only
 made-up tasks gets no consumer and no turn, and its tasks go; a request stored while its workspace is found empty
-is still served, without the orphan sweep."""
+is still served, without the orphan sweep, also when the read after the purge fails."""
 
 from __future__ import annotations
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
@@ -11,7 +12,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.daemon.daemon import Daemon
-from rebaser_server.daemon.fair_intake import FairIntake
+from rebaser_server.intake.fair_intake import FairIntake
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp, applied
 
@@ -86,6 +87,58 @@ async def test_a_request_stored_while_its_workspace_is_found_empty_is_served(
         await wait_for(lambda: sent, timeout=10, message="the request stored during the check")
         await wait_for(served, timeout=15, message="the request applied")
         assert newcomers.empty_tasks_dropped == 1
+
+
+async def test_a_request_whose_task_was_purged_gets_it_again_when_the_read_after_the_purge_fails(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # As above, and the look for a request stored during the check, the read after the purge, is lost once (a
+    # timeout, as in a leader election). The orphan sweep is out of reach: only the newcomer check, looking again,
+    # can give the request its task back.
+    settings = fast_settings(subject_prefix, intake="fair", sweep_interval=3600.0)
+    subjects, js = settings.subjects, nc.jetstream()
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    sent: list[str] = []
+    reads_failed: list[WorkspacePk] = []
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        intake = await _intake(daemon)
+        newcomers = intake.newcomers
+        consumer_exists, queued = newcomers._consumer_exists, newcomers._queued
+        purge_next = False
+
+        async def with_a_request_stored_meanwhile(workspace: WorkspacePk) -> bool:
+            nonlocal purge_next
+            if workspace != wk or sent:
+                return await consumer_exists(workspace)
+            # Between the check for requests (none yet) and the purge: the client stores its request, and its task
+            # is refused as a duplicate of the made-up one, which the purge then removes.
+            sent.append(str(await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])))
+            exists = await consumer_exists(workspace)
+            purge_next = not exists
+            return exists
+
+        async def the_read_after_the_purge_failing(workspace: WorkspacePk) -> bool:
+            nonlocal purge_next
+            if workspace == wk and purge_next:
+                purge_next = False
+                reads_failed.append(workspace)
+                raise nats.errors.TimeoutError
+            return await queued(workspace)
+
+        newcomers._consumer_exists = with_a_request_stored_meanwhile  # type: ignore[method-assign]
+        newcomers._queued = the_read_after_the_purge_failing  # type: ignore[method-assign]
+        await js.publish(subjects.task(wk, cs), b"")  # made up: no request behind it (yet)
+
+        async def served() -> bool:
+            return await applied(daemon.store, wk, cs) == sent
+
+        await wait_for(lambda: reads_failed, timeout=10, message="the read after the purge failed")
+        await wait_for(served, timeout=15, message="the request applied")
+        assert reads_failed == [wk]
+        assert newcomers.empty_tasks_dropped == 1
+        # Its task came back from the newcomer check, not from the orphan sweep.
+        assert newcomers.tasks_given_back == 1
+        assert daemon.sweeper.orphans_found == 0
 
 
 async def test_many_workspaces_found_at_start_are_checked_together(

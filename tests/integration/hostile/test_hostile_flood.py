@@ -109,8 +109,15 @@ def _hostile_inbox(rng: random.Random, settings: Settings, victim: tuple[Workspa
 async def _flood(nc: NatsClient, client: RebaserClient, subject_prefix: str, count: int) -> None:
     rng = random.Random(20261130 + count)
     # Every hostile message leaves a dead letter, and the test counts them: room for all of them (file storage, so
-    # nothing is reserved from the shared test server's memory).
-    settings = fast_settings(subject_prefix, storage="file", dead_letter_max_bytes=256 * 1024 * 1024)
+    # nothing is reserved from the shared test server's memory), and no share per workspace or change set (those
+    # bounds have tests of their own: test_dead_letter_shares.py).
+    settings = fast_settings(
+        subject_prefix,
+        storage="file",
+        dead_letter_max_bytes=256 * 1024 * 1024,
+        dead_letter_max_per_change_set=-1,
+        dead_letter_max_per_workspace=-1,
+    )
     subjects = settings.subjects
     js = nc.jetstream()
     async with running_daemon(nc, settings, RecordingApp()) as daemon:

@@ -214,3 +214,63 @@ async def test_the_demo_load_stops_even_if_a_cancellation_is_swallowed(
     if not done:
         load.cancel()  # lands in the worker's sleep this time: the test's leftovers end
     assert done, "the load did not stop"
+
+
+async def test_dev_cluster_with_accounts_serves_a_caller_of_its_own_account(tmp_path: Path) -> None:
+    """``--accounts docs/nats-accounts.conf``: every node loads it (keeping fsync and its monitoring endpoint), the
+    daemons connect as its daemons' user, and a caller in an account of its own gets its reply; one without
+    credentials is refused."""
+    data, output = tmp_path / "dev", tmp_path / "dev-cluster.out"
+    conf = ROOT / "docs" / "nats-accounts.conf"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REBASER_NATS_URL", None)
+    with output.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-c", "from rebaser_server.cli.main import main; main()"),
+            *("dev-cluster", "--daemons", "1", "--data-dir", str(data), "--accounts", str(conf)),
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            cwd=str(ROOT),
+            start_new_session=True,
+        )
+    seen: set[int] = set()
+    try:
+
+        def running() -> dict[str, Any] | None:
+            assert proc.returncode is None, output.read_text()
+            status = read_status(data)
+            return status if status and status["state"] == "running" else None
+
+        status = await wait_for(running, timeout=120, interval=0.2, message="the dev cluster did not start")
+        seen.update(n["pid"] for n in status["nats"])
+        seen.update(d["pid"] for d in status["daemons"])
+        text = output.read_text()
+        assert status["accounts"] == str(conf) and "fsync before every acknowledgement" in text
+        assert "monitor http://127.0.0.1:" in text
+        url = status["client_url"].replace("nats://", "nats://client-1:change-me-client-1@")
+        options = ConnectOptions(servers=(url,), inbox_prefix="_INBOX.client-1", name="test-dev-cluster")
+        async with await RebaserClient.connect(options) as client:
+            reply = await client.enqueue_updates_with_reply(
+                WorkspacePk.new(), ChangeSetId.new(), [SetLiteral(path="/n", value=0)], timeout=30
+            )
+            assert reply.ok, reply
+        anonymous = ConnectOptions(
+            servers=(status["client_url"],), connect_timeout=2, extra={"max_reconnect_attempts": 0}
+        )
+        with pytest.raises(RebaserUnavailable):
+            await RebaserClient.connect(anonymous)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0, output.read_text()
+        await wait_for(lambda: not any(map(alive, seen)), timeout=10, message=f"left running: {seen}")
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for pid in filter(alive, seen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -53,11 +53,13 @@ INVENTORY: dict[str, list[str]] = {
     ],
     "docs/RELIABILITY.md": ["plain:shown"],
     "docs/capacity.md": ["sh:checked", "sh:checked"],
+    "docs/accounts.md": [],
     "docs/apps.md": ["sh:checked", "text:shown", "python:copy", "sh:checked", "sh:checked", "python:copy"],
     "docs/client.md": ["python:run", "sh:run"],
     "docs/console.md": ["sh:checked", "sh:checked", "sh:checked"],
     "docs/contributing.md": [],
     "docs/deployment.md": [
+        "sh:checked",
         "sh:checked",
         "sh:checked",
         "sh:checked",

@@ -112,3 +112,16 @@ def test_a_bad_setting_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(click.ClickException) as caught:
         settings_from({}, ack_wait=-1.0)
     assert "from --ack-wait" in caught.value.message
+
+
+def test_the_http_token_comes_from_its_option_or_its_file(tmp_path: Path) -> None:
+    from rebaser_server.cli.main import _http_token
+
+    secret = tmp_path / "token"
+    secret.write_text("  from-a-file \n# ignored\n")
+    assert _http_token(None, secret) == "from-a-file"
+    assert _http_token(" given ", None) == "given" and _http_token(None, None) is None
+    (tmp_path / "empty").write_text("\n")
+    for token, path in (("a", secret), ("  ", None), (None, tmp_path / "empty")):
+        with pytest.raises(click.UsageError):
+            _http_token(token, path)

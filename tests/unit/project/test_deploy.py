@@ -107,6 +107,26 @@ def test_prometheus_scrapes_every_daemon() -> None:
     assert sorted(targets) == [(f"rebaser{i}", str(DEFAULT_HTTP_PORT)) for i in (1, 2, 3)]
 
 
+def test_prometheus_scrapes_with_the_token_the_daemons_want() -> None:
+    """The image binds 0.0.0.0, where /status and /metrics answer other hosts only with a token
+    (rebaser_server.ops.http): the daemons and Prometheus read the same token file."""
+    services = compose_config()["services"]
+
+    def mounted(service: dict[str, Any], target: str) -> str:
+        (source,) = [v["source"] for v in service["volumes"] if v["target"] == target]
+        return str(source)
+
+    token_file = ROOT / "deploy" / "http-token"
+    assert token_file.read_text().strip()
+    for name in ("rebaser1", "rebaser2", "rebaser3"):
+        target = services[name]["environment"]["REBASER_HTTP_TOKEN_FILE"]
+        assert mounted(services[name], target) == str(token_file)
+    text = (ROOT / "deploy" / "prometheus.yml").read_text()
+    credentials = re.search(r"^ +credentials_file: (\S+)$", text, re.MULTILINE)
+    assert credentials and re.search(r"^ +type: Bearer$", text, re.MULTILINE)
+    assert mounted(services["prometheus"], credentials[1]) == str(token_file)
+
+
 def test_compose_refuses_a_broken_file(tmp_path: Path) -> None:
     """The check in CI is worth something: a reference to a missing service fails it."""
     broken = tmp_path / "docker-compose.yml"

@@ -1,12 +1,12 @@
 """The fifo intake of one shard: the shard's one shared tasks consumer hands tasks out in the order they came.
 
 Back-pressure starts here: the loop only fetches as many tasks as the daemon has free slots
-(``Settings.concurrency``) and room in its cold path (``start_concurrency``, rebaser_server.daemon.admission); with
+(``Settings.concurrency``) and room in its cold path (``start_concurrency``, rebaser_server.intake.admission); with
 every slot taken it stops pulling, and waiting tasks stay in the stream, not in memory. A full daemon whose owned
 change sets idle while others wait for an owner makes them give way (quiet.GiveWay).
 
 While disconnected it does not pull: a pull request sent then would wait in nats-py's reconnect buffer and go out
-late, stale. The fair intake (rebaser_server.daemon.fair_intake) serves workspaces in turns instead; what is done
+late, stale. The fair intake (rebaser_server.intake.fair_intake) serves workspaces in turns instead; what is done
 with a task taken is the same for both (rebaser_server.daemon.owned).
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.owning import Owning
-from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.owned import OwnedChangeSets
-from rebaser_server.daemon.puller import TaskPuller
+from rebaser_server.intake.admission import Admission
+from rebaser_server.intake.owner import Owner
+from rebaser_server.intake.puller import TaskPuller
 from rebaser_server.ops.health import StatusReporter
 from rebaser_server.task.handback import hand_back
 
@@ -47,7 +47,7 @@ class FifoIntake:
     def __init__(
         self,
         owning: Owning,
-        owned: OwnedChangeSets,
+        owned: Owner,
         admission: Admission,
         *,
         stopping: Callable[[], bool],

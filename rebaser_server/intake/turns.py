@@ -1,6 +1,6 @@
 """Fair intake: which workspace's tasks a daemon takes next. Pure logic, no NATS.
 
-Every workspace with tasks waiting has a queue of its own (its consumer, rebaser_server.daemon.fair_intake), and
+Every workspace with tasks waiting has a queue of its own (its consumer, rebaser_server.intake.fair_intake), and
 the daemon serves the workspaces in turns: the one that has waited longest goes first, whatever another has queued.
 A turn takes a part of the free slots: all of them for a workspace alone, else its weight's part of them among the
 workspaces waiting (at least one task). A workspace with tasks left after its turn goes to the back of the line.

@@ -12,7 +12,9 @@ all at once (one read each, or, for many, one read of which workspaces have requ
 - **neither** (and the layout is not changing): its tasks are empty, and nobody holds one (only its consumer hands
   them out). They are purged, up to the stream's last sequence read *before* the check, so a task published since
   is kept. A request stored meanwhile may have found its task among them (refused as a duplicate): checked once
-  more after the purge, any queued change set of the workspace gets its task again, as a release does.
+  more after the purge, any queued change set of the workspace gets its task again, as a release does. That look
+  is tried again (with backoff) until it is done, also after a purge whose answer was lost: a request left without
+  its task would otherwise wait for the orphan sweep.
 
 What remains: another daemon that makes the workspace's consumer between this daemon's check and its purge (for a
 request stored in that moment) may take a task the purge then removes; the task published again goes to a second
@@ -52,6 +54,10 @@ _BATCH = 10_000
 _DROPS_AT_ONCE = 32
 # After NATS trouble a workspace joins the line again this much later.
 _RETRY_AFTER = 1.0
+# After a purge, the look for a request stored meanwhile (and its task published again) is tried again after these
+# pauses (about 6 s in all); still failing, its request is left to the orphan sweep (a daemon also sweeps at once
+# after every reconnect).
+_GIVE_BACK_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 
 class Newcomers:
@@ -82,6 +88,7 @@ class Newcomers:
         self._drops = asyncio.Semaphore(_DROPS_AT_ONCE)
         self._background: set[asyncio.Task[None]] = set()
         self.empty_tasks_dropped = 0  # tasks of workspaces with nothing else, for /status
+        self.tasks_given_back = 0  # tasks published again after a purge, for requests stored during the check
         self.batches_read = 0  # reads of which workspaces have requests (many checked together)
 
     def __len__(self) -> int:
@@ -167,6 +174,7 @@ class Newcomers:
         the requests again): unless its consumer exists (a daemon may hold its tasks), its tasks up to
         ``last_seq`` go, and any request stored meanwhile gets its task again."""
         subjects = self._subjects
+        purging = False
         try:
             async with self._drops:
                 if last_seq is None:
@@ -179,6 +187,7 @@ class Newcomers:
                     self._finished(workspace, ready=True)
                     return
                 request = {"filter": subjects.tasks_of_workspace(workspace), "seq": last_seq + 1}
+                purging = True
                 answer = await js_api(
                     self._nats.requester,
                     f"STREAM.PURGE.{subjects.tasks_stream}",
@@ -188,13 +197,38 @@ class Newcomers:
                 purged = int(answer.get("purged", 0))
                 self.empty_tasks_dropped += purged
                 log.debug("workspace %s: %d tasks with no request dropped", workspace, purged)
-                if await self._queued(workspace):
-                    await self._tasks_again(workspace)
         except Exception as err:
             log.debug("dropping workspace %s's tasks failed: %r", workspace, err)
+            if purging:
+                # The purge's answer may be lost with the purge done: its tasks are given back all the same.
+                await self._give_back(workspace)
             self._failed(workspace)
             return
+        await self._give_back(workspace)
         self._finished(workspace, ready=False)
+
+    async def _give_back(self, workspace: WorkspacePk) -> None:
+        """After a purge of ``workspace``'s tasks: a request stored during the check may have found its task among
+        those purged (its own publish refused as a duplicate), so each change set of the workspace with requests
+        gets its task again. Tried again after NATS trouble (a read or a publish that failed), with backoff: a
+        request whose task is gone would otherwise wait for the orphan sweep."""
+        for pause in (*_GIVE_BACK_PAUSES, None):
+            try:
+                if await self._queued(workspace):
+                    await self._tasks_again(workspace)
+                return
+            except Exception as err:
+                if pause is None:
+                    log.warning(
+                        "workspace %s: giving its tasks back after a purge failed (%r); the orphan sweep will",
+                        workspace,
+                        err,
+                    )
+                    return
+                log.debug(
+                    "workspace %s: giving its tasks back after a purge failed (%r); again", workspace, err
+                )
+                await asyncio.sleep(pause)
 
     def _failed(self, workspace: WorkspacePk) -> None:
         asyncio.get_running_loop().call_later(_RETRY_AFTER, self._again, workspace)
@@ -257,16 +291,29 @@ class Newcomers:
         return await js_api(self._nats.requester, f"STREAM.INFO.{stream}", request, timeout=self._timeout)
 
     async def _tasks_again(self, workspace: WorkspacePk) -> None:
-        """A request of ``workspace`` came during the purge: each of its change sets with requests gets a task."""
+        """A request of ``workspace`` came during the purge: each of its change sets with requests gets a task (one
+        that has it already refuses the publish, which is success). A publish that failed is raised, after the
+        others were tried: the caller tries them all again."""
         subjects = self._subjects
         request = {"subjects_filter": subjects.requests_of_workspace(workspace)}
         info = await self._info(subjects.requests_stream, request)
+        failed: Exception | None = None
         for subject in info["state"].get("subjects") or {}:
-            with contextlib.suppress(Exception):  # else the orphan sweep gives it its task
+            try:
                 parsed = subjects.parse_requests(subject)
-                await publish_task(
+            except InvalidSubject:
+                continue  # (junk: the orphan sweep removes it)
+            try:
+                published = await publish_task(
                     self._nats.nc,
                     subjects.task(parsed.workspace_id, parsed.change_set_id),
                     timeout=self._timeout,
                     requester=self._nats.requester,
                 )
+            except Exception as err:
+                failed = err
+                continue
+            if published:
+                self.tasks_given_back += 1
+        if failed is not None:
+            raise failed

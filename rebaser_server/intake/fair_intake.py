@@ -4,7 +4,7 @@ With the fifo intake one consumer per shard hands tasks out in the order they ca
 waits behind a flood's thousands. Here each workspace with tasks has a durable consumer of its own on the shard's
 tasks stream (filter ``rebaser.tasks.<wk>.*.process``; a work-queue stream accepts several consumers whose filters do
 not overlap), shared by every daemon, and each daemon takes tasks from the workspaces in turns
-(rebaser_server.daemon.turns): the one waiting longest first, a part of the free slots each.
+(rebaser_server.intake.turns): the one waiting longest first, a part of the free slots each.
 
 How a daemon knows which workspaces have tasks waiting:
 
@@ -18,7 +18,7 @@ How a daemon knows which workspaces have tasks waiting:
   once it is ready again.
 
 A workspace this daemon knows no consumer of is checked for work when its turn comes, off the turn loop
-(rebaser_server.daemon.newcomers): a workspace with only made-up tasks gets no consumer and no turn, and its tasks
+(rebaser_server.intake.newcomers): a workspace with only made-up tasks gets no consumer and no turn, and its tasks
 are dropped.
 
 A task a daemon holds can come back (its holder died or lost its lease) with nobody asking for it: nothing is
@@ -52,12 +52,12 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest
-from rebaser_server.daemon.admission import Admission
-from rebaser_server.daemon.newcomers import Newcomers
-from rebaser_server.daemon.owned import OwnedChangeSets
-from rebaser_server.daemon.puller import NoConsumer, TaskPuller
-from rebaser_server.daemon.turns import WorkspaceTurns
-from rebaser_server.daemon.workspace_consumers import create_workspace_consumer
+from rebaser_server.intake.admission import Admission
+from rebaser_server.intake.newcomers import Newcomers
+from rebaser_server.intake.owner import Owner
+from rebaser_server.intake.puller import NoConsumer, TaskPuller
+from rebaser_server.intake.turns import WorkspaceTurns
+from rebaser_server.intake.workspace_consumers import create_workspace_consumer
 from rebaser_server.task.delivery import Delivery
 from rebaser_server.task.handback import hand_back
 
@@ -99,7 +99,7 @@ class FairIntake:
         settings: Settings,
         placement: Placement,
         subjects: Subjects,
-        owned: OwnedChangeSets,
+        owned: Owner,
         admission: Admission,
         *,
         stopping: Callable[[], bool],

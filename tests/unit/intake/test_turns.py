@@ -1,11 +1,11 @@
-"""The fair intake's turns (rebaser_server.daemon.turns), as pure logic: the workspace waiting longest goes first,
+"""The fair intake's turns (rebaser_server.intake.turns), as pure logic: the workspace waiting longest goes first,
 whatever another has queued; a turn takes a weighted part of the free slots; a workspace at its share lets the
 others go first, and one not eligible (over its part of the daemon) keeps its place without a turn."""
 
 from __future__ import annotations
 
 from rebaser_core.ids import WorkspacePk
-from rebaser_server.daemon.turns import WorkspaceTurns
+from rebaser_server.intake.turns import WorkspaceTurns
 
 A, B, C = WorkspacePk.new(), WorkspacePk.new(), WorkspacePk.new()
 
@@ -71,7 +71,7 @@ def test_weights_count_while_waiting_and_leave_with_the_workspace() -> None:
 
 def test_the_share_served_counts_tasks_taken_lately_halved_every_minute() -> None:
     from rebaser_core.settings import Settings
-    from rebaser_server.daemon.fairness import SERVED_HALF_LIFE, FairShare
+    from rebaser_server.intake.fairness import SERVED_HALF_LIFE, FairShare
 
     now = [100.0]
     fair = FairShare(None, Settings(), None)  # type: ignore[arg-type]  # nothing here reads NATS

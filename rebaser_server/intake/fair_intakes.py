@@ -1,4 +1,4 @@
-"""The fair intakes of a daemon's served shards, one :class:`~rebaser_server.daemon.fair_intake.FairIntake` each,
+"""The fair intakes of a daemon's served shards, one :class:`~rebaser_server.intake.fair_intake.FairIntake` each,
 run by the shard's pull loop while the layout's intake is fair, and read together for ``/status``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Placement
-from rebaser_server.daemon.fair_intake import FairIntake
+from rebaser_server.intake.fair_intake import FairIntake
 
 __all__ = ["FairIntakes"]
 

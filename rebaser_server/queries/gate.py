@@ -1,0 +1,188 @@
+"""The request gate: a workspace's queued-request limit kept where a caller cannot skip it.
+
+nats-server counts a stream's messages per stream and per subject, never per workspace, so a caller that publishes
+into the requests stream itself can pass ``workspace_max_requests`` (the client checks it, but a caller need not use
+the client) and fill what every workspace shares. A caller in an account of its own (docs/accounts.md) publishes its
+requests to ``rebaser.requests.…`` as ever, but its account imports that subject from the daemons' account as
+``rebaser.gate.requests.…``: the request comes to a daemon, not to the stream. The daemon checks the workspace's
+count and publishes the request into the stream unchanged (same subject without ``gate.``, headers, body), and
+answers JetStream's acknowledgement back; over the limit it answers JetStream's "full" refusal naming the workspace
+(err_code 10077), which the client reads as ``RebaserBusy(limit="workspace_requests")``.
+
+The count is the ``backlog`` query's (``WorkspaceBacklogs``), asked again only when the workspace may be near its
+limit: the last count plus what this daemon admitted since reaches half the limit, or the count is older than
+:data:`RECOUNT_AFTER`. So a workspace far below its limit costs a count every half minute, not one per request.
+It is a bound against floods, not an exact quota: each daemon admits on its own view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from rebaser_core.errors import InvalidSubject
+from rebaser_core.ids import WorkspacePk
+from rebaser_core.settings import Settings
+from rebaser_server.queries.backlog import WorkspaceBacklogs
+
+__all__ = ["GATE_QUEUE", "RECOUNT_AFTER", "RequestGate"]
+
+log = logging.getLogger(__name__)
+
+GATE_QUEUE = "rebaser-gate"
+RECOUNT_AFTER = 30.0
+_MAX_IN_FLIGHT = 1024  # requests one daemon passes on at once; past it, "busy" (the caller's client retries)
+_MAX_KEPT = 10_000  # workspaces whose admissions are counted; past it the longest-known goes
+# Headers nats-server adds on the way through an import: not the caller's, not stored.
+_SERVER_HEADERS = ("Nats-Request-Info",)
+
+
+@dataclass(frozen=True, slots=True)
+class _Count:
+    workspace_id: WorkspacePk
+    at: float
+    queued: int  # as counted
+    admitted_before: int  # what this daemon had admitted for the workspace when the count started
+
+
+class RequestGate:
+    def __init__(self, nc: NatsClient, settings: Settings, backlogs: WorkspaceBacklogs) -> None:
+        self._nc = nc
+        self._settings = settings
+        self._subjects = settings.subjects
+        self._backlogs = backlogs
+        self._counts: dict[WorkspacePk, _Count] = {}
+        self._admitted: dict[WorkspacePk, int] = {}  # what this daemon admitted (reserved) for each workspace
+        self._counting: dict[WorkspacePk, asyncio.Future[_Count]] = {}
+        self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sub: Subscription | None = None
+        self.admitted = 0
+        self.refused = 0
+
+    @property
+    def subject(self) -> str:
+        return self._subjects.gate_all
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(self.subject, queue=GATE_QUEUE, cb=self._on_request)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            await sub.unsubscribe()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self._settings.nats_timeout)
+
+    async def _on_request(self, msg: Msg) -> None:
+        if not msg.reply:
+            return  # a JetStream publish always wants its acknowledgement; nothing to answer
+        if self._slots.locked():
+            await self._answer(msg, _refusal(503, 10023, "the request gate is busy; retry"))
+            return
+        await self._slots.acquire()
+        task = asyncio.create_task(self._pass_on(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _pass_on(self, msg: Msg) -> None:
+        try:
+            try:
+                subject = self._subjects.ungated(msg.subject)
+                workspace_id = self._subjects.parse_any_requests(subject).workspace_id
+            except InvalidSubject as err:
+                await self._answer(msg, _refusal(400, 10003, f"not a request subject: {err}"))
+                return
+            over = await self._reserve(workspace_id)
+            if over is not None:
+                self.refused += 1
+                await self._answer(msg, _refusal(400, 10077, over))
+                return
+            headers = {k: v for k, v in (msg.headers or {}).items() if k not in _SERVER_HEADERS}
+            try:
+                ack = await self._nc.request(
+                    subject, msg.data, headers=headers or None, timeout=self._settings.nats_timeout
+                )
+            except (nats.errors.Error, TimeoutError) as err:
+                # No answer: the caller's client sends the request again (same Nats-Msg-Id: stored once).
+                log.warning("gate: %s not passed on: %r", subject[:200], err)
+                return
+            self.admitted += 1
+            if b'"error"' in ack.data and workspace_id in self._admitted:  # refused by the stream: not queued
+                self._admitted[workspace_id] -= 1
+            await self._answer(msg, ack.data)
+        except Exception:
+            log.exception("gate: request on %s failed", msg.subject[:200])
+        finally:
+            self._slots.release()
+
+    async def _reserve(self, workspace_id: WorkspacePk) -> str | None:
+        """Count one more request of the workspace as queued, or say why it may not be."""
+        limit = self._backlogs.limit
+        if limit <= 0:
+            return None
+        count = self._counts.get(workspace_id)
+        if (
+            count is None
+            or time.monotonic() - count.at > RECOUNT_AFTER
+            or self._estimate(count) >= limit // 2
+        ):
+            try:
+                count = await self._recount(workspace_id)
+            except (nats.errors.Error, TimeoutError) as err:
+                log.warning("gate: no count for workspace %s (%r): admitting", workspace_id, err)
+                return None
+        queued = self._estimate(count)
+        if queued >= limit:
+            return (
+                f"maximum messages per workspace exceeded: workspace {workspace_id} has {queued} requests queued, "
+                f"its limit is {limit} (workspace_max_requests)"
+            )
+        # Reserved before the publish, so that the requests passed on meanwhile see it.
+        self._admitted[workspace_id] = self._admitted.get(workspace_id, 0) + 1
+        return None
+
+    def _estimate(self, count: _Count) -> int:
+        """The workspace's queued requests at most: as counted, plus what this daemon admitted since the count
+        started (some of those may be in the count already, or applied since)."""
+        return count.queued + self._admitted.get(count.workspace_id, 0) - count.admitted_before
+
+    async def _recount(self, workspace_id: WorkspacePk) -> _Count:
+        """A count started now (one at a time per workspace; requests meanwhile share it)."""
+        counting = self._counting.get(workspace_id)
+        if counting is None:
+            counting = asyncio.ensure_future(self._count(workspace_id))
+            self._counting[workspace_id] = counting
+            counting.add_done_callback(lambda _: self._counting.pop(workspace_id, None))
+        return await asyncio.shield(counting)
+
+    async def _count(self, workspace_id: WorkspacePk) -> _Count:
+        before = self._admitted.get(workspace_id, 0)
+        queued = await self._backlogs.count(workspace_id)
+        if workspace_id not in self._counts and len(self._counts) >= _MAX_KEPT:
+            forgotten = next(iter(self._counts))
+            del self._counts[forgotten]
+            self._admitted.pop(forgotten, None)
+        count = self._counts[workspace_id] = _Count(workspace_id, time.monotonic(), queued, before)
+        return count
+
+    async def _answer(self, msg: Msg, body: bytes) -> None:
+        try:
+            await self._nc.publish(msg.reply, body)
+        except nats.errors.Error as err:
+            log.warning("gate: could not answer: %r", err)
+
+
+def _refusal(code: int, err_code: int, description: str) -> bytes:
+    """JetStream's form of a refused publish, which every JetStream client reads."""
+    return json.dumps(
+        {"error": {"code": code, "err_code": err_code, "description": description[:400]}}
+    ).encode()

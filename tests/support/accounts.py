@@ -1,0 +1,58 @@
+"""The reference account configuration (docs/nats-accounts.conf) on a real nats-server, and connections as its users.
+
+Import the fixtures into a test module (``from tests.support.accounts import accounts_server, daemon_nc``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from rebaser_core.embedded import NatsServer
+from rebaser_core.ids import WorkspacePk
+
+CONF = Path(__file__).parents[2] / "docs" / "nats-accounts.conf"
+# The workspace the users workspace-1 and follower-1 of that configuration are confined to.
+CONFINED = WorkspacePk("01HZZZZZZZZZZZZZZZZZZZZZZW")
+# The callers of the configuration, each in an account of its own.
+CALLERS = ("client-1", "workspace-1", "follower-1")
+
+
+@pytest.fixture
+def accounts_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(store_dir=tmp_path / "nats", include=CONF)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def daemon_nc(accounts_server: NatsServer) -> AsyncIterator[NatsClient]:
+    conn = await nats.connect(accounts_server.url, user="rebaser-daemon", password="change-me-daemon")
+    yield conn
+    await conn.close()
+
+
+async def connect_as(
+    server: NatsServer, user: str, errors: list[str] | None = None, *, password: str | None = None
+) -> NatsClient:
+    """A connection as ``user`` of the configuration (password ``change-me-<user>`` unless given, inbox prefix
+    ``_INBOX.<user>``), each asynchronous error it gets appended to ``errors`` (lower case, as nats-py reports the
+    server's -ERR)."""
+
+    async def on_error(err: Exception) -> None:
+        if errors is not None:
+            errors.append(str(err).lower())
+
+    return await nats.connect(
+        server.url,
+        user=user,
+        password=password or f"change-me-{user}",
+        inbox_prefix=f"_INBOX.{user}",
+        error_cb=on_error,
+    )
