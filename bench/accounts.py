@@ -130,7 +130,7 @@ async def one_run(
         server = NatsServer(
             store_dir=Path(store) / "nats",
             host="127.0.0.1",
-            extra_args=["-c", str(CONF)],
+            include=CONF,
             die_with_parent=True,
         )
         server.start()  # a short block (until it listens): nothing else runs yet

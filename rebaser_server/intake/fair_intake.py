@@ -85,6 +85,10 @@ _RECONNECT_POLL = 0.1
 _HANDED_BACK_LOOKS = (0.0, 0.25, 1.0)
 # Task subject heads whose workspace is remembered at most (then forgotten all at once).
 _SEEN = 10_000
+# A turn given for a task's publish may pull before the stream has stored the task (the daemon hears the publish as
+# the stream does, and its pull may come first): a turn that finds nothing then is given again this long after, each
+# in turn, instead of leaving the task to the watch's next look (half of ack_wait: 1.25 s at the defaults).
+_FRESH_LOOKS = (0.005, 0.025, 0.1, 0.4)
 
 
 def _workspace_of(processor: object) -> object:
@@ -120,6 +124,10 @@ class FairIntake:
         self._joined = asyncio.Event()  # a workspace joined the line
         # The workspace of a task subject's head (up to its workspace token), as published tasks are seen.
         self._seen: dict[str, WorkspacePk] = {}
+        # Workspaces whose task's publish was heard and not found yet: the looks left (_FRESH_LOOKS).
+        self._fresh: dict[WorkspacePk, int] = {}
+        self.fresh_looks = 0  # turns given again for a publish heard before the stream had it, for /status
+        self.empty_turns = 0  # turns that found nothing ready
         self._nudged_at = float("-inf")
         self.created_consumers = 0
         # The workspaces whose consumer this daemon made or pulled from, and when it last did; any other is checked
@@ -172,7 +180,22 @@ class FairIntake:
             if len(self._seen) >= _SEEN:
                 self._seen.clear()
             self._seen[head] = workspace
+        if len(self._fresh) >= _SEEN:
+            self._fresh.clear()
+        self._fresh[workspace] = len(_FRESH_LOOKS)
         self._join(workspace)
+
+    def _found(self, workspace: WorkspacePk, got: int) -> None:
+        """After a turn of ``workspace`` that took ``got`` tasks: one that found none right after a publish was
+        heard is given another turn a little later (the stream may not have had the task yet)."""
+        if not got:
+            self.empty_turns += 1
+        left = self._fresh.pop(workspace, 0)
+        if got or not left:
+            return
+        self._fresh[workspace] = left - 1
+        self.fresh_looks += 1
+        asyncio.get_running_loop().call_later(_FRESH_LOOKS[-left], self._join, workspace)
 
     async def _discover(self) -> None:
         """Every workspace with a task in the stream joins the line (it may be owned: a turn then finds nothing)."""
@@ -330,11 +353,13 @@ class FairIntake:
         """Take up to ``batch`` tasks of ``workspace`` that are ready now; whether more are ready. A workspace
         whose consumer is gone (idle for its inactive_threshold) is checked again as a newcomer."""
         try:
-            return (await self._pull_ready(workspace, batch))[1]
+            got, more = await self._pull_ready(workspace, batch)
         except NoConsumer:
             self._known.pop(workspace, None)
             self.newcomers.check(workspace)
             return False
+        self._found(workspace, got)
+        return more
 
     async def _create_consumer(self, workspace: WorkspacePk) -> None:
         layout = self._placement.layout

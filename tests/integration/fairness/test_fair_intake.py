@@ -14,8 +14,9 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
+from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.errors import LayoutMismatch
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
@@ -215,3 +216,58 @@ async def test_a_workspace_idle_for_longer_than_its_consumer_lives_is_forgotten_
         )
         assert reply.ok, reply
         assert wk in intake._known
+
+
+async def test_a_task_heard_before_the_stream_has_it_is_found_by_another_look(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon hears a task's publish as the stream does, and its turn may pull before the stream has stored the
+    # task: that turn finds nothing. Made certain here: the publish heard is one the stream refuses, and the task
+    # then stored is not heard. Only the watch (every 30 s here) or another look finds it; the turn is given again
+    # a few milliseconds later (fair_intake._FRESH_LOOKS), so the first reply does not wait for the watch.
+    monkeypatch.setattr(fair_intake, "_DISCOVER_EVERY", 3600.0)
+    settings = fast_settings(subject_prefix, intake="fair", ack_wait=60.0, sweep_interval=3600.0)
+    names = settings.subjects
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    target = names.task(wk, cs)
+    heard: list[str] = []
+    original = fair_intake.FairIntake._on_task
+
+    def on_task(self: fair_intake.FairIntake, msg: object) -> None:
+        subject = getattr(msg, "subject", "")
+        if subject == target:
+            heard.append(subject)
+            if len(heard) > 1:
+                return  # the task the stream stored: not heard
+        original(self, msg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fair_intake.FairIntake, "_on_task", on_task)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        # The workspace is known (its consumer made) and its first change set served.
+        first = await client.enqueue_updates_with_reply(
+            wk, ChangeSetId.new(), [SetLiteral(path="/n", value=0)]
+        )
+        assert first.ok, first
+        intake = daemon.intakes.of(0)
+        assert intake is not None
+        applied, empty = daemon.stats.requests_applied, intake.empty_turns
+        # The request is stored; its task's publish is heard, but the stream refuses it (a wrong expected sequence).
+        request = EnqueueUpdatesRequest(
+            id=RequestId.new(),
+            workspace_id=wk,
+            change_set_id=cs,
+            updates=InlineUpdates(updates=[SetLiteral(path="/n", value=1)]),
+        )
+        headers, body = ENQUEUE_UPDATES_REQUEST.encode(request)
+        await nc.jetstream().publish(
+            names.requests(wk, cs), body, headers=headers, stream=names.requests_stream
+        )
+        await nc.publish(target, b"", headers={"Nats-Expected-Last-Subject-Sequence": "999999"})
+        await wait_for(lambda: intake.empty_turns > empty, timeout=10, message="the turn finds nothing")
+        await nc.jetstream().publish(target, b"")  # stored, not heard
+        await wait_for(
+            lambda: daemon.stats.requests_applied > applied,
+            timeout=20,
+            message="the task found by another look",
+        )
+        assert len(heard) == 2 and intake.fresh_looks >= 1
