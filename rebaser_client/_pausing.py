@@ -270,12 +270,14 @@ async def pause_change_set(
     reason: str = "",
     *,
     wait: float | None = None,
+    by: str | None = None,
 ) -> PauseResult:
-    """Pause a change set (see the module docstring). ``wait``: seconds to wait for its owner to let it go."""
+    """Pause a change set (see the module docstring). ``wait``: seconds to wait for its owner to let it go; ``by``:
+    who asks, stored with the pause (the web console names its caller)."""
     wk, cs = workspace_id, change_set_id
     try:
         kv = await _bucket(jetstream(nc), subjects)
-        pause, already = await _store(kv, change_set_key(wk, cs), Pause.now("operator", reason))
+        pause, already = await _store(kv, change_set_key(wk, cs), Pause.now("operator", reason, by=by))
         layout = await read_layout(nc, subjects) if wait is not None else None
     except (TimeoutError, nats.errors.Error) as err:
         raise js_error(err, subjects) from None
@@ -293,13 +295,14 @@ async def pause_workspace(
     reason: str = "",
     *,
     wait: float | None = None,
+    by: str | None = None,
 ) -> PauseResult:
     """Pause every change set of a workspace, those created later too. ``wait``: seconds to wait until no daemon
-    holds any of them (those with a task: at most ``RESUME_BOUND`` are watched)."""
+    holds any of them (those with a task: at most ``RESUME_BOUND`` are watched); ``by``: who asks."""
     wk = workspace_id
     try:
         kv = await _bucket(jetstream(nc), subjects)
-        pause, already = await _store(kv, workspace_key(wk), Pause.now("operator", reason))
+        pause, already = await _store(kv, workspace_key(wk), Pause.now("operator", reason, by=by))
         layout = await read_layout(nc, subjects) if wait is not None else None
         targets = await _with_tasks(nc, subjects, layout, wk) if wait is not None else []
     except (TimeoutError, nats.errors.Error) as err:

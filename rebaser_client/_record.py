@@ -55,6 +55,7 @@ class RecordView:
     recent: tuple[RecentReply, ...]  # oldest first
     shard: int = 0  # the shard whose requests stream ``applied_seq`` counts in
     events: int = 0  # durable events of the change set's feed so far (the last one's seq)
+    last_error: str = ""  # the last retryable failure (class: message) while ``attempts`` counts any
 
     @classmethod
     def decode(cls, data: bytes) -> RecordView:
@@ -79,6 +80,7 @@ class RecordView:
                 recent=tuple(_recent(entry_request_id(item), entry_status(item)) for item in entries),
                 shard=int(raw.get("shard", 0)),
                 events=int(raw.get("events", 0)),
+                last_error=str(raw.get("last_error", ""))[:300],
             )
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, cbor2.CBORDecodeError) as err:
             raise DecodeError(f"change-set record is not valid: {err}") from None

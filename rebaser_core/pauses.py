@@ -43,24 +43,33 @@ PAUSE_CAUSES: tuple[PauseCause, ...] = ("operator", "max_attempts", "record_unre
 # A pause's value is a few hundred bytes; anything longer in the bucket is not one of ours (an unreadable pause).
 MAX_PAUSE_BYTES = 4096
 _REASON_MAX = 500
+_BY_MAX = 200
 
 
 @dataclass(frozen=True, slots=True)
 class Pause:
     """Why a change set (or a workspace) is paused. ``request_id``: the request that kept failing (cause
-    ``max_attempts``), first in line and tried again on resume."""
+    ``max_attempts``), first in line and tried again on resume. ``by``: who asked, when the pause says (the web
+    console's caller, say: its token's identity or its peer address); optional, and stored only when known, so an
+    entry without it is the same bytes as before and every reader reads both."""
 
     cause: PauseCause
     reason: str
     since: float  # wall clock, Unix seconds
     request_id: str | None = None
+    by: str | None = None
 
     @classmethod
-    def now(cls, cause: PauseCause, reason: str, request_id: str | None = None) -> Pause:
-        return cls(cause, reason[:_REASON_MAX], time.time(), request_id)
+    def now(
+        cls, cause: PauseCause, reason: str, request_id: str | None = None, *, by: str | None = None
+    ) -> Pause:
+        return cls(cause, reason[:_REASON_MAX], time.time(), request_id, None if by is None else by[:_BY_MAX])
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        data = asdict(self)
+        if data["by"] is None:
+            del data["by"]  # the entry of a pause that does not say who: as it always was
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Pause:
@@ -70,14 +79,16 @@ class Pause:
         try:
             raw = json.loads(data)
             cause, reason, since = raw["cause"], raw["reason"], float(raw["since"])
-            request_id = raw.get("request_id")
+            request_id, by = raw.get("request_id"), raw.get("by")
         except (ValueError, KeyError, TypeError) as err:
             raise DecodeError(f"not a pause: {err}") from None
         if cause not in PAUSE_CAUSES or not isinstance(reason, str):
             raise DecodeError("not a pause: unknown cause or reason")
         if request_id is not None and not isinstance(request_id, str):
             raise DecodeError("not a pause: request_id")
-        return cls(cause, reason[:_REASON_MAX], since, request_id)
+        if by is not None and not isinstance(by, str):
+            raise DecodeError("not a pause: by")
+        return cls(cause, reason[:_REASON_MAX], since, request_id, None if by is None else by[:_BY_MAX])
 
     @classmethod
     def unreadable(cls, err: object, since: float | None = None) -> Pause:

@@ -90,6 +90,7 @@ def pause_json(pause: Pause, now: datetime, **extra: Any) -> dict[str, Any]:
         "since": _time(datetime.fromtimestamp(pause.since, UTC)),
         "paused_seconds": _age(datetime.fromtimestamp(pause.since, UTC), now),
         "request_id": pause.request_id,
+        **({"by": pause.by} if pause.by is not None else {}),  # who asked, when the pause says (the console)
     }
 
 
@@ -98,7 +99,8 @@ def pause_text(pause: Pause, now: datetime) -> str:
     age = human_age(_age(datetime.fromtimestamp(pause.since, UTC), now))
     why = f"{pause.cause}: {shorten(pause.reason, 100)}" if pause.reason else pause.cause
     request = f", request {pause.request_id}" if pause.request_id else ""
-    return f"for {age} ({why}{request})"
+    by = f", by {shorten(pause.by, 80)}" if pause.by else ""
+    return f"for {age} ({why}{request}{by})"
 
 
 def _paused_line_json(line: PausedLine, now: datetime) -> dict[str, Any]:
@@ -284,6 +286,7 @@ def _record_json(record: RecordView | None) -> dict[str, Any] | None:
         "handed_back": record.handed_back,
         "attempts": dict(record.attempts),
         "suspect": list(record.suspect) if record.suspect else None,
+        "last_error": record.last_error or None,  # the last retryable failure while attempts counts any
     }
 
 
@@ -356,6 +359,8 @@ def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> Renderable
             head.add_row(
                 "suspect", f"seq {record.suspect[0]}: {record.suspect[1]} owners died or froze on it"
             )
+        if record.attempts and record.last_error:
+            head.add_row("last error", Text(record.last_error, style="red"))
     head.add_row("dead letters", str(report.dead_letters))
     queued = Table(
         title=f"queued requests: {report.queued_total}"

@@ -172,13 +172,14 @@ async def status_report(
     counts: Counts | None = None,
     workspaces_limit: int = WORKSPACES_LISTED,
     pauses: tuple[list[PausedLine], bool] | None = None,
+    daemons: DaemonsOwned | None = None,
 ) -> StatusReport:
     """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the
     ``workspaces_limit`` busiest workspaces (owned change sets read from ``daemon_urls``, the daemons' health
     endpoints). With shards (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures
     summed. ``counts``: the subject counts read already (:func:`read_counts`), not read again; ``pauses``: every
     pause and whether there were more (:func:`~rebaser_client._pause_read.all_pauses`), known already (the web
-    console watches them)."""
+    console watches them); ``daemons``: the daemons' health, read already."""
     if counts is None:
         counts = await read_counts(nc, subjects)
     summaries, upto, lines = counts.summaries, counts.upto, counts.lines
@@ -215,7 +216,8 @@ async def status_report(
         )
         progress(done, len(chosen))
     servers, problems = await asyncio.to_thread(read_servers_sync, monitoring_urls)
-    daemons = await asyncio.to_thread(read_daemons_owned, daemon_urls)
+    if daemons is None:  # not read already (the web console reads them on their own)
+        daemons = await asyncio.to_thread(read_daemons_owned, daemon_urls)
     workspaces, workspaces_total = busiest_workspaces(lines.items(), daemons, limit=workspaces_limit)
     replicas = {s.name: s.replicas for s in summaries if s.messages is not None}
     durability = assess(servers, replicas, expected_servers=len(monitoring_urls), problems=problems)

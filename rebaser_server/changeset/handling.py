@@ -47,7 +47,7 @@ from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.outcome import LeaseLost, PauseNow, Retry, Wedged
 from rebaser_server.changeset.replies import UNCHECKED, Unchecked
 from rebaser_server.ops.observe import Observer
-from rebaser_server.record.model import ChangeSetRecord
+from rebaser_server.record.model import LAST_ERROR_MAX, ChangeSetRecord
 
 __all__ = ["RequestHandler", "processed", "refused_status"]
 
@@ -237,7 +237,11 @@ class RequestHandler:
                 app_failures.failed(self._change_set, rid, attempts, self._max_attempts, err)
             if attempts < self._max_attempts:
                 # Not its sequence: the failed request must stay in the stream, first in line.
-                counted = replace(record, attempts={**record.attempts, rid: attempts})
+                counted = replace(
+                    record,
+                    attempts={**record.attempts, rid: attempts},
+                    last_error=f"{type(err).__name__}: {err}"[:LAST_ERROR_MAX],
+                )
                 if isinstance(err, Wedged):
                     return Decision(Kind.RETRY, seq, msg, counted, error=err)
                 delay = min(self._backoff * 2 ** (attempts - 1), self._backoff_max)
@@ -247,7 +251,11 @@ class RequestHandler:
             reason = f"gave up after {attempts} attempts: {type(err).__name__}: {err}{_at(err)}"
             trace, details = app_trace(err), _details(err)
             if self._pause_on_max:
-                counted = replace(record, attempts={**record.attempts, rid: attempts})
+                counted = replace(
+                    record,
+                    attempts={**record.attempts, rid: attempts},
+                    last_error=f"{type(err).__name__}: {err}"[:LAST_ERROR_MAX],
+                )
                 return self._pause(msg, seq, counted, request.id, reason, inbox)
         else:
             response = EnqueueUpdatesResponse(

@@ -9,10 +9,11 @@ count and publishes the request into the stream unchanged (same subject without 
 answers JetStream's acknowledgement back; over the limit it answers JetStream's "full" refusal naming the workspace
 (err_code 10077), which the client reads as ``RebaserBusy(limit="workspace_requests")``.
 
-The count is the ``backlog`` query's (``WorkspaceBacklogs``), asked again only when the workspace may be near its
-limit: the last count plus what this daemon admitted since reaches half the limit, or the count is older than
-:data:`RECOUNT_AFTER`. So a workspace far below its limit costs a count every half minute, not one per request.
-It is a bound against floods, not an exact quota: each daemon admits on its own view.
+Passing a request on costs the daemon two messages in and two out. The count is the ``backlog`` query's
+(``WorkspaceBacklogs``), asked again only when the workspace may be near its limit (the last count plus what this
+daemon admitted since reaches half of it) or the count is older than :data:`RECOUNT_AFTER`: a workspace far below
+its limit costs a count every half minute, not one per request. It is a bound against floods, not an exact quota:
+each daemon admits on its own view.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from rebaser_core.errors import InvalidSubject
+from rebaser_core.errors import InvalidReplyInbox, InvalidSubject
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.inbox import check_query_reply
 from rebaser_core.settings import Settings
 from rebaser_server.queries.backlog import WorkspaceBacklogs
 
@@ -83,46 +85,74 @@ class RequestGate:
             await asyncio.wait(list(self._tasks), timeout=self._settings.nats_timeout)
 
     async def _on_request(self, msg: Msg) -> None:
+        """Pass the request on in a task of its own (the subscription's other requests do not wait for its round
+        trip); its workspace is counted first when the last count may be near the limit or old."""
         if not msg.reply:
             return  # a JetStream publish always wants its acknowledgement; nothing to answer
+        try:
+            # The answer goes to this subject: one nats-server made (the caller is in another account) or an inbox,
+            # never a subject a stream stores (a user of this account may name one).
+            check_query_reply(msg.reply, self._settings.reply_inbox_prefix, self._subjects)
+            subject = self._subjects.ungated(msg.subject)
+            workspace_id = self._subjects.parse_any_requests(subject).workspace_id
+        except (InvalidSubject, InvalidReplyInbox) as err:
+            log.warning("gate: refusing %s: %s", msg.subject[:200], err)
+            await self._answer(msg, _refusal(400, 10003, f"not a request the gate passes on: {err}"))
+            return
         if self._slots.locked():
             await self._answer(msg, _refusal(503, 10023, "the request gate is busy; retry"))
             return
         await self._slots.acquire()
-        task = asyncio.create_task(self._pass_on(msg))
+        task = asyncio.create_task(self._counted(msg, subject, workspace_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _pass_on(self, msg: Msg) -> None:
+    def _admit_now(self, workspace_id: WorkspacePk) -> bool:
+        """Whether the workspace's last count, with what this daemon admitted since, is fresh and under half the
+        limit (then the request is reserved and passed on without a count)."""
+        limit = self._backlogs.limit
+        if limit <= 0:
+            return True
+        count = self._counts.get(workspace_id)
+        if (
+            count is None
+            or time.monotonic() - count.at > RECOUNT_AFTER
+            or self._estimate(count) >= limit // 2
+        ):
+            return False
+        self._admitted[workspace_id] = self._admitted.get(workspace_id, 0) + 1
+        return True
+
+    async def _counted(self, msg: Msg, subject: str, workspace_id: WorkspacePk) -> None:
         try:
-            try:
-                subject = self._subjects.ungated(msg.subject)
-                workspace_id = self._subjects.parse_any_requests(subject).workspace_id
-            except InvalidSubject as err:
-                await self._answer(msg, _refusal(400, 10003, f"not a request subject: {err}"))
-                return
-            over = await self._reserve(workspace_id)
+            over = None if self._admit_now(workspace_id) else await self._reserve(workspace_id)
             if over is not None:
                 self.refused += 1
                 await self._answer(msg, _refusal(400, 10077, over))
                 return
-            headers = {k: v for k, v in (msg.headers or {}).items() if k not in _SERVER_HEADERS}
-            try:
-                ack = await self._nc.request(
-                    subject, msg.data, headers=headers or None, timeout=self._settings.nats_timeout
-                )
-            except (nats.errors.Error, TimeoutError) as err:
-                # No answer: the caller's client sends the request again (same Nats-Msg-Id: stored once).
-                log.warning("gate: %s not passed on: %r", subject[:200], err)
-                return
-            self.admitted += 1
-            if b'"error"' in ack.data and workspace_id in self._admitted:  # refused by the stream: not queued
-                self._admitted[workspace_id] -= 1
-            await self._answer(msg, ack.data)
+            await self._pass_on(msg, subject, workspace_id)
         except Exception:
             log.exception("gate: request on %s failed", msg.subject[:200])
         finally:
             self._slots.release()
+
+    async def _pass_on(self, msg: Msg, subject: str, workspace_id: WorkspacePk) -> None:
+        """Publish the request into its stream, unchanged, and answer JetStream's answer back. (Published with the
+        caller's reply subject instead, JetStream's answer never reached the caller with nats-server 2.15: the
+        route back through the import did not carry it.)"""
+        headers = {k: v for k, v in (msg.headers or {}).items() if k not in _SERVER_HEADERS}
+        try:
+            ack = await self._nc.request(
+                subject, msg.data, headers=headers or None, timeout=self._settings.nats_timeout
+            )
+        except (nats.errors.Error, TimeoutError) as err:
+            # No answer: the caller's client sends the request again (same Nats-Msg-Id: stored once).
+            log.warning("gate: %s not passed on: %r", subject[:200], err)
+            return
+        self.admitted += 1
+        if b'"error"' in ack.data and workspace_id in self._admitted:  # refused by the stream: not queued
+            self._admitted[workspace_id] -= 1
+        await self._answer(msg, ack.data)
 
     async def _reserve(self, workspace_id: WorkspacePk) -> str | None:
         """Count one more request of the workspace as queued, or say why it may not be."""

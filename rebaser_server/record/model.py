@@ -28,7 +28,7 @@ from rebaser_core.errors import DecodeError
 from rebaser_core.recent_replies import entry_request_id, entry_status, status_entry, success_entry
 from rebaser_server.app import AppState
 
-__all__ = ["RECENT_REPLIES_MAX_BYTES", "REPLY_MIN_BYTES", "ChangeSetRecord", "reply_entry"]
+__all__ = ["LAST_ERROR_MAX", "RECENT_REPLIES_MAX_BYTES", "REPLY_MIN_BYTES", "ChangeSetRecord", "reply_entry"]
 
 _STATUS: TypeAdapter[ResponseStatus] = TypeAdapter(ResponseStatus)
 
@@ -40,6 +40,7 @@ _RECORD_LIMITS = CborLimits(max_depth=128)
 # each is stored within RECENT_REPLIES_MAX_BYTES / idempotency_window, but at least REPLY_MIN_BYTES (the default
 # window of 64 gets 8 KiB each). A reply answered again from the record may so list fewer conflicts than the first.
 RECENT_REPLIES_MAX_BYTES = 512 * 1024
+LAST_ERROR_MAX = 300  # characters of a retryable failure kept in the record (ChangeSetRecord.last_error)
 REPLY_MIN_BYTES = 1024
 
 
@@ -84,6 +85,9 @@ class ChangeSetRecord:
     # The stream sequence of the change set's last event known stored when this record was staged: the next owner
     # looks from there for what of ``outbox`` is stored (rebaser_server.changeset.event_pump). 0: not known.
     events_at: int = 0
+    # The last retryable failure of a request that stays first in line (its class and message, bounded), while
+    # ``attempts`` counts any: what an operator reads next to "retrying" (rebaser change-set show, the console).
+    last_error: str = ""
 
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
@@ -107,6 +111,8 @@ class ChangeSetRecord:
             head["reaped"] = True
         if self.events_at:
             head["events_at"] = self.events_at
+        if self.last_error:
+            head["last_error"] = self.last_error
         return (
             bytes(cbor2.dumps(head)) + _cbor_array_header(len(self.recent)) + b"".join(self.recent.values())
         )
@@ -141,6 +147,7 @@ class ChangeSetRecord:
             events=int(raw.get("events", 0)),
             events_at=int(raw.get("events_at", 0)),
             outbox=tuple(item for item in raw.get("outbox", ()) if isinstance(item, dict)),
+            last_error=str(raw.get("last_error", ""))[:LAST_ERROR_MAX],
         )
 
     def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
@@ -174,7 +181,8 @@ class ChangeSetRecord:
         attempts = (
             {k: v for k, v in self.attempts.items() if k != request_id} if self.attempts else self.attempts
         )
-        return replace(self, recent=recent, attempts=attempts, **changes)
+        last_error = self.last_error if attempts else ""
+        return replace(self, recent=recent, attempts=attempts, last_error=last_error, **changes)
 
 
 def reply_entry(request_id: str, status: ResponseStatus, window: int) -> bytes:

@@ -15,9 +15,25 @@ import click
 from rebaser_client.admin.cli.common import connection_options, subjects_of
 from rebaser_core.errors import RebaserError
 
-__all__ = ["console"]
+__all__ = ["console", "serving_line"]
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+ANY = ("0.0.0.0", "::", "")
+
+
+def serving_line(host: str, port: int) -> str:
+    """Where to open the console: a URL a person can open. Bound to every interface (0.0.0.0, ::), that is
+    127.0.0.1 on this machine, and this machine's name from elsewhere; it says it listens on all of them."""
+    if host in ANY:
+        import socket
+
+        loopback = "[::1]" if host == "::" else "127.0.0.1"
+        return (
+            f"http://{loopback}:{port}/ (listening on all interfaces, {host or '0.0.0.0'}: from elsewhere "
+            f"http://{socket.gethostname()}:{port}/)"
+        )
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
 
 
 @click.command()
@@ -69,6 +85,17 @@ def console(
         raise click.BadParameter("at least 16 characters", param_hint="--token")
     subjects = subjects_of(prefix)
     import asyncio
+    import logging
+
+    # The audit log (every action, every refused request: rebaser_client.admin.console.server.audit), one JSON
+    # line each, on stderr.
+    audit_log = logging.getLogger("rebaser.console.audit")
+    if not audit_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        audit_log.addHandler(handler)
+        audit_log.setLevel(logging.INFO)
+        audit_log.propagate = False
 
     from aiohttp import web
 
@@ -95,9 +122,8 @@ def console(
             await site.start()
             bound = serving_port(site, port)
             set_port(app, bound)  # --port 0: the port the system gave (a request's Host must name it)
-            shown = f"[{host}]" if ":" in host else host
             mode = ", read-only" if read_only else ""
-            click.echo(f"rebaser console serving http://{shown}:{bound}/{mode}")
+            click.echo(f"rebaser console serving {serving_line(host, bound)}{mode}")
             sys.stdout.flush()
             await asyncio.Event().wait()
         finally:

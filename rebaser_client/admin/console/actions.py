@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from rebaser_client.admin.repairs import check_replayable, drop_dead_letters, re
 from rebaser_core.errors import HeldByDaemon, RebaserError, RebaserRefused
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
-__all__ = ["ACTIONS", "BULK_MAX", "Outcome", "Plan", "plan", "run"]
+__all__ = ["ACTIONS", "BULK_MAX", "Outcome", "Plan", "plan", "run", "targets_of"]
 
 T = TypeVar("T")
 
@@ -106,6 +106,12 @@ async def _patient(attempt: Callable[[], Awaitable[T]]) -> T:
         await asyncio.sleep(0.1)
 
 
+def _held(live: Live, wk: WorkspacePk, cs: ChangeSetId) -> bool:
+    """Whether a daemon held the change set's task when the console last read it (unknown: held)."""
+    row = live.row_of(str(wk), str(cs))
+    return row is None or row.task == "owned"
+
+
 def _named(names: list[str]) -> list[str]:
     return names[:_LISTED] + ([f"… and {len(names) - _LISTED} more"] if len(names) > _LISTED else [])
 
@@ -161,8 +167,22 @@ async def plan(live: Live, action: str, body: dict[str, Any]) -> Plan:
     raise RebaserRefused(f"no such action: {action}")
 
 
-async def run(live: Live, action: str, body: dict[str, Any]) -> Outcome:
-    """Do ``action`` on the explicit targets of ``body`` (what :func:`plan` returned); each target's outcome."""
+def targets_of(action: str, body: dict[str, Any]) -> list[str]:
+    """The explicit targets of ``body`` (what :func:`plan` returned), named for the audit log."""
+    if action in ("pause", "resume"):
+        return [
+            target_name(str(t.get("workspace_id")), None if t.get("change_set_id") is None else str(t["change_set_id"]))
+            for t in body.get("targets") or []
+            if isinstance(t, dict)
+        ]
+    if action == "skip":
+        return [f"{body.get('workspace_id')}/{body.get('change_set_id')} request {body.get('request_id')}"]
+    return [f"dead letter {s}" for s in body.get("seqs") or []]
+
+
+async def run(live: Live, action: str, body: dict[str, Any], *, by: str | None = None) -> Outcome:
+    """Do ``action`` on the explicit targets of ``body`` (what :func:`plan` returned); each target's outcome.
+    ``by``: who asks (stored with a pause)."""
     nc, subjects, now = live.nc, live.subjects, datetime.now(UTC)
     lines: list[str] = []
     ok = True
@@ -175,13 +195,16 @@ async def run(live: Live, action: str, body: dict[str, Any]) -> Outcome:
                 try:
                     if action == "pause" and cs is None:
                         lines.append(
-                            pause_line(await pause_workspace(nc, subjects, wk, reason, wait=None), now)
+                            pause_line(await pause_workspace(nc, subjects, wk, reason, wait=None, by=by), now)
                         )
                     elif action == "pause":
                         assert cs is not None
-                        lines.append(
-                            pause_line(await pause_change_set(nc, subjects, wk, cs, reason, wait=wait), now)
-                        )
+                        result = await pause_change_set(nc, subjects, wk, cs, reason, wait=wait, by=by)
+                        if result.let_go is None and not _held(live, wk, cs):
+                            # Not waited for (a bulk pause), and no daemon held it as the console last read: say
+                            # so, rather than that an owner it does not have lets it go.
+                            result = replace(result, let_go=True)
+                        lines.append(pause_line(result, now))
                     elif cs is None:
                         lines.extend(resume_lines(await resume_workspace(nc, subjects, wk), now))
                     else:

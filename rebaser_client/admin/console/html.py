@@ -93,6 +93,7 @@ def page(
     read_only: bool,
     problem: str | None,
     banner: str | None = None,
+    stale_since: float | None = None,
 ) -> str:
     """A whole page: the navigation, the search box, what went wrong lately, ``body``, the confirmation dialog and
     the outcome area. ``stream``: the server-sent-events URL that keeps it live."""
@@ -100,9 +101,10 @@ def page(
         f'<a href="{href}" class="{"on" if key == section else ""}">{text}</a>' for key, href, text in _NAV
     )
     mode = '<span class="mode">read-only</span>' if read_only else ""
-    notes = ""
-    if problem:
-        notes += f'<p class="problem" id="problem">{esc(problem)}</p>'
+    live_title = "live updates" if stale_since is None else f"stale: as of {when(stale_since)}"
+    # The console's reads failing: said at the top of every page (console.js keeps it up to date), and the live dot
+    # turns amber: what the page shows is as of the last read that succeeded, not live.
+    notes = f'<p class="problem" id="problem"{"" if problem else " hidden"}>{esc(problem or "")}</p>'
     if banner:
         notes += f'<p class="banner" id="banner">{esc(banner)}</p>'
     return f"""<!doctype html>
@@ -114,7 +116,7 @@ def page(
 <header><strong>rebaser console</strong><nav>{nav}</nav>
 <form action="/find" method="get" class="find">
 <input name="id" placeholder="find a change set or workspace id" size="30"><button>Find</button></form>
-{mode}<span id="live" class="live" title="live updates">●</span></header>
+{mode}<span id="live" class="live{" stale" if stale_since is not None else ""}" title="{live_title}" data-stale-since="{"" if stale_since is None else f"{stale_since:.3f}"}">●</span></header>
 {notes}<main>{body}</main>
 <dialog id="confirm"><form method="dialog"><p class="question"></p><ul class="targets"></ul>
 <menu><button value="yes" class="yes">Yes, do it</button> <button value="no">Cancel</button></menu></form></dialog>

@@ -83,6 +83,13 @@ class Filter:
         state = (query.get("state") or "").strip() or None
         return cls(workspace, state if state in STATES else None)
 
+    @staticmethod
+    def unknown_state(query: Mapping[str, str]) -> str | None:
+        """The ``state`` a query string asks for if it is not one of :data:`STATES` (the page refuses it, rather
+        than listing every change set under a filter it does not apply)."""
+        state = (query.get("state") or "").strip()
+        return state if state and state not in STATES else None
+
     def query(self) -> dict[str, str]:
         out: dict[str, str] = {}
         if self.workspace_id:

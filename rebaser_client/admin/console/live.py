@@ -6,6 +6,11 @@
   (:func:`~rebaser_client.admin.status.read_counts`), then, only for what changed, a task's sequence (owned or
   waiting) and a queue's first request (its age); every ``overview_every`` refreshes, ``rebaser status``'s report
   (:func:`~rebaser_client.admin.status.status_report`) for the overview.
+- **The daemons' health** (``--daemon-url``): read by a loop of its own, every ``overview_every`` refreshes,
+  whether or not the NATS reads succeed: a daemon that stopped shows as such even while NATS is away too.
+- **Staleness**: while the NATS reads fail, what the pages show of the deployment is as of the last read that
+  succeeded (:attr:`Live.read_at`); every page says so, with its age, and the live dot turns from green to amber
+  (the ``health`` topic).
 - A page's own reads (one change set's report, a list of dead letters, a change set's past events) are kept
   ``READ_TTL`` seconds and shared by the browsers that ask meanwhile.
 
@@ -34,6 +39,7 @@ from rebaser_client._record import RecordView
 from rebaser_client.admin.console.hub import Hub
 from rebaser_client.admin.console.index import Index, Row
 from rebaser_client.admin.status import Counts, StatusReport, read_counts, status_report
+from rebaser_client.admin.workspaces import DaemonsOwned, read_daemons_owned
 from rebaser_core.errors import DecodeError, ProtocolError, RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.streams import stop_watch, watch_bucket
@@ -78,6 +84,9 @@ class Live:
         self.feed_on: bool | None = None  # None: not known yet
         self.records_loaded = False  # the records watch has delivered every record once
         self.problem: str | None = None  # the last thing that went wrong, until a refresh succeeds
+        self.read_at: float | None = None  # when the last refresh succeeded (Unix seconds): what is shown is as of
+        self.failing_since: float | None = None  # when the refreshes started failing (None: the last one succeeded)
+        self.daemons: DaemonsOwned | None = None  # the daemons' health, read on its own (None: not read yet)
         self._raw_records: dict[str, bytes | None] = {}
         self._task_seqs: dict[tuple[str, str], int] = {}
         self._reads: dict[Any, tuple[float, asyncio.Future[Any]]] = {}
@@ -91,6 +100,7 @@ class Live:
             ("pauses", self._watch_pauses),
             ("feed", self._follow_feed),
             ("refresh", self._refresh_loop),
+            ("daemons", self._daemons_loop),
             ("flush", self._flush_loop),
         ):
             self._tasks.append(asyncio.create_task(loop(), name=f"console-{name}"))
@@ -206,16 +216,18 @@ class Live:
         rounds = 0
         while True:
             started = time.monotonic()
+            problem: str | None = None
             try:
                 await self.refresh_once(overview=rounds % self.overview_every == 0)
-                self.problem = None
+                self.read_at = time.time()
             except asyncio.CancelledError:
                 raise
             except RebaserError as err:
-                self.problem = f"{type(err).__name__}: {err}"
+                problem = f"{type(err).__name__}: {err}"
             except Exception as err:
-                self.problem = f"reading the deployment failed: {err!r}"
+                problem = f"reading the deployment failed: {err!r}"
                 log.exception("a refresh failed")
+            self._set_problem(problem)
             rounds += 1
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can turn a cancel that comes as the time runs
             # out into a TimeoutError, and the loop would then outlive stop().
@@ -223,6 +235,38 @@ class Live:
                 async with asyncio.timeout(max(0.05, self.refresh - (time.monotonic() - started))):
                     await self._poked.wait()
             self._poked.clear()
+
+    def _set_problem(self, problem: str | None) -> None:
+        """What went wrong in the last refresh (None: nothing); every page is told when that changes."""
+        failing = problem is not None
+        if failing and self.failing_since is None:
+            self.failing_since = time.time()
+        elif not failing:
+            self.failing_since = None
+        if problem != self.problem:
+            self.problem = problem
+            self.hub.publish("health", self.health())
+            if self.report is not None:  # the overview says it is stale, or live again
+                self.hub.publish("overview", self.report)
+
+    def health(self) -> dict[str, Any]:
+        """What the pages show of the console's own reads: the problem, and the time what they show is as of."""
+        return {"problem": self.problem, "stale_since": self.read_at if self.problem else None}
+
+    async def _daemons_loop(self) -> None:
+        """The daemons' health endpoints, read on their own: not after the NATS reads, which may hang or fail."""
+        if not self.daemon_urls:
+            return
+        while True:
+            try:
+                self.daemons = await asyncio.to_thread(read_daemons_owned, self.daemon_urls)
+                if self.report is not None:
+                    self.hub.publish("overview", self.report)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reading the daemons' health failed")
+            await asyncio.sleep(self.refresh * self.overview_every)
 
     def poke(self) -> None:
         """Refresh now: an action changed something (the watches see pauses at once, the streams' counts not)."""
@@ -247,6 +291,7 @@ class Live:
                 counts=counts,
                 workspaces_limit=1000,
                 pauses=(self.index.pauses(), False),  # watched already: not read again
+                daemons=self.daemons if self.daemon_urls else None,  # read by _daemons_loop
             )
             self.hub.publish("overview", self.report)
 

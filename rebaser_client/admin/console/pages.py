@@ -11,22 +11,23 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rebaser_client.admin.console.html import action_button, esc, link, table
+from rebaser_client.admin.console.html import action_button, esc, link, table, when
 from rebaser_client.admin.console.index import STATES, Filter, Index, Row
 from rebaser_client.admin.format import shorten
-from rebaser_client.admin.format_actions import plural
 from rebaser_client.admin.status import Counts, StatusReport
-from rebaser_client.admin.workspaces import DaemonLine
+from rebaser_client.admin.workspaces import DaemonLine, DaemonsOwned
 from rebaser_core.pauses import repair_command
 
-__all__ = ["change_sets_body", "json_script", "overview_body", "row_data"]
+__all__ = ["change_sets_body", "json_script", "list_counts", "overview_body", "row_data", "stale_note"]
 
 
 # -- the change-set list ---------------------------------------------------------------------------------------------
 def row_data(row: Row, states: Sequence[str]) -> list[Any]:
     """One row of the list as console.js draws it: [workspace, change set, states, owner, queued, oldest request's
-    time (Unix seconds or null), dead letters]. The page carries them all as JSON and the browser lays out only the
-    rows on screen, so a list of tens of thousands draws as fast as a short one; a live update sends the same."""
+    time (Unix seconds or null), dead letters, held]. ``held``: a daemon holds its task now, so ``owner`` is its
+    owner; otherwise ``owner`` is only the daemon that held it last (its record), shown as such. The page carries
+    them all as JSON and the browser lays out only the rows on screen, so a list of tens of thousands draws as fast
+    as a short one; a live update sends the same."""
     return [
         row.workspace_id,
         row.change_set_id,
@@ -35,7 +36,14 @@ def row_data(row: Row, states: Sequence[str]) -> list[Any]:
         row.queued,
         None if row.oldest_at is None else round(row.oldest_at, 3),
         row.dead_letters,
+        row.task == "owned",
     ]
+
+
+def list_counts(index: Index) -> dict[str, int]:
+    """The state drop-down's counts (every state's, and ``""``: every change set), sent with each live update of
+    the list so that they stay those of the rows shown."""
+    return {"": len(index.rows), **index.state_counts()}
 
 
 def json_script(element_id: str, data: Any) -> str:
@@ -82,8 +90,8 @@ def change_sets_body(index: Index, flt: Filter, *, read_only: bool, loaded: bool
         empty="no change set matches" if loaded else "reading the change sets…",
     ) + json_script("rows-data", [row_data(r, index.states(r)) for r in rows])
     summary = (
-        f'<p class="summary"><span id="shown">{len(rows)}</span> of {plural(len(index.rows), "change set")} '
-        f"({esc(flt.describe())})</p>"
+        f'<p class="summary"><span id="shown">{len(rows)}</span> of <span id="total">{len(index.rows)}</span> '
+        f"change sets ({esc(flt.describe())})</p>"
     )
     return f'<h1>Change sets</h1>{form}{bulk}{summary}<div id="list">{listing}</div>'
 
@@ -97,8 +105,8 @@ def _health(d: DaemonLine) -> str:
     return d.problem or "?"
 
 
-def _daemons(report: StatusReport, index: Index) -> str:
-    lines = report.daemons.daemons
+def _daemons(report: StatusReport, index: Index, daemons: DaemonsOwned | None) -> str:
+    lines = (daemons or report.daemons).daemons
     if lines:
         rows = [
             "<tr>"
@@ -164,15 +172,36 @@ def _workspaces(report: StatusReport) -> str:
     )
 
 
+def stale_note(stale_since: float | None) -> str:
+    """What a page says while the console's NATS reads fail: what it shows is as of the last one that succeeded
+    (its age counts up in the browser); nothing while they succeed."""
+    if stale_since is None:
+        return ""
+    return (
+        '<p class="stale" id="stale">Stale: the console cannot read NATS. The states, counts and change sets '
+        f'shown are as of {esc(when(stale_since))}, <span data-since="{stale_since:.3f}"></span> ago, not live; '
+        "the daemons' health (with --daemon-url) is read on its own and is current.</p>"
+    )
+
+
 def overview_body(
-    report: StatusReport | None, counts: Counts | None, index: Index, feed_on: bool | None
+    report: StatusReport | None,
+    counts: Counts | None,
+    index: Index,
+    feed_on: bool | None,
+    *,
+    daemons: DaemonsOwned | None = None,
+    stale_since: float | None = None,
 ) -> str:
+    """The overview. ``daemons``: the daemons' health read on its own (current even while NATS fails);
+    ``stale_since``: while the NATS reads fail, when the last one succeeded (the rest is shown as of then)."""
     states = index.state_counts()
     totals = "".join(
         f'<a class="tile" href="/change-sets?state={s}"><b>{states[s]}</b>{s}</a>' for s in STATES
     )
+    tiles = f'<div class="tiles{" stale" if stale_since is not None else ""}">{totals}</div>'
     if report is None:
-        return f'<h1>Overview</h1><div class="tiles">{totals}</div><p>reading the deployment…</p>'
+        return f"<h1>Overview</h1>{stale_note(stale_since)}{tiles}<p>reading the deployment…</p>"'
     dlq = report.streams[-1] if report.streams else None  # read_counts lists the dead letters' stream last
     queued = sum(s.messages or 0 for s in report.streams[:-1][::2])  # each shard's requests, then its tasks
     facts: Iterable[tuple[str, object]] = (
@@ -191,9 +220,10 @@ def overview_body(
             dur += f", as the daemon {report.durability_from} found it"
     facts_html = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts)
     return (
-        f'<h1>Overview</h1><div class="tiles">{totals}</div>'
+        f"<h1>Overview</h1>{stale_note(stale_since)}{tiles}"
         f'<table class="facts">{facts_html}<tr><th>durability</th><td>{esc(dur)}</td></tr></table>'
-        f"{_repairs(report)}<h2>Daemons</h2>{_daemons(report, index)}{_shards(counts)}{_workspaces(report)}"
+        f"{_repairs(report)}<h2>Daemons</h2>{_daemons(report, index, daemons)}{_shards(counts)}"
+        f"{_workspaces(report)}"
     )
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "change_set_detail",
     "dead_letter_body",
     "dead_letters_body",
+    "dead_letters_part",
     "event_html",
 ]
 
@@ -75,13 +76,20 @@ def change_set_detail(
     ]
     facts = (
         ("state", badges(states)),
+        # The record names the daemon that held it last: its owner only while a daemon holds its task.
         (
-            "owner",
+            "owner" if report.task == "owned" else "last owner",
             esc(f"{record.owner} (epoch {record.epoch})" if record else "-") + f" · task {esc(report.task)}",
         ),
         ("paused", esc("; ".join(pauses) or "no") + f" {actions}"),
         # A pause that stands for damage (an unreadable record or pause entry): the command that repairs it.
         *[("repair", f"<code>{esc(fix)}</code>") for fix in [_repair(report)] if fix],
+        # Retrying: the last attempt's failure, as the daemon recorded it (class and message, bounded).
+        *[
+            ("last error", f'<span class="error" id="last-error">{esc(shorten(record.last_error, 300))}</span>')
+            for _ in [0]
+            if record and record.attempts and record.last_error
+        ],
         ("queued", f"{report.queued_total}"),
         ("applied up to", esc(record.applied_seq if record else "-")),
         ("DVU", esc(dvu)),
@@ -183,12 +191,22 @@ def event_html(event: Any) -> str:
 def dead_letters_body(
     total: int, letters: list[DeadLetter], query: dict[str, str], *, read_only: bool
 ) -> str:
+    """The dead letters page: its filter, then :func:`dead_letters_part` (what a live update replaces whole, the
+    count and the bulk buttons with the list, so they always say the same)."""
     form = (
         '<form method="get" action="/dead-letters" class="filter">'
         f'<label>workspace <input name="workspace" size="30" value="{esc(query.get("workspace", ""))}"></label>'
         f'<label>change set <input name="change_set" size="30" value="{esc(query.get("change_set", ""))}"></label>'
         '<button type="submit">Filter</button> <a href="/dead-letters">clear</a></form>'
     )
+    part = dead_letters_part(total, letters, query, read_only=read_only)
+    return f'<h1>Dead letters</h1>{form}<div id="dead-letters">{part}</div>'
+
+
+def dead_letters_part(
+    total: int, letters: list[DeadLetter], query: dict[str, str], *, read_only: bool
+) -> str:
+    """The bulk buttons, the count and the list of the dead letters (the part of the page kept live)."""
     bulk = ""
     if not read_only and total:
         where = {"filter": query}
@@ -216,23 +234,19 @@ def dead_letters_body(
             f"<td class=n>{d.size}</td><td>{acts}</td></tr>"
         )
     shown = (
-        f"<p class=summary>{plural(total, 'dead letter')}"
+        f'<p class=summary id="dead-letters-count">{plural(total, "dead letter")}'
         + (f", the oldest {len(letters)} listed" if total > len(letters) else "")
         + "</p>"
     )
     return (
-        "<h1>Dead letters</h1>"
-        + form
-        + bulk
+        bulk
         + shown
-        + '<div id="dead-letters">'
         + table(
             ("seq", "age", "change set", "request", "reason", "bytes", ""),
             rows,
             table_id="letters",
             empty="no dead letters",
         )
-        + "</div>"
     )
 
 

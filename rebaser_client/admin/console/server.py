@@ -4,7 +4,8 @@ updates (server-sent events from the :class:`~rebaser_client.admin.console.hub.H
 **Safe by default.** :func:`guard` checks every request before it reaches a page:
 
 - With a token (needed to bind anything but a loopback address), every request carries it: ``Authorization: Bearer``
-  or the cookie set when a page is opened once with ``?token=`` (HttpOnly, SameSite=Strict). Without one (a
+  or the cookie set when a page is opened once with ``?token=`` (HttpOnly, SameSite=Strict). The cookie holds an
+  HMAC of the token (:func:`cookie_value`), checked here, never the token itself. Without one (a
   loopback address), the ``Host`` header must name the console itself: a page elsewhere cannot reach it through a
   rebound DNS name.
 - An action is a ``POST`` of JSON with the page's CSRF header (a value made per console process, which another site
@@ -12,13 +13,22 @@ updates (server-sent events from the :class:`~rebaser_client.admin.console.hub.H
   sends one, of the console itself. ``--read-only`` refuses every action.
 - The pages load nothing from elsewhere (Content-Security-Policy ``default-src 'self'``): the script and the style
   sheet are the package's own (``static/``).
+
+**Accountable.** Every action (asked and done) and every refused request is logged as one JSON line on the
+``rebaser.console.audit`` logger (:func:`audit`): who (the token's identity, a fingerprint of it, or ``local`` on
+a loopback console without one), from where (the peer address, and ``X-Forwarded-For`` as a proxy gave it), what,
+which targets, when and the outcome. A pause made from the console stores who made it (``Pause.by``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
+import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
@@ -27,7 +37,7 @@ from aiohttp import web
 
 from rebaser_client.admin.console import actions
 from rebaser_client.admin.console.html import esc, link, page
-from rebaser_client.admin.console.index import Filter
+from rebaser_client.admin.console.index import STATES, Filter
 from rebaser_client.admin.console.live import FEED_OFF, Live
 from rebaser_client.admin.console.pages import change_sets_body, overview_body
 from rebaser_client.admin.console.pages_detail import change_set_body, dead_letter_body
@@ -37,7 +47,20 @@ from rebaser_client.admin.dead_letters import dead_letter
 from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 
-__all__ = ["COOKIE", "CSRF_HEADER", "make_app", "serving_port", "set_port"]
+__all__ = [
+    "AUDIT_LOGGER",
+    "COOKIE",
+    "CSRF_HEADER",
+    "audit",
+    "cookie_value",
+    "identity_of",
+    "make_app",
+    "serving_port",
+    "set_port",
+]
+
+AUDIT_LOGGER = "rebaser.console.audit"
+audit_log = logging.getLogger(AUDIT_LOGGER)
 
 COOKIE = "rebaser_console"
 CSRF_HEADER = "X-Rebaser-CSRF"
@@ -57,7 +80,13 @@ def make_app(live: Live, *, token: str | None, read_only: bool, port: int) -> we
     """The console's application; ``port`` is the one it serves on (its own ``Host`` names it)."""
     app = web.Application(middlewares=[guard], client_max_size=1024 * 1024)
     app[LIVE] = live
-    app[CONFIG] = {"token": token, "read_only": read_only, "csrf": secrets.token_urlsafe(32)}
+    app[CONFIG] = {
+        "token": token,
+        "cookie": None if token is None else cookie_value(token),
+        "identity": identity_of(token),
+        "read_only": read_only,
+        "csrf": secrets.token_urlsafe(32),
+    }
     set_port(app, port)
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/", overview)
@@ -95,22 +124,66 @@ def _same(a: str | None, b: str) -> bool:
     return a is not None and hmac.compare_digest(a.encode(), b.encode())
 
 
+def cookie_value(token: str) -> str:
+    """What the cookie holds: an HMAC-SHA256 of a fixed label keyed by the token. The guard computes it again and
+    compares; the browser never stores the token, and the cookie does not reveal it."""
+    return hmac.new(token.encode(), b"rebaser-console-cookie-v1", hashlib.sha256).hexdigest()
+
+
+def identity_of(token: str | None) -> str:
+    """Who a request that passed the guard is, for the audit log and a pause's ``by``: ``token:<fingerprint>`` (the
+    first 12 hex digits of the token's SHA-256, enough to tell tokens apart, useless to guess one), or ``local``
+    (a loopback console without a token: anyone on the machine)."""
+    if token is None:
+        return "local"
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def audit(
+    request: web.Request,
+    what: str,
+    outcome: str,
+    *,
+    status: int,
+    targets: Sequence[str] = (),
+    lines: Sequence[str] = (),
+    who: str | None = None,
+) -> None:
+    """One JSON line on the ``rebaser.console.audit`` logger: who, from where, what, which targets, when, outcome."""
+    entry = {
+        "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "who": who or "unknown",
+        "peer": request.remote,
+        "forwarded_for": request.headers.get("X-Forwarded-For"),
+        "method": request.method,
+        "path": request.path,
+        "what": what,
+        "targets": list(targets)[:50] + ([f"... and {len(targets) - 50} more"] if len(targets) > 50 else []),
+        "outcome": outcome,
+        "status": status,
+        "lines": [line[:300] for line in lines[:20]],
+    }
+    audit_log.info(json.dumps(entry, separators=(",", ":")))
+
+
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     config = request.app[CONFIG]
     token: str | None = config["token"]
     if token is None and request.host not in config["hosts"]:
-        return web.Response(status=421, text=f"this console answers as {sorted(config['hosts'])[0]} only\n")
+        why = f"this console answers as {sorted(config['hosts'])[0]} only"
+        audit(request, _what(request), "refused", status=421, lines=[why], who="unauthenticated")
+        return web.Response(status=421, text=why + "\n", headers=_HEADERS)
     if token is not None:
         given = request.query.get("token")
         if given is not None and _same(given, token) and request.method == "GET":
             rest = {k: v for k, v in request.query.items() if k != "token"}
             again = web.HTTPSeeOther(request.path + (f"?{urlencode(rest)}" if rest else ""))
-            again.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
+            again.set_cookie(COOKIE, config["cookie"], httponly=True, samesite="Strict", path="/")
             return again
         bearer = request.headers.get("Authorization", "")
         bearer_token = bearer[7:] if bearer.startswith("Bearer ") else None
-        if not (_same(request.cookies.get(COOKIE), token) or _same(bearer_token, token)):
+        if not (_same(request.cookies.get(COOKIE), config["cookie"]) or _same(bearer_token, token)):
             return _refused(
                 request, 401, "this console needs its token: open it once with ?token=… (see --token)"
             )
@@ -127,9 +200,17 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _refused(request: web.Request, status: int, why: str) -> web.Response:
+    # Refused by the guard: who it is is not known (no token, or not the console's own page).
+    audit(request, _what(request), "refused", status=status, lines=[why], who="unauthenticated")
     if request.method == "POST" or request.path.startswith("/api/"):
         return web.json_response({"ok": False, "lines": [why]}, status=status, headers=_HEADERS)
     return web.Response(status=status, text=why + "\n", headers=_HEADERS)
+
+
+def _what(request: web.Request) -> str:
+    if request.path.startswith("/api/actions/"):
+        return request.path.removeprefix("/api/actions/")
+    return f"{request.method} {request.path}"
 
 
 # -- pages -----------------------------------------------------------------------------------------------------------
@@ -146,13 +227,21 @@ def _page(
         read_only=config["read_only"],
         problem=live.problem,
         banner=banner,
+        stale_since=live.health()["stale_since"],
     )
     return web.Response(text=html, content_type="text/html")
 
 
 async def overview(request: web.Request) -> web.Response:
     live = request.app[LIVE]
-    body = overview_body(live.report, live.counts, live.index, live.feed_on)
+    body = overview_body(
+        live.report,
+        live.counts,
+        live.index,
+        live.feed_on,
+        daemons=live.daemons,
+        stale_since=live.health()["stale_since"],
+    )
     banner = FEED_OFF if live.feed_on is False else None
     return _page(
         request,
@@ -166,6 +255,15 @@ async def overview(request: web.Request) -> web.Response:
 
 async def change_sets(request: web.Request) -> web.Response:
     live, config = request.app[LIVE], request.app[CONFIG]
+    unknown = Filter.unknown_state(request.query)
+    if unknown is not None:
+        body = (
+            f'<h1>Change sets</h1><p class="problem" id="refused">no such state: {esc(unknown)}. A change set\'s '
+            f"states are {esc(', '.join(STATES))} ({link('/change-sets', 'every change set')}).</p>"
+        )
+        response = _page(request, title="Change sets", section="change-sets", body=body, stream="")
+        response.set_status(400)
+        return response
     flt = Filter.parse(request.query)
     body = change_sets_body(live.index, flt, read_only=config["read_only"], loaded=live.records_loaded)
     query = urlencode({"page": "list", **flt.query()})
@@ -224,7 +322,9 @@ async def one_letter(request: web.Request) -> web.Response:
         )
     else:
         body = dead_letter_body(letter, read_only=config["read_only"])
-    return _page(request, title=f"Dead letter {seq}", section="dead-letters", body=body, stream="")
+    # Kept live: once it is replayed or dropped (here or anywhere), the page reloads and says so.
+    stream = f"/stream?{urlencode({'page': 'dl', 'seq': seq})}" if letter is not None else ""
+    return _page(request, title=f"Dead letter {seq}", section="dead-letters", body=body, stream=stream)
 
 
 async def find(request: web.Request) -> web.Response:
@@ -275,28 +375,48 @@ async def static(request: web.Request) -> web.Response:
 # -- actions ---------------------------------------------------------------------------------------------------------
 async def action(request: web.Request) -> web.Response:
     live, config = request.app[LIVE], request.app[CONFIG]
-    if config["read_only"]:
-        return web.json_response(
-            {"ok": False, "lines": ["this console is read-only: actions are off"]}, status=403
-        )
-    if request.content_type != "application/json":
-        return web.json_response({"ok": False, "lines": ["an action is JSON"]}, status=415)
+    who = config["identity"]
     name = request.match_info["name"]
+
+    def answer(
+        data: dict[str, Any], status: int = 200, *, outcome: str, phase: str, targets: Sequence[str] = ()
+    ) -> web.Response:
+        audit(
+            request,
+            f"{name} ({phase})",
+            outcome,
+            status=status,
+            targets=targets,
+            lines=data.get("lines") or [data.get("question", "")],
+            who=who,
+        )
+        return web.json_response(data, status=status)
+
+    if config["read_only"]:
+        lines = ["this console is read-only: actions are off"]
+        return answer({"ok": False, "lines": lines}, 403, outcome="refused", phase="asked")
+    if request.content_type != "application/json":
+        return answer({"ok": False, "lines": ["an action is JSON"]}, 415, outcome="refused", phase="asked")
+    phase = "asked"
+    targets: list[str] = []
     try:
         body = await request.json()
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
         if body.get("confirm"):
-            outcome = await actions.run(live, name, body)
-            return web.json_response({"ok": outcome.ok, "lines": outcome.lines})
+            phase, targets = "done", actions.targets_of(name, body)
+            outcome = await actions.run(live, name, body, by=who)
+            data = {"ok": outcome.ok, "lines": outcome.lines}
+            return answer(data, outcome="ok" if outcome.ok else "failed", phase=phase, targets=targets)
         planned = await actions.plan(live, name, body)
     except RebaserError as err:
-        return web.json_response({"ok": False, "lines": [f"{type(err).__name__}: {err}"]})
+        data = {"ok": False, "lines": [f"{type(err).__name__}: {err}"]}
+        return answer(data, outcome="refused", phase=phase, targets=targets)
     except (KeyError, ValueError, TypeError) as err:
-        return web.json_response({"ok": False, "lines": [f"malformed action: {err!r}"]}, status=400)
-    return web.json_response(
-        {"ok": True, "question": planned.question, "targets": planned.targets, "body": planned.body}
-    )
+        data = {"ok": False, "lines": [f"malformed action: {err!r}"]}
+        return answer(data, 400, outcome="refused", phase=phase, targets=targets)
+    data = {"ok": True, "question": planned.question, "targets": planned.targets, "body": planned.body}
+    return answer(data, outcome="asked", phase=phase, targets=planned.targets)
 
 
 # -- live updates ----------------------------------------------------------------------------------------------------

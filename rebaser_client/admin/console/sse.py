@@ -18,9 +18,10 @@ from aiohttp import web
 from rebaser_client.admin.console.hub import Message
 from rebaser_client.admin.console.index import Filter, Row
 from rebaser_client.admin.console.live import Live
-from rebaser_client.admin.console.pages import overview_body, row_data
+from rebaser_client.admin.console.pages import list_counts, overview_body, row_data
 from rebaser_client.admin.console.pages_detail import event_html
 from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html
+from rebaser_client.admin.dead_letters import dead_letter
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 
 __all__ = ["serve_stream"]
@@ -54,17 +55,23 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
     flt = Filter.parse(request.query)
     letters = letters_filter(request.query)
     wk = cs = None
+    seq: int | None = None
     topics = {"feed", "rows"}
     if kind == "overview":
         topics = {"feed", "overview"}
     elif kind == "dlq":
         topics = {"feed", "dead-letters"}
+    elif kind == "dl":
+        topics = {"dead-letters"}
+        text = request.query.get("seq", "")
+        seq = int(text) if text.isdigit() else None
     elif kind == "cs":
         try:
             wk, cs = WorkspacePk(request.query["wk"]), ChangeSetId(request.query["cs"])
         except (KeyError, ValueError):
             raise web.HTTPBadRequest(text="a change set's stream needs its ids\n") from None
         topics.add(f"cs:{wk}.{cs}")
+    topics.add("health")  # every page: the console's reads failing (stale) or not
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     await response.prepare(request)
     try:
@@ -82,8 +89,17 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                         html = await detail_html(live, wk, cs, read_only=read_only, newer_than=seen)
                         await response.write(_sse("detail", {"html": html}))
                     elif kind == "dlq":
-                        html = await letters_html(live, letters, read_only=read_only, newer_than=seen)
+                        html = await letters_html(
+                            live, letters, read_only=read_only, newer_than=seen, part=True
+                        )
                         await response.write(_sse("dead-letters", {"html": html}))
+                    elif kind == "dl" and seq is not None:
+                        # One dead letter's page: once it is replayed or dropped, the page says so.
+                        gone = await live.shared(
+                            ("dl", seq), lambda: dead_letter(live.nc, live.subjects, seq), newer_than=seen
+                        )
+                        if gone is None:
+                            await response.write(_sse("reload", {}))
                 if message is None:
                     if due is None:
                         await response.write(b": keep-alive\n\n")
@@ -93,9 +109,18 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                     await response.write(_sse("reload", {}))
                 elif message.topic == "overview":
                     if "html" not in message.cache:
-                        body = overview_body(message.data, live.counts, live.index, live.feed_on)
+                        body = overview_body(
+                            message.data,
+                            live.counts,
+                            live.index,
+                            live.feed_on,
+                            daemons=live.daemons,
+                            stale_since=live.health()["stale_since"],
+                        )
                         message.cache["html"] = body
                     await response.write(_sse("overview", {"html": message.cache["html"]}))
+                elif message.topic == "health":
+                    await response.write(_sse("health", message.data))
                 elif message.topic.startswith("cs:"):
                     await response.write(_event(message))
                 elif message.topic == "dead-letters":
@@ -109,7 +134,10 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                             for r in rows
                             if not live.index.matches(flt, r)
                         ]
-                        await response.write(_sse("rows", {"upsert": upsert, "remove": remove}))
+                        if "counts" not in message.cache:  # once per message, whatever the browsers
+                            message.cache["counts"] = list_counts(live.index)
+                        update = {"upsert": upsert, "remove": remove, "counts": message.cache["counts"]}
+                        await response.write(_sse("rows", update))
                     elif any(r.key == (str(wk), str(cs)) for r in rows):
                         due = due or time.monotonic() + _SETTLE
     except (ConnectionResetError, ConnectionError):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from rebaser_client.admin.change_set import change_set_report
 from rebaser_client.admin.console.html import esc
 from rebaser_client.admin.console.live import Live
-from rebaser_client.admin.console.pages_detail import change_set_detail, dead_letters_body
+from rebaser_client.admin.console.pages_detail import change_set_detail, dead_letters_body, dead_letters_part
 from rebaser_client.admin.dead_letters import dead_letters
 from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -46,8 +46,9 @@ def letters_filter(query: Mapping[str, str]) -> dict[str, str]:
 
 
 async def letters_html(
-    live: Live, query: Mapping[str, str], *, read_only: bool, newer_than: float = 0.0
+    live: Live, query: Mapping[str, str], *, read_only: bool, newer_than: float = 0.0, part: bool = False
 ) -> str:
+    """The dead letters page's body, or (``part``) its live part: the count, the bulk buttons and the list."""
     try:
         wk = WorkspacePk(query["workspace"]) if "workspace" in query else None
         cs = ChangeSetId(query["change_set"]) if "change_set" in query and wk is not None else None
@@ -63,4 +64,5 @@ async def letters_html(
         )
     except RebaserError as err:
         return _problem(err)
-    return dead_letters_body(total, found, dict(query), read_only=read_only)
+    render = dead_letters_part if part else dead_letters_body
+    return render(total, found, dict(query), read_only=read_only)

@@ -34,17 +34,30 @@
     if (text !== undefined) td.textContent = text;
     return td;
   }
-  function drawRow([ws, cs, states, owner, queued, since, dead]) {
+  // An id (a ULID) as two spans: its start, cut with an ellipsis when the column is narrow, and its last TAIL
+  // characters, always shown: ULIDs made in the same period share their first characters, their ends tell them
+  // apart. The whole id is the element's text (selecting and copying it copies it all) and its title.
+  const TAIL = 10;
+  function idElement(tag, id, props = {}) {
+    const el = Object.assign(document.createElement(tag), { className: "id", title: id, ...props });
+    el.append(
+      Object.assign(document.createElement("span"), { className: "id-head", textContent: id.slice(0, -TAIL) }),
+      Object.assign(document.createElement("span"), { className: "id-tail", textContent: id.slice(-TAIL) }),
+    );
+    return el;
+  }
+  function drawRow([ws, cs, states, owner, queued, since, dead, held]) {
     const tr = document.createElement("tr");
     tr.id = `r-${ws}-${cs}`;
     Object.assign(tr.dataset, { ws, cs, states: states.join(" ") });
-    const link = Object.assign(document.createElement("a"), { href: `/change-sets/${ws}/${cs}`, textContent: cs });
-    cell(tr).append(link);
-    cell(tr, ws);
+    cell(tr).append(idElement("a", cs, { href: `/change-sets/${ws}/${cs}` }));
+    cell(tr).append(idElement("span", ws));
     const badges = cell(tr);
     if (!states.length) badges.textContent = "idle";
     for (const s of states) badges.append(Object.assign(document.createElement("span"), { className: `badge ${s}`, textContent: s }));
-    cell(tr, owner || "-");
+    // The record names the daemon that held it last: its owner only while a daemon holds its task.
+    const owned = cell(tr, owner ? (held ? owner : `last: ${owner}`) : "-", held ? "" : "last-owner");
+    if (owner) owned.title = held ? `held by ${owner} now` : `no daemon holds it; ${owner} held it last`;
     cell(tr, String(queued), "n");
     const aged = cell(tr, since === null ? "-" : undefined, "age");
     if (since !== null) aged.dataset.since = String(since);
@@ -93,6 +106,15 @@
     reindex();
     draw();
     return {
+      counts(counts) {
+        // The state drop-down and the total count the same rows as the list, updated with it.
+        for (const option of document.querySelectorAll('select[name="state"] option')) {
+          const n = counts[option.value];
+          if (n !== undefined) option.textContent = `${option.value || "any"} (${n})`;
+        }
+        const total = $("#total");
+        if (total && counts[""] !== undefined) total.textContent = String(counts[""]);
+      },
       update(upsert, remove) {
         for (const d of upsert) {
           const i = at.get(`r-${d[0]}-${d[1]}`);
@@ -120,9 +142,21 @@
     const source = new EventSource(stream);
     source.onopen = () => live.classList.add("on");
     source.onerror = () => live.classList.remove("on");
+    // The console's own reads of NATS failing: the dot turns amber and the page says what is stale, and since when.
+    source.addEventListener("health", (e) => {
+      const data = JSON.parse(e.data);
+      const box = $("#problem");
+      live.classList.toggle("stale", Boolean(data.problem));
+      live.title = data.problem ? `stale, not live: ${data.problem}` : "live updates";
+      if (box) {
+        box.hidden = !data.problem;
+        box.textContent = data.problem || "";
+      }
+    });
     source.addEventListener("rows", (e) => {
       const data = JSON.parse(e.data);
       if (list) list.update(data.upsert, data.remove);
+      if (list && data.counts) list.counts(data.counts);
     });
     source.addEventListener("event", (e) => {
       const data = JSON.parse(e.data);
