@@ -32,7 +32,7 @@ REFRESH = 1.0
 """Seconds a count is used before it is asked for again."""
 _RETRY_AFTER = 1.0
 _QUERY_TIMEOUT = 2.0
-_MAX_KEPT = 1_000
+_MAX_KEPT = 10_000  # workspaces whose counts a client keeps; past it the one used longest ago goes
 
 
 async def ask_backlog(
@@ -74,6 +74,8 @@ class BacklogCheck:
         One that only this client's requests sent since would bring there is counted again first: those may be
         processed already, and a workspace that is served as fast as it sends is never refused."""
         count = self._counts.get(workspace_id)
+        if workspace_id in self._sent:  # used now: the last to be forgotten (dicts keep insertion order)
+            self._sent[workspace_id] = self._sent.pop(workspace_id)
         fresh = count is not None and time.monotonic() - count.at < REFRESH
         if not fresh:
             self._asking_now(workspace_id, change_set_id)
@@ -124,10 +126,13 @@ class BacklogCheck:
         """Ask for a count; False if none came (no daemon answers, an older one, it could not count): the requests
         go unchecked meanwhile."""
         if workspace_id not in self._sent:
-            if len(self._sent) >= _MAX_KEPT:  # the longest known goes (a client of very many workspaces)
-                forgotten = next(iter(self._sent))
-                del self._sent[forgotten]
-                self._counts.pop(forgotten, None)
+            if (
+                len(self._sent) >= _MAX_KEPT
+            ):  # the one used longest ago goes (a client of very many workspaces)
+                forgotten = next((w for w in self._sent if w not in self._asking), None)
+                if forgotten is not None:
+                    del self._sent[forgotten]
+                    self._counts.pop(forgotten, None)
             self._sent[workspace_id] = 0
         sent_before = self._sent[workspace_id]
         try:

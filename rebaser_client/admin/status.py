@@ -79,9 +79,16 @@ class StatusReport:
     # "<daemon> at <time>".
     durability_from: str | None = None
 
+    # Daemon -> change sets it owns, over every change set with a task, listed or not (status_report counts them
+    # all, whatever ``limit``); None: not counted (then :attr:`owners` counts those listed).
+    owners_counted: Mapping[str, int] | None = None
+
     @property
     def owners(self) -> dict[str, int]:
-        """Daemon -> change sets it owns (among those listed)."""
+        """Daemon -> change sets it owns: the true totals when :attr:`owners_counted` is known, else among those
+        listed."""
+        if self.owners_counted is not None:
+            return dict(self.owners_counted)
         counts: dict[str, int] = {}
         for line in self.change_sets:
             if line.task == "owned" and line.owner:
@@ -173,13 +180,16 @@ async def status_report(
     workspaces_limit: int = WORKSPACES_LISTED,
     pauses: tuple[list[PausedLine], bool] | None = None,
     daemons: DaemonsOwned | None = None,
+    count_owners: bool = True,
 ) -> StatusReport:
     """Streams, the tasks consumers, the ``limit`` busiest change sets (most requests queued first) and the
     ``workspaces_limit`` busiest workspaces (owned change sets read from ``daemon_urls``, the daemons' health
     endpoints). With shards (rebaser_core.layout) every shard's streams are listed and the tasks consumers' figures
     summed. ``counts``: the subject counts read already (:func:`read_counts`), not read again; ``pauses``: every
     pause and whether there were more (:func:`~rebaser_client._pause_read.all_pauses`), known already (the web
-    console watches them); ``daemons``: the daemons' health, read already."""
+    console watches them); ``daemons``: the daemons' health, read already. ``count_owners``: count the change sets
+    each daemon owns over every change set with a task, not only the ``limit`` listed (a record and a task read
+    for each one not listed, :data:`_OWNER_READS` at a time)."""
     if counts is None:
         counts = await read_counts(nc, subjects)
     summaries, upto, lines = counts.summaries, counts.upto, counts.lines
@@ -215,6 +225,7 @@ async def status_report(
             )
         )
         progress(done, len(chosen))
+    owners = await _count_owners(nc, subjects, lines, upto, out) if count_owners else None
     servers, problems = await asyncio.to_thread(read_servers_sync, monitoring_urls)
     if daemons is None:  # not read already (the web console reads them on their own)
         daemons = await asyncio.to_thread(read_daemons_owned, daemon_urls)
@@ -244,7 +255,54 @@ async def status_report(
         daemons=daemons,
         heartbeats=counts.heartbeats,
         durability_from=durability_from,
+        owners_counted=owners,
     )
+
+
+_OWNER_READS = 32  # reads at a time when counting the owners of the change sets not listed
+
+
+async def _count_owners(
+    nc: NatsClient,
+    subjects: Subjects,
+    lines: Mapping[tuple[str, str], Mapping[str, int]],
+    upto: Mapping[int, int | None],
+    listed: Sequence[ChangeSetLine],
+) -> dict[str, int]:
+    """Daemon -> change sets it owns, over every change set with a task: those listed as read already, the others
+    read here (its task's state, then its record's owner if it is owned)."""
+    counts: dict[str, int] = {}
+    seen = set()
+    for line in listed:
+        seen.add((line.workspace_id, line.change_set_id))
+        if line.task == "owned" and line.owner:
+            counts[line.owner] = counts.get(line.owner, 0) + 1
+    rest = [(key, f) for key, f in lines.items() if f.get("task") and key not in seen]
+    gate = asyncio.Semaphore(_OWNER_READS)
+    r = Reader(nc, subjects)
+
+    async def owner_of(key: tuple[str, str], figures: Mapping[str, int]) -> str | None:
+        async with gate:
+            shard = figures.get("shard", 0)
+            task = await Reader(nc, subjects.for_shard(shard)).task_state(
+                WorkspacePk(key[0]), ChangeSetId(key[1]), upto.get(shard)
+            )
+            if task != "owned":
+                return None
+            try:
+                record = await r.record(*key)
+            except DecodeError:
+                return None
+            return record.owner if record is not None and record.owner else None
+
+    try:
+        found = await asyncio.gather(*(owner_of(key, f) for key, f in rest))
+    except (TimeoutError, nats.errors.Error) as err:
+        raise js_error(err, subjects) from None
+    for owner in found:
+        if owner:
+            counts[owner] = counts.get(owner, 0) + 1
+    return counts
 
 
 async def _noted_durability(nc: NatsClient, subjects: Subjects) -> tuple[Durability, str, str] | None:

@@ -42,7 +42,7 @@ class _Tally:
         self.daemon = daemon
         self.started = time.monotonic()
         self.replies = 0
-        self.applied = 0  # success replies: a conflicting request is refused whole, nothing of it applied
+        self.applied = 0  # success replies: a request with conflicts has nothing of it applied
         self.conflicts = 0
         self.errors = 0
         self.dvu_runs_before = daemon.stats.dvu_runs
@@ -73,7 +73,7 @@ async def _feature_traffic(
         port = await client.get_change_set(wk, cs, "/web/port")
         version = port.versions.get("/web/port")
         if n % 9 == 4:
-            version = "stale-version"  # as if computed long ago: the whole batch is refused
+            version = "stale-version"  # as if computed long ago: the whole batch conflicts
         updates: list[Update] = [
             SetLiteral(path="/web/port", value=9000 + 100 * index + n, expected_version=version)
         ]
@@ -115,7 +115,7 @@ async def run_demo(nc: NatsClient, settings: Settings, daemon: Daemon) -> None:
     for path, value in sorted(state.values.items()):
         click.echo(f"  {path} = {value!r}")
     click.echo(
-        f"summary: {tally.replies} requests: {tally.applied} applied, {tally.conflicts} refused as conflicts "
+        f"summary: {tally.replies} requests: {tally.applied} applied, {tally.conflicts} with conflicts "
         f"(nothing of them applied), {tally.errors} errors; {tally.dvu_runs} DVU runs, "
         f"{time.monotonic() - tally.started:.1f}s"
     )

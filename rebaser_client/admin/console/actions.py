@@ -171,7 +171,10 @@ def targets_of(action: str, body: dict[str, Any]) -> list[str]:
     """The explicit targets of ``body`` (what :func:`plan` returned), named for the audit log."""
     if action in ("pause", "resume"):
         return [
-            target_name(str(t.get("workspace_id")), None if t.get("change_set_id") is None else str(t["change_set_id"]))
+            target_name(
+                str(t.get("workspace_id")),
+                None if t.get("change_set_id") is None else str(t["change_set_id"]),
+            )
             for t in body.get("targets") or []
             if isinstance(t, dict)
         ]

@@ -101,7 +101,8 @@ def page(
         f'<a href="{href}" class="{"on" if key == section else ""}">{text}</a>' for key, href, text in _NAV
     )
     mode = '<span class="mode">read-only</span>' if read_only else ""
-    live_title = "live updates" if stale_since is None else f"stale: as of {when(stale_since)}"
+    live_title = "live updates" if stale_since is None else f"stale, not live: as of {when(stale_since)}"
+    live_class = "live" if stale_since is None and not problem else "live stale"
     # The console's reads failing: said at the top of every page (console.js keeps it up to date), and the live dot
     # turns amber: what the page shows is as of the last read that succeeded, not live.
     notes = f'<p class="problem" id="problem"{"" if problem else " hidden"}>{esc(problem or "")}</p>'
@@ -116,7 +117,7 @@ def page(
 <header><strong>rebaser console</strong><nav>{nav}</nav>
 <form action="/find" method="get" class="find">
 <input name="id" placeholder="find a change set or workspace id" size="30"><button>Find</button></form>
-{mode}<span id="live" class="live{" stale" if stale_since is not None else ""}" title="{live_title}" data-stale-since="{"" if stale_since is None else f"{stale_since:.3f}"}">●</span></header>
+{mode}<span id="live" class="{live_class}" title="{esc(live_title)}">●</span></header>
 {notes}<main>{body}</main>
 <dialog id="confirm"><form method="dialog"><p class="question"></p><ul class="targets"></ul>
 <menu><button value="yes" class="yes">Yes, do it</button> <button value="no">Cancel</button></menu></form></dialog>

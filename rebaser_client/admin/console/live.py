@@ -84,8 +84,12 @@ class Live:
         self.feed_on: bool | None = None  # None: not known yet
         self.records_loaded = False  # the records watch has delivered every record once
         self.problem: str | None = None  # the last thing that went wrong, until a refresh succeeds
-        self.read_at: float | None = None  # when the last refresh succeeded (Unix seconds): what is shown is as of
-        self.failing_since: float | None = None  # when the refreshes started failing (None: the last one succeeded)
+        self.read_at: float | None = (
+            None  # when the last refresh succeeded (Unix seconds): what is shown is as of
+        )
+        self.failing_since: float | None = (
+            None  # when the refreshes started failing (None: the last one succeeded)
+        )
         self.daemons: DaemonsOwned | None = None  # the daemons' health, read on its own (None: not read yet)
         self._raw_records: dict[str, bytes | None] = {}
         self._task_seqs: dict[tuple[str, str], int] = {}
@@ -292,6 +296,7 @@ class Live:
                 workspaces_limit=1000,
                 pauses=(self.index.pauses(), False),  # watched already: not read again
                 daemons=self.daemons if self.daemon_urls else None,  # read by _daemons_loop
+                count_owners=False,  # the overview's daemons come from the index or their health endpoints
             )
             self.hub.publish("overview", self.report)
 

@@ -201,7 +201,7 @@ def overview_body(
     )
     tiles = f'<div class="tiles{" stale" if stale_since is not None else ""}">{totals}</div>'
     if report is None:
-        return f"<h1>Overview</h1>{stale_note(stale_since)}{tiles}<p>reading the deployment…</p>"'
+        return f"<h1>Overview</h1>{stale_note(stale_since)}{tiles}<p>reading the deployment…</p>"
     dlq = report.streams[-1] if report.streams else None  # read_counts lists the dead letters' stream last
     queued = sum(s.messages or 0 for s in report.streams[:-1][::2])  # each shard's requests, then its tasks
     facts: Iterable[tuple[str, object]] = (

@@ -86,7 +86,10 @@ def change_set_detail(
         *[("repair", f"<code>{esc(fix)}</code>") for fix in [_repair(report)] if fix],
         # Retrying: the last attempt's failure, as the daemon recorded it (class and message, bounded).
         *[
-            ("last error", f'<span class="error" id="last-error">{esc(shorten(record.last_error, 300))}</span>')
+            (
+                "last error",
+                f'<span class="error" id="last-error">{esc(shorten(record.last_error, 300))}</span>',
+            )
             for _ in [0]
             if record and record.attempts and record.last_error
         ],
@@ -138,23 +141,27 @@ def change_set_detail(
 def change_set_body(
     workspace_id: str, change_set_id: str, detail: str, *, since: int | None, feed_on: bool | None
 ) -> str:
+    """The page of one change set: its timeline (or, with the feed off, what to turn on in its place: no empty
+    table whose header would run into what follows), then what it is now (:func:`change_set_detail`)."""
     since_value = "" if since is None else str(since)
-    feed = (
-        '<p class="banner" id="feed-off">The event feed is off: set REBASER_EVENTS=true on the daemons '
-        "(or events = true in "
-        "their --config file) to see this change set's timeline.</p>"
-        if feed_on is False
-        else ""
-    )
+    if feed_on is False:
+        timeline = (
+            '<p class="banner" id="feed-off">The event feed is off: set REBASER_EVENTS=true on the daemons '
+            "(or events = true in their --config file) to see this change set's timeline.</p>"
+        )
+    else:
+        timeline = (
+            f'<form method="get" class="filter">from durable event <input name="since" size="6" '
+            f'value="{esc(since_value)}"> <button>Show</button></form>'
+            '<div class="timeline"><table id="timeline"><thead><tr><th>time</th><th>seq</th><th>event</th>'
+            '<th>details</th></tr></thead><tbody><tr class="empty"><td colspan="4">no event yet: they show here as '
+            "they happen</td></tr></tbody></table></div>"
+        )
     return (
         f"<h1>Change set {esc(change_set_id)}</h1>"
         f"<p>workspace {link('/change-sets', workspace_id, {'workspace': workspace_id})}</p>"
-        f'<h2>Timeline, newest first</h2>{feed}<form method="get" class="filter">from durable event '
-        f'<input name="since" size="6" value="{esc(since_value)}">'
-        " <button>Show</button></form>"
-        '<div class="timeline"><table id="timeline"><thead><tr><th>time</th><th>seq</th><th>event</th>'
-        "<th>details</th></tr></thead><tbody></tbody></table></div>"
-        f'<section id="detail">{detail}</section>'
+        f"<h2>Timeline, newest first</h2>{timeline}"
+        f'<h2>Now</h2><section id="detail">{detail}</section>'
     )
 
 

@@ -179,7 +179,14 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if given is not None and _same(given, token) and request.method == "GET":
             rest = {k: v for k, v in request.query.items() if k != "token"}
             again = web.HTTPSeeOther(request.path + (f"?{urlencode(rest)}" if rest else ""))
-            again.set_cookie(COOKIE, config["cookie"], httponly=True, samesite="Strict", path="/")
+            again.set_cookie(
+                COOKIE,
+                config["cookie"],
+                httponly=True,
+                samesite="Strict",
+                path="/",
+                secure=_scheme(request) == "https",  # behind a TLS-terminating proxy: HTTPS only
+            )
             return again
         bearer = request.headers.get("Authorization", "")
         bearer_token = bearer[7:] if bearer.startswith("Bearer ") else None
@@ -189,22 +196,37 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             )
     if request.method == "POST":
         origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":
-            return _refused(request, 403, f"refused: a request from {origin}, not from this console")
+        if origin is not None and origin not in {
+            f"{scheme}://{request.host}" for scheme in _schemes(request)
+        }:
+            why = f"refused: a request from {origin}, not from this console"
+            return _refused(request, 403, why, config["identity"])
         if not _same(request.headers.get(CSRF_HEADER), config["csrf"]):
-            return _refused(request, 403, f"refused: no {CSRF_HEADER} header of this console's pages")
+            why = f"refused: no {CSRF_HEADER} header of this console's pages"
+            return _refused(request, 403, why, config["identity"])
     response = await handler(request)
     if not response.prepared:
         response.headers.update(_HEADERS)
     return response
 
 
-def _refused(request: web.Request, status: int, why: str) -> web.Response:
-    # Refused by the guard: who it is is not known (no token, or not the console's own page).
-    audit(request, _what(request), "refused", status=status, lines=[why], who="unauthenticated")
+def _refused(request: web.Request, status: int, why: str, who: str = "unauthenticated") -> web.Response:
+    audit(request, _what(request), "refused", status=status, lines=[why], who=who)
     if request.method == "POST" or request.path.startswith("/api/"):
         return web.json_response({"ok": False, "lines": [why]}, status=status, headers=_HEADERS)
     return web.Response(status=status, text=why + "\n", headers=_HEADERS)
+
+
+def _scheme(request: web.Request) -> str:
+    """The scheme the browser used: a TLS-terminating proxy in front says it in ``X-Forwarded-Proto``."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return forwarded if forwarded in ("http", "https") else request.scheme
+
+
+def _schemes(request: web.Request) -> set[str]:
+    """The schemes an action's ``Origin`` may have: the console's own, and the one a proxy says the browser used
+    (the host must be the console's all the same, as the proxy forwards it)."""
+    return {request.scheme, _scheme(request)}
 
 
 def _what(request: web.Request) -> str:

@@ -457,3 +457,26 @@ async def test_status_without_a_monitoring_url_shows_what_the_daemon_found(
             )
         )
         assert read["durability_from"] is None and read["durability"]["level"] == "process-crash"
+
+
+async def test_status_counts_every_owned_change_set_whatever_the_limit(
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
+) -> None:
+    """The owners table counts what each daemon owns, not what ``--limit`` lists (issue 64: "50" for 202)."""
+    # A long quiet period: each change set stays owned (its record names the daemon) after its request.
+    settings = fast_settings(subject_prefix, quiescent_period=60)
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        wk = WorkspacePk.new()
+        targets = [ChangeSetId.new() for _ in range(4)]
+        for cs in targets:
+            reply = await client.enqueue_updates_with_reply(
+                wk, cs, [SetLiteral(path="/a", value=1)], timeout=20
+            )
+            assert reply.ok
+        assert len(daemon.owned) == len(targets)
+        status = ok_json(await rebaser(nats_url, subject_prefix, "status", "--limit", "1", "--json"))
+        assert len(status["change_sets"]) == 1 and status["change_sets_total"] == len(targets)
+        assert status["owners"] == {daemon.owner: len(targets)}
+        table = await rebaser(nats_url, subject_prefix, "status", "--limit", "1")
+        assert table.exit_code == 0, table.output
+        assert re.search(rf"{re.escape(daemon.owner)}[\s│┃|]+{len(targets)}\s", table.output), table.output

@@ -149,7 +149,7 @@ async def test_a_change_sets_timeline_updates_live(deployment: Deployment) -> No
     d = deployment
     wk, cs = d.busy[0]
     page = await d.page(f"/change-sets/{wk}/{cs}")
-    rows = page.locator("#timeline tbody tr")
+    rows = page.locator("#timeline tbody tr.ev")
     await rows.first.wait_for(timeout=20_000)
     await page.evaluate("window.notReloaded = true")
     rid = await d.client.enqueue_updates(wk, cs, [SetLiteral(path="/marker", value=1)])
@@ -268,3 +268,112 @@ async def test_the_overview_shows_the_daemon_and_the_workspaces(deployment: Depl
     assert "event feed" in await page.locator("table.facts").inner_text()
     await page.screenshot(path=screenshot_path(d.shots, "console-overview.png"))
     await page.close()
+
+
+async def _idle(d: Deployment, wk: WorkspacePk, n: int) -> list[ChangeSetId]:
+    """``n`` change sets of ``wk`` that applied a request and that no daemon holds any more."""
+    targets = [ChangeSetId.new() for _ in range(n)]
+    for cs in targets:
+        reply = await d.client.enqueue_updates_with_reply(
+            wk, cs, [SetLiteral(path="/a", value=1)], timeout=20
+        )
+        assert reply.ok
+    await wait_for(
+        lambda: all(
+            (row := d.console.live.row_of(str(wk), str(cs))) is not None and row.task == "none" and row.owner
+            for cs in targets
+        ),
+        timeout=30,
+        message="the daemon lets them go",
+    )
+    return targets
+
+
+async def test_ids_show_their_end_owners_say_last_and_the_state_counts_follow_the_list(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    wk = WorkspacePk.new()
+    idle = await _idle(d, wk, 2)
+    page = await d.page(f"/change-sets?workspace={wk}")
+    # A column narrower than an id (as wider fonts make it): the id must be cut, and its end still shown.
+    await page.evaluate("document.querySelector('#rows th').style.width = '12em'")
+    for cs in idle:
+        row = page.locator(f"#rows tr[data-cs='{cs}']")
+        await row.wait_for(timeout=20_000)
+        # Measured in one go: live updates redraw the rows on screen.
+        shown = await row.evaluate(
+            """tr => {
+                const a = tr.cells[0].querySelector("a.id"), head = a.querySelector(".id-head");
+                const tail = a.querySelector(".id-tail"), cell = tr.cells[0].getBoundingClientRect();
+                const end = tail.getBoundingClientRect();
+                return {
+                    title: a.title, text: a.textContent, tail: tail.textContent,
+                    cut: head.scrollWidth > head.clientWidth,
+                    inside: end.width > 0 && end.right <= cell.right && end.left >= cell.left,
+                };
+            }"""
+        )
+        # The id's distinguishing end is shown whole, inside its cell though the start is cut; the whole id is its
+        # title and its text (what a copy takes).
+        assert shown == {
+            "title": str(cs),
+            "text": str(cs),
+            "tail": str(cs)[-10:],
+            "cut": True,
+            "inside": True,
+        }
+        # Nobody holds it: its owner is the last one, said as such.
+        owner = d.console.live.row_of(str(wk), str(cs))
+        assert owner is not None
+        assert await row.locator("td").nth(3).inner_text() == f"last: {owner.owner}"
+    await page.screenshot(path=screenshot_path(d.shots, "console-ids.png"))
+    # A bulk pause of change sets nobody holds says so; the state drop-down counts them at once.
+    outcome = await _confirm(page, page.locator("button.act", has_text="Pause every change set listed"))
+    assert outcome.count("no daemon holds it") == len(idle) and "lets it go" not in outcome, outcome
+    await wait_for(
+        lambda: all(
+            "paused" in d.console.live.index.states(d.console.live.row_of(str(wk), str(cs))) for cs in idle
+        ),
+        timeout=20,
+        message="the console sees the pauses",
+    )
+    paused = d.console.live.index.state_counts()["paused"]
+    await page.wait_for_function(
+        "n => document.querySelector('select[name=state] option[value=paused]').textContent === `paused (${n})`",
+        arg=paused,
+        timeout=20_000,
+    )
+    outcome = await _confirm(page, page.locator("button.act", has_text="Resume every change set listed"))
+    assert outcome.count("resumed change set") == len(idle), outcome
+    await page.close()
+
+
+async def test_the_dead_letters_count_and_pages_follow_a_replay(deployment: Deployment) -> None:
+    d = deployment
+    wk, cs = d.w1, ChangeSetId.new()
+    d.app.refusing = True
+    for n in range(2):
+        reply = await d.client.enqueue_updates_with_reply(
+            wk, cs, [SetLiteral(path="/refuse", value=n)], timeout=20
+        )
+        assert not reply.ok
+    d.app.refusing = False
+    listing = await d.page(f"/dead-letters?workspace={wk}&change_set={cs}")
+    rows = listing.locator("#letters tbody tr[id^=dl-]")
+    await listing.wait_for_function("() => document.querySelectorAll('#letters tr[id^=dl-]').length === 2")
+    assert await listing.locator("#dead-letters-count").inner_text() == "2 dead letters"
+    assert await listing.locator("button.act", has_text="Replay these 2").count() == 1
+    seq = (await rows.first.get_attribute("id") or "").removeprefix("dl-")
+    letter = await d.page(f"/dead-letters/{seq}")
+    assert f"Dead letter {seq}" in await letter.locator("h1").inner_text()
+    outcome = await _confirm(listing, rows.first.locator("button.act[data-action=replay]"))
+    assert "replayed as request" in outcome, outcome
+    # The count, the bulk buttons and the list change together, live; so does the replayed dead letter's page.
+    await listing.locator("#dead-letters-count", has_text="1 dead letter").wait_for(timeout=20_000)
+    assert await listing.locator("button.act", has_text="Replay these 1").count() == 1
+    assert await listing.locator("button.act", has_text="Replay these 2").count() == 0
+    assert await listing.locator("h1").count() == 1  # the page is not nested in itself
+    await letter.locator("p.empty", has_text=f"no dead letter at sequence {seq}").wait_for(timeout=20_000)
+    await letter.close()
+    await listing.close()

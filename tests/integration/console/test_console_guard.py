@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -20,9 +21,9 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 from nats.js.api import StorageType
 
-from rebaser_client._pausing import pause_workspace
+from rebaser_client._pausing import pause_of, pause_workspace
 from rebaser_client.admin.cli.main import main as cli
-from rebaser_client.admin.console.server import CSRF_HEADER
+from rebaser_client.admin.console.server import CSRF_HEADER, cookie_value, identity_of
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.subjects import Subjects
@@ -54,8 +55,9 @@ def test_the_command_will_not_bind_another_address_without_a_token() -> None:
 
 
 @contextlib.asynccontextmanager
-async def console_process(*args: str) -> AsyncIterator[str]:
-    """``rebaser console ARGS`` in a subprocess; the URL it serves on (by 127.0.0.1). Stopped by its PID."""
+async def console_process(*args: str, output: list[str] | None = None) -> AsyncIterator[str]:
+    """``rebaser console ARGS`` in a subprocess; the URL it serves on (by 127.0.0.1). Stopped by its PID; then
+    ``output`` gets every line it wrote (standard output and error), the first one included."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -71,6 +73,8 @@ async def console_process(*args: str) -> AsyncIterator[str]:
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        if output is not None:
+            output.append(line)
         found = re.search(r"serving http://[^:]+:(\d+)/", line)
         assert found is not None, line + (await proc.stdout.read()).decode()
         yield f"http://127.0.0.1:{found[1]}"
@@ -82,12 +86,17 @@ async def console_process(*args: str) -> AsyncIterator[str]:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        if output is not None and proc.stdout is not None:
+            output.extend((await proc.stdout.read()).decode().splitlines())
 
 
-async def test_off_loopback_every_request_needs_the_token(nats_url: str, deployment: Subjects) -> None:
+async def test_off_loopback_every_request_needs_the_token(
+    nc: NatsClient, nats_url: str, deployment: Subjects
+) -> None:
     wk = WorkspacePk.new()
     args = ("--host", "0.0.0.0", "--token", TOKEN, "--nats-url", nats_url, "--prefix", str(deployment.prefix))
-    async with console_process(*args) as url, chromium() as browser:
+    output: list[str] = []
+    async with console_process(*args, output=output) as url, chromium() as browser:
         stranger = await browser.new_context()
         page = await stranger.new_page()
         response = await page.goto(f"{url}/change-sets")
@@ -105,6 +114,9 @@ async def test_off_loopback_every_request_needs_the_token(nats_url: str, deploym
         page = await operator.new_page()
         await page.goto(f"{url}/change-sets?workspace={wk}&token={TOKEN}")  # the token becomes a cookie
         assert page.url == f"{url}/change-sets?workspace={wk}"
+        # ... a cookie that holds a value derived from the token, not the token.
+        (cookie,) = await operator.cookies()
+        assert cookie["httpOnly"] and cookie["value"] == cookie_value(TOKEN) and TOKEN not in cookie["value"]
         await page.locator("button.act", has_text="Pause the workspace").click()
         await page.locator("dialog#confirm button.yes").click()
         outcome = page.locator("#outcome p").first
@@ -119,6 +131,21 @@ async def test_off_loopback_every_request_needs_the_token(nats_url: str, deploym
         assert foreign.status == 403 and "not from this console" in (await foreign.json())["lines"][0]
         await stranger.close()
         await operator.close()
+    # The line it printed gives a URL a person can open, and says it listens on every interface.
+    assert re.search(r"serving http://127\.0\.0\.1:\d+/ \(listening on all interfaces", output[0]), output[0]
+    # The pause says who made it: the token's identity (never the token).
+    _, pause = await pause_of(nc, deployment, wk, ChangeSetId.new())  # its workspace's pause
+    assert pause is not None and pause.by == identity_of(TOKEN)
+    # Each action and each refusal is one JSON line: who, from where, what, the outcome.
+    audit = [json.loads(line) for line in output if line.startswith("{")]
+    assert not any(TOKEN in line for line in output)
+    seen = [(e["who"], e["what"], e["outcome"], e["status"]) for e in audit]
+    assert ("unauthenticated", "GET /change-sets", "refused", 401) in seen, seen
+    assert ("unauthenticated", "pause", "refused", 401) in seen, seen
+    assert (identity_of(TOKEN), "pause (done)", "ok", 200) in seen, seen
+    assert (identity_of(TOKEN), "resume", "refused", 403) in seen, seen
+    done = next(e for e in audit if e["what"] == "pause (done)")
+    assert done["targets"] == [f"workspace {wk}"] and done["peer"] == "127.0.0.1", done
 
 
 async def test_actions_need_the_csrf_header_and_the_console_as_host(

@@ -1,6 +1,7 @@
 """``deploy/grafana-dashboard.json`` cannot rot: every metric its queries name is one a real daemon exports on
 ``/metrics`` (read from a running daemon after it has handled a request), and it has panels for what operators
-watch: the backlog, latency, owned change sets, dead letters, pauses, events and the fair share."""
+watch: the backlog, latency, owned change sets, dead letters, pauses, events, the fair share, retries, DVU failures,
+consumer resets and NATS reconnects."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ _WATCHED = {
     "pauses": "rebaser_paused",
     "events": "rebaser_events_published_total",
     "fair share": "rebaser_tasks_taken_lately_by_workspace",
+    "retries": "rebaser_requests_retried_total",
+    "DVU failures": "rebaser_dvu_failures_total",
+    "consumer resets": "rebaser_consumer_resets_total",
+    "NATS reconnects": "rebaser_nats_reconnects_total",
 }
 
 

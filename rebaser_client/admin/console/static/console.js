@@ -162,6 +162,7 @@
       const data = JSON.parse(e.data);
       const tbody = $("#timeline tbody");
       if (!tbody || tbody.querySelector(`tr[data-id="${CSS.escape(data.id)}"]`)) return;
+      tbody.querySelector("tr.empty")?.remove();
       for (const tr of parseRows(data.html)) tbody.prepend(tr); // newest first: the stream sends oldest first
     });
     for (const [name, target] of [["overview", "main"], ["detail", "#detail"], ["dead-letters", "#dead-letters"]]) {
