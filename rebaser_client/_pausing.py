@@ -51,6 +51,7 @@ from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent, EventKind
 from rebaser_core.errors import DecodeError, RebaserUnavailable, StillHeld
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.pause_store import open_pauses
 from rebaser_core.nats.tasks import publish_task
 from rebaser_core.pauses import Pause, change_set_key, workspace_key
@@ -316,11 +317,11 @@ async def _subjects_of_workspace(
     js: JetStreamContext, stream: str, filter_: str, parse: Callable[[str], Any]
 ) -> dict[tuple[str, str], int]:
     try:
-        info = await js.stream_info(stream, subjects_filter=filter_)
+        listed = await stream_subjects(js, stream, filter_)
     except NotFoundError:  # a shard whose streams are not created yet (or deleted): nothing there
         return {}
     found: dict[tuple[str, str], int] = {}
-    for subject, count in (info.state.subjects or {}).items():
+    for subject, count in listed.items():
         ids = parse_ids(subject, parse)
         if ids is not None and count:
             found[ids] = found.get(ids, 0) + count

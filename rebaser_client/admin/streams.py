@@ -31,6 +31,7 @@ from nats.js.errors import NotFoundError
 from rebaser_core.errors import InvalidSubject, LayoutMismatch
 from rebaser_core.layout import AssignmentMode, Layout
 from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, read_layout, write_layout
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.shard_info import shard_report, spread_leaders
 from rebaser_core.nats.streams import split
 from rebaser_core.subjects import Subjects
@@ -79,10 +80,10 @@ async def misplaced(js: JetStreamContext, subjects: Subjects, layout: Layout) ->
             (names.tasks_stream, names.tasks_all, names.parse_task),
         ):
             try:
-                info = await js.stream_info(stream, subjects_filter=everything)
+                listed = await stream_subjects(js, stream, everything)
             except NotFoundError:
                 continue
-            for subject in info.state.subjects or {}:
+            for subject in listed:
                 try:
                     parsed = parse(subject)
                 except InvalidSubject:

@@ -34,6 +34,7 @@ from nats.js.errors import NotFoundError
 from rebaser_core.batches import MANIFEST, is_address
 from rebaser_core.errors import InvalidId
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.settings import Settings
 from rebaser_server.changeset.context import Stats
 from rebaser_server.daemon.junk import JunkRemover
@@ -80,10 +81,10 @@ class BatchSweeper:
         self._last = time.monotonic()
         stream = self._subjects.stored_batches_stream
         try:
-            info = await self._js.stream_info(stream, subjects_filter=self._subjects.stored_batches_subject)
+            listed = await stream_subjects(self._js, stream, self._subjects.stored_batches_subject)
         except NotFoundError:
             return 0  # not created yet (an older deployment's daemons)
-        workspaces, junk = self._group(info.state.subjects or {})
+        workspaces, junk = self._group(listed)
         if junk:
             await self._junk.remove(stream, junk, dead_letter=False)
         deleted = await self._unfinished(workspaces)

@@ -28,6 +28,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import InvalidSubject
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.streams import open_bucket, stop_watch, watch_bucket
 from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
@@ -133,9 +134,9 @@ class Reaper:
 
     async def _hand_back_in(self, subjects: Subjects, shard: int, owner: str) -> int:
         js = self._nats.js
-        info = await js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
+        tasks = await stream_subjects(js, subjects.tasks_stream, subjects.tasks_all)
         count = unread = 0
-        for subject in info.state.subjects or {}:
+        for subject in tasks:
             try:
                 parsed = subjects.parse_task(subject)
             except InvalidSubject:

@@ -16,6 +16,7 @@ import random
 from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.tasks import publish_task
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
@@ -94,12 +95,12 @@ class Sweeper:
 
     async def _sweep_shard(self, subjects: Subjects) -> int:
         js = self._nats.js
-        requests = await js.stream_info(subjects.requests_stream, subjects_filter=subjects.requests_all)
-        queued, junk = _parse_all(subjects.parse_requests, requests.state.subjects)
+        requests = await stream_subjects(js, subjects.requests_stream, subjects.requests_all)
+        queued, junk = _parse_all(subjects.parse_requests, requests)
         if junk:
             await self.junk.remove(subjects.requests_stream, junk, dead_letter=True)
-        tasks = await js.stream_info(subjects.tasks_stream, subjects_filter=subjects.tasks_all)
-        tasked, junk = _parse_all(subjects.parse_task, tasks.state.subjects)
+        tasks = await stream_subjects(js, subjects.tasks_stream, subjects.tasks_all)
+        tasked, junk = _parse_all(subjects.parse_task, tasks)
         if junk:
             await self.junk.remove(subjects.tasks_stream, junk, dead_letter=False)
         found = 0

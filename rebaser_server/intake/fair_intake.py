@@ -47,6 +47,7 @@ from nats.js.errors import NotFoundError
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.nats.inline_subscription import subscribe_inline
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -199,10 +200,8 @@ class FairIntake:
 
     async def _discover(self) -> None:
         """Every workspace with a task in the stream joins the line (it may be owned: a turn then finds nothing)."""
-        info = await self._nats.js.stream_info(
-            self._subjects.tasks_stream, subjects_filter=self._subjects.tasks_all
-        )
-        for subject in info.state.subjects or {}:
+        tasks = await stream_subjects(self._nats.js, self._subjects.tasks_stream, self._subjects.tasks_all)
+        for subject in tasks:
             with contextlib.suppress(InvalidSubject):
                 self._join(self._subjects.parse_task(subject).workspace_id)
 

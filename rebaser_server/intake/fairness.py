@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.settings import Settings
 from rebaser_server.changeset.context import Nats, Placement
 
@@ -101,10 +102,8 @@ class FairShare:
         try:
             for shard in self._placement.layout.shards:
                 subjects = self._settings.subjects.for_shard(shard)
-                info = await self._nats.js.stream_info(
-                    subjects.tasks_stream, subjects_filter=subjects.tasks_all
-                )
-                for subject, count in (info.state.subjects or {}).items():
+                tasks = await stream_subjects(self._nats.js, subjects.tasks_stream, subjects.tasks_all)
+                for subject, count in tasks.items():
                     with contextlib.suppress(InvalidSubject):
                         found[subjects.parse_task(subject).workspace_id] += count
         except Exception as err:  # NATS trouble: keep the last view, read again later

@@ -285,6 +285,8 @@ async def change_sets(request: web.Request) -> web.Response:
         )
         response = _page(request, title="Change sets", section="change-sets", body=body, stream="")
         response.set_status(400)
+        why = f"no such state: {unknown}"
+        audit(request, _what(request), "refused", status=400, lines=[why], who=config["identity"])
         return response
     flt = Filter.parse(request.query)
     body = change_sets_body(live.index, flt, read_only=config["read_only"], loaded=live.records_loaded)

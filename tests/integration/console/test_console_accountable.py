@@ -2,14 +2,16 @@
 refused request is logged as one JSON line saying who, from where, what, which targets and the outcome, and a pause
 made from the console says who made it; a bulk pause says what really happened to change sets no daemon holds; a
 request being retried shows its last error; and when the daemon and its NATS stop, the console shows the daemon's
-health as it is now and the rest as stale, not live."""
+health as it is now and the rest as stale, not live; with the feed off, a change set's page lays out cleanly."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,7 +33,7 @@ from rebaser_server.testing import fast_settings, running_daemon
 from tests.integration.client.test_pause_admin import store
 from tests.integration.operations.test_metrics import metrics_url
 from tests.support.apps import RecordingApp
-from tests.support.console import serving_console
+from tests.support.console import chromium, screenshot_path, serving_console
 
 
 @pytest.fixture
@@ -197,3 +199,33 @@ async def test_daemon_health_is_read_on_its_own_and_stale_data_shows_as_stale(
         for conn in (console_nc, daemon_nc):
             with contextlib.suppress(Exception):
                 await conn.close()
+
+
+async def test_with_the_feed_off_the_page_lays_out_without_an_empty_timeline(
+    nc: NatsClient, deployment: Subjects, tmp_path: Path
+) -> None:
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    await store(nc, deployment, wk, cs)
+    async with serving_console(nc, deployment) as console, chromium() as browser:
+        await wait_for(
+            lambda: console.live.feed_on is False and console.live.row_of(str(wk), str(cs)), timeout=10
+        )
+        page = await browser.new_page(viewport={"width": 1280, "height": 800})
+        await page.goto(f"{console.url}/change-sets/{wk}/{cs}")
+        await page.wait_for_selector("#live.on", timeout=20_000)
+        await page.locator("#detail table.facts").wait_for(timeout=20_000)
+        await page.screenshot(path=screenshot_path(tmp_path, "console-feed-off.png"), full_page=True)
+        # What to turn on stands in place of the timeline: no empty table whose header runs into the facts.
+        assert await page.locator("#timeline").count() == 0
+        boxes = await page.evaluate(
+            """() => [...document.querySelector("main").children].map(e => {
+                const r = e.getBoundingClientRect();
+                return [e.tagName + (e.id ? "#" + e.id : ""), r.top, r.bottom];
+            })"""
+        )
+        for (above, _, bottom), (below, top, _) in itertools.pairwise(boxes):
+            assert bottom <= top + 0.5, f"{above} overlaps {below}: {boxes}"
+        banner = await page.locator("#feed-off").bounding_box()
+        facts = await page.locator("#detail table.facts").bounding_box()
+        assert banner is not None and facts is not None
+        assert banner["y"] + banner["height"] < facts["y"]

@@ -279,12 +279,15 @@ async def _idle(d: Deployment, wk: WorkspacePk, n: int) -> list[ChangeSetId]:
         )
         assert reply.ok
     await wait_for(
+        lambda: not d.daemon.owned_by_workspace.get(str(wk)), timeout=30, message="the daemon lets them go"
+    )
+    await wait_for(
         lambda: all(
             (row := d.console.live.row_of(str(wk), str(cs))) is not None and row.task == "none" and row.owner
             for cs in targets
         ),
         timeout=30,
-        message="the daemon lets them go",
+        message="the console sees that no daemon holds them",
     )
     return targets
 
