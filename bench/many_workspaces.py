@@ -58,8 +58,8 @@ NODES = 3  # as docker-compose.yml and the dev cluster
 SERVING = "rebaser daemon serving"
 HEALTH = re.compile(r"health endpoint on (http://\S+)")
 SCENARIOS = ("one", "many")
-SMOKE = {"change_sets": 50, "requests": 1, "callers": 8, "quiet": 2.0}
-DEFAULTS = {"change_sets": 2000, "requests": 2, "callers": 64, "quiet": 20.0}
+SMOKE = {"change_sets": 20, "requests": 1, "callers": 4, "quiet": 1.0, "daemons": 1}
+DEFAULTS = {"change_sets": 2000, "requests": 2, "callers": 64, "quiet": 20.0, "daemons": 2}
 # The part of --max-seconds kept per scenario for starting and stopping its cluster and daemons (and its quiet).
 OVERHEAD_S = 45.0
 
@@ -400,7 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help=f"Q: seconds of quiet measured after the run (default {DEFAULTS['quiet']:g})",
     )
-    parser.add_argument("--daemons", type=int, default=2, help="daemon processes (default 2)")
+    parser.add_argument("--daemons", type=int, help="daemon processes (default 2)")
     parser.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help="which scenarios, in order: one, many (default both)"
     )
@@ -425,7 +425,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="a CI-sized run: C=50, R=1, K=8, Q=2 (flags given explicitly still win)",
+        help="a CI-sized run: C=20, R=1, K=4, Q=1, one daemon (flags given explicitly still win)",
     )
     parser.add_argument("--json", type=Path, help="also write the settings and results here")
     parser.add_argument("--markdown", type=Path, help="also write the table here")

@@ -24,7 +24,9 @@ async def test_every_subject_is_listed_past_the_first_page(nc: NatsClient, subje
     )
     try:
         count = PAGE + 250
-        for n in range(count):  # plain publishes: the stream stores them, nobody waits for each acknowledgement
+        for n in range(
+            count
+        ):  # plain publishes: the stream stores them, nobody waits for each acknowledgement
             await nc.publish(f"{subject_prefix}.listing.s{n:06d}", b"")
         await nc.flush(timeout=30)
 
