@@ -111,17 +111,18 @@ class RequestGate:
         """Whether the workspace's last count, with what this daemon admitted since, is fresh and under half the
         limit (then the request is reserved and passed on without a count)."""
         limit = self._backlogs.limit
-        if limit <= 0:
-            return True
-        count = self._counts.get(workspace_id)
-        if (
-            count is None
-            or time.monotonic() - count.at > RECOUNT_AFTER
-            or self._estimate(count) >= limit // 2
-        ):
+        if limit > 0 and self._to_count(self._counts.get(workspace_id), limit):
             return False
         self._admitted[workspace_id] = self._admitted.get(workspace_id, 0) + 1
         return True
+
+    def _to_count(self, count: _Count | None, limit: int) -> bool:
+        """Whether the workspace is to be counted again: no count, an old one, or one near the limit."""
+        return (
+            count is None
+            or time.monotonic() - count.at > RECOUNT_AFTER
+            or self._estimate(count) >= limit // 2
+        )
 
     async def _counted(self, msg: Msg, subject: str, workspace_id: WorkspacePk) -> None:
         try:
@@ -160,11 +161,7 @@ class RequestGate:
         if limit <= 0:
             return None
         count = self._counts.get(workspace_id)
-        if (
-            count is None
-            or time.monotonic() - count.at > RECOUNT_AFTER
-            or self._estimate(count) >= limit // 2
-        ):
+        if count is None or self._to_count(count, limit):
             try:
                 count = await self._recount(workspace_id)
             except (nats.errors.Error, TimeoutError) as err:

@@ -11,8 +11,9 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded import NatsServer
-from rebaser_core.ids import WorkspacePk
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 
 CONF = Path(__file__).parents[2] / "docs" / "nats-accounts.conf"
 # The workspace the users workspace-1 and follower-1 of that configuration are confined to.
@@ -56,3 +57,17 @@ async def connect_as(
         inbox_prefix=f"_INBOX.{user}",
         error_cb=on_error,
     )
+
+
+async def other_tenant_works(server: NatsServer) -> None:
+    """A request of ``client-1``, in a workspace of its own, is applied: another tenant is served."""
+    other = await connect_as(server, "client-1")
+    try:
+        async with RebaserClient(other) as client:
+            updates = [SetLiteral(path="/n", value=1)]
+            reply = await client.enqueue_updates_with_reply(
+                WorkspacePk.new(), ChangeSetId.new(), updates, timeout=20
+            )
+            assert reply.ok, reply
+    finally:
+        await other.close()

@@ -11,29 +11,15 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client import RebaserClient
 from rebaser_core.embedded import NatsServer
 from rebaser_core.errors import RebaserUnavailable
-from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc
+from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc, other_tenant_works
 from tests.support.apps import RecordingApp
 
 __all__ = ["accounts_server", "daemon_nc"]  # fixtures
-
-
-async def _other_tenant_works(server: NatsServer) -> None:
-    other = await connect_as(server, "client-1")
-    try:
-        async with RebaserClient(other) as client:
-            updates = [SetLiteral(path="/n", value=1)]
-            reply = await client.enqueue_updates_with_reply(
-                WorkspacePk.new(), ChangeSetId.new(), updates, timeout=20
-            )
-            assert reply.ok, reply
-    finally:
-        await other.close()
 
 
 async def test_a_callers_subscriptions_are_bounded_by_its_account(
@@ -62,7 +48,7 @@ async def test_a_callers_subscriptions_are_bounded_by_its_account(
                 await caller.flush(timeout=5)
             await wait_for(lambda: dropped, message="the connection past the account's limit is dropped")
             assert "maximum subscriptions exceeded" in accounts_server.log_path.read_text()
-            await _other_tenant_works(accounts_server)
+            await other_tenant_works(accounts_server)
     finally:
         await caller.close()
 
@@ -90,7 +76,7 @@ async def test_a_callers_connections_are_bounded_by_its_account(
             refused = err
         assert refused is not None, "a 17th connection of the account was accepted"
         async with running_daemon(daemon_nc, fast_settings(None), RecordingApp()):
-            await _other_tenant_works(accounts_server)
+            await other_tenant_works(accounts_server)
     finally:
         for conn in opened:
             await conn.close()
@@ -132,6 +118,6 @@ async def test_a_follower_cannot_have_consumers_made_without_bound(
                 pass
             else:
                 raise AssertionError("a watch past the limit was made")
-            await _other_tenant_works(accounts_server)
+            await other_tenant_works(accounts_server)
     finally:
         await caller.close()

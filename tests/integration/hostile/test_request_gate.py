@@ -11,9 +11,9 @@ from nats.aio.client import Client as NatsClient
 from rebaser_client import RebaserBusy, RebaserClient, SetLiteral
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.embedded import NatsServer
-from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc
+from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc, other_tenant_works
 from tests.support.apps import RecordingApp
 
 __all__ = ["accounts_server", "daemon_nc"]  # fixtures
@@ -70,15 +70,6 @@ async def test_raw_publishes_past_the_workspace_limit_are_refused_and_others_are
                 else:
                     raise AssertionError("a request past the workspace's limit was queued")
             # ... and another workspace's caller is served as ever.
-            other = await connect_as(accounts_server, "client-1")
-            try:
-                async with RebaserClient(other) as client:
-                    updates = [SetLiteral(path="/n", value=1)]
-                    reply = await client.enqueue_updates_with_reply(
-                        WorkspacePk.new(), ChangeSetId.new(), updates, timeout=20
-                    )
-                    assert reply.ok, reply
-            finally:
-                await other.close()
+            await other_tenant_works(accounts_server)
     finally:
         await attacker.close()
