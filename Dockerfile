@@ -42,9 +42,12 @@ USER 10001:10001
 WORKDIR /var/lib/rebaser
 # The embedded server's JetStream store: requests and change-set records survive a new container.
 VOLUME ["/var/lib/rebaser"]
-# 4222: the embedded nats-server (clients); 9464: /healthz, /readyz, /status, /metrics. /status and /metrics name
-# workspaces: off the container they answer only with REBASER_HTTP_TOKEN or REBASER_HTTP_TOKEN_FILE set, and the
-# bearer token sent (docs/deployment.md).
+# 4222: the embedded nats-server (clients). 9464 (REBASER_HTTP_PORT): the daemon's health port, plain HTTP, GET
+# only: /healthz (200 while the process is alive: the HEALTHCHECK below), /readyz (200 once ready to take work, 503
+# while starting, shutting down, a stream missing, the backlog over REBASER_READY_MAX_BACKLOG or NATS gone too
+# long), /status (JSON) and /metrics (Prometheus). /status and /metrics name workspaces: off the container they
+# answer only with REBASER_HTTP_TOKEN or REBASER_HTTP_TOKEN_FILE set, and the bearer token sent. Nothing else is
+# served there: no web console (`rebaser console`, a separate process) and no API (docs/deployment.md).
 EXPOSE 4222 9464
 # No curl in a slim image: the image's own Python asks /healthz (on the port the daemon was given).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

@@ -10,6 +10,7 @@ dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>`` (``….m
 queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
 events            ``[P.]rebaser.events.<workspace>.<change_set>`` (one stream, whatever the shards)
 stored batches    ``[P.]rebaser.batches.<workspace>.<address>.<part|manifest>`` (one stream, rebaser_core.batches)
+audit trail       ``[P.]rebaser.audit.<action>`` (operators' actions, rebaser_client.admin.audit)
 ================  =================================================
 
 **Shards** (docs/operations.md): with ``--streams N`` requests and tasks are spread over N streams each. Shard 0
@@ -45,6 +46,7 @@ LAYOUT_BUCKET = "REBASER_LAYOUT"
 PAUSES_BUCKET = "REBASER_PAUSES"
 DAEMONS_BUCKET = "REBASER_DAEMONS"
 EVENTS_STREAM = "REBASER_EVENTS"
+AUDIT_STREAM = "REBASER_AUDIT"
 LAYOUT_KEY = "layout"
 
 
@@ -173,6 +175,21 @@ class Subjects:
     def batch_part(self, workspace_id: WorkspacePk, address: str, part: int | str) -> str:
         """Part ``part`` (0, 1, …) of a workspace's stored batch, or its ``manifest`` (written last)."""
         return self._subject("rebaser", "batches", str(workspace_id), address, str(part))
+
+    @property
+    def audit_stream(self) -> str:
+        """The operators' audit trail: one message per action of the console or the ``rebaser`` commands
+        (rebaser_client.admin.audit)."""
+        return self._name(AUDIT_STREAM)
+
+    @property
+    def audit_all(self) -> str:
+        """What the audit stream stores: ``rebaser.audit.<action>``."""
+        return self._subject("rebaser", "audit", "*")
+
+    def audit(self, action: str) -> str:
+        """Where one action (a subject token: letters, digits, '-' and '_') is recorded."""
+        return self._subject("rebaser", "audit", action)
 
     @property
     def tasks_consumer(self) -> str:

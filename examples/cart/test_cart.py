@@ -1,6 +1,7 @@
 """Testing the cart: the app alone (plain Python, no server), and on a real daemon with the pytest plugin.
 
-The plugin comes with rebaser (``pip install 'rebaser[testing]'`` brings pytest too): ``rebaser_client`` is a
+The plugin comes with rebaser and its ``testing`` extra brings pytest too (rebaser is on no package index:
+``pip install -e '/path/to/rebaser[testing]'`` from a checkout, or a wheel: docs/apps.md). ``rebaser_client`` is a
 client of a daemon that runs the app named by the ``rebaser_app`` marker (or the ``rebaser_app`` ini option, see
 ``pytest.ini``) on an embedded nats-server. Each form of the marker is used once below.
 """

@@ -23,6 +23,9 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 
 __all__ = [
+    "AUDIT_MAX_AGE",
+    "AUDIT_MAX_MSGS",
+    "audit_stream_config",
     "dead_letter_stream_config",
     "ensure_shard",
     "ensure_streams",
@@ -204,6 +207,34 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
     )
 
 
+AUDIT_MAX_AGE = 90 * 24 * 3600.0  # seconds an audit entry is kept
+AUDIT_MAX_MSGS = 100_000  # audit entries kept at most (the oldest go first)
+AUDIT_MAX_BYTES = 256 * 1024 * 1024
+AUDIT_MAX_MSG = 16 * 1024
+
+
+def audit_stream_config(
+    subjects: Subjects, *, storage: js_api.StorageType = js_api.StorageType.FILE, replicas: int = 1
+) -> js_api.StreamConfig:
+    """``REBASER_AUDIT``: the operators' actions from the console and the ``rebaser`` commands (written by them:
+    rebaser_client.admin.audit), the newest kept: bounded by age, count and size, the oldest go first. The daemons
+    create it (an operator's NATS user may not create streams); a writer that finds none creates it the same way."""
+    return js_api.StreamConfig(
+        name=subjects.audit_stream,
+        description="rebaser: operators' actions from the console and the rebaser commands (newest kept)",
+        subjects=[subjects.audit_all],
+        retention=js_api.RetentionPolicy.LIMITS,
+        discard=js_api.DiscardPolicy.OLD,
+        max_age=AUDIT_MAX_AGE,
+        max_msgs=AUDIT_MAX_MSGS,
+        max_bytes=AUDIT_MAX_BYTES,
+        max_msg_size=AUDIT_MAX_MSG + 1024,
+        storage=storage,
+        num_replicas=replicas,
+        allow_direct=True,
+    )
+
+
 def events_stream_config(settings: Settings) -> js_api.StreamConfig:
     """``REBASER_EVENTS``: every change set's event feed, bounded per change set and by age; the oldest go first.
 
@@ -331,11 +362,15 @@ async def ensure_streams(
     shards: range = range(1),
     streams: int = 1,
 ) -> None:
-    """Create or update the dead-letter stream and every shard in ``shards`` (of ``streams`` current shards;
-    shards beyond it are draining and keep the split of their own layout, which is the same or smaller)."""
+    """Create or update the dead-letter, stored-batches, audit (and events) streams and every shard in ``shards``
+    (of ``streams`` current shards; shards beyond it are draining and keep the split of their own layout, which is
+    the same or smaller)."""
     for shard in shards:
         await ensure_shard(js, settings, shard, max(streams, 1), consumer=consumer)
     await _ensure_stream(js, dead_letter_stream_config(settings))
     await _ensure_stream(js, stored_batches_stream_config(settings))
+    await _ensure_stream(
+        js, audit_stream_config(settings.subjects, storage=_storage(settings), replicas=settings.replicas)
+    )
     if settings.events:
         await _ensure_stream(js, events_stream_config(settings))

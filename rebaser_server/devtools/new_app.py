@@ -64,6 +64,13 @@ def write_app(name: str, directory: Path) -> list[Path]:
     return written
 
 
+def _checkout_hint() -> str:
+    """Where this rebaser was installed from, if from a checkout (an editable install: its pyproject.toml is two
+    levels above this package); else a placeholder for the operator to fill in."""
+    root = Path(__file__).resolve().parents[2]
+    return str(root) if (root / "pyproject.toml").is_file() else "/path/to/rebaser"
+
+
 @click.command("new-app")
 @click.argument("name")
 @click.option(
@@ -77,7 +84,8 @@ def command(name: str, directory: Path | None) -> None:
     """Write a working app and its tests into a new directory, from the apps guide's example.
 
     NAME becomes the module (ledger.py) and the class (LedgerApp). Then, in that directory:
-    pip install 'rebaser[testing]' and pytest; rebaser-server --app NAME:NAMEApp serves it.
+    pip install -e '/path/to/rebaser[testing]' (rebaser is on no package index: from its checkout, or a wheel
+    built there, docs/apps.md) and pytest; rebaser-server --app NAME:NAMEApp serves it.
     """
     target = directory if directory is not None else Path(name)
     try:
@@ -86,7 +94,13 @@ def command(name: str, directory: Path | None) -> None:
         raise click.ClickException(str(err)) from None
     module, app_class = app_names(name)
     click.echo(f"wrote {', '.join(path.name for path in written)} in {target}")
-    click.echo(f"  cd {target} && pip install 'rebaser[testing]' && pytest    # its tests, on a real daemon")
+    click.echo(
+        f"  cd {target} && pip install -e '{_checkout_hint()}[testing]' && pytest    # its tests, on a real daemon"
+    )
+    click.echo(
+        "    (rebaser is on no package index: install it from its checkout as above, or from a wheel built there"
+        " with `pip wheel --no-deps -w dist .`: docs/apps.md#testing-it)"
+    )
     click.echo(
         f"  PYTHONPATH={target} rebaser-server --app {module}:{app_class}    # a daemon that serves it"
     )

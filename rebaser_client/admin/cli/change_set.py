@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rebaser_client.admin.cli.common import (
+    Audited,
     confirm,
     connection_options,
     console,
@@ -89,7 +90,13 @@ def change_set_purge(
     from rebaser_client.admin.repairs import purge_change_set
 
     confirm(yes, f"Remove every queued request of change set {wk}/{cs}?")
-    result = run(nats_url, lambda nc: purge_change_set(nc, subjects, wk, cs))
+    audited = Audited(
+        "purge",
+        subjects,
+        [f"change set {wk}/{cs}"],
+        lambda r: [f"removed {plural(r.removed, 'request')} (all stored up to sequence {r.upto_seq})"],
+    )
+    result = run(nats_url, lambda nc: purge_change_set(nc, subjects, wk, cs), audited=audited)
     if as_json:
         print_json({"removed": result.removed, "upto_seq": result.upto_seq, "task": result.task})
         return
@@ -124,7 +131,13 @@ def change_set_reset_record(
     from rebaser_client.admin.store_repairs import reset_record
 
     confirm(yes, f"Delete the unreadable record of {wk}/{cs}? It starts over from the app's initial state.")
-    result = run(nats_url, lambda nc: reset_record(nc, subjects, wk, cs))
+    audited = Audited(
+        "reset-record",
+        subjects,
+        [f"change set {wk}/{cs}"],
+        lambda r: [f"deleted the unreadable record of {wk}/{cs} ({r.found})"],
+    )
+    result = run(nats_url, lambda nc: reset_record(nc, subjects, wk, cs), audited=audited)
     resumed = result.resumed
     if as_json:
         print_json(

@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
+    "Audited",
     "admin_connect",
     "confirm",
     "confirm_connected",
@@ -44,6 +46,7 @@ __all__ = [
     "plural",
     "print_json",
     "progress_bar",
+    "record_action",
     "run",
     "subjects_of",
 ]
@@ -133,14 +136,56 @@ async def admin_connect(nats_url: str) -> NatsClient:
         ) from None
 
 
-def run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]]) -> T:
-    """Connect, run ``work``, close; a RebaserError becomes one line and exit status 1."""
+@dataclass
+class Audited:
+    """An action a command does, for the audit trail (:mod:`rebaser_client.admin.audit`): its name, its targets
+    (``work`` may name them once it has looked them up) and, once done, what it did (``lines`` of its result)."""
+
+    what: str
+    subjects: Subjects
+    targets: list[str] = field(default_factory=list)
+    lines: Callable[[Any], list[str]] = lambda result: []
+
+
+async def record_action(nc: NatsClient, audited: Audited, outcome: str, lines: list[str]) -> None:
+    """Record ``audited`` in the audit trail; if that fails, say on stderr that the entry is missing (and go on)."""
+    from rebaser_client.admin.audit import cli_identity, make_entry, missing_line, record
+
+    entry = make_entry(
+        who=cli_identity(),
+        source="cli",
+        what=audited.what,
+        targets=audited.targets,
+        outcome=outcome,
+        lines=lines,
+    )
+    why = await record(nc, audited.subjects, entry)
+    if why is not None:
+        click.echo(f"rebaser: {missing_line(why)}", err=True)
+
+
+def run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]], *, audited: Audited | None = None) -> T:
+    """Connect, run ``work``, close; a RebaserError becomes one line and exit status 1. With ``audited``, the
+    action is recorded in the audit trail once done (or once it failed); a record that cannot be written is said on
+    stderr and changes neither the outcome nor the exit status."""
     import asyncio
 
     async def main() -> T:
         nc = await admin_connect(nats_url)
         try:
-            return await work(nc)
+            if audited is None:
+                return await work(nc)
+            try:
+                result = await work(nc)
+            except RebaserError as err:
+                await record_action(nc, audited, "failed", [error_line(err)])
+                raise
+            try:
+                lines = audited.lines(result)
+            except Exception as err:  # the record's wording must never cost the action's output
+                lines = [f"(not described: {err!r})"]
+            await record_action(nc, audited, "ok", lines)
+            return result
         finally:
             await close_connection(nc)
 

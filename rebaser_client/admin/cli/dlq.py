@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rebaser_client.admin.cli.common import (
+    Audited,
     confirm_connected,
     connection_options,
     console,
@@ -115,6 +116,18 @@ def dlq_show(seq: int, nats_url: str, prefix: str | None, as_json: bool) -> None
         console().print(fmt.dead_letter_view(letter))
 
 
+def _replay_lines(results: list[dict[str, Any]]) -> list[str]:
+    from rebaser_client.admin.format_actions import replay_line
+    from rebaser_client.admin.repairs import ReplayResult
+
+    return [
+        f"dead letter {r['dead_letter_seq']}: not replayed: {r['error']}"
+        if "error" in r
+        else replay_line(ReplayResult(**r))
+        for r in results
+    ] or ["nothing replayed"]
+
+
 def _letters_named(seqs: tuple[int, ...]) -> str:
     return f"dead letter {seqs[0]}" if len(seqs) == 1 else f"dead letters {', '.join(map(str, seqs))}"
 
@@ -168,10 +181,13 @@ def dlq_replay(
     from rebaser_client.admin.format_actions import replay_json
     from rebaser_client.admin.repairs import check_replayable, replay_dead_letters
 
+    audited = Audited("replay", subjects, [f"dead letter {s}" for s in seqs], _replay_lines)
+
     async def work(nc: NatsClient) -> list[dict[str, Any]]:
         if everything:
             total, letters = await dead_letters(nc, subjects, workspace_id=wk, change_set_id=cs, limit=limit)
             targets = [d.seq for d in letters]
+            audited.targets = [f"dead letter {s}" for s in targets]
             if not targets:
                 return []
             if total > len(targets):
@@ -194,7 +210,7 @@ def dlq_replay(
             for o in outcomes
         ]
 
-    results = run(nats_url, work)
+    results = run(nats_url, work, audited=audited)
     from rebaser_client.admin.format_actions import replay_line
     from rebaser_client.admin.repairs import ReplayResult
 
@@ -240,6 +256,13 @@ def dlq_drop(
     from rebaser_client.admin.dead_letters import dead_letters
     from rebaser_client.admin.repairs import drop_dead_letters
 
+    audited = Audited(
+        "drop",
+        subjects,
+        [f"dead letter {s}" for s in seqs] or [f"every dead letter{_of(wk, cs)}"],
+        lambda dropped: [f"dropped {plural(dropped, 'dead letter')}"],
+    )
+
     async def work(nc: NatsClient) -> int:
         if everything:
             total, _ = await dead_letters(nc, subjects, workspace_id=wk, change_set_id=cs, limit=0)
@@ -255,7 +278,7 @@ def dlq_drop(
             nc, subjects, seqs, workspace_id=wk, change_set_id=cs, everything=everything
         )
 
-    dropped = run(nats_url, work)
+    dropped = run(nats_url, work, audited=audited)
     if as_json:
         print_json({"dropped": dropped})
     else:

@@ -1,6 +1,6 @@
 """``rebaser``: the command group (the console script's ``main``), and the commands that send requests from the shell.
 The operators' commands join it from the other modules of this package (``status``, ``change-set``, ``dlq``,
-``wait``, ``watch``, ``workspace``; ``streams`` is below).
+``wait``, ``watch``, ``workspace``, ``audit``; ``streams`` is below).
 
 rebaser new-id                      (a fresh ULID, for workspaces and change sets)
 rebaser enqueue --workspace W --change-set C --set /a=1 --set '/s="text"' --function /b=sum(/a,/c) --remove /d
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rebaser_client.admin.cli import pause
+from rebaser_client.admin.cli.audit import audit
 from rebaser_client.admin.cli.change_set import change_set, wait
 from rebaser_client.admin.cli.console import console
 from rebaser_client.admin.cli.dlq import dlq
@@ -209,7 +210,7 @@ def main() -> None:
 
 
 # The operators' commands, each module of this package one command or group (and `streams`, below).
-for _command in (status, change_set, dlq, wait, watch, console):
+for _command in (status, change_set, dlq, wait, watch, console, audit):
     main.add_command(_command)
 pause.register(main)  # change-set pause/resume/skip, and the workspace group
 

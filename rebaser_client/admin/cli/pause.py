@@ -12,6 +12,7 @@ nats-py, pydantic and rich are imported by the commands, once their options are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import click
 
 from rebaser_client.admin.cli.change_set import change_set
 from rebaser_client.admin.cli.common import (
+    Audited,
     confirm_connected,
     connection_options,
     json_option,
@@ -35,8 +37,10 @@ from rebaser_client.admin.format_actions import (
     resume_lines,
     skip_json,
     skip_line,
+    target_name,
 )
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.subjects import Subjects
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -84,6 +88,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _audited(what: str, subjects: Subjects, target: str, lines: Callable[[Any], list[str]]) -> Audited:
+    return Audited(what, subjects, [target], lines)
+
+
 # -- change-set pause | resume | skip --------------------------------------------------------------------------------
 @click.command("pause")
 @click.argument("workspace_id", metavar="WORKSPACE")
@@ -106,10 +114,14 @@ def change_set_pause(
     wk, cs = _ids(workspace_id, change_set_id)
     subjects = subjects_of(prefix)
     from rebaser_client._pausing import pause_change_set
+    from rebaser_client.admin.audit import cli_identity
 
     result = run(
         nats_url,
-        lambda nc: pause_change_set(nc, subjects, wk, cs, reason, wait=timeout if wait else None),
+        lambda nc: pause_change_set(
+            nc, subjects, wk, cs, reason, wait=timeout if wait else None, by=cli_identity()
+        ),
+        audited=_audited("pause", subjects, target_name(str(wk), str(cs)), lambda r: [pause_line(r, _now())]),
     )
     _show_pause(result, as_json)
 
@@ -128,7 +140,13 @@ def change_set_resume(
     subjects = subjects_of(prefix)
     from rebaser_client._pausing import resume_change_set
 
-    result = run(nats_url, lambda nc: resume_change_set(nc, subjects, wk, cs))
+    result = run(
+        nats_url,
+        lambda nc: resume_change_set(nc, subjects, wk, cs),
+        audited=_audited(
+            "resume", subjects, target_name(str(wk), str(cs)), lambda r: resume_lines(r, _now())
+        ),
+    )
     _show_resume(result, as_json)
 
 
@@ -164,7 +182,8 @@ def change_set_skip(
         )
         return await skip_request(nc, subjects, wk, cs, rid)
 
-    result = run(nats_url, work)
+    audited = _audited("skip", subjects, f"{wk}/{cs} request {rid}", lambda r: [skip_line(r)])
+    result = run(nats_url, work, audited=audited)
     if as_json:
         print_json(skip_json(result))
     else:
@@ -196,9 +215,14 @@ def workspace_pause(
     wk = parse_ulid(WorkspacePk, workspace_id, "WORKSPACE")
     subjects = subjects_of(prefix)
     from rebaser_client._pausing import pause_workspace
+    from rebaser_client.admin.audit import cli_identity
 
     result = run(
-        nats_url, lambda nc: pause_workspace(nc, subjects, wk, reason, wait=timeout if wait else None)
+        nats_url,
+        lambda nc: pause_workspace(
+            nc, subjects, wk, reason, wait=timeout if wait else None, by=cli_identity()
+        ),
+        audited=_audited("pause", subjects, target_name(str(wk), None), lambda r: [pause_line(r, _now())]),
     )
     _show_pause(result, as_json)
 
@@ -214,7 +238,11 @@ def workspace_resume(workspace_id: str, nats_url: str, prefix: str | None, as_js
     subjects = subjects_of(prefix)
     from rebaser_client._pausing import resume_workspace
 
-    result = run(nats_url, lambda nc: resume_workspace(nc, subjects, wk))
+    result = run(
+        nats_url,
+        lambda nc: resume_workspace(nc, subjects, wk),
+        audited=_audited("resume", subjects, target_name(str(wk), None), lambda r: resume_lines(r, _now())),
+    )
     _show_resume(result, as_json)
 
 

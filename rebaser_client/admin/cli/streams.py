@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 from nats.aio.client import Client as NatsClient
 
+from rebaser_client.admin.cli.common import Audited, record_action
 from rebaser_client.admin.intake import change_intake
 from rebaser_client.admin.store_repairs import repair_layout
 from rebaser_client.admin.streams import change_streams, show_layout
@@ -26,7 +27,9 @@ T = TypeVar("T")
 _CONNECT_TIMEOUT = 2.0
 
 
-def _run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]]) -> T:
+def _run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]], *, audited: Audited | None = None) -> T:
+    """Connect, run ``work``, close; with ``audited``, the change is recorded in the audit trail (common.run)."""
+
     async def main() -> T:
         options = ConnectOptions(
             servers=(nats_url,),
@@ -38,7 +41,15 @@ def _run(nats_url: str, work: Callable[[NatsClient], Awaitable[T]]) -> T:
         except Exception as err:
             raise click.ClickException(f"cannot connect to NATS at {redact_url(nats_url)}: {err}") from None
         try:
-            return await work(nc)
+            if audited is None:
+                return await work(nc)
+            try:
+                result = await work(nc)
+            except (RebaserError, TimeoutError) as err:
+                await record_action(nc, audited, "failed", [f"{type(err).__name__}: {err}"])
+                raise
+            await record_action(nc, audited, "ok", audited.lines(result))
+            return result
         finally:
             await close_connection(nc)
 
@@ -115,17 +126,41 @@ def set_streams(
         lambda nc: change_streams(
             nc, Subjects(prefix), streams, daemons=daemons, mode=mode, timeout=timeout, progress=click.echo
         ),
+        audited=Audited(
+            "streams-set",
+            Subjects(prefix),
+            [f"{streams} streams"],
+            lambda layout: [f"layout: {layout.streams} streams, {layout.mode}"],
+        ),
     )
     click.echo(f"layout: {layout.streams} streams, {layout.mode}")
 
 
 def set_intake(nats_url: str, prefix: str | None, intake: Intake) -> None:
-    layout = _run(nats_url, lambda nc: change_intake(nc, Subjects(prefix), intake, progress=click.echo))
+    layout = _run(
+        nats_url,
+        lambda nc: change_intake(nc, Subjects(prefix), intake, progress=click.echo),
+        audited=Audited(
+            "streams-intake",
+            Subjects(prefix),
+            [f"{intake} intake"],
+            lambda layout: [f"layout: {layout.streams} streams, {layout.mode}, {layout.intake} intake"],
+        ),
+    )
     click.echo(f"layout: {layout.streams} streams, {layout.mode}, {layout.intake} intake")
 
 
 def repair(nats_url: str, prefix: str | None, mode: AssignmentMode | None, as_json: bool) -> None:
-    result = _run(nats_url, lambda nc: repair_layout(nc, Subjects(prefix), assignment=mode))
+    result = _run(
+        nats_url,
+        lambda nc: repair_layout(nc, Subjects(prefix), assignment=mode),
+        audited=Audited(
+            "streams-repair",
+            Subjects(prefix),
+            ["the layout entry"],
+            lambda r: [f"rewritten from {r.source} ({r.found}): {r.layout.streams} streams, {r.layout.mode}"],
+        ),
+    )
     layout = result.layout
     if as_json:
         click.echo(

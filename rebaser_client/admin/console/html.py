@@ -30,6 +30,7 @@ _NAV = (
     ("overview", "/", "Overview"),
     ("change-sets", "/change-sets", "Change sets"),
     ("dead-letters", "/dead-letters", "Dead letters"),
+    ("audit", "/audit", "Audit"),
 )
 
 

@@ -25,7 +25,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import nats.errors
@@ -46,7 +48,23 @@ from rebaser_core.nats.streams import stop_watch, watch_bucket
 from rebaser_core.pauses import Pause, parse_key
 from rebaser_core.subjects import Subjects
 
-__all__ = ["FEED_OFF", "FLUSH", "READ_TTL", "Live"]
+__all__ = ["FEED_OFF", "FLUSH", "READ_TTL", "SAMPLES", "Live", "Sample"]
+
+SAMPLES = 600  # the samples the overview's charts draw at most: ten minutes at one refresh a second
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the deployment looked like at one refresh, for the overview's charts (kept in memory, the newest
+    :data:`SAMPLES`)."""
+
+    at: float  # Unix seconds
+    backlog: int  # requests queued, every change set's
+    applied_per_s: float | None  # since the previous sample (None for the first): see Live._sample
+    dead_letters: int
+    owned: int  # change sets a daemon holds
+    exact: bool  # applied_per_s counts applied events (the feed is on), not requests taken off the queues
+
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,6 +115,9 @@ class Live:
         self._tasks: list[asyncio.Task[None]] = []
         self._poked = asyncio.Event()
         self._dead_letters_seen: tuple[int | None, int] = (None, 0)
+        self.samples: deque[Sample] = deque(maxlen=SAMPLES)
+        self._applied_events = 0  # applied events the feed delivered
+        self._last_sample: tuple[float, int, int, bool] | None = None  # at, done, applied events, feed on
 
     async def start(self) -> None:
         for name, loop in (
@@ -196,6 +217,8 @@ class Live:
                     except ProtocolError:
                         continue  # not an event: the feed's own followers skip it too
                     wk, cs = str(event.workspace_id), str(event.change_set_id)
+                    if event.kind == "applied":
+                        self._applied_events += 1
                     self.index.apply_event(wk, cs, event.kind, event.owner, event.epoch)
                     self.hub.publish(f"cs:{wk}.{cs}", event)
             except asyncio.CancelledError:
@@ -286,6 +309,7 @@ class Live:
             self.hub.publish("dead-letters", None)
         await self._read_tasks(counts)
         await self._read_oldest(counts)
+        self._sample(counts)
         if overview:
             self.report = await status_report(
                 self.nc,
@@ -299,6 +323,25 @@ class Live:
                 count_owners=False,  # the overview's daemons come from the index or their health endpoints
             )
             self.hub.publish("overview", self.report)
+
+    def _sample(self, counts: Counts) -> None:
+        """One sample for the charts. Requests applied per second: with the event feed on, its ``applied`` events
+        (exact); without it, the requests that left the queues (stored ever, from the requests streams' last
+        sequences, less those queued), applied or dead-lettered or purged alike."""
+        now = time.time()
+        backlog = sum(int(c.get("queued", 0)) for c in counts.lines.values())
+        stored = sum(s.last_seq for s in counts.summaries[:-1][::2])  # each shard's requests, then its tasks
+        done, applied, feed = stored - backlog, self._applied_events, bool(self.feed_on)
+        rate: float | None = None
+        if self._last_sample is not None:
+            at, done_before, applied_before, feed_before = self._last_sample
+            if now > at:
+                moved = applied - applied_before if feed and feed_before else max(0, done - done_before)
+                rate = moved / (now - at)
+        self._last_sample = (now, done, applied, feed)
+        owned = sum(1 for row in self.index.rows.values() if row.task == "owned")
+        dead = counts.summaries[-1].messages or 0
+        self.samples.append(Sample(now, backlog, rate, dead, owned, feed))
 
     async def _read_tasks(self, counts: Counts) -> None:
         """Owned or waiting: a task's sequence (read once per task) against its consumer's last delivered one."""

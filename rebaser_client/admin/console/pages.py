@@ -13,12 +13,21 @@ from typing import Any
 
 from rebaser_client.admin.console.html import action_button, esc, link, table, when
 from rebaser_client.admin.console.index import STATES, Filter, Index, Row
+from rebaser_client.admin.console.live import Sample
 from rebaser_client.admin.format import shorten
 from rebaser_client.admin.status import Counts, StatusReport
 from rebaser_client.admin.workspaces import DaemonLine, DaemonsOwned
 from rebaser_core.pauses import repair_command
 
-__all__ = ["change_sets_body", "json_script", "list_counts", "overview_body", "row_data", "stale_note"]
+__all__ = [
+    "audit_body",
+    "change_sets_body",
+    "json_script",
+    "list_counts",
+    "overview_body",
+    "row_data",
+    "stale_note",
+]
 
 
 # -- the change-set list ---------------------------------------------------------------------------------------------
@@ -192,9 +201,11 @@ def overview_body(
     *,
     daemons: DaemonsOwned | None = None,
     stale_since: float | None = None,
+    samples: Sequence[Sample] = (),
 ) -> str:
     """The overview. ``daemons``: the daemons' health read on its own (current even while NATS fails);
-    ``stale_since``: while the NATS reads fail, when the last one succeeded (the rest is shown as of then)."""
+    ``stale_since``: while the NATS reads fail, when the last one succeeded (the rest is shown as of then);
+    ``samples``: what the charts draw (the console's refreshes, oldest first)."""
     states = index.state_counts()
     totals = "".join(
         f'<a class="tile" href="/change-sets?state={s}"><b>{states[s]}</b>{s}</a>' for s in STATES
@@ -222,9 +233,39 @@ def overview_body(
     return (
         f"<h1>Overview</h1>{stale_note(stale_since)}{tiles}"
         f'<table class="facts">{facts_html}<tr><th>durability</th><td>{esc(dur)}</td></tr></table>'
+        f"{_charts(samples)}"
         f"{_repairs(report)}<h2>Daemons</h2>{_daemons(report, index, daemons)}{_shards(counts)}"
         f"{_workspaces(report)}"
     )
+
+
+_CHARTS = (
+    ("backlog", "backlog", "requests queued"),
+    ("rate", "applied / s", "requests applied per second"),
+    ("dead", "dead letters", "dead letters kept"),
+    ("owned", "owned", "change sets a daemon holds"),
+)
+
+
+def _charts(samples: Sequence[Sample]) -> str:
+    """The charts over the last minutes: the samples as JSON (columns), drawn as SVG by console.js."""
+    data = {
+        "at": [round(s.at, 3) for s in samples],
+        "backlog": [s.backlog for s in samples],
+        "rate": [None if s.applied_per_s is None else round(s.applied_per_s, 2) for s in samples],
+        "dead": [s.dead_letters for s in samples],
+        "owned": [s.owned for s in samples],
+    }
+    exact = not samples or samples[-1].exact
+    rate_note = "" if exact else " (the event feed is off: requests taken off the queues, dead-lettered too)"
+    figures = "".join(
+        f'<figure class="chart" data-key="{key}">'
+        f'<figcaption title="{esc(title + (rate_note if key == "rate" else ""))}">'
+        f'{esc(name)} <span class="now"></span></figcaption></figure>'
+        for key, name, title in _CHARTS
+    )
+    payload = esc(json.dumps(data, separators=(",", ":")))
+    return f'<h2>Over time</h2><div id="charts" data-samples="{payload}">{figures}</div>'
 
 
 def _repairs(report: StatusReport) -> str:
@@ -247,3 +288,34 @@ def _repairs(report: StatusReport) -> str:
     if not rows:
         return ""
     return "<h2>Needs repair</h2>" + table(("what", "cause", "found", "repair"), rows, empty="")
+
+
+# -- the audit trail ---------------------------------------------------------------------------------------------
+def audit_body(total: int, entries: Sequence[dict[str, Any]], *, problem: str | None = None) -> str:
+    """The newest entries of the audit trail (rebaser_client.admin.audit), newest first."""
+
+    def cell(items: Any) -> str:
+        return "<br>".join(esc(i) for i in items) if isinstance(items, list) else ""
+
+    rows = [
+        f'<tr class="outcome-{esc(e.get("outcome"))}"><td>{esc(e.get("at"))}</td><td>{esc(e.get("who"))}</td>'
+        f"<td>{esc(e.get('source'))}</td><td>{esc(e.get('what'))}</td><td>{cell(e.get('targets'))}</td>"
+        f"<td>{esc(e.get('outcome'))}</td><td>{cell(e.get('lines'))}</td></tr>"
+        for e in entries
+    ]
+    note = (
+        f'<p class="problem" id="audit-problem">{esc(problem)}</p>'
+        if problem
+        else f'<p class="note">the newest {len(entries)} of {total} entries (<code>rebaser audit</code> lists '
+        "them too)</p>"
+    )
+    return (
+        "<h1>Audit trail</h1>"
+        + note
+        + table(
+            ("at", "who", "from", "what", "targets", "outcome", "said"),
+            rows,
+            table_id="audit",
+            empty="no action recorded yet",
+        )
+    )

@@ -35,14 +35,16 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from rebaser_client.admin.audit import entries as audit_entries
+from rebaser_client.admin.audit import make_entry, missing_line, record
 from rebaser_client.admin.console import actions
 from rebaser_client.admin.console.html import esc, link, page
 from rebaser_client.admin.console.index import STATES, Filter
 from rebaser_client.admin.console.live import FEED_OFF, Live
-from rebaser_client.admin.console.pages import change_sets_body, overview_body
+from rebaser_client.admin.console.pages import audit_body, change_sets_body, overview_body
 from rebaser_client.admin.console.pages_detail import change_set_body, dead_letter_body
 from rebaser_client.admin.console.sse import serve_stream
-from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html
+from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html, values_html
 from rebaser_client.admin.dead_letters import dead_letter
 from rebaser_core.errors import RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
@@ -94,6 +96,7 @@ def make_app(live: Live, *, token: str | None, read_only: bool, port: int) -> we
     app.router.add_get("/change-sets/{wk}/{cs}", one_change_set)
     app.router.add_get("/dead-letters", letters)
     app.router.add_get("/dead-letters/{seq:[0-9]+}", one_letter)
+    app.router.add_get("/audit", audit_page)
     app.router.add_get("/find", find)
     app.router.add_get("/stream", stream)
     app.router.add_post("/api/actions/{name}", action)
@@ -263,6 +266,7 @@ async def overview(request: web.Request) -> web.Response:
         live.feed_on,
         daemons=live.daemons,
         stale_since=live.health()["stale_since"],
+        samples=live.samples,
     )
     banner = FEED_OFF if live.feed_on is False else None
     return _page(
@@ -308,6 +312,8 @@ async def one_change_set(request: web.Request) -> web.Response:
     since = int(since_text) if since_text.isdigit() else None
     detail = await detail_html(live, wk, cs, read_only=request.app[CONFIG]["read_only"])
     body = change_set_body(str(wk), str(cs), detail, since=since, feed_on=live.feed_on)
+    # Its values as the app shows them (the daemons' get query), as of this page's load.
+    body += f"<h2>Values, as the app shows them</h2>{await values_html(live, wk, cs)}"
     query = {
         "page": "cs",
         "wk": str(wk),
@@ -384,6 +390,19 @@ async def find(request: web.Request) -> web.Response:
     return _page(request, title="Find", section="change-sets", body=body, stream="")
 
 
+async def audit_page(request: web.Request) -> web.Response:
+    """The newest entries of the audit trail (``?limit=``, 100 by default)."""
+    live = request.app[LIVE]
+    text = request.query.get("limit", "").strip()
+    limit = min(int(text), 1000) if text.isdigit() else 100
+    try:
+        total, found = await audit_entries(live.nc, live.subjects, limit=limit)
+        body = audit_body(total, found)
+    except RebaserError as err:
+        body = audit_body(0, [], problem=f"the audit trail cannot be read: {type(err).__name__}: {err}")
+    return _page(request, title="Audit trail", section="audit", body=body, stream="")
+
+
 async def no_icon(request: web.Request) -> web.Response:
     return web.Response(status=204)  # there is none: no 404 in every browser's log
 
@@ -430,7 +449,22 @@ async def action(request: web.Request) -> web.Response:
         if body.get("confirm"):
             phase, targets = "done", actions.targets_of(name, body)
             outcome = await actions.run(live, name, body, by=who)
-            data = {"ok": outcome.ok, "lines": outcome.lines}
+            lines = list(outcome.lines)
+            entry = make_entry(
+                who=who,
+                source="console",
+                what=name,
+                targets=targets,
+                outcome="ok" if outcome.ok else "failed",
+                lines=lines,
+                peer=request.remote,
+                forwarded_for=request.headers.get("X-Forwarded-For"),
+            )
+            # Done is done: a record that cannot be written is said, never a reason to undo or hide the action.
+            missing = await record(live.nc, live.subjects, entry)
+            if missing is not None:
+                lines.append(missing_line(missing))
+            data = {"ok": outcome.ok, "lines": lines, "audited": missing is None}
             return answer(data, outcome="ok" if outcome.ok else "failed", phase=phase, targets=targets)
         planned = await actions.plan(live, name, body)
     except RebaserError as err:

@@ -116,6 +116,7 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                             live.feed_on,
                             daemons=live.daemons,
                             stale_since=live.health()["stale_since"],
+                            samples=live.samples,
                         )
                         message.cache["html"] = body
                     await response.write(_sse("overview", {"html": message.cache["html"]}))

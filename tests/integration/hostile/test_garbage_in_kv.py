@@ -197,6 +197,13 @@ async def test_an_unreadable_layout_keeps_a_daemon_waiting_and_saying_why_until_
         assert (await client.enqueue_updates_with_reply(wk, cs_id, [], timeout=20)).ok
         again = await rebaser(nats_url, subject_prefix, "streams", "repair")
         assert again.exit_code != 0 and "nothing to repair" in again.output
+        # Both are in the audit trail, the repair and the refusal.
+        audit = json.loads((await rebaser(nats_url, subject_prefix, "audit", "--json")).output)
+        assert [(e["what"], e["outcome"]) for e in audit["entries"]] == [
+            ("streams-repair", "failed"),
+            ("streams-repair", "ok"),
+        ]
+        assert audit["entries"][1]["lines"][0].startswith("rewritten from streams"), audit
     finally:
         start.cancel()
         await asyncio.wait({start}, timeout=10)

@@ -64,4 +64,9 @@ def test_the_command_refuses_a_directory_with_files_in_one_line(tmp_path: Path) 
 def test_the_command_says_what_to_run_next(tmp_path: Path) -> None:
     result = CliRunner().invoke(server_cli.main, ["new-app", "ledger", "--dir", str(tmp_path / "ledger")])
     assert result.exit_code == 0, result.output
-    assert "pip install 'rebaser[testing]'" in result.output and "--app ledger:LedgerApp" in result.output
+    assert "--app ledger:LedgerApp" in result.output
+    # rebaser is on no package index: the command names this checkout (the tests run from one), and a wheel.
+    root = Path(__file__).resolve().parents[3]
+    assert f"pip install -e '{root}[testing]' && pytest" in result.output, result.output
+    assert "pip install 'rebaser[testing]'" not in result.output
+    assert "no package index" in result.output and "pip wheel --no-deps -w dist ." in result.output

@@ -24,6 +24,51 @@
   tick();
   setInterval(tick, 1000);
 
+  // -- the overview's charts: the console's samples (pages.py _charts), drawn as SVG, again with every update -----
+  const SVG = "http://www.w3.org/2000/svg";
+  const W = 300, H = 90, PAD = 4;
+  function svg(name, attrs) {
+    const el = document.createElementNS(SVG, name);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    return el;
+  }
+  function charts() {
+    const box = $("#charts");
+    if (!box) return;
+    const data = JSON.parse(box.dataset.samples);
+    const at = data.at;
+    for (const figure of box.querySelectorAll("figure.chart")) {
+      const key = figure.dataset.key;
+      const points = [];
+      at.forEach((t, i) => { if (data[key][i] !== null) points.push([t, data[key][i]]); });
+      const last = points.length ? points[points.length - 1][1] : null;
+      const max = Math.max(1, ...points.map((p) => p[1]));
+      const t0 = at.length ? at[0] : 0, span = Math.max(1, (at.length ? at[at.length - 1] : 0) - t0);
+      const x = (t) => PAD + ((t - t0) / span) * (W - 2 * PAD);
+      const y = (v) => H - PAD - (v / max) * (H - 2 * PAD);
+      const chart = svg("svg", {
+        viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", class: "chart-svg",
+        "data-n": points.length, "data-last": last === null ? "" : last, "data-max": max,
+        "data-end": at.length ? at[at.length - 1] : "",
+      });
+      chart.append(svg("line", { x1: PAD, y1: H - PAD, x2: W - PAD, y2: H - PAD, class: "axis" }));
+      chart.append(svg("text", { x: PAD, y: 12, class: "scale" }));
+      chart.lastChild.textContent = String(Math.round(max * 100) / 100);
+      chart.append(svg("polyline", {
+        points: points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "), class: "line",
+      }));
+      const title = svg("title", {});
+      const minutes = Math.round(span / 6) / 10;
+      title.textContent = `${figure.querySelector("figcaption").textContent.trim()}: the last ${minutes} min`;
+      chart.prepend(title);
+      figure.querySelector("svg")?.remove();
+      figure.append(chart);
+      const now = figure.querySelector(".now");
+      if (now) now.textContent = last === null ? "" : String(Math.round(last * 100) / 100);
+    }
+  }
+  charts();
+
   // -- the change-set list: every row's data in the page, only the rows on screen drawn ---------------------------
   // A list may hold tens of thousands of change sets: the browser lays out the fifty or so in view, not them all.
   const ROW = 27; // px: a row's height (console.css gives rows one line)
@@ -170,6 +215,7 @@
         const box = $(target);
         if (box) box.innerHTML = JSON.parse(e.data).html;
         tick();
+        charts();
       });
     }
     source.addEventListener("reload", () => location.reload());
