@@ -209,15 +209,17 @@ def dead_letter_stream_config(settings: Settings) -> js_api.StreamConfig:
 
 AUDIT_MAX_AGE = 90 * 24 * 3600.0  # seconds an audit entry is kept
 AUDIT_MAX_MSGS = 100_000  # audit entries kept at most (the oldest go first)
-AUDIT_MAX_BYTES = 256 * 1024 * 1024
-AUDIT_MAX_MSG = 16 * 1024
+# No byte cap: nats-server reserves a stream's max_bytes up front against its store (each test deployment, or a
+# deployment with memory storage, would give up 256 MiB for a trail of kilobytes). Count and entry size bound it:
+# 100,000 entries of at most 8 KiB, a few hundred bytes each in practice.
+AUDIT_MAX_MSG = 8 * 1024
 
 
 def audit_stream_config(
     subjects: Subjects, *, storage: js_api.StorageType = js_api.StorageType.FILE, replicas: int = 1
 ) -> js_api.StreamConfig:
     """``REBASER_AUDIT``: the operators' actions from the console and the ``rebaser`` commands (written by them:
-    rebaser_client.admin.audit), the newest kept: bounded by age, count and size, the oldest go first. The daemons
+    rebaser_client.admin.audit), the newest kept: bounded by age, count and entry size, the oldest go first. The daemons
     create it (an operator's NATS user may not create streams); a writer that finds none creates it the same way."""
     return js_api.StreamConfig(
         name=subjects.audit_stream,
@@ -227,8 +229,7 @@ def audit_stream_config(
         discard=js_api.DiscardPolicy.OLD,
         max_age=AUDIT_MAX_AGE,
         max_msgs=AUDIT_MAX_MSGS,
-        max_bytes=AUDIT_MAX_BYTES,
-        max_msg_size=AUDIT_MAX_MSG + 1024,
+        max_msg_size=AUDIT_MAX_MSG,
         storage=storage,
         num_replicas=replicas,
         allow_direct=True,
