@@ -88,3 +88,43 @@ def no_cycle_collector() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+# The suite's longest tests (a minute or so each on a busy machine: a fresh virtualenv, huge requests, the chaos
+# smoke runs, the tools run end to end). pytest-xdist's worksteal hands each worker a contiguous part of the
+# collection, and these, collected late (tests/integration/tooling), started last and kept one or two workers busy
+# while the others idled: they go first in every worker's part instead (make test: 5m16s -> see contributing.md).
+_LONG = (
+    "tests/integration/tooling/test_cart_example.py",
+    "tests/integration/apps/test_snapshot_limits.py::test_a_canary",
+    "tests/integration/changeset/test_quiescence_race.py",
+    "tests/chaos/test_chaos.py",
+    "tests/integration/tooling/test_bench_smoke.py",
+    "tests/integration/pausing/test_pause_races.py",
+    "tests/integration/tooling/test_readme.py::test_readme_block_runs",
+    "tests/integration/tooling/test_many_workspaces_bench.py",
+    "tests/integration/tooling/test_dev_cluster.py",
+    "tests/integration/changeset/test_crash_poison.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers < 2:
+        return
+    long = [item for item in items if item.nodeid.startswith(_LONG)]
+    rest = [item for item in items if not item.nodeid.startswith(_LONG)]
+    # Worker k's part is the next len // (workers - k) of what is left (xdist's worksteal, in order): each part starts
+    # with every workers-th long test.
+    ordered: list[pytest.Item] = []
+    left, taken = len(items), 0
+    for k in range(workers):
+        size = left // (workers - k)
+        left -= size
+        part = long[k::workers]
+        need = max(size - len(part), 0)
+        ordered += part + rest[taken : taken + need]
+        taken += need
+    ordered += rest[taken:]
+    items[:] = ordered
