@@ -60,20 +60,42 @@ async def owner_of(status: dict[str, Any], change_set: ChangeSetId) -> dict[str,
     return None
 
 
-async def test_dev_cluster_serves_survives_a_killed_daemon_and_stops_cleanly(tmp_path: Path) -> None:
-    data, output = tmp_path / "dev", tmp_path / "dev-cluster.out"
+async def spawn_dev_cluster(output: Path, *args: str) -> asyncio.subprocess.Process:
+    """``rebaser-server dev-cluster ARGS`` as a user starts it, its output in ``output``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REBASER_NATS_URL", None)
     with output.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
+        return await asyncio.create_subprocess_exec(
             *(sys.executable, "-c", "from rebaser_server.cli.main import main; main()"),
-            *("dev-cluster", "--daemons", "2", "--data-dir", str(data), "--stop-timeout", "20"),
+            "dev-cluster",
+            *args,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
             cwd=str(ROOT),
             start_new_session=True,  # like a shell job: nothing sent to the test runner's group reaches it
         )
+
+
+async def stop_for_sure(proc: asyncio.subprocess.Process, seen: set[int]) -> None:
+    """A test that failed half-way: stop the dev cluster the way a user would, then every PID it reported for sure."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    for pid in filter(alive, seen):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_dev_cluster_serves_survives_a_killed_daemon_and_stops_cleanly(tmp_path: Path) -> None:
+    data, output = tmp_path / "dev", tmp_path / "dev-cluster.out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REBASER_NATS_URL", None)
+    proc = await spawn_dev_cluster(output, "--daemons", "2", "--data-dir", str(data), "--stop-timeout", "20")
     seen: set[int] = set()  # every PID it reported, to check at the end that none is left
     try:
 
@@ -138,16 +160,7 @@ async def test_dev_cluster_serves_survives_a_killed_daemon_and_stops_cleanly(tmp
         assert final is not None and final["state"] == "stopped"
         assert "dev cluster stopped" in output.read_text()
     finally:
-        if proc.returncode is None:  # the test failed half-way: stop it the way a user would, then for sure
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        for pid in filter(alive, seen):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        await stop_for_sure(proc, seen)
 
 
 @pytest.mark.parametrize(
@@ -222,18 +235,7 @@ async def test_dev_cluster_with_accounts_serves_a_caller_of_its_own_account(tmp_
     credentials is refused."""
     data, output = tmp_path / "dev", tmp_path / "dev-cluster.out"
     conf = ROOT / "docs" / "nats-accounts.conf"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("REBASER_NATS_URL", None)
-    with output.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", "from rebaser_server.cli.main import main; main()"),
-            *("dev-cluster", "--daemons", "1", "--data-dir", str(data), "--accounts", str(conf)),
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-            cwd=str(ROOT),
-            start_new_session=True,
-        )
+    proc = await spawn_dev_cluster(output, "--daemons", "1", "--data-dir", str(data), "--accounts", str(conf))
     seen: set[int] = set()
     try:
 
@@ -264,13 +266,4 @@ async def test_dev_cluster_with_accounts_serves_a_caller_of_its_own_account(tmp_
         assert await asyncio.wait_for(proc.wait(), 60) == 0, output.read_text()
         await wait_for(lambda: not any(map(alive, seen)), timeout=10, message=f"left running: {seen}")
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        for pid in filter(alive, seen):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        await stop_for_sure(proc, seen)
