@@ -13,7 +13,7 @@ from typing import Any
 
 from rebaser_client.admin.console.html import action_button, esc, link, table, when
 from rebaser_client.admin.console.index import STATES, Filter, Index, Row
-from rebaser_client.admin.console.live import Sample
+from rebaser_client.admin.console.live import Live, Sample
 from rebaser_client.admin.format import shorten
 from rebaser_client.admin.status import Counts, StatusReport
 from rebaser_client.admin.workspaces import DaemonLine, DaemonsOwned
@@ -24,6 +24,7 @@ __all__ = [
     "change_sets_body",
     "json_script",
     "list_counts",
+    "live_overview",
     "overview_body",
     "row_data",
     "stale_note",
@@ -190,6 +191,20 @@ def stale_note(stale_since: float | None) -> str:
         '<p class="stale" id="stale">Stale: the console cannot read NATS. The states, counts and change sets '
         f'shown are as of {esc(when(stale_since))}, <span data-since="{stale_since:.3f}"></span> ago, not live; '
         "the daemons' health (with --daemon-url) is read on its own and is current.</p>"
+    )
+
+
+def live_overview(live: Live, report: StatusReport | None) -> str:
+    """The overview of ``report`` with everything else as the console's live state has it now (the page and its live
+    updates draw the same)."""
+    return overview_body(
+        report,
+        live.counts,
+        live.index,
+        live.feed_on,
+        daemons=live.daemons,
+        stale_since=live.health()["stale_since"],
+        samples=live.samples,
     )
 
 

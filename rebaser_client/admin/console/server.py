@@ -41,7 +41,7 @@ from rebaser_client.admin.console import actions
 from rebaser_client.admin.console.html import esc, link, page
 from rebaser_client.admin.console.index import STATES, Filter
 from rebaser_client.admin.console.live import FEED_OFF, Live
-from rebaser_client.admin.console.pages import audit_body, change_sets_body, overview_body
+from rebaser_client.admin.console.pages import audit_body, change_sets_body, live_overview
 from rebaser_client.admin.console.pages_detail import change_set_body, dead_letter_body
 from rebaser_client.admin.console.sse import serve_stream
 from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html, values_html
@@ -259,15 +259,7 @@ def _page(
 
 async def overview(request: web.Request) -> web.Response:
     live = request.app[LIVE]
-    body = overview_body(
-        live.report,
-        live.counts,
-        live.index,
-        live.feed_on,
-        daemons=live.daemons,
-        stale_since=live.health()["stale_since"],
-        samples=live.samples,
-    )
+    body = live_overview(live, live.report)
     banner = FEED_OFF if live.feed_on is False else None
     return _page(
         request,

@@ -18,7 +18,7 @@ from aiohttp import web
 from rebaser_client.admin.console.hub import Message
 from rebaser_client.admin.console.index import Filter, Row
 from rebaser_client.admin.console.live import Live
-from rebaser_client.admin.console.pages import list_counts, overview_body, row_data
+from rebaser_client.admin.console.pages import list_counts, live_overview, row_data
 from rebaser_client.admin.console.pages_detail import event_html
 from rebaser_client.admin.console.views import detail_html, letters_filter, letters_html
 from rebaser_client.admin.dead_letters import dead_letter
@@ -109,15 +109,7 @@ async def serve_stream(request: web.Request, live: Live, *, read_only: bool) -> 
                     await response.write(_sse("reload", {}))
                 elif message.topic == "overview":
                     if "html" not in message.cache:
-                        body = overview_body(
-                            message.data,
-                            live.counts,
-                            live.index,
-                            live.feed_on,
-                            daemons=live.daemons,
-                            stale_since=live.health()["stale_since"],
-                            samples=live.samples,
-                        )
+                        body = live_overview(live, message.data)
                         message.cache["html"] = body
                     await response.write(_sse("overview", {"html": message.cache["html"]}))
                 elif message.topic == "health":
