@@ -18,12 +18,13 @@ from nats.js.errors import NotFoundError
 from rebaser_client._routing import fetch_layout
 from rebaser_core.errors import InvalidSubject, RebaserError, RebaserRefused, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.layout import Layout
-from rebaser_core.subjects import Subjects
+from rebaser_core.layout import LANES, Layout
+from rebaser_core.subjects import Subjects, lane_of
 
 __all__ = [
     "OPERATOR_TIMEOUT",
     "TaskState",
+    "consumer_upto",
     "delivered_upto",
     "jetstream",
     "js_error",
@@ -102,6 +103,15 @@ async def delivered_upto(js: JetStreamContext, subjects: Subjects, consumer: str
     return int(info.delivered.stream_seq or 0) if info.delivered else 0
 
 
+async def consumer_upto(js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk) -> int | None:
+    """The last delivered sequence of the consumer that hands out ``workspace_id``'s tasks when there is no shared
+    one: its own (the fair intake) or its lane's (the lanes intake). None if neither exists."""
+    upto = await delivered_upto(js, subjects, subjects.workspace_tasks_consumer(workspace_id))
+    if upto is None:
+        upto = await delivered_upto(js, subjects, subjects.lane_consumer(lane_of(workspace_id, LANES)))
+    return upto
+
+
 async def task_state_upto(
     js: JetStreamContext,
     subjects: Subjects,
@@ -115,7 +125,7 @@ async def task_state_upto(
     if seq is None:
         return "none"
     if upto is None:
-        upto = await delivered_upto(js, subjects, subjects.workspace_tasks_consumer(workspace_id))
+        upto = await consumer_upto(js, subjects, workspace_id)
     return "owned" if upto is not None and seq <= upto else "waiting"
 
 
@@ -127,7 +137,7 @@ async def task_seq(
     sets (the web console) reads it once per task and compares it with the consumer's delivered sequence."""
     try:
         msg = await js.get_last_msg(
-            subjects.tasks_stream, subjects.task(workspace_id, change_set_id), direct=True
+            subjects.tasks_stream, subjects.stored_task(workspace_id, change_set_id), direct=True
         )
     except NotFoundError:
         return None

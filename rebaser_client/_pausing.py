@@ -338,7 +338,7 @@ async def _with_tasks(
         names = subjects.for_shard(shard)
         found |= (
             await _subjects_of_workspace(
-                js, names.tasks_stream, _workspace_filter(names.tasks_stream_subject, wk), names.parse_task
+                js, names.tasks_stream, names.stored_tasks_of_workspace(wk), names.parse_task
             )
         ).keys()
     return [(WorkspacePk(w), ChangeSetId(c)) for w, c in sorted(found)[:RESUME_BOUND]]

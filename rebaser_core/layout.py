@@ -23,6 +23,7 @@ from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 
 __all__ = [
     "INTAKES",
+    "LANES",
     "LAYOUT_REPAIR",
     "MAX_STREAMS",
     "AssignmentMode",
@@ -36,9 +37,13 @@ __all__ = [
 AssignmentMode = Literal["shared", "pinned"]
 MODES: tuple[AssignmentMode, ...] = ("shared", "pinned")
 # How tasks reach daemons (docs/fair-share.md): "fifo", one consumer per shard shared by every daemon, hands tasks out
-# in the order they came; "fair", one consumer per workspace with tasks, served by every daemon in turns.
-Intake = Literal["fifo", "fair"]
-INTAKES: tuple[Intake, ...] = ("fifo", "fair")
+# in the order they came; "fair", one consumer per workspace with tasks, served by every daemon in turns; "lanes", the
+# workspaces hashed onto LANES consumers per shard, the lanes served in turns (docs/design.md §7).
+Intake = Literal["fifo", "fair", "lanes"]
+INTAKES: tuple[Intake, ...] = ("fifo", "fair", "lanes")
+# Lanes per shard with the lanes intake: consumers (Raft groups on a replicated cluster) per shard, whatever the number
+# of workspaces; a workspace shares its lane's order with 1/LANES of the others.
+LANES = 32
 # A shard is at least two streams and a consumer; far more than the servers of any cluster is only overhead.
 MAX_STREAMS = 64
 # The command that rewrites an unreadable layout entry (rebaser_client.admin.store_repairs), named where one is met.
@@ -121,6 +126,17 @@ class Layout:
     def shared_consumer(self) -> bool:
         """Whether each shard has the shared tasks consumer (the fifo intake, not while the intake changes)."""
         return self.intake == "fifo" and self.intake_from is None
+
+    @property
+    def lanes(self) -> int:
+        """Lanes per shard the tasks stream stores its tasks under (its subject transform): LANES with the lanes
+        intake, from the moment the change to it begins until the change away from it begins; else 0."""
+        return LANES if self.intake == "lanes" else 0
+
+    @property
+    def lane_consumers(self) -> bool:
+        """Whether each shard has the lanes' consumers (the lanes intake, not while the intake changes)."""
+        return self.intake == "lanes" and self.intake_from is None
 
     def changed_intake(self, intake: Intake) -> Layout:
         """The layout once ``rebaser streams intake`` began: the current intake is the one being left."""

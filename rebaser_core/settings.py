@@ -165,11 +165,12 @@ class Settings(BaseModel):
         description="shared: every daemon pulls every shard; pinned: daemon i of --daemons R serves shards i, "
         "i+R, ... (none: the layout's, or shared).",
     )
-    intake: Literal["fifo", "fair"] | None = Field(
+    intake: Literal["fifo", "fair", "lanes"] | None = Field(
         None,
         description="How tasks reach daemons: fifo, one consumer per shard hands them out in the order they came; "
-        "fair, one consumer per workspace with tasks, the workspaces served in turns (docs/fair-share.md). Chosen "
-        "when the layout is created (none: the layout's, or fair).",
+        "fair, one consumer per workspace with tasks, the workspaces served in turns; lanes, the workspaces hashed "
+        "onto 32 consumers per shard, the lanes served in turns (docs/fair-share.md). Chosen when the layout is "
+        "created (none: the layout's, or fair).",
     )
     workspace_weights: tuple[tuple[str, int], ...] = Field(
         (),

@@ -5,7 +5,7 @@ With prefix ``P`` every subject gains a leading ``P.`` token and every stream na
 
 ================  =================================================
 requests          ``[P.]rebaser.requests.<workspace>.<change_set>``
-tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process``
+tasks             ``[P.]rebaser.tasks.<workspace>.<change_set>.process`` (stored as ``….<lane>`` with the lanes intake)
 dead letters      ``[P.]dlq.rebaser.requests.<workspace>.<change_set>`` (``….malformed`` for junk subjects)
 queries           ``[P.]rebaser.api.<get|fork>.<workspace>.<change_set>`` (core NATS request/reply)
 events            ``[P.]rebaser.events.<workspace>.<change_set>`` (one stream, whatever the shards)
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 
-__all__ = ["ParsedSubject", "Subjects", "validate_prefix"]
+__all__ = ["ParsedSubject", "Subjects", "lane_of", "validate_prefix"]
 
 # Letters, digits, '-' and '_' are safe in subject tokens *and* in stream, consumer and bucket names.
 _PREFIX_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -42,12 +42,22 @@ SNAPSHOTS_BUCKET = "REBASER_SNAPSHOTS"
 BATCHES_BUCKET = "REBASER_BATCHES"
 STORED_BATCHES_STREAM = "REBASER_STORED_BATCHES"
 TASKS_CONSUMER = "rebaser-tasks"
+LANE_CONSUMER = "rebaser-lane"
 LAYOUT_BUCKET = "REBASER_LAYOUT"
 PAUSES_BUCKET = "REBASER_PAUSES"
 DAEMONS_BUCKET = "REBASER_DAEMONS"
 EVENTS_STREAM = "REBASER_EVENTS"
 AUDIT_STREAM = "REBASER_AUDIT"
 LAYOUT_KEY = "layout"
+
+
+def lane_of(workspace_id: object, lanes: int) -> int:
+    """The lane of a workspace among ``lanes``, as nats-server's ``{{partition(lanes,1)}}`` computes it: FNV-1a
+    (32 bits) of the workspace token, modulo ``lanes``."""
+    value = 0x811C9DC5
+    for byte in str(workspace_id).encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return value % lanes
 
 
 def validate_prefix(prefix: str | None) -> str | None:
@@ -244,7 +254,35 @@ class Subjects:
         return f"{self._tasks_head}{workspace_id}.*.process"
 
     def task(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
+        """Where a change set's task is published (and stored, but with the lanes intake: :meth:`stored_task`)."""
         return f"{self._tasks_head}{workspace_id}.{change_set_id}.process"
+
+    def stored_task(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
+        """The filter of a change set's task as the tasks stream stores it, whatever the intake: with the lanes
+        intake the stream replaces ``process`` with the workspace's lane (:meth:`tasks_transform`)."""
+        return f"{self._tasks_head}{workspace_id}.{change_set_id}.*"
+
+    def stored_tasks_of_workspace(self, workspace_id: WorkspacePk) -> str:
+        """The filter of one workspace's tasks as stored, whatever the intake."""
+        return f"{self._tasks_head}{workspace_id}.*.*"
+
+    # -- the lanes intake -----------------------------------------------------------------------------
+    def tasks_transform(self, lanes: int) -> tuple[str, str]:
+        """The tasks stream's subject transform with ``lanes`` lanes (source, destination): a task is stored under
+        ``….<wk>.<cs>.<lane>``, its lane nats-server's ``partition`` of the workspace token (:func:`lane_of`)."""
+        return (
+            self.tasks_stream_subject,
+            self._sharded("tasks", "{{wildcard(1)}}", "{{wildcard(2)}}", f"{{{{partition({lanes},1)}}}}"),
+        )
+
+    def lane_tasks(self, lane: int) -> str:
+        """The filter of one lane's consumer: the tasks stored under lane ``lane``."""
+        return self._sharded("tasks", "*", "*", str(lane))
+
+    @staticmethod
+    def lane_consumer(lane: int) -> str:
+        """The durable consumer of one lane's tasks (in its shard's tasks stream)."""
+        return f"{LANE_CONSUMER}-{lane}"
 
     def dead_letter(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
         return self._subject("dlq", "rebaser", "requests", str(workspace_id), str(change_set_id))
@@ -356,7 +394,17 @@ class Subjects:
         return ("rebaser", kind, str(self.shard)) if self.shard else ("rebaser", kind)
 
     def parse_task(self, subject: str) -> ParsedSubject:
-        return self._strip(subject, self._head("tasks"), ("process",))
+        """The change set of a task subject, as published (``….process``) or as stored in a lane (``….<lane>``)."""
+        if subject.endswith(".process"):
+            return self._strip(subject, self._head("tasks"), ("process",))
+        head, _, lane = subject.rpartition(".")
+        if not (lane.isdecimal() and len(lane) <= 4):
+            raise InvalidSubject(f"subject {subject!r} is not a task subject")
+        return self._strip(head, self._head("tasks"), ())
+
+    def is_lane_task(self, subject: str) -> bool:
+        """Whether a stored task subject is in the lanes' form (``….<lane>``)."""
+        return not subject.endswith(".process")
 
     def parse_requests(self, subject: str) -> ParsedSubject:
         return self._strip(subject, self._head("requests"), ())

@@ -1,8 +1,8 @@
-"""Changing a deployment's intake online (``rebaser streams intake fair|fifo``): how tasks reach the daemons.
+"""Changing a deployment's intake online (``rebaser streams intake fifo|fair|lanes``): how tasks reach the daemons.
 
 A work-queue stream cannot hold the fifo intake's shared consumer beside the fair intake's consumers per workspace
 (their filters overlap), and a task handed out by one consumer is unknown to the other: a new consumer would hand a
-held task out again at once. So the change runs in four steps, each safe to interrupt and to run again:
+held task out again at once. So the change runs in five steps, each safe to interrupt and to run again:
 
 1. **Let go**: write the layout with the new intake and the old one as ``intake_from`` (compare-and-set). Every
    daemon stops taking tasks, and hands back what it owns (it finishes the request in hand and nacks the task), while
@@ -10,8 +10,11 @@ held task out again at once. So the change runs in four steps, each safe to inte
 2. **Wait**: a few seconds, for every daemon to read the layout (each does within ``DEFAULT_POLL``) and let go.
 3. **Remove**: delete the old consumers, then wait their ``ack_wait``: a daemon that still held a task (stalled, cut
    off) cannot renew its lease on a deleted consumer, so by then it has stopped acting on it.
-4. **Settle**: write the layout without ``intake_from``; the daemons take tasks again, through the new intake (to
-   fifo, they make the shared consumers). The tasks themselves never moved: nothing queued is lost.
+4. **Move**: to or from the lanes intake, the tasks streams store tasks under another subject (the lanes' subject
+   transform, set or removed): each task stored in the old form is published again in the new one (refused as a
+   duplicate if the change set has one already) and then deleted. Nobody holds a task now, so none changes hands.
+5. **Settle**: write the layout without ``intake_from``; the daemons take tasks again, through the new intake (to
+   fifo or lanes, they make the shared or the lanes' consumers). Nothing queued is lost.
 
 Requests are stored throughout; no change set is applied between steps 1 and 4 (a few seconds: the hand-back and
 ``ack_wait``).
@@ -29,10 +32,12 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from rebaser_client.admin.streams import current_layout
-from rebaser_core.errors import LayoutMismatch
+from rebaser_core.errors import InvalidSubject, LayoutMismatch
 from rebaser_core.layout import Intake, Layout
 from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, write_layout
-from rebaser_core.subjects import TASKS_CONSUMER, Subjects
+from rebaser_core.nats.listing import stream_subjects
+from rebaser_core.nats.tasks import publish_task
+from rebaser_core.subjects import LANE_CONSUMER, TASKS_CONSUMER, Subjects
 
 __all__ = ["change_intake"]
 
@@ -86,7 +91,10 @@ async def change_intake(
             f"deleted {len(old)} consumers of the {layout.intake_from} intake; waiting {ack_wait:g}s of leases"
         )
         await asyncio.sleep(ack_wait + _LEASE_MARGIN)  # the protocol's own wait: see step 3
-    # (To fifo, the daemons make the shared consumers with their own settings as they read the settled layout.)
+    moved = await _move_tasks(nc, js, subjects, layout)
+    if moved:
+        progress(f"moved {moved} tasks to the {intake} intake's subjects")
+    # (To fifo or lanes, the daemons make the consumers with their own settings as they read the settled layout.)
     layout = layout.intake_settled()
     await write_layout(kv, subjects, layout, revision=revision)
     progress(f"intake: {intake}")
@@ -96,16 +104,18 @@ async def change_intake(
 async def _old_consumers(
     js: JetStreamContext, subjects: Subjects, layout: Layout
 ) -> list[tuple[str, js_api.ConsumerInfo]]:
-    """The consumers of the intake being left, with the stream each is on: the shared one per shard (fifo), or every
-    workspace's (fair)."""
+    """The consumers of the intake being left, with the stream each is on: the shared one per shard (fifo), every
+    workspace's (fair), or every lane's (lanes)."""
     found: list[tuple[str, js_api.ConsumerInfo]] = []
     for shard in layout.shards:
         stream = subjects.for_shard(shard).tasks_stream
         for info in await _all_consumers(js, stream):
             name = info.name or ""
             shared = name == TASKS_CONSUMER
-            if (layout.intake_from == "fifo" and shared) or (
-                layout.intake_from == "fair" and name.startswith(f"{TASKS_CONSUMER}-")
+            if (
+                (layout.intake_from == "fifo" and shared)
+                or (layout.intake_from == "fair" and name.startswith(f"{TASKS_CONSUMER}-"))
+                or (layout.intake_from == "lanes" and name.startswith(f"{LANE_CONSUMER}-"))
             ):
                 found.append((stream, info))
     return found
@@ -119,3 +129,36 @@ async def _all_consumers(js: JetStreamContext, stream: str) -> list[js_api.Consu
         found += page
         if len(page) < 256:
             return found
+
+
+async def _move_tasks(nc: NatsClient, js: JetStreamContext, subjects: Subjects, layout: Layout) -> int:
+    """Step 4: every shard's tasks stream stores tasks the new intake's way (by lane, or not), and the tasks stored
+    the old way are stored again the new way; how many moved."""
+    moved = 0
+    for shard in layout.shards:
+        names = subjects.for_shard(shard)
+        config = (await js.stream_info(names.tasks_stream)).config
+        transform = None
+        if layout.lanes:
+            source, destination = names.tasks_transform(layout.lanes)
+            transform = js_api.SubjectTransform(src=source, dest=destination)
+        if config.subject_transform != transform:
+            config.subject_transform = transform
+            await js.update_stream(config)
+        for subject in await stream_subjects(js, names.tasks_stream, names.tasks_all):
+            if names.is_lane_task(subject) == bool(layout.lanes):
+                continue
+            try:
+                parsed = names.parse_task(subject)
+            except InvalidSubject:
+                continue  # not a task: the orphan sweep's to remove
+            try:
+                old = await js.get_last_msg(names.tasks_stream, subject)
+            except NotFoundError:
+                continue
+            # Published where a task is published: the stream stores it the new way (or has one stored so already).
+            await publish_task(nc, names.task(parsed.workspace_id, parsed.change_set_id), timeout=_JS_TIMEOUT)
+            with contextlib.suppress(NotFoundError):
+                await js.delete_msg(names.tasks_stream, int(old.seq or 0))
+            moved += 1
+    return moved

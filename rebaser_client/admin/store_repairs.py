@@ -138,11 +138,12 @@ async def repair_layout(
             layout, source = replace(last, epoch=last.epoch + 1), "history"
         else:
             fifo = await _has_consumer(js, subjects.tasks_stream, subjects.tasks_consumer)
+            lanes = await _has_consumer(js, subjects.tasks_stream, subjects.lane_consumer(0))
             layout = Layout(
                 streams=streams,
                 mode=assignment or (last.mode if last is not None else "shared"),
                 epoch=(last.epoch if last is not None else 0) + 1,
-                intake="fifo" if fifo else "fair",
+                intake="fifo" if fifo else "lanes" if lanes else "fair",
             )
             source = "streams"
         try:

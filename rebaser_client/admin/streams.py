@@ -26,10 +26,11 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject, LayoutMismatch
-from rebaser_core.layout import AssignmentMode, Layout
+from rebaser_core.layout import LANES, AssignmentMode, Layout
 from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, read_layout, write_layout
 from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.shard_info import shard_report, spread_leaders
@@ -97,7 +98,8 @@ async def _clone_shards(
     js: JetStreamContext, subjects: Subjects, old: int, new: int, *, intake: str = "fifo"
 ) -> None:
     """Create shards old..new-1 as copies of shard 0 (the daemons re-ensure them with their own settings). The fair
-    intake's consumers (one per workspace) are made by the daemons as workspaces have tasks: none is copied."""
+    intake's consumers (one per workspace) are made by the daemons as workspaces have tasks, the lanes intake's as they
+    follow the new layout: none is copied."""
     zero = subjects.for_shard(0)
     requests = (await js.stream_info(zero.requests_stream)).config
     tasks = (await js.stream_info(zero.tasks_stream)).config
@@ -113,6 +115,11 @@ async def _clone_shards(
             (requests, names.requests_stream, names.requests_stream_subject),
             (tasks, names.tasks_stream, names.tasks_stream_subject),
         ):
+            if config.subject_transform is not None:  # the lanes intake's, of this shard's subjects
+                source, destination = names.tasks_transform(LANES)
+                config = dataclasses.replace(
+                    config, subject_transform=js_api.SubjectTransform(src=source, dest=destination)
+                )
             try:
                 await js.stream_info(name)
             except NotFoundError:

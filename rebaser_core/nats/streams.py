@@ -6,6 +6,7 @@ at start-up.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -19,6 +20,7 @@ from nats.js.object_store import ObjectStore
 
 from rebaser_core.batches import PART_BYTES
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.layout import Layout
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 
@@ -27,9 +29,11 @@ __all__ = [
     "AUDIT_MAX_MSGS",
     "audit_stream_config",
     "dead_letter_stream_config",
+    "ensure_layout_streams",
     "ensure_shard",
     "ensure_streams",
     "events_stream_config",
+    "lane_tasks_consumer_config",
     "open_bucket",
     "open_object_store",
     "requests_stream_config",
@@ -160,15 +164,26 @@ def requests_stream_config(settings: Settings, shard: int = 0, streams: int = 1)
     )
 
 
-def tasks_stream_config(settings: Settings, shard: int = 0, streams: int = 1) -> js_api.StreamConfig:
+def tasks_stream_config(
+    settings: Settings, shard: int = 0, streams: int = 1, lanes: int = 0
+) -> js_api.StreamConfig:
     """``REBASER_TASKS``: a work queue holding at most one task (one owner) per change set.
+
+    With ``lanes`` (the lanes intake) the stream stores each task under its workspace's lane
+    (``….<wk>.<cs>.<lane>``, Subjects.tasks_transform): one consumer per lane reads them. Without, the transform is
+    removed (a change of intake moves the stored tasks: rebaser_client.admin.intake).
 
     ``max_consumers`` is set for the fair intake's consumer per workspace (nats-server caps a stream at 1,000
     otherwise); the fifo intake uses one. Discard-new: once ``tasks_max_msgs`` (or bytes) is reached a new task is
     refused (``RebaserBusy``), never an old one dropped."""
     subjects = settings.subjects.for_shard(shard)
+    transform = None
+    if lanes:
+        source, destination = subjects.tasks_transform(lanes)
+        transform = js_api.SubjectTransform(src=source, dest=destination)
     return js_api.StreamConfig(
         name=subjects.tasks_stream,
+        subject_transform=transform,
         description=f"rebaser: one exclusive processing task per active change set (shard {shard} of {streams})",
         subjects=[subjects.tasks_stream_subject],
         retention=js_api.RetentionPolicy.WORK_QUEUE,
@@ -331,6 +346,29 @@ def workspace_tasks_consumer_config(
     )
 
 
+def lane_tasks_consumer_config(
+    settings: Settings, lane: int, shard: int = 0, streams: int = 1
+) -> js_api.ConsumerConfig:
+    """Lanes intake: the durable pull consumer of one lane's tasks in one shard, shared by every daemon.
+
+    The same as the shared consumer (a task is a lock: explicit ack, ``max_deliver`` unlimited, the lease's
+    ``ack_wait``) but filtered to the tasks stored under the lane. ``max_ack_pending`` counts the tasks a daemon
+    handed back for later (a workspace past its share: rebaser_server.intake.lane_intake) besides those held, so it
+    is the shard's whole cap: a lane may hold a lone workspace's every change set."""
+    subjects = settings.subjects.for_shard(shard)
+    return js_api.ConsumerConfig(
+        durable_name=subjects.lane_consumer(lane),
+        description="rebaser: one lane's tasks, shared by all daemons",
+        filter_subject=subjects.lane_tasks(lane),
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=settings.consumer_ack_wait,
+        max_deliver=-1,
+        max_ack_pending=split(settings.max_active_change_sets, streams),
+        num_replicas=settings.replicas,
+    )
+
+
 async def _ensure_stream(js: JetStreamContext, config: js_api.StreamConfig) -> None:
     assert config.name is not None
     try:
@@ -343,16 +381,45 @@ async def _ensure_stream(js: JetStreamContext, config: js_api.StreamConfig) -> N
 
 
 async def ensure_shard(
-    js: JetStreamContext, settings: Settings, shard: int, streams: int, *, consumer: bool = True
+    js: JetStreamContext,
+    settings: Settings,
+    shard: int,
+    streams: int,
+    *,
+    consumer: bool = True,
+    lanes: int = 0,
+    lane_consumers: bool = False,
 ) -> None:
-    """Create or update one shard's requests and tasks streams and (with ``consumer``: the fifo intake) its tasks
-    consumer."""
+    """Create or update one shard's requests and tasks streams (``lanes``: stored by lane) and (with ``consumer``:
+    the fifo intake) its tasks consumer, or (``lane_consumers``: the lanes intake) its lanes' consumers."""
     await _ensure_stream(js, requests_stream_config(settings, shard, streams))
-    await _ensure_stream(js, tasks_stream_config(settings, shard, streams))
+    await _ensure_stream(js, tasks_stream_config(settings, shard, streams, lanes))
+    subjects: Subjects = settings.subjects.for_shard(shard)
     if consumer:
         # add_consumer on a durable is create-or-update on the server.
-        subjects: Subjects = settings.subjects.for_shard(shard)
         await js.add_consumer(subjects.tasks_stream, tasks_consumer_config(settings, shard, streams))
+    if lane_consumers and lanes:
+        await asyncio.gather(
+            *(
+                js.add_consumer(
+                    subjects.tasks_stream, lane_tasks_consumer_config(settings, lane, shard, streams)
+                )
+                for lane in range(lanes)
+            )
+        )
+
+
+async def ensure_layout_streams(js: JetStreamContext, settings: Settings, layout: Layout) -> None:
+    """:func:`ensure_streams` for every shard of ``layout``, with its intake's consumers and tasks transform."""
+    await ensure_streams(
+        js,
+        settings,
+        shards=layout.shards,
+        streams=layout.streams,
+        consumer=layout.shared_consumer,
+        lanes=layout.lanes,
+        lane_consumers=layout.lane_consumers,
+    )
 
 
 async def ensure_streams(
@@ -362,12 +429,22 @@ async def ensure_streams(
     consumer: bool = True,
     shards: range = range(1),
     streams: int = 1,
+    lanes: int = 0,
+    lane_consumers: bool = False,
 ) -> None:
     """Create or update the dead-letter, stored-batches, audit (and events) streams and every shard in ``shards``
     (of ``streams`` current shards; shards beyond it are draining and keep the split of their own layout, which is
     the same or smaller)."""
     for shard in shards:
-        await ensure_shard(js, settings, shard, max(streams, 1), consumer=consumer)
+        await ensure_shard(
+            js,
+            settings,
+            shard,
+            max(streams, 1),
+            consumer=consumer,
+            lanes=lanes,
+            lane_consumers=lane_consumers,
+        )
     await _ensure_stream(js, dead_letter_stream_config(settings))
     await _ensure_stream(js, stored_batches_stream_config(settings))
     await _ensure_stream(

@@ -64,7 +64,9 @@ async def old_shard_busy(
         return f"requests still queued in its old shard {old}"
     try:
         await nats.js.get_last_msg(
-            names.tasks_stream, names.task(change_set.workspace_id, change_set.change_set_id), direct=False
+            names.tasks_stream,
+            names.stored_task(change_set.workspace_id, change_set.change_set_id),
+            direct=False,
         )
     except NotFoundError:
         return None

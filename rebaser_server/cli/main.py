@@ -217,7 +217,7 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
 )
 @click.option(
     "--intake",
-    type=click.Choice(["fifo", "fair"]),
+    type=click.Choice(["fifo", "fair", "lanes"]),
     default=None,
     envvar="REBASER_INTAKE",
     show_envvar=True,

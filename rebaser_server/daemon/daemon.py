@@ -43,6 +43,7 @@ from rebaser_server.intake.admission import Admission
 from rebaser_server.intake.fair_intake import FairIntake
 from rebaser_server.intake.fair_intakes import FairIntakes
 from rebaser_server.intake.fifo_intake import FETCH_TIMEOUT, FifoIntake, others_waiting
+from rebaser_server.intake.lane_intake import LaneIntake
 from rebaser_server.intake.puller import TaskPuller
 from rebaser_server.ops.durability import DurabilityCheck, durable_streams
 from rebaser_server.ops.health import ConnectionWatch, StatusReporter
@@ -164,6 +165,17 @@ class Daemon:
                 names,
                 self._owned,
                 self._admission,
+                stopping=lambda: self._stopping,
+                lapsed=self._lapsed,
+            ),
+            lambda names: LaneIntake(
+                nats,
+                settings,
+                placement,
+                names,
+                self._owned,
+                self._admission,
+                lanes=max(placement.layout.lanes, 1),
                 stopping=lambda: self._stopping,
                 lapsed=self._lapsed,
             ),
@@ -340,8 +352,11 @@ class Daemon:
     async def _pull(self, sub: TaskPuller, subjects: Subjects) -> None:
         """The intake of one served shard: its tasks consumer pulled in order (fifo_intake.py), or its workspaces
         served in turns (fair_intake.py)."""
-        if self._owning.placement.layout.intake == "fair":
+        intake = self._owning.placement.layout.intake
+        if intake == "fair":
             await self.intakes.run(subjects)
+        elif intake == "lanes":
+            await self.intakes.run_lanes(subjects)
         else:
             await self._fifo.run(sub, subjects)
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.streams import ensure_layout_streams
 from rebaser_server.changeset.owning import Owning
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.record.reader import StoreReader
@@ -43,13 +43,7 @@ async def recover_after_reconnect(
     layout = owning.placement.layout
     try:
         # A memory-storage deployment loses streams, consumer and bucket in a restart; elsewhere a no-op.
-        await ensure_streams(
-            owning.nats.js,
-            owning.settings,
-            shards=layout.shards,
-            streams=layout.streams,
-            consumer=layout.shared_consumer,
-        )
+        await ensure_layout_streams(owning.nats.js, owning.settings, layout)
         await owning.store.open()
         await reader.open()
     except Exception as err:

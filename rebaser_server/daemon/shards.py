@@ -26,7 +26,7 @@ from typing import Any
 from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 from rebaser_core.layout import Layout, ordinal_from_hostname, pinned_shards
 from rebaser_core.nats.layout_store import LayoutFollower, init_layout
-from rebaser_core.nats.streams import ensure_streams
+from rebaser_core.nats.streams import ensure_layout_streams
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
@@ -125,9 +125,7 @@ class ShardPullers:
             raise
         self._problem(None)
         served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
-        await ensure_streams(
-            js, settings, shards=layout.shards, streams=layout.streams, consumer=layout.shared_consumer
-        )
+        await ensure_layout_streams(js, settings, layout)
         self._placement.layout = layout
         return layout
 
@@ -152,13 +150,7 @@ class ShardPullers:
 
     async def _on_change(self, old: Layout, new: Layout) -> None:
         try:
-            await ensure_streams(
-                self._nats.js,
-                self._settings,
-                shards=new.shards,
-                streams=new.streams,
-                consumer=new.shared_consumer,
-            )
+            await ensure_layout_streams(self._nats.js, self._settings, new)
         except Exception as err:
             log.warning("ensuring the streams of the new layout failed (%s); serving what exists", err)
         self._placement.layout = new

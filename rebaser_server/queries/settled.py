@@ -107,7 +107,7 @@ async def settled_now(
         except NotFoundError:
             pass
         try:
-            await js.get_last_msg(names.tasks_stream, names.task(wk, cs))
+            await js.get_last_msg(names.tasks_stream, names.stored_task(wk, cs))
             owned = True
         except NotFoundError:
             pass

@@ -393,7 +393,7 @@ def streams_repair(nats_url: str, prefix: str | None, assignment: Any, as_json: 
 
 
 @streams_group.command("intake")
-@click.argument("intake", type=click.Choice(["fifo", "fair"]))
+@click.argument("intake", type=click.Choice(["fifo", "fair", "lanes"]))
 @click.option(
     "--nats-url", envvar="REBASER_NATS_URL", type=NATS_URL, default="nats://127.0.0.1:4222", show_default=True
 )

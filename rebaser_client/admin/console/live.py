@@ -36,7 +36,7 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from rebaser_client._jetstream import OPERATOR_TIMEOUT, delivered_upto, jetstream, task_seq
+from rebaser_client._jetstream import OPERATOR_TIMEOUT, consumer_upto, jetstream, task_seq
 from rebaser_client._record import RecordView
 from rebaser_client.admin.console.hub import Hub
 from rebaser_client.admin.console.index import Index, Row
@@ -363,12 +363,10 @@ class Live:
                     continue
                 self._task_seqs[key] = seq
             upto = counts.upto.get(row.shard)
-            if upto is None:  # the fair intake: each workspace has its consumer
+            if upto is None:  # the fair or lanes intake: each workspace's or lane's consumer
                 consumer = (row.shard, key[0])
                 if consumer not in fair_upto:
-                    fair_upto[consumer] = await delivered_upto(
-                        self.js, names, names.workspace_tasks_consumer(wk)
-                    )
+                    fair_upto[consumer] = await consumer_upto(self.js, names, wk)
                 upto = fair_upto[consumer]
             owned = upto is not None and self._task_seqs[key] <= upto
             self.index.set_task(row, "owned" if owned else "waiting")

@@ -16,7 +16,8 @@ from rebaser_client.admin.cli.main import main as cli
 from rebaser_client.admin.intake import change_intake
 from rebaser_client.admin.streams import show_layout
 from rebaser_core.errors import LayoutMismatch
-from rebaser_core.layout import Intake, Layout
+from rebaser_core.layout import LANES, Intake, Layout
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.subjects import TASKS_CONSUMER, Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
@@ -61,13 +62,22 @@ async def _change_under_load(nats_url: str, prefix: str, before: Intake, after: 
             await load.check(d0.store)
             assert app.overlaps == []
             assert any("hand back" in line for line in lines) and lines[-1] == f"intake: {after}"
+            if "lanes" in (before, after):  # the tasks queued meanwhile were stored again the new way
+                assert any(line.startswith("moved ") for line in lines), lines
             assert d0.stats.tasks_interrupted + d1.stats.tasks_interrupted > 0  # owned ones were handed back
             consumers = await _tasks_consumers(conns[3], prefix, 2)
             if after == "fair":
                 assert TASKS_CONSUMER not in consumers
                 assert f"{TASKS_CONSUMER}-{load.workspace}" in consumers
+            elif after == "lanes":
+                assert consumers == {Subjects.lane_consumer(lane) for lane in range(LANES)}
             else:
                 assert consumers == {TASKS_CONSUMER}
+            # Every task left is stored the new intake's way (by lane, or not).
+            for shard in range(2):
+                names = Subjects(prefix).for_shard(shard)
+                stored = await stream_subjects(conns[3].jetstream(), names.tasks_stream, names.tasks_all)
+                assert all(names.is_lane_task(subject) == (after == "lanes") for subject in stored), stored
             shown = await show_layout(conns[3], Subjects(prefix))
             assert shown["intake"] == after and shown["intake_from"] is None
     finally:
@@ -77,6 +87,22 @@ async def _change_under_load(nats_url: str, prefix: str, before: Intake, after: 
 
 async def test_fifo_to_fair_under_load(nats_url: str, subject_prefix: str) -> None:
     await _change_under_load(nats_url, subject_prefix, "fifo", "fair")
+
+
+async def test_fifo_to_lanes_under_load(nats_url: str, subject_prefix: str) -> None:
+    await _change_under_load(nats_url, subject_prefix, "fifo", "lanes")
+
+
+async def test_fair_to_lanes_under_load(nats_url: str, subject_prefix: str) -> None:
+    await _change_under_load(nats_url, subject_prefix, "fair", "lanes")
+
+
+async def test_lanes_to_fair_under_load(nats_url: str, subject_prefix: str) -> None:
+    await _change_under_load(nats_url, subject_prefix, "lanes", "fair")
+
+
+async def test_lanes_to_fifo_under_load(nats_url: str, subject_prefix: str) -> None:
+    await _change_under_load(nats_url, subject_prefix, "lanes", "fifo")
 
 
 async def test_fair_to_fifo_under_load(nats_url: str, subject_prefix: str) -> None:
