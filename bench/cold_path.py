@@ -1,6 +1,6 @@
 """The cold path: how long a change set's first reply takes when nothing is warm (docs/fair-share.md).
 
-    .venv/bin/python -m bench.cold_path [--change-sets 60] [--workspaces 5] [--intake fair|fifo|default]
+    .venv/bin/python -m bench.cold_path [--change-sets 60] [--workspaces 5] [--intake fair|fifo|lanes|default]
                                         [--rounds 2] [--json PATH]
 
 One embedded nats-server (127.0.0.1, a free port, a file store) and one daemon at its defaults (``--intake``
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--change-sets", type=int, default=60)
     parser.add_argument("--workspaces", type=int, default=5)
-    parser.add_argument("--intake", choices=("default", "fair", "fifo"), default="default")
+    parser.add_argument("--intake", choices=("default", "fair", "fifo", "lanes"), default="default")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--idle", type=float, default=2.0, help="seconds the daemon is left idle first")
     parser.add_argument("--json", type=Path, default=None)

@@ -98,10 +98,13 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def daemon_env() -> dict[str, str]:
-    """This process's environment without any REBASER_* setting, plus REBASER_REPLICAS=3 (as the dev cluster)."""
+def daemon_env(intake: str | None = None) -> dict[str, str]:
+    """This process's environment without any REBASER_* setting, plus REBASER_REPLICAS=3 (as the dev cluster) and
+    ``intake`` if given (REBASER_INTAKE)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REBASER_")}
     env["REBASER_REPLICAS"] = str(NODES)
+    if intake:
+        env["REBASER_INTAKE"] = intake
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return env
@@ -188,7 +191,7 @@ async def run_scenario(
         try:
             cluster.start(timeout=60)  # blocks until JetStream can place R3 streams: nothing else runs yet
             nats_pids = [n.pid or 0 for n in cluster.nodes]
-            command, env = daemon_command(cluster), daemon_env()
+            command, env = daemon_command(cluster), daemon_env(args.intake)
             daemons = [
                 procs.spawn(f"{scenario}-daemon-{i}", command, env) for i in range(1, args.daemons + 1)
             ]
@@ -401,6 +404,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"Q: seconds of quiet measured after the run (default {DEFAULTS['quiet']:g})",
     )
     parser.add_argument("--daemons", type=int, help="daemon processes (default 2)")
+    parser.add_argument(
+        "--intake",
+        choices=("fifo", "fair", "lanes"),
+        help="the daemons' intake (REBASER_INTAKE; default: the default's)",
+    )
     parser.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help="which scenarios, in order: one, many (default both)"
     )
