@@ -1,10 +1,18 @@
 """The client's side of a workspace's request limit (``workspace_max_requests``): before a request is published, the
-workspace's queued requests as a daemon last counted them (the ``backlog`` query, asked in the background at most
-once a second per workspace), plus what this client sent since; at the limit, ``RebaserBusy`` naming the workspace.
+workspace's queued requests as a daemon last counted them (the ``backlog`` query, asked in the background), plus what
+this client sent since; at the limit, ``RebaserBusy`` naming the workspace.
 
-The check never delays a request: until a count arrives (a workspace's first request, no daemon answering) the
-request goes. So a workspace can pass its limit by what its clients send within about a second; the limit keeps
-one workspace from filling the streams every workspace shares, it is not an exact quota (docs/capacity.md#bounds).
+A count is asked for only where the limit may be near, so what the check costs follows what a client sends, not to
+how many workspaces (a client that sends a few requests to each of 10,000 workspaces asks nothing):
+
+- a workspace's first count once this client has sent it :data:`FIRST_ASK_AFTER` requests;
+- a new count once the last one is :data:`REFRESH` old if it (with what this client sent since) reaches half of the
+  limit, else once it is :data:`RECOUNT_AFTER` old and this client sent more since.
+
+The check never delays a request: until a count arrives (no daemon answering) the request goes. So a workspace can
+pass its limit by what its clients send before a count (at most ``FIRST_ASK_AFTER`` each) and within about a second;
+the limit keeps one workspace from filling the streams every workspace shares, it is not an exact quota
+(docs/capacity.md#bounds). A caller in an account of its own is held to it by the daemons' request gate too.
 """
 
 from __future__ import annotations
@@ -29,7 +37,11 @@ __all__ = ["BacklogCheck", "ask_backlog"]
 log = logging.getLogger(__name__)
 
 REFRESH = 1.0
-"""Seconds a count is used before it is asked for again."""
+"""Seconds a count near the limit is used before it is asked for again."""
+RECOUNT_AFTER = 30.0
+"""Seconds any other count is used before it is asked for again (if this client sent more since)."""
+FIRST_ASK_AFTER = 16
+"""Requests this client sends to a workspace before it asks for the workspace's first count."""
 _RETRY_AFTER = 1.0
 _QUERY_TIMEOUT = 2.0
 _MAX_KEPT = 10_000  # workspaces whose counts a client keeps; past it the one used longest ago goes
@@ -68,24 +80,30 @@ class BacklogCheck:
 
     async def check(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> None:
         """Raise ``RebaserBusy(limit="workspace_requests")`` if the workspace is at its limit; ask for a fresh count
-        (in the background) if the last one is old.
+        (in the background) where the limit may be near (see the module doc).
 
         A workspace the daemons counted at its limit a moment ago is refused at once (a flood costs no query).
         One that only this client's requests sent since would bring there is counted again first: those may be
         processed already, and a workspace that is served as fast as it sends is never refused."""
+        sent = self._touch(workspace_id)
         count = self._counts.get(workspace_id)
-        if workspace_id in self._sent:  # used now: the last to be forgotten (dicts keep insertion order)
-            self._sent[workspace_id] = self._sent.pop(workspace_id)
-        fresh = count is not None and time.monotonic() - count.at < REFRESH
-        if not fresh:
-            self._asking_now(workspace_id, change_set_id)
-        if count is None or count.limit <= 0:
+        if count is None:
+            if sent >= FIRST_ASK_AFTER:
+                self._asking_now(workspace_id, change_set_id)
             return
-        if fresh and count.queued >= count.limit:
-            raise self._busy(workspace_id, count.queued, count.limit)
-        if self._queued(workspace_id, count) >= count.limit and await self._asking_now(
-            workspace_id, change_set_id
+        age = time.monotonic() - count.at
+        if count.limit <= 0:
+            if age >= RECOUNT_AFTER and sent > count.sent_before:
+                self._asking_now(workspace_id, change_set_id)  # (a limit may have been set since)
+            return
+        queued = self._queued(workspace_id, count)
+        if (age >= REFRESH and 2 * queued >= count.limit) or (
+            age >= RECOUNT_AFTER and sent > count.sent_before
         ):
+            self._asking_now(workspace_id, change_set_id)
+        if age < REFRESH and count.queued >= count.limit:
+            raise self._busy(workspace_id, count.queued, count.limit)
+        if queued >= count.limit and await self._asking_now(workspace_id, change_set_id):
             count = self._counts[workspace_id]
             if count.limit > 0 and self._queued(workspace_id, count) >= count.limit:
                 raise self._busy(workspace_id, self._queued(workspace_id, count), count.limit)
@@ -93,6 +111,20 @@ class BacklogCheck:
     def sent(self, workspace_id: WorkspacePk) -> None:
         if workspace_id in self._sent:
             self._sent[workspace_id] += 1
+
+    def _touch(self, workspace_id: WorkspacePk) -> int:
+        """What this client sent to ``workspace_id`` so far, which becomes the last workspace to be forgotten (dicts
+        keep insertion order); past :data:`_MAX_KEPT` workspaces the one used longest ago goes."""
+        sent = self._sent.pop(workspace_id, None)
+        if sent is None:
+            sent = 0
+            if len(self._sent) >= _MAX_KEPT:  # a client of very many workspaces
+                forgotten = next((w for w in self._sent if w not in self._asking), None)
+                if forgotten is not None:
+                    del self._sent[forgotten]
+                    self._counts.pop(forgotten, None)
+        self._sent[workspace_id] = sent
+        return sent
 
     def _queued(self, workspace_id: WorkspacePk, count: _Count) -> int:
         """The count, and what this client sent since it asked for it (a daemon may have counted some already)."""
@@ -125,15 +157,8 @@ class BacklogCheck:
     async def _ask(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> bool:
         """Ask for a count; False if none came (no daemon answers, an older one, it could not count): the requests
         go unchecked meanwhile."""
-        if workspace_id not in self._sent:
-            if (
-                len(self._sent) >= _MAX_KEPT
-            ):  # the one used longest ago goes (a client of very many workspaces)
-                forgotten = next((w for w in self._sent if w not in self._asking), None)
-                if forgotten is not None:
-                    del self._sent[forgotten]
-                    self._counts.pop(forgotten, None)
-            self._sent[workspace_id] = 0
+        if workspace_id not in self._sent:  # forgotten before it was asked
+            return False
         sent_before = self._sent[workspace_id]
         try:
             response = await ask_backlog(self._queries, workspace_id, change_set_id, _QUERY_TIMEOUT)

@@ -32,7 +32,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from rebaser_client.admin.streams import current_layout
-from rebaser_core.errors import InvalidSubject, LayoutMismatch
+from rebaser_core.errors import InvalidSubject, LayoutMismatch, RebaserBusy
 from rebaser_core.layout import Intake, Layout
 from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, write_layout
 from rebaser_core.nats.listing import stream_subjects
@@ -157,7 +157,17 @@ async def _move_tasks(nc: NatsClient, js: JetStreamContext, subjects: Subjects, 
             except NotFoundError:
                 continue
             # Published where a task is published: the stream stores it the new way (or has one stored so already).
-            await publish_task(nc, names.task(parsed.workspace_id, parsed.change_set_id), timeout=_JS_TIMEOUT)
+            task = names.task(parsed.workspace_id, parsed.change_set_id)
+            try:
+                await publish_task(nc, task, timeout=_JS_TIMEOUT)
+            except RebaserBusy:
+                # The tasks stream is full (a flood): the old one goes first to make room. Were this interrupted in
+                # between, the change set's queued requests would get their task from the orphan sweep.
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_msg(names.tasks_stream, int(old.seq or 0))
+                await publish_task(nc, task, timeout=_JS_TIMEOUT)
+                moved += 1
+                continue
             with contextlib.suppress(NotFoundError):
                 await js.delete_msg(names.tasks_stream, int(old.seq or 0))
             moved += 1

@@ -155,7 +155,9 @@ class Reaper:
                 await js.delete_msg(subjects.tasks_stream, record.task_seq)
             except NotFoundError:
                 continue  # acked meanwhile, or another peer was quicker
-            await publish_task(self._nats.nc, subject)
+            # Published where tasks are published (the subject listed is the stored one: with the lanes intake
+            # ``….<lane>``, where no stream listens).
+            await publish_task(self._nats.nc, subjects.task(parsed.workspace_id, parsed.change_set_id))
             self._stats.peer_tasks_handed_back += 1
             count += 1
             log.info("%s: handed back (its owner %s is silent)", change_set, owner)

@@ -32,6 +32,8 @@ class Admission:
         self._starting: dict[Hashable, float] = {}
         # Set when a change set lets go or has started: the pull loop may have room again.
         self._freed = asyncio.Event()
+        # Slots the lanes intake's running turns may still fill, over every served shard (lane_intake.py).
+        self.reserved = 0
 
     @property
     def starting(self) -> int:

@@ -104,5 +104,4 @@ class FairIntakes:
             "turns": sum(intake.turns for intake in intakes),
             "tasks_deferred": sum(intake.deferred for intake in intakes),
             "empty_turns": sum(intake.empty_turns for intake in intakes),
-            "fresh_looks": sum(intake.fresh_looks for intake in intakes),
         }

@@ -13,8 +13,11 @@ reaches its lane-mates' tasks behind them, and the flood goes round its own lane
 
 How a daemon knows which lanes have tasks waiting (as the fair intake knows its workspaces'):
 
-- **published**: it subscribes (plain NATS) to the shard's task subjects; a publish puts its lane in line at once,
-  and if the pull comes before the stream stored the task the lane gets a few more looks (:data:`_FRESH_LOOKS`);
+- **published**: it subscribes (plain NATS) to the shard's task subjects; a publish puts its lane in line at once.
+  The daemon hears a publish as the stream does, so its pull may come before the stream stored the task: a turn's
+  pull returns what the lane has, or waits up to :data:`_TURN_WAIT` for the first task if it has none (nats-server's
+  no-wait pull with an expiry). Turns run side by side, one per lane at most, their batches counted against the free
+  slots while they run, so a pull that waits holds up no other lane;
 - **found**: every :data:`_DISCOVER_EVERY` seconds, and at start, it asks each lane's consumer what it has (one
   consumer info per lane: a cost set by the lanes, not by the workspaces);
 - **left over**: a turn that took a full batch with more pending puts the lane back in line;
@@ -73,9 +76,11 @@ _PULL_EXPIRES = 1.0
 _RECONNECT_POLL = 0.1
 # A handed-back task's lane is put in line this long after the task is due back (each a no-wait pull).
 _HANDED_BACK_LOOKS = (0.0, 0.25, 1.0)
-# A turn given for a publish may pull before the stream stored the task: one that finds nothing is given again after
-# each of these (see fair_intake.py).
-_FRESH_LOOKS = (0.005, 0.025, 0.1, 0.4)
+# A turn's pull for a publish heard waits this long for a first task when the lane has none (it may not be stored
+# yet), then ends ...
+_TURN_WAIT = 0.25
+# ... and one that took fewer tasks than publishes heard is given again this long after (the rest being stored).
+_AGAIN_AFTER = 0.01
 # A task of a workspace past its room goes back for this long, doubled with each delivery, at most _DEFER_MAX.
 _DEFER = 0.1
 _DEFER_MAX = 1.0
@@ -109,7 +114,13 @@ class LaneIntake:
         self._line: OrderedDict[int, None] = OrderedDict()  # lanes with tasks waiting, oldest first
         self._joined = asyncio.Event()
         self._watched: dict[int, int] = {}  # lane -> looks in a row that found nothing
-        self._fresh: dict[int, int] = {}  # lanes whose publish was heard and not found yet: the looks left
+        self._turning: dict[int, asyncio.Task[None]] = {}  # lane -> its turn, running
+        self._looking: set[int] = set()  # lanes the watch pulls now (a lane's pulls share its puller's queue)
+        self._again: set[int] = (
+            set()
+        )  # lanes that joined the line during their turn or look: in line after it
+        self._heard: dict[int, int] = {}  # lane -> task publishes heard since its last turn began
+        self._rechecks: set[int] = set()  # lanes whose next turn looks again for tasks heard and not found
         self._pullers = [
             TaskPuller(nats.nc, subjects.tasks_stream, subjects.lane_consumer(lane), expires=_PULL_EXPIRES)
             for lane in range(lanes)
@@ -117,7 +128,6 @@ class LaneIntake:
         self._nudged_at = float("-inf")
         self._deferring_until = float("-inf")  # a workspace past its room handed tasks back: press until then
         self.turns = 0
-        self.fresh_looks = 0
         self.empty_turns = 0
         self.deferred = 0  # tasks handed back because their workspace had its room here
 
@@ -126,7 +136,9 @@ class LaneIntake:
         return lane_of(workspace, self._lanes)
 
     def _join(self, lane: int) -> None:
-        if lane not in self._line:
+        if lane in self._turning or lane in self._looking:
+            self._again.add(lane)  # its turn may have missed what joined it: another after this one
+        elif lane not in self._line:
             self._line[lane] = None
             self._joined.set()
 
@@ -144,20 +156,8 @@ class LaneIntake:
         end = subject.rfind(".", 0, subject.rfind("."))  # the dot before the change set token
         start = subject.rfind(".", 0, end)
         lane = lane_of(subject[start + 1 : end], self._lanes)
-        self._fresh[lane] = len(_FRESH_LOOKS)
+        self._heard[lane] = self._heard.get(lane, 0) + 1
         self._join(lane)
-
-    def _found(self, lane: int, got: int) -> None:
-        """After a turn of ``lane`` that took ``got`` tasks: one that found none right after a publish was heard is
-        given another turn a little later (the stream may not have stored the task yet)."""
-        if not got:
-            self.empty_turns += 1
-        left = self._fresh.pop(lane, 0)
-        if got or not left:
-            return
-        self._fresh[lane] = left - 1
-        self.fresh_looks += 1
-        asyncio.get_running_loop().call_later(_FRESH_LOOKS[-left], self._join, lane)
 
     async def _discover(self) -> None:
         """Every lane with tasks waiting joins the line; every lane with tasks held is watched."""
@@ -211,56 +211,101 @@ class LaneIntake:
 
     async def _serve(self) -> None:
         settings, give_way = self._settings, self._placement.give_way
-        while not self._stopping():
-            free = settings.concurrency - len(self._owned)
-            if free <= 0 or time.monotonic() < self._deferring_until:
-                # Slots are short (every one taken, or a workspace past its room waits for its own): idle change
-                # sets, the busiest workspaces' first, give way at once (quiet.GiveWay). No change set waits for an
-                # idle one.
-                if self._line or time.monotonic() < self._deferring_until:
-                    give_way.press(self._owned.fair.by_workspace, time.monotonic())
-                    self._nudge()
+        try:
+            while not self._stopping():
+                self._joined.clear()  # (before the look: a lane joining from here on wakes _wait)
+                unowned = settings.concurrency - len(self._owned)
+                free = unowned - self._admission.reserved
+                now = time.monotonic()
+                if unowned <= 0 or now < self._deferring_until:
+                    # Slots are short (every one taken, or a workspace past its room waits for its own): idle change
+                    # sets, the busiest workspaces' first, give way at once (quiet.GiveWay). No change set waits for
+                    # an idle one.
+                    if self._line or self._again or now < self._deferring_until:
+                        give_way.press(self._owned.fair.by_workspace, now)
+                        self._nudge()
+                    else:
+                        give_way.ease()
                 else:
                     give_way.ease()
                 if free <= 0:
+                    await self._wait()  # (slots held by running turns come back as each ends)
+                    continue
+                room = self._admission.room() - self._admission.reserved
+                if room <= 0:
                     await self._wait()
                     continue
-            else:
-                give_way.ease()
-            room = self._admission.room()
-            if room <= 0:
-                await self._wait()
-                continue
-            if not self._nats.nc.is_connected or self._lapsed():
-                await asyncio.sleep(_RECONNECT_POLL)
-                continue
-            if not self._line:
-                await self._wait()
-                continue
-            lane, _ = self._line.popitem(last=False)
-            self.turns += 1
-            batch = min(max(1, free // (1 + len(self._line))), room, _TURN_BATCH)
-            try:
-                more = await self._take_from(lane, batch)
-            except NoConsumer:
-                self._join(lane)
-                await self._make_consumer(lane)  # deleted by hand, or not made yet: made again
-                continue
-            except Exception as err:
-                if self._stopping():
-                    break
+                if not self._nats.nc.is_connected or self._lapsed():
+                    await asyncio.sleep(_RECONNECT_POLL)
+                    continue
+                if not self._line:
+                    await self._wait()
+                    continue
+                lane, _ = self._line.popitem(last=False)
+                self.turns += 1
+                batch = min(max(1, free // (1 + len(self._line))), room, _TURN_BATCH)
+                heard = self._heard.get(lane, 0)
+                if heard:  # what a turn for publishes heard holds while it waits: at most a slot for each
+                    batch = min(batch, heard)
+                self._admission.reserved += batch
+                self._turning[lane] = asyncio.create_task(
+                    self._turn(lane, batch), name=f"lanes intake {self._subjects.shard}: lane {lane}"
+                )
+        finally:
+            # Each turn ends within its pull's wait; a task delivered meanwhile is handed back (stopping).
+            turns = list(self._turning.values())
+            if turns:
+                await asyncio.wait(turns, timeout=_TURN_WAIT + _PULL_EXPIRES)
+            for turn in turns:
+                turn.cancel()
+            await asyncio.gather(*turns, return_exceptions=True)
+
+    async def _turn(self, lane: int, batch: int) -> None:
+        """Take up to ``batch`` of the tasks ready in ``lane``. A turn for a publish heard waits up to
+        :data:`_TURN_WAIT` for the first task (the stream may not have stored it yet); any other takes what is there.
+        A turn that took fewer tasks than publishes were heard for its lane gives it another (nats-server ends a
+        waiting pull once it delivered what was stored; the rest may be stored a moment later)."""
+        heard = self._heard.pop(lane, 0)
+        rechecking = lane in self._rechecks
+        self._rechecks.discard(lane)
+        got = pending = 0
+        failed = False
+        try:
+            wait = _TURN_WAIT if heard else None
+            async for msg, pulled_at in self._pullers[lane].pull(batch, no_wait=True, expires=wait):
+                got += 1
+                if got <= batch:  # (a late delivery of an earlier pull may come too: taken all the same)
+                    self._admission.reserved -= 1
+                pending = Delivery.of(msg).num_pending
+                await self._take(msg, pulled_at)
+        except NoConsumer:
+            failed = True
+            await self._make_consumer(lane)  # deleted by hand, or not made yet: made again
+        except Exception as err:
+            failed = True
+            if not self._stopping():
                 log.warning("taking tasks of lane %d failed (%r); trying again", lane, err)
-                self._join(lane)
                 await asyncio.sleep(_PULL_EXPIRES)
-                continue
-            if more:
+        finally:
+            self._admission.reserved -= batch - min(got, batch)
+            del self._turning[lane]
+            if not got:
+                self.empty_turns += 1
+            if failed or (got >= batch and pending > 0) or lane in self._again:
+                self._again.discard(lane)
                 self._join(lane)
-            else:
+            elif got < min(heard, batch) and not rechecking:
+                # Fewer than heard (a publish refused since its change set has a task is heard too): looked for
+                # once more, waiting again.
+                self._heard[lane] = self._heard.get(lane, 0) + min(heard, batch) - got
+                self._rechecks.add(lane)
+                asyncio.get_running_loop().call_later(_AGAIN_AFTER, self._join, lane)
+            if not failed:
                 self._watched.setdefault(lane, 0)
+            self._joined.set()  # its slots are free again: the loop looks again
 
     async def _wait(self) -> None:
-        """Until a slot frees, a lane joins the line, or a second passes."""
-        self._joined.clear()
+        """Until a slot frees, a lane joins the line or a turn ends (since the loop's look), or a second passes."""
         joined = asyncio.ensure_future(self._joined.wait())
         freed = asyncio.ensure_future(self._admission.wait())
         try:
@@ -292,6 +337,8 @@ class LaneIntake:
 
     async def _make_consumer(self, lane: int) -> None:
         layout = self._placement.layout
+        if not layout.lane_consumers:
+            return  # the intake is changing: its consumers are gone on purpose (rebaser_client.admin.intake)
         config = lane_tasks_consumer_config(
             self._settings, lane, self._subjects.shard, max(layout.streams, 1)
         )
@@ -307,21 +354,15 @@ class LaneIntake:
             )
             await asyncio.sleep(_PULL_EXPIRES)
 
-    async def _take_from(self, lane: int, batch: int) -> bool:
-        """Take up to ``batch`` of the tasks ready in ``lane``; whether more are ready."""
-        got, pending = 0, 0
-        async for msg, pulled_at in self._pullers[lane].pull(batch, no_wait=True):
-            got += 1
-            pending = Delivery.of(msg).num_pending
-            await self._take(msg, pulled_at)
-        self._found(lane, got)
-        return got >= batch and pending > 0
-
     async def _take(self, msg: Msg, pulled_at: float) -> None:
         if self._stopping() or len(self._owned) >= self._settings.concurrency:
-            # Beyond our free slots (the watch and a turn both took one): straight back for another daemon.
+            # Beyond our free slots (the watch and a turn both took one): straight back for another daemon, and its
+            # lane in line again (a task handed back counts as held, not waiting: only the watch would find it).
             with contextlib.suppress(Exception):
                 await hand_back(self._nats.nc, msg)
+            if not self._stopping():
+                with contextlib.suppress(InvalidSubject):
+                    self._join(self.lane(self._subjects.parse_task(msg.subject).workspace_id))
             return
         try:
             workspace = self._subjects.parse_task(msg.subject).workspace_id
@@ -348,16 +389,24 @@ class LaneIntake:
             for lane in list(self._watched):
                 if self._stopping():
                     return
+                if lane in self._turning:
+                    continue  # its turn takes what came back
                 if (
                     len(self._owned) >= self._settings.concurrency
                     or not self._nats.nc.is_connected
                     or self._lapsed()
                 ):
                     break  # no slot to take a task that came back into (or none may be taken): the next look
+                self._looking.add(lane)
                 try:
                     await self._look(lane)
                 except Exception as err:
                     log.debug("looking at lane %d's held tasks failed: %r", lane, err)
+                finally:
+                    self._looking.discard(lane)
+                    if lane in self._again:
+                        self._again.discard(lane)
+                        self._join(lane)
 
     async def _look(self, lane: int) -> None:
         """Take what came back of ``lane``'s tasks; stop watching it once nothing is held or waiting."""

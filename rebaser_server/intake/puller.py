@@ -76,9 +76,11 @@ class TaskPuller:
         self, batch: int, *, no_wait: bool = False, expires: float | None = None
     ) -> AsyncIterator[tuple[Msg, float]]:
         """Send one pull request for up to ``batch`` tasks; yield ``(task, pulled_at)`` as each arrives, until the
-        batch is complete or the pull expired (``no_wait``: until what is there now was delivered). ``pulled_at`` is
-        the monotonic send time of the pull the task answers (a late delivery of an earlier pull carries that
-        pull's time)."""
+        batch is complete or the pull expired (``no_wait``: until what is there now was delivered; ``no_wait`` with
+        ``expires``: the same, but if nothing is there the server waits up to ``expires`` for the first).
+        ``pulled_at`` is the monotonic send time of the pull the task answers (a late delivery of an earlier pull
+        carries that pull's time)."""
+        wait_first = no_wait and expires is not None  # no_wait with expires: see the docstring
         expires = self._expires if expires is None else expires
         self._pulls += 1
         number, sent = self._pulls, time.monotonic()
@@ -88,9 +90,11 @@ class TaskPuller:
             _, oldest = self._lingering.popitem(last=False)
             await oldest.unsubscribe()
         # no_wait alone (no expires): the server answers at once, with what it has and then 404.
-        request: dict[str, Any] = (
-            {"batch": batch, "no_wait": True} if no_wait else {"batch": batch, "expires": int(expires * 1e9)}
-        )
+        request: dict[str, Any] = {"batch": batch}
+        if no_wait:
+            request["no_wait"] = True
+        if wait_first or not no_wait:
+            request["expires"] = int(expires * 1e9)
         await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=sub.subject)
         deadline = sent + expires + _STATUS_GRACE
         while True:

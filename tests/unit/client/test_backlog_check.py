@@ -1,6 +1,7 @@
 """The client's side of a workspace's request limit (rebaser_client._backlog) for a client of very many workspaces:
-the counts it keeps are bounded, and the one it forgets is the one used longest ago, never one in use (a workspace
-at its limit whose count was forgotten passed the check)."""
+what it asks follows what it sends, not how many workspaces it sends to; the counts it keeps are bounded, and the one
+it forgets is the one used longest ago, never one in use (a workspace at its limit whose count was forgotten passed
+the check)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ async def test_a_workspace_in_use_keeps_its_count_while_a_client_sends_to_very_m
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_backlog, "_MAX_KEPT", 5)
+    monkeypatch.setattr(_backlog, "FIRST_ASK_AFTER", 0)  # every workspace counted from its first request
     full = WorkspacePk.new()
     daemon = Daemon(full)
     check = BacklogCheck(daemon)  # type: ignore[arg-type]
@@ -70,5 +72,38 @@ async def test_a_workspace_in_use_keeps_its_count_while_a_client_sends_to_very_m
                 refused += 1
         assert refused == 40
         assert len(check._sent) <= 5
+    finally:
+        await check.close()
+
+
+async def test_a_client_sending_a_few_requests_to_each_of_many_workspaces_asks_no_count() -> None:
+    daemon = Daemon(WorkspacePk.new())
+    check = BacklogCheck(daemon)  # type: ignore[arg-type]
+    try:
+        for _ in range(2_000):
+            workspace = WorkspacePk.new()
+            for _ in range(2):
+                await check.check(workspace, ChangeSetId.new())
+                check.sent(workspace)
+        assert daemon.asked == 0
+    finally:
+        await check.close()
+
+
+async def test_a_client_flooding_a_full_workspace_is_refused_after_a_few_requests_and_one_count() -> None:
+    full = WorkspacePk.new()
+    daemon = Daemon(full)
+    check = BacklogCheck(daemon)  # type: ignore[arg-type]
+    try:
+        sent = 0
+        with pytest.raises(RebaserBusy) as busy:
+            for _ in range(1_000):
+                await check.check(full, ChangeSetId.new())
+                check.sent(full)
+                sent += 1
+                await asyncio.sleep(0)  # the count asked in the background arrives
+        assert busy.value.workspace == str(full)
+        assert _backlog.FIRST_ASK_AFTER <= sent <= _backlog.FIRST_ASK_AFTER + 2
+        assert daemon.asked == 1
     finally:
         await check.close()
