@@ -87,8 +87,9 @@ class FairIntakes:
         }
 
     def _lanes_status(self) -> dict[str, Any]:
-        """The lanes intake's: the lanes waiting for a turn in the order they get it, the lanes watched, the turns
-        given and the tasks handed back for their workspace's room, over the served shards."""
+        """The lanes intake's: the lanes whose consumer had tasks waiting when last read, the pulls waiting now, the
+        pulls made (and those that found nothing) and the tasks handed back for their workspace's room, over the
+        served shards."""
         layout = self._placement.layout
         intakes = list(self._lanes_by_shard.values())
         waiting = [
@@ -100,8 +101,8 @@ class FairIntakes:
             "lanes": layout.lanes,
             "lanes_waiting": waiting[:10],
             "lanes_waiting_total": len(waiting),
-            "lanes_watched": sum(intake.watched for intake in intakes),
-            "turns": sum(intake.turns for intake in intakes),
+            "pulls_waiting": sum(intake.pulling for intake in intakes),
+            "pulls": sum(intake.pulls for intake in intakes),
+            "empty_pulls": sum(intake.empty_pulls for intake in intakes),
             "tasks_deferred": sum(intake.deferred for intake in intakes),
-            "empty_turns": sum(intake.empty_turns for intake in intakes),
         }

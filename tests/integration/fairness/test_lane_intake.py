@@ -61,7 +61,7 @@ async def test_tasks_are_stored_in_the_lane_the_daemons_compute_and_the_consumer
         consumers = {c.name for c in await nc.jetstream().consumers_info(names.tasks_stream)}
         assert consumers == {names.lane_consumer(lane) for lane in range(LANES)}
         status = daemon.intake_status()
-        assert status["kind"] == "lanes" and status["lanes"] == LANES and status["turns"] > 0
+        assert status["kind"] == "lanes" and status["lanes"] == LANES and status["pulls"] > 0
 
 
 async def test_a_newcomer_in_another_lane_is_served_while_a_flood_still_waits(
