@@ -55,8 +55,13 @@ __all__ = ["LaneIntake"]
 
 log = logging.getLogger(__name__)
 
-# A lane's pull waits this long at most (the lease's lower bound is its send time: see lease.py), then another goes.
+# A busy lane's pull waits this long at most (the lease's lower bound is its send time: see lease.py), then another
+# goes ...
 _PULL_EXPIRES = 1.0
+# ... and a quiet lane's this long: on a replicated consumer every waiting pull costs two Raft proposals (nats-server
+# tells the followers of it), so 32 lanes' pulls renewed every second would cost the servers more than the work. A
+# task that comes on a pull older than its lease allows goes straight back, to the lane's next pull (one round trip).
+_QUIET_EXPIRES = 10.0
 # Tasks one pull asks for at most (each handed out as it arrives, see puller.py).
 _MAX_BATCH = 256
 # While every slot is taken, the lanes' consumers are asked whether tasks wait at most this often ...
@@ -105,6 +110,7 @@ class LaneIntake:
         # Lanes without a pull, in the order they get their next one (those that ended theirs first).
         self._idle: OrderedDict[int, None] = OrderedDict((lane, None) for lane in range(lanes))
         self._pulling: dict[int, asyncio.Task[None]] = {}
+        self._holding: set[int] = set()  # lanes whose pull holds free slots (busy lanes)
         self._want = [1] * lanes  # what each lane's next pull asks for (see the module doc)
         self._waiting: dict[int, int] = {}  # lane -> tasks its consumer had waiting, as last read while full
         self._waiting_read_at = float("-inf")
@@ -115,6 +121,7 @@ class LaneIntake:
         self.pulls = 0
         self.empty_pulls = 0
         self.deferred = 0  # tasks handed back because their workspace had its room here
+        self.stale = 0  # tasks handed back because they came on a quiet lane's pull sent too long ago
 
     def lane(self, workspace: WorkspacePk) -> int:
         return lane_of(workspace, self._lanes)
@@ -133,10 +140,12 @@ class LaneIntake:
         finally:
             give_way.quiet = PRESSURE_QUIET
             give_way.busiest_only = False
-            # Each pull ends within its expiry; a task delivered meanwhile is handed back (stopping).
+            # A busy lane's pull ends within its expiry; a task delivered meanwhile is handed back (stopping). A quiet
+            # lane's is not waited for: a task it would bring is redelivered after ack_wait.
             pulls = list(self._pulling.values())
-            if pulls:
-                await asyncio.wait(pulls, timeout=_PULL_EXPIRES + 1.0)
+            busy = [self._pulling[lane] for lane in self._holding]
+            if busy:
+                await asyncio.wait(busy, timeout=_PULL_EXPIRES + 1.0)
             for pull in pulls:
                 pull.cancel()
             if self._reading is not None:
@@ -176,17 +185,20 @@ class LaneIntake:
             held = 0 if self._want[lane] == 1 else max(1, min(self._want[lane], free, room, _MAX_BATCH))
             self._admission.reserved += held
             self._pulling[lane] = asyncio.create_task(
-                self._pull(lane, max(held, 1), held), name=f"lanes intake {self._subjects.shard}: lane {lane}"
+                self._pull(lane, max(held, 1), held, _PULL_EXPIRES if held else _QUIET_EXPIRES),
+                name=f"lanes intake {self._subjects.shard}: lane {lane}",
             )
 
-    async def _pull(self, lane: int, batch: int, held: int) -> None:
-        """One pull of ``lane`` for up to ``batch`` tasks, each taken as it arrives; ``held`` of the daemon's free
-        slots count as reserved until their task arrives or the pull ends."""
+    async def _pull(self, lane: int, batch: int, held: int, expires: float) -> None:
+        """One pull of ``lane`` for up to ``batch`` tasks, waiting up to ``expires``, each task taken as it arrives;
+        ``held`` of the daemon's free slots count as reserved until their task arrives or the pull ends."""
         got = 0
         retry = False
         self.pulls += 1
+        if held:
+            self._holding.add(lane)
         try:
-            async for msg, pulled_at in self._pullers[lane].pull(batch):
+            async for msg, pulled_at in self._pullers[lane].pull(batch, expires=expires):
                 got += 1
                 if got <= held:  # (a late delivery of an earlier pull may come too: taken all the same)
                     self._admission.reserved -= 1
@@ -209,6 +221,7 @@ class LaneIntake:
             if not got:
                 self.empty_pulls += 1
             del self._pulling[lane]
+            self._holding.discard(lane)
             if retry and not self._stopping():
                 await asyncio.sleep(_RETRY_AFTER)
             self._idle[lane] = None
@@ -281,7 +294,14 @@ class LaneIntake:
         return any(n for other, n in self._waiting.items() if other != lane)
 
     async def _take(self, msg: Msg, pulled_at: float) -> None:
-        if self._stopping() or len(self._owned) >= self._settings.concurrency:
+        settings = self._settings
+        if time.monotonic() - pulled_at > settings.consumer_ack_wait - settings.lease_margin:
+            # Come on a pull sent too long ago for a lease this daemon could count on: back for a fresh pull.
+            with contextlib.suppress(Exception):
+                await hand_back(self._nats.nc, msg)
+            self.stale += 1
+            return
+        if self._stopping() or len(self._owned) >= settings.concurrency:
             # No slot free (a quiet lane's pull holds none; a late delivery of an earlier pull): straight back for
             # another daemon, and meanwhile the busiest idle change sets here give way.
             with contextlib.suppress(Exception):
