@@ -71,7 +71,7 @@ from rebaser_client import RebaserClient  # noqa: E402
 from rebaser_core.api import SetFunction, SetLiteral, SuccessStatus, Update  # noqa: E402
 from rebaser_core.embedded import NatsServer  # noqa: E402
 from rebaser_core.ids import ChangeSetId, WorkspacePk  # noqa: E402
-from rebaser_core.subjects import Subjects  # noqa: E402
+from rebaser_core.subjects import LANE_CONSUMER, Subjects  # noqa: E402
 from rebaser_server.record.model import ChangeSetRecord  # noqa: E402
 
 DVU_APPS = {"natural": "rebaser_server.apps.snapshots:SnapshotApp", "10x": "bench.apps:CostlyDvuApp"}
@@ -98,9 +98,9 @@ class Bench:
         if server is not None and server.monitoring_url is not None:
             self.env["REBASER_NATS_MONITORING_URLS"] = server.monitoring_url
         self.env["REBASER_CONCURRENCY"] = str(args.concurrency)
-        # The page's figures were measured with the fifo intake (one shared tasks consumer, which the idle scenario
-        # reads); --intake fair measures the fair one.
-        self.env["REBASER_INTAKE"] = args.intake
+        # The daemons' default intake unless --intake names one (benchmarks measure the defaults).
+        if args.intake:
+            self.env["REBASER_INTAKE"] = args.intake
         for item in args.daemon_env:
             key, _, value = item.partition("=")
             self.env[key] = value
@@ -274,7 +274,8 @@ class Bench:
             owned = sum(
                 info.num_ack_pending or 0
                 for info in await nc.jetstream().consumers_info(stream)
-                if (info.name or "").startswith(consumer)  # the shared one, or (fair) each workspace's
+                # the shared one, (fair) each workspace's, or (lanes) each lane's
+                if (info.name or "").startswith((consumer, LANE_CONSUMER))
             )
             next_held = await drive(send, list(range(count)), 8)
             errors += len(next_held.errors)

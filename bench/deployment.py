@@ -10,7 +10,7 @@ import os
 import secrets
 import subprocess
 import sys
-from typing import Protocol
+from typing import Any, Protocol
 
 import nats.errors
 from nats.aio.client import Client
@@ -151,12 +151,25 @@ class Deployment:
         return s.requests_stream, s.tasks_stream, s.tasks_consumer
 
     async def activations(self, nc: Client) -> int:
+        """Task deliveries so far, over every consumer of the tasks stream (the shared one, the lanes', or the
+        workspaces': whatever the intake); -1 if none could be read."""
         _, stream, consumer = self.streams
+        js = nc.jetstream()
         try:
-            info = await nc.jetstream().consumer_info(stream, consumer)
+            if self.impl in LOOPS:
+                info = await js.consumer_info(stream, consumer)
+                return int(info.delivered.consumer_seq or 0) if info.delivered else -1
+            infos: list[Any] = []
+            while True:
+                page = await js.consumers_info(stream, offset=len(infos))
+                infos += page
+                if len(page) < 256:
+                    break
         except Exception:
             return -1
-        return int(info.delivered.consumer_seq or 0) if info.delivered else -1
+        if not infos:
+            return -1
+        return sum(int(info.delivered.consumer_seq or 0) for info in infos if info.delivered)
 
     async def drained(self, nc: Client, timeout: float) -> bool:
         """Wait until every processed request has been removed from the requests stream (False: not in time)."""

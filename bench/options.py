@@ -63,7 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quiescent", type=float, default=5.0, help="quiescent period, seconds")
     parser.add_argument(
-        "--intake", choices=("fifo", "fair", "lanes"), default="fifo", help="the daemons' intake (REBASER_INTAKE)"
+        "--intake",
+        choices=("fifo", "fair", "lanes"),
+        default=None,
+        help="the daemons' intake (REBASER_INTAKE; default: the daemons' default)",
     )
     parser.add_argument(
         "--concurrency",

@@ -169,8 +169,8 @@ class Settings(BaseModel):
         None,
         description="How tasks reach daemons: fifo, one consumer per shard hands them out in the order they came; "
         "fair, one consumer per workspace with tasks, the workspaces served in turns; lanes, the workspaces hashed "
-        "onto 32 consumers per shard, the lanes served in turns (docs/fair-share.md). Chosen when the layout is "
-        "created (none: the layout's, or fair).",
+        "onto 32 consumers per shard, each pulled on its own (docs/fair-share.md). Chosen when the layout is "
+        "created (none: the layout's, or lanes).",
     )
     workspace_weights: tuple[tuple[str, int], ...] = Field(
         (),

@@ -32,11 +32,10 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from rebaser_client.admin.streams import current_layout
-from rebaser_core.errors import InvalidSubject, LayoutMismatch, RebaserBusy
+from rebaser_core.errors import LayoutMismatch
 from rebaser_core.layout import Intake, Layout
 from rebaser_core.nats.layout_store import DEFAULT_POLL, open_layout, write_layout
-from rebaser_core.nats.listing import stream_subjects
-from rebaser_core.nats.tasks import publish_task
+from rebaser_core.nats.tasks import store_tasks_as
 from rebaser_core.subjects import LANE_CONSUMER, TASKS_CONSUMER, Subjects
 
 __all__ = ["change_intake"]
@@ -136,39 +135,5 @@ async def _move_tasks(nc: NatsClient, js: JetStreamContext, subjects: Subjects, 
     the old way are stored again the new way; how many moved."""
     moved = 0
     for shard in layout.shards:
-        names = subjects.for_shard(shard)
-        config = (await js.stream_info(names.tasks_stream)).config
-        transform = None
-        if layout.lanes:
-            source, destination = names.tasks_transform(layout.lanes)
-            transform = js_api.SubjectTransform(src=source, dest=destination)
-        if config.subject_transform != transform:
-            config.subject_transform = transform
-            await js.update_stream(config)
-        for subject in await stream_subjects(js, names.tasks_stream, names.tasks_all):
-            if names.is_lane_task(subject) == bool(layout.lanes):
-                continue
-            try:
-                parsed = names.parse_task(subject)
-            except InvalidSubject:
-                continue  # not a task: the orphan sweep's to remove
-            try:
-                old = await js.get_last_msg(names.tasks_stream, subject)
-            except NotFoundError:
-                continue
-            # Published where a task is published: the stream stores it the new way (or has one stored so already).
-            task = names.task(parsed.workspace_id, parsed.change_set_id)
-            try:
-                await publish_task(nc, task, timeout=_JS_TIMEOUT)
-            except RebaserBusy:
-                # The tasks stream is full (a flood): the old one goes first to make room. Were this interrupted in
-                # between, the change set's queued requests would get their task from the orphan sweep.
-                with contextlib.suppress(NotFoundError):
-                    await js.delete_msg(names.tasks_stream, int(old.seq or 0))
-                await publish_task(nc, task, timeout=_JS_TIMEOUT)
-                moved += 1
-                continue
-            with contextlib.suppress(NotFoundError):
-                await js.delete_msg(names.tasks_stream, int(old.seq or 0))
-            moved += 1
+        moved += await store_tasks_as(nc, js, subjects.for_shard(shard), layout.lanes)
     return moved

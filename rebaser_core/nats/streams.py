@@ -399,14 +399,41 @@ async def ensure_shard(
         # add_consumer on a durable is create-or-update on the server.
         await js.add_consumer(subjects.tasks_stream, tasks_consumer_config(settings, shard, streams))
     if lane_consumers and lanes:
-        await asyncio.gather(
-            *(
-                js.add_consumer(
-                    subjects.tasks_stream, lane_tasks_consumer_config(settings, lane, shard, streams)
-                )
-                for lane in range(lanes)
-            )
+        configs = [lane_tasks_consumer_config(settings, lane, shard, streams) for lane in range(lanes)]
+        try:
+            await asyncio.gather(*(js.add_consumer(subjects.tasks_stream, config) for config in configs))
+        except BadRequestError as err:
+            if err.err_code != _FILTER_OVERLAPS or not await _remove_idle_shared_consumer(js, subjects):
+                raise
+            await asyncio.gather(*(js.add_consumer(subjects.tasks_stream, config) for config in configs))
+
+
+# nats-server's "filtered consumer not unique on workqueue stream" (a filter overlapping another consumer's).
+_FILTER_OVERLAPS = 10100
+
+
+async def _remove_idle_shared_consumer(js: JetStreamContext, subjects: Subjects) -> bool:
+    """The fifo intake's shared consumer on a lanes shard (made by a script, or a daemon of an older version)
+    overlaps every lane's: removed if it holds no task (then nobody acts through it), else left alone (the lanes
+    wait; ``rebaser streams intake lanes`` removes it safely). Whether it was removed."""
+    stream, name = subjects.tasks_stream, subjects.tasks_consumer
+    try:
+        info = await js.consumer_info(stream, name)
+    except NotFoundError:
+        return False
+    if info.num_ack_pending:
+        log.error(
+            "the fifo intake's consumer %s/%s holds %d tasks on a lanes layout; the lanes' consumers cannot be made "
+            "beside it (run 'rebaser streams intake lanes' to remove it safely)",
+            stream,
+            name,
+            info.num_ack_pending,
         )
+        return False
+    log.warning("removing the fifo intake's idle consumer %s/%s: the layout's intake is lanes", stream, name)
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(stream, name)
+    return True
 
 
 async def ensure_layout_streams(js: JetStreamContext, settings: Settings, layout: Layout) -> None:

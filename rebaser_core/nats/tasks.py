@@ -10,15 +10,21 @@ requests stream's limits that is :class:`~rebaser_core.errors.RebaserBusy` namin
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import NotFoundError
 
-from rebaser_core.errors import BusyLimit, RebaserBusy, RebaserRefused, RebaserUnavailable
+from rebaser_core.errors import BusyLimit, InvalidSubject, RebaserBusy, RebaserRefused, RebaserUnavailable
+from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.pub_ack import read_pub_ack
 from rebaser_core.nats.requester import Requester
+from rebaser_core.subjects import Subjects
 
 __all__ = [
     "CHANGE_SET_FULL_RETRY_AFTER",
@@ -29,6 +35,7 @@ __all__ = [
     "ensure_connected",
     "parse_pub_ack",
     "publish_task",
+    "store_tasks_as",
 ]
 
 TASK_EXISTS = (
@@ -176,3 +183,47 @@ async def publish_task(
     if "per subject" in description.lower():
         return False
     raise busy_error(subject, description, TASK_EXISTS, _TASK_LIMITS)
+
+
+async def store_tasks_as(nc: NatsClient, js: JetStreamContext, names: Subjects, lanes: int) -> int:
+    """Make shard ``names.shard``'s tasks stream store tasks by lane (``lanes`` > 0: its subject transform) or not
+    (0), and store again the new way every task stored the other way: published where tasks are published (refused
+    as a duplicate if its change set has one stored the new way already), then deleted. How many moved.
+
+    Only while nobody can hold a task stored the old way: its consumers are gone (a change of intake,
+    rebaser_client.admin.intake, or a stream made before its layout said lanes)."""
+    config = (await js.stream_info(names.tasks_stream)).config
+    transform = None
+    if lanes:
+        source, destination = names.tasks_transform(lanes)
+        transform = js_api.SubjectTransform(src=source, dest=destination)
+    if config.subject_transform != transform:
+        config.subject_transform = transform
+        await js.update_stream(config)
+    moved = 0
+    for subject in await stream_subjects(js, names.tasks_stream, names.tasks_all):
+        if names.is_lane_task(subject) == bool(lanes):
+            continue
+        try:
+            parsed = names.parse_task(subject)
+        except InvalidSubject:
+            continue  # not a task: the orphan sweep's to remove
+        try:
+            old = await js.get_last_msg(names.tasks_stream, subject)
+        except NotFoundError:
+            continue
+        task = names.task(parsed.workspace_id, parsed.change_set_id)
+        try:
+            await publish_task(nc, task)
+        except RebaserBusy:
+            # The tasks stream is full (a flood): the old one goes first to make room. Were this interrupted in
+            # between, the change set's queued requests would get their task from the orphan sweep.
+            with contextlib.suppress(NotFoundError):
+                await js.delete_msg(names.tasks_stream, int(old.seq or 0))
+            await publish_task(nc, task)
+            moved += 1
+            continue
+        with contextlib.suppress(NotFoundError):
+            await js.delete_msg(names.tasks_stream, int(old.seq or 0))
+        moved += 1
+    return moved

@@ -27,8 +27,9 @@ from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 from rebaser_core.layout import Layout, ordinal_from_hostname, pinned_shards
 from rebaser_core.nats.layout_store import LayoutFollower, init_layout
 from rebaser_core.nats.streams import ensure_layout_streams
+from rebaser_core.nats.tasks import store_tasks_as
 from rebaser_core.settings import Settings
-from rebaser_core.subjects import Subjects
+from rebaser_core.subjects import LANE_CONSUMER, Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.intake.puller import TaskPuller
 from rebaser_server.task.handback import hand_back
@@ -126,8 +127,32 @@ class ShardPullers:
         self._problem(None)
         served_shards(layout, settings, self._hostname)  # refuse a bad pinned set-up before serving anything
         await ensure_layout_streams(js, settings, layout)
+        await self._tasks_in_lanes(layout)
         self._placement.layout = layout
         return layout
+
+    async def _tasks_in_lanes(self, layout: Layout) -> None:
+        """With the lanes intake, tasks stored before the stream stored them by lane (a stream made by a script or
+        an older version before its layout said lanes) are stored again in their lanes: no lane's consumer would
+        deliver them. Only while the lanes' consumers are the stream's only ones (no other could hold one)."""
+        if not layout.lane_consumers:
+            return
+        js = self._nats.js
+        for shard in layout.shards:
+            names = self._settings.subjects.for_shard(shard)
+            consumers = await js.consumers_info(names.tasks_stream)
+            if any(not (info.name or "").startswith(f"{LANE_CONSUMER}-") for info in consumers):
+                log.warning(
+                    "shard %d's tasks stream has consumers besides the lanes'; tasks stored before the lanes are "
+                    "left where they are (rebaser streams intake lanes moves them safely)",
+                    shard,
+                )
+                continue
+            moved = await store_tasks_as(self._nats.nc, js, names, layout.lanes)
+            if moved:
+                log.warning(
+                    "stored %d tasks of shard %d in their lanes (stored before the lanes)", moved, shard
+                )
 
     async def start(self) -> None:
         layout = self._placement.layout
@@ -151,6 +176,7 @@ class ShardPullers:
     async def _on_change(self, old: Layout, new: Layout) -> None:
         try:
             await ensure_layout_streams(self._nats.js, self._settings, new)
+            await self._tasks_in_lanes(new)
         except Exception as err:
             log.warning("ensuring the streams of the new layout failed (%s); serving what exists", err)
         self._placement.layout = new

@@ -118,6 +118,7 @@ class LaneIntake:
         self._woken = asyncio.Event()
         self._nudged_at = float("-inf")
         self._deferring_until = float("-inf")  # a workspace past its room handed tasks back: press until then
+        self._bounced = False  # a task went back since the daemon was last found with a free slot
         self.pulls = 0
         self.empty_pulls = 0
         self.deferred = 0  # tasks handed back because their workspace had its room here
@@ -242,7 +243,9 @@ class LaneIntake:
         """Every slot taken while tasks wait in a lane, or a workspace's tasks went back for want of room: the
         busiest workspaces' idle change sets give way at once. Else nothing gives way."""
         give_way, now = self._placement.give_way, time.monotonic()
-        if now < self._deferring_until or (unowned <= 0 and self._tasks_wait(now)):
+        if unowned > 0:
+            self._bounced = False
+        if now < self._deferring_until or (unowned <= 0 and (self._bounced or self._tasks_wait(now))):
             give_way.press(self._owned.fair.by_workspace, now)
             self._nudge(now)
         else:
@@ -306,7 +309,7 @@ class LaneIntake:
             # another daemon, and meanwhile the busiest idle change sets here give way.
             with contextlib.suppress(Exception):
                 await hand_back(self._nats.nc, msg)
-            self._deferring_until = time.monotonic() + _DEFER
+            self._bounced = True  # a task waits for a slot: idle change sets give way while the daemon is full
             return
         try:
             workspace = self._subjects.parse_task(msg.subject).workspace_id

@@ -462,8 +462,12 @@ async def test_a_lapse_hand_back_leaves_a_task_a_peer_is_reaping_to_that_peer(
     # A peer reaps a silent daemon's change set in three steps: mark the record, delete the task message, publish a
     # fresh task. The daemon, thawed, handed the same task back by a nak, which came between the mark and the delete
     # in the freezes battery: one daemon took the nacked message, another the fresh one, and both applied a request
-    # at once (the first was fenced only at its commit). Here the peer's reap is held after its mark.
-    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    # at once (the first was fenced only at its commit). Here the peer's reap is held after its mark. (Fair intake:
+    # the lanes keep a pull waiting through the lapse, and the fresh task reaching it then goes back untaken, a second
+    # delivery that the last assertion would count.)
+    settings = fast_settings(
+        subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0, intake="fair"
+    )
     client = RebaserClient(nc, prefix=subject_prefix)
     wk, cs = WorkspacePk.new(), ChangeSetId.new()
     change_set = ChangeSet(wk, cs)

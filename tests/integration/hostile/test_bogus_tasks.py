@@ -24,7 +24,9 @@ from tests.support.apps import RecordingApp
 
 
 async def _bogus_flood(nc: NatsClient, client: RebaserClient, subject_prefix: str, count: int) -> None:
-    settings = fast_settings(subject_prefix, storage="file")
+    settings = fast_settings(
+        subject_prefix, storage="file", intake="fair"
+    )  # lanes: taken, see test_hostile_subjects
     subjects, js = settings.subjects, nc.jetstream()
     consumers: list[Msg] = []
 

@@ -76,12 +76,12 @@ async def test_junk_in_streams_from_older_versions_is_removed(
                 await js.publish(subject, b"junk", timeout=2)
 
 
-@pytest.mark.parametrize("intake", ["fifo", "fair"])
+@pytest.mark.parametrize("intake", ["fifo", "fair", "lanes"])
 async def test_tasks_with_nothing_to_do_create_no_record(
     nc: NatsClient, subject_prefix: str, intake: str
 ) -> None:
-    # fifo: the task is taken, and let go once its change set is found with no record and no request; fair: its
-    # workspace is found with no request and no consumer, and its tasks are dropped untaken (newcomers.py).
+    # fifo and lanes: the task is taken, and let go once its change set is found with no record and no request;
+    # fair: its workspace is found with no request and no consumer, and its tasks are dropped untaken (newcomers.py).
     settings = fast_settings(subject_prefix, intake=intake)
     subjects, js = settings.subjects, nc.jetstream()
     # nats-server announces every consumer made on the requests stream, in order.
@@ -103,7 +103,7 @@ async def test_tasks_with_nothing_to_do_create_no_record(
             return (await js.stream_info(subjects.tasks_stream)).state.messages == 0
 
         await wait_for(tasks_gone, message="every task removed")
-        if intake == "fifo":
+        if intake in ("fifo", "lanes"):
             assert daemon.stats.tasks_dropped == 1
         else:
             assert daemon.stats.tasks_dropped == 0 and daemon.intake_status()["empty_tasks_dropped"] == 1
