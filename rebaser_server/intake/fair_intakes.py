@@ -105,5 +105,4 @@ class FairIntakes:
             "pulls": sum(intake.pulls for intake in intakes),
             "empty_pulls": sum(intake.empty_pulls for intake in intakes),
             "tasks_deferred": sum(intake.deferred for intake in intakes),
-            "tasks_stale": sum(intake.stale for intake in intakes),
         }

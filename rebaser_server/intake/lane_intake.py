@@ -58,9 +58,10 @@ log = logging.getLogger(__name__)
 # A busy lane's pull waits this long at most (the lease's lower bound is its send time: see lease.py), then another
 # goes ...
 _PULL_EXPIRES = 1.0
-# ... and a quiet lane's this long: on a replicated consumer every waiting pull costs two Raft proposals (nats-server
-# tells the followers of it), so 32 lanes' pulls renewed every second would cost the servers more than the work. A
-# task that comes on a pull older than its lease allows goes straight back, to the lane's next pull (one round trip).
+# ... and a quiet lane's up to this long: on a replicated consumer every waiting pull costs two Raft proposals
+# (nats-server tells the followers of it), so 32 lanes' pulls renewed every second cost the servers more than the work.
+# But shorter than a lease: a pull's send time is the lower bound of the lease of a task it brings (lease.py), and a
+# daemon frozen with pulls waiting would catch its peers' tasks for that long.
 _QUIET_EXPIRES = 10.0
 # Tasks one pull asks for at most (each handed out as it arrives, see puller.py).
 _MAX_BATCH = 256
@@ -103,6 +104,9 @@ class LaneIntake:
         self._lanes = lanes
         self._stopping = stopping
         self._lapsed = lapsed
+        self._quiet_expires = max(
+            _PULL_EXPIRES, min(_QUIET_EXPIRES, settings.ack_wait - settings.lease_margin - _PULL_EXPIRES / 2)
+        )
         self._pullers = [
             TaskPuller(nats.nc, subjects.tasks_stream, subjects.lane_consumer(lane), expires=_PULL_EXPIRES)
             for lane in range(lanes)
@@ -122,7 +126,6 @@ class LaneIntake:
         self.pulls = 0
         self.empty_pulls = 0
         self.deferred = 0  # tasks handed back because their workspace had its room here
-        self.stale = 0  # tasks handed back because they came on a quiet lane's pull sent too long ago
 
     def lane(self, workspace: WorkspacePk) -> int:
         return lane_of(workspace, self._lanes)
@@ -186,7 +189,7 @@ class LaneIntake:
             held = 0 if self._want[lane] == 1 else max(1, min(self._want[lane], free, room, _MAX_BATCH))
             self._admission.reserved += held
             self._pulling[lane] = asyncio.create_task(
-                self._pull(lane, max(held, 1), held, _PULL_EXPIRES if held else _QUIET_EXPIRES),
+                self._pull(lane, max(held, 1), held, _PULL_EXPIRES if held else self._quiet_expires),
                 name=f"lanes intake {self._subjects.shard}: lane {lane}",
             )
 
@@ -298,18 +301,14 @@ class LaneIntake:
 
     async def _take(self, msg: Msg, pulled_at: float) -> None:
         settings = self._settings
-        if time.monotonic() - pulled_at > settings.consumer_ack_wait - settings.lease_margin:
-            # Come on a pull sent too long ago for a lease this daemon could count on: back for a fresh pull.
-            with contextlib.suppress(Exception):
-                await hand_back(self._nats.nc, msg)
-            self.stale += 1
-            return
         if self._stopping() or len(self._owned) >= settings.concurrency:
             # No slot free (a quiet lane's pull holds none; a late delivery of an earlier pull): straight back for
             # another daemon, and meanwhile the busiest idle change sets here give way.
             with contextlib.suppress(Exception):
                 await hand_back(self._nats.nc, msg)
-            self._bounced = True  # a task waits for a slot: idle change sets give way while the daemon is full
+            self._bounced = (
+                True  # a task waits for a slot: idle change sets give way while the daemon is full
+            )
             return
         try:
             workspace = self._subjects.parse_task(msg.subject).workspace_id
