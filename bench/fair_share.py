@@ -35,7 +35,8 @@ from bench.procs import Processes, cpu_seconds
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.subjects import Subjects
+from rebaser_core.layout import LANES
+from rebaser_core.subjects import Subjects, lane_of
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -129,6 +130,7 @@ async def _traffic(
 ) -> dict[str, object]:
     client = RebaserClient(nc, prefix=prefix, max_in_flight=4096)
     b = WorkspacePk.new()
+    print(f"  B's lane {lane_of(b, LANES)}", flush=True)  # (the lanes intake: A's is in the flood's log)
     cpu0 = cpu_seconds(server_pid), cpu_seconds(daemon_pid)
     started = time.monotonic()
 
@@ -197,11 +199,14 @@ RUNS = {
     "share": ("A + B, fifo, share", True, True, "fifo"),
     "fair-alone": ("B alone, fair intake", False, True, "fair"),
     "fair": ("A + B, fair intake", True, True, "fair"),
+    "lanes-alone": ("B alone, lanes intake", False, True, "lanes"),
+    "lanes": ("A + B, lanes intake", True, True, "lanes"),
 }
 # A's flood is --bogus tasks for made-up change sets (over --bogus-workspaces made-up workspaces), no requests.
 BOGUS_RUNS = {
     "bogus-fifo": ("A's bogus tasks + B, fifo, share", True, True, "fifo"),
     "bogus": ("A's bogus tasks + B, fair intake", True, True, "fair"),
+    "bogus-lanes": ("A's bogus tasks + B, lanes intake", True, True, "lanes"),
 }
 # The many-tenant scenario (--tenants): the small workspaces alone, then beside the flood.
 TENANT_RUNS = {
@@ -209,6 +214,8 @@ TENANT_RUNS = {
     "tenants-fifo": ("tenants + A, fifo, share", True, True, "fifo"),
     "tenants-fair-alone": ("tenants alone, fair intake", False, True, "fair"),
     "tenants-fair": ("tenants + A, fair intake", True, True, "fair"),
+    "tenants-lanes-alone": ("tenants alone, lanes intake", False, True, "lanes"),
+    "tenants-lanes": ("tenants + A, lanes intake", True, True, "lanes"),
 }
 
 
@@ -280,7 +287,7 @@ async def _flood_worker(spec: str) -> None:
     a = WorkspacePk.new()
     change_sets = [ChangeSetId.new() for _ in range(int(count))]
     it = iter([(cs, n) for n in range(int(per)) for cs in change_sets])
-    print("flooding", flush=True)
+    print(f"flooding (A's lane {lane_of(a, LANES)})", flush=True)
 
     async def sender() -> None:
         for cs, n in it:
@@ -319,6 +326,7 @@ def _tenant_table(results: list[dict[str, object]]) -> None:
     for intake, alone, flooded in (
         ("fifo", "tenants alone, fifo", "tenants + A, fifo, share"),
         ("fair", "tenants alone, fair intake", "tenants + A, fair intake"),
+        ("lanes", "tenants alone, lanes intake", "tenants + A, lanes intake"),
     ):
         if alone not in by_label or flooded not in by_label:
             continue

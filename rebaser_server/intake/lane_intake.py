@@ -17,8 +17,9 @@ how the free slots are split between the lanes' pulls:
   free slots while it waits, so a busy lane takes slots as fast as it needs them, but only as they free, in its turn
   with the other busy lanes (the lanes without a pull, served in the order they ended their last one);
 - inside a lane the tasks come in order; a workspace that owns its room here (:meth:`LaneIntake._room_for`: all of
-  the daemon's slots but a reserve, at most ``max_owned_per_workspace`` while another lane has tasks waiting) hands
-  the rest of its tasks back with a delay that grows with their deliveries, so its lane's other workspaces are reached.
+  the daemon's slots and cold paths but a reserve, at most ``max_owned_per_workspace`` while another lane has tasks
+  waiting) hands its next task back with a delay that grows with its deliveries, and the daemon pulls that lane no
+  more for as long: a flood's tasks do not go round and round, and the flood's lane-mates wait behind it (1 in 32).
 
 When every slot is taken and a lane has tasks waiting (as its consumer says, asked at most once a second), or a
 workspace's tasks went back for want of room, the busiest workspaces' idle change sets give way at once (50 ms of
@@ -79,6 +80,11 @@ _DEFER_MAX = 1.0
 _RETRY_AFTER = 1.0
 
 
+def _workspace_of(processor: object) -> object:
+    """The workspace of a change set in its cold path (Admission keeps the processors)."""
+    return getattr(getattr(processor, "change_set", None), "workspace_id", None)
+
+
 class LaneIntake:
     def __init__(
         self,
@@ -116,6 +122,9 @@ class LaneIntake:
         self._pulling: dict[int, asyncio.Task[None]] = {}
         self._holding: set[int] = set()  # lanes whose pull holds free slots (busy lanes)
         self._want = [1] * lanes  # what each lane's next pull asks for (see the module doc)
+        self._paused_until = [
+            0.0
+        ] * lanes  # a workspace of the lane at its room: the lane is not pulled until then
         self._waiting: dict[int, int] = {}  # lane -> tasks its consumer had waiting, as last read while full
         self._waiting_read_at = float("-inf")
         self._reading: asyncio.Task[None] | None = None
@@ -172,8 +181,17 @@ class LaneIntake:
             room = self._admission.room() - self._admission.reserved
             # The first lane in line that may pull now: a quiet one whenever a slot is free, a busy one if slots are
             # free beyond those its peers hold.
+            now = time.monotonic()
             lane = (
-                next((idle for idle in self._idle if self._want[idle] == 1 or (free > 0 and room > 0)), None)
+                next(
+                    (
+                        idle
+                        for idle in self._idle
+                        if self._paused_until[idle] <= now
+                        and (self._want[idle] == 1 or (free > 0 and room > 0))
+                    ),
+                    None,
+                )
                 if unowned > 0
                 else None
             )
@@ -197,7 +215,7 @@ class LaneIntake:
         """One pull of ``lane`` for up to ``batch`` tasks, waiting up to ``expires``, each task taken as it arrives;
         ``held`` of the daemon's free slots count as reserved until their task arrives or the pull ends."""
         got = 0
-        retry = False
+        retry = deferred = False
         self.pulls += 1
         if held:
             self._holding.add(lane)
@@ -207,7 +225,7 @@ class LaneIntake:
                 if got <= held:  # (a late delivery of an earlier pull may come too: taken all the same)
                     self._admission.reserved -= 1
                 self._waiting[lane] = Delivery.of(msg).num_pending
-                await self._take(msg, pulled_at)
+                deferred = not await self._take(msg, pulled_at, lane) or deferred
         except NoConsumer:
             retry = True
             await self._make_consumer(lane)  # deleted by hand, or not made yet: made again
@@ -217,7 +235,9 @@ class LaneIntake:
                 log.warning("pulling tasks of lane %d failed (%r); trying again", lane, err)
         finally:
             self._admission.reserved -= held - min(got, held)
-            if got >= batch:
+            if deferred:
+                self._want[lane] = 1  # (a workspace at its room: no more slots held for this lane for now)
+            elif got >= batch:
                 self._want[lane] = min(2 * batch, _MAX_BATCH)
             else:
                 self._want[lane] = max(1, got)
@@ -289,6 +309,12 @@ class LaneIntake:
         settings, fair = self._settings, self._owned.fair
         owned = fair.by_workspace[workspace]
         room = settings.concurrency - settings.concurrency // _RESERVE - owned
+        if (
+            self._admission.starting
+        ):  # its cold paths too: a flood's activations must not make a newcomer's wait
+            starting = self._admission.starting_by(_workspace_of)[workspace]
+            starts = settings.start_concurrency - settings.start_concurrency // _RESERVE - starting
+            room = min(room, starts)
         weight = dict(settings.workspace_weights).get(str(workspace), 1)
         share = fair.share * weight - owned
         if share < room and self._others_wait(lane):
@@ -299,7 +325,8 @@ class LaneIntake:
         self._tasks_wait(time.monotonic())  # (read again in the background if old)
         return any(n for other, n in self._waiting.items() if other != lane)
 
-    async def _take(self, msg: Msg, pulled_at: float) -> None:
+    async def _take(self, msg: Msg, pulled_at: float, lane: int) -> bool:
+        """Own the task's change set, or hand the task back; False if it went back for its workspace's room."""
         settings = self._settings
         if self._stopping() or len(self._owned) >= settings.concurrency:
             # No slot free (a quiet lane's pull holds none; a late delivery of an earlier pull): straight back for
@@ -309,22 +336,28 @@ class LaneIntake:
             self._bounced = (
                 True  # a task waits for a slot: idle change sets give way while the daemon is full
             )
-            return
+            return True
         try:
             workspace = self._subjects.parse_task(msg.subject).workspace_id
         except InvalidSubject:
             workspace = None  # the daemon drops it (owned.take)
-        if workspace is not None and self._room_for(workspace, self.lane(workspace)) <= 0:
+        if workspace is not None and self._room_for(workspace, lane) <= 0:
             # Its workspace has its room here: back to the lane, tried again after a delay that grows with each
-            # delivery, while the lane's other tasks behind it are reached.
+            # delivery; meanwhile this daemon pulls the lane no more (each task pulled now would go back too: a
+            # flood's thousands would go round and round), and the busiest idle change sets give way.
             delivered = Delivery.of(msg).delivered
             delay = min(_DEFER * 2 ** min(delivered - 1, 16), _DEFER_MAX)
             self.deferred += 1
-            self._deferring_until = time.monotonic() + delay
+            now = time.monotonic()
+            self._deferring_until = now + delay
+            if self._paused_until[lane] < now + delay:
+                self._paused_until[lane] = now + delay
+                asyncio.get_running_loop().call_later(delay, self._woken.set)
             with contextlib.suppress(Exception):
                 await hand_back(self._nats.nc, msg, delay)
-            return
+            return False
         await self._owned.take(msg, pulled_at, self._subjects, share_checked=True)
+        return True
 
     async def _make_consumer(self, lane: int) -> None:
         layout = self._placement.layout

@@ -91,11 +91,12 @@ async def test_a_newcomer_in_another_lane_is_served_while_a_flood_still_waits(
         app.gate.set()
 
 
-async def test_a_newcomer_in_the_floods_own_lane_is_served_while_the_flood_still_waits(
+async def test_a_newcomer_in_the_floods_own_lane_waits_behind_the_flood_which_does_not_go_round(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    # The same, with the newcomer's task behind the flood's 21 waiting ones in the same lane: the flood's tasks past
-    # its room go back for a while, and the consumer reaches the newcomer's behind them.
+    # The same, with the newcomer's task behind the flood's 21 waiting ones in the same lane (1 workspace in 32): the
+    # flood's next task goes back for a while, and the lane is not pulled meanwhile, so the flood's tasks are not
+    # delivered and handed back over and over. The newcomer is served as the flood's change sets end.
     settings = fast_settings(subject_prefix, concurrency=20, quiescent_period=300, intake="lanes")
     flood = _in_lane(5)
     newcomer = _in_lane(5)
@@ -108,15 +109,21 @@ async def test_a_newcomer_in_the_floods_own_lane_is_served_while_the_flood_still
             timeout=30,
             message="the flood's change sets owned, each with its request in hand",
         )
-        reply = await client.enqueue_updates_with_reply(
-            newcomer, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=20
+        waiting = asyncio.create_task(
+            client.enqueue_updates_with_reply(
+                newcomer, ChangeSetId.new(), [SetLiteral(path="/n", value=1)], timeout=30
+            )
         )
-        assert reply.ok, reply
-        assert daemon.stats.tasks_released == 0
-        assert daemon.owned_by_workspace == {str(flood): 19, str(newcomer): 1}
-        assert await _tasks(nc, settings.subjects.tasks_stream) == 41
-        assert daemon.intake_status()["tasks_deferred"] > 0
+        await wait_for(
+            lambda: daemon.intake_status()["tasks_deferred"] >= 2,
+            timeout=10,
+            message="the flood's tasks deferred",
+        )
+        deliveries = daemon.intake_status()["tasks_deferred"]
+        assert deliveries < 21  # not every waiting task of the flood went round
         app.gate.set()
+        reply = await waiting
+        assert reply.ok, reply
 
 
 async def test_a_full_daemons_idle_change_set_gives_way_to_a_task_in_another_lane(
