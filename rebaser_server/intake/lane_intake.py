@@ -263,14 +263,25 @@ class LaneIntake:
 
     # -- giving way ---------------------------------------------------------------------------------
     def _press(self, unowned: int) -> None:
-        """Every slot taken while tasks wait in a lane, or a workspace's tasks went back for want of room: the
-        busiest workspaces' idle change sets give way at once. Else nothing gives way."""
+        """Who gives way (quiet.GiveWay), as the fair intake decides: every slot taken while another lane's task
+        waits, the busiest workspaces' idle change sets at once (50 ms of quiet); while only a workspace's own tasks
+        wait for more of its slots (its lane paused for its room, or its own lane's tasks waiting), its idle change
+        sets after the fifo intake's quiet (1 s: a flood turns its own slots over as it would alone, rather than
+        letting each change set go between two of its requests). Else nothing gives way."""
         give_way, now = self._placement.give_way, time.monotonic()
         if unowned > 0:
             self._bounced = False
-        if now < self._deferring_until or (unowned <= 0 and (self._bounced or self._tasks_wait(now))):
+        waiting = unowned <= 0 and self._tasks_wait(now)
+        others = self._bounced or any(
+            n for lane, n in self._waiting.items() if n and self._paused_until[lane] <= now
+        )
+        if unowned <= 0 and others:
+            give_way.quiet = FAIR_PRESSURE_QUIET
             give_way.press(self._owned.fair.by_workspace, now)
             self._nudge(now)
+        elif now < self._deferring_until or waiting:
+            give_way.quiet = PRESSURE_QUIET
+            give_way.press(self._owned.fair.by_workspace, now)
         else:
             give_way.ease()
 
