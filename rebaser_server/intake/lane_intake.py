@@ -13,9 +13,9 @@ how the free slots are split between the lanes' pulls:
 - a lane whose last pull found nothing asks for one task and holds no slot for it (a task that finds the daemon full
   goes straight back), so every quiet lane has a pull waiting for a newcomer while the daemon has any free slot, and
   a lone busy workspace has all of them;
-- a lane whose last pull was filled asks for twice as many next time (at most :data:`_MAX_BATCH`) and holds that many
-  free slots while it waits, so a busy lane takes slots as fast as it needs them, but only as they free, in its turn
-  with the other busy lanes (the lanes without a pull, served in the order they ended their last one);
+- a lane whose last pull was filled takes what it has next, up to twice as many (at most :data:`_MAX_BATCH`), at
+  once (no wait), holding that many free slots meanwhile: a busy lane takes slots as fast as it needs them, but only
+  as they free, in its turn with the other busy lanes (the lanes without a pull, in the order they ended their last);
 - inside a lane the tasks come in order; a workspace that owns its room here (:meth:`LaneIntake._room_for`: all of
   the daemon's slots and cold paths but a reserve, at most ``max_owned_per_workspace`` while another lane has tasks
   waiting) hands its next task back with a delay that grows with its deliveries, and the daemon pulls that lane no
@@ -220,7 +220,14 @@ class LaneIntake:
         if held:
             self._holding.add(lane)
         try:
-            async for msg, pulled_at in self._pullers[lane].pull(batch, expires=expires):
+            # A busy lane's pull takes what its lane has now (no wait): it holds its slots no longer than it needs
+            # them, and the quiet pull that follows waits for the next task.
+            pulls = (
+                self._pullers[lane].pull(batch, no_wait=True)
+                if held
+                else self._pullers[lane].pull(1, expires=expires)
+            )
+            async for msg, pulled_at in pulls:
                 got += 1
                 if got <= held:  # (a late delivery of an earlier pull may come too: taken all the same)
                     self._admission.reserved -= 1
