@@ -3,10 +3,13 @@
 A daemon takes tasks through one intake per served shard, as the layout names it (docs/fair-share.md). This package
 owns everything up to the moment a task is handed to the owned change sets, and nothing after it:
 
+- :mod:`~rebaser_server.intake.lane_intake`: the lanes intake of one shard (the default: the workspaces hashed onto
+  a fixed number of lanes, a pull waiting on each lane's consumer);
 - :mod:`~rebaser_server.intake.fifo_intake`: the fifo intake's pull loop of one shard (the shared consumer, the
   tasks in the order they came);
 - :mod:`~rebaser_server.intake.fair_intake`: the fair intake's loop of one shard (a consumer per workspace, the
-  workspaces served in turns), :mod:`~rebaser_server.intake.fair_intakes` those of every served shard, together;
+  workspaces served in turns), :mod:`~rebaser_server.intake.fair_intakes` those (and the lanes') of every served
+  shard, together;
 - :mod:`~rebaser_server.intake.turns`: which workspace's turn is next and how large, as pure logic;
 - :mod:`~rebaser_server.intake.newcomers`: a workspace new to the fair intake checked for work before it gets a
   consumer (:mod:`~rebaser_server.intake.workspace_consumers`), a made-up one's tasks purged untaken;

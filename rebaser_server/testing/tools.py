@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
@@ -145,8 +146,22 @@ async def running_daemon(
             async with asyncio.timeout(stop_timeout):
                 await daemon.shutdown()
         except TimeoutError:
+            _log_tasks()
             await _explain(nc, settings, f"daemon did not stop within {stop_timeout}s")
             raise AssertionError(f"daemon did not stop within {stop_timeout}s") from None
+
+
+def _log_tasks() -> None:
+    """Where every task of the loop stands (a shutdown that hangs explains itself)."""
+    for task in asyncio.all_tasks():
+        chain: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and len(chain) < 20:  # the coroutines it awaits, outermost first
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+            if frame is not None:
+                chain.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+        log.error("task %s: %s", task.get_name(), " -> ".join(chain) or "(no frames)")
 
 
 async def _explain(nc: NatsClient, settings: Settings, what: str) -> None:
