@@ -96,7 +96,7 @@ class Layout:
     previous: int | None = None
     # Bumped by every change: lets a watcher tell a new layout from a repeat.
     epoch: int = 0
-    # How tasks reach daemons (a new deployment's is "lanes"); a layout written before there was a choice is "fifo".
+    # How tasks reach daemons (a new deployment's is "fair"); a layout written before there was a choice is "fifo".
     intake: Intake = "fifo"
     # While the intake changes (``rebaser streams intake``): the one being left. No daemon takes a task meanwhile.
     intake_from: Intake | None = None

@@ -170,7 +170,7 @@ class Settings(BaseModel):
         description="How tasks reach daemons: fifo, one consumer per shard hands them out in the order they came; "
         "fair, one consumer per workspace with tasks, the workspaces served in turns; lanes, the workspaces hashed "
         "onto 32 consumers per shard, each pulled on its own (docs/fair-share.md). Chosen when the layout is "
-        "created (none: the layout's, or lanes).",
+        "created (none: the layout's, or fair).",
     )
     workspace_weights: tuple[tuple[str, int], ...] = Field(
         (),

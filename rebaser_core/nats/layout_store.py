@@ -105,7 +105,7 @@ async def init_layout(
             layout = found[0]
             layout.check_flags(streams, mode, who, intake)
             return layout
-        layout = Layout(streams=streams or 1, mode=mode or "shared", intake=intake or "lanes")
+        layout = Layout(streams=streams or 1, mode=mode or "shared", intake=intake or "fair")
         try:
             await kv.create(subjects.layout_key, layout.encode())
             log.info(

@@ -115,8 +115,8 @@ async def test_a_change_of_intake_during_a_reshard_is_refused_and_a_repeat_does_
     settings = fast_settings(subject_prefix)
     async with running_daemon(nc, settings, RecordingApp()):
         lines: list[str] = []
-        layout = await change_intake(nc, Subjects(subject_prefix), "lanes", progress=lines.append)
-        assert layout.intake == "lanes" and lines == ["the intake is already lanes; nothing to do"]
+        layout = await change_intake(nc, Subjects(subject_prefix), "fair", progress=lines.append)
+        assert layout.intake == "fair" and lines == ["the intake is already fair; nothing to do"]
     kv = await nc.jetstream().key_value(Subjects(subject_prefix).layout_bucket)
     entry = await kv.get(Subjects(subject_prefix).layout_key)
     migrating = Layout.decode(entry.value or b"").changed_to(2)
