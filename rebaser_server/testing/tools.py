@@ -142,13 +142,16 @@ async def running_daemon(
         await _explain(nc, settings, f"test failed with the daemon running: {type(err).__name__}: {err}")
         raise
     finally:
+        # A second before the deadline, where every task stands (the shutdown still waiting: it names the call).
+        dump = asyncio.get_running_loop().call_later(max(0.0, stop_timeout - 1.0), _log_tasks)
         try:
-            async with asyncio.timeout(stop_timeout):
-                await daemon.shutdown()
+            # In a task of its own, so the dump can follow what it awaits.
+            await asyncio.wait_for(asyncio.ensure_future(daemon.shutdown()), stop_timeout)
         except TimeoutError:
-            _log_tasks()
             await _explain(nc, settings, f"daemon did not stop within {stop_timeout}s")
             raise AssertionError(f"daemon did not stop within {stop_timeout}s") from None
+        finally:
+            dump.cancel()
 
 
 def _log_tasks() -> None:

@@ -11,13 +11,15 @@ import pytest
 from click.testing import CliRunner
 from nats.aio.client import Client as NatsClient
 
-from rebaser_client import RebaserClient
+from rebaser_client import RebaserClient, SetLiteral
 from rebaser_client.admin.cli.main import main as cli
 from rebaser_client.admin.intake import change_intake
 from rebaser_client.admin.streams import show_layout
 from rebaser_core.errors import LayoutMismatch
+from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import LANES, Intake, Layout
 from rebaser_core.nats.listing import stream_subjects
+from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.subjects import TASKS_CONSUMER, Subjects
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
@@ -62,8 +64,6 @@ async def _change_under_load(nats_url: str, prefix: str, before: Intake, after: 
             await load.check(d0.store)
             assert app.overlaps == []
             assert any("hand back" in line for line in lines) and lines[-1] == f"intake: {after}"
-            if "lanes" in (before, after):  # the tasks queued meanwhile were stored again the new way
-                assert any(line.startswith("moved ") for line in lines), lines
             assert d0.stats.tasks_interrupted + d1.stats.tasks_interrupted > 0  # owned ones were handed back
             consumers = await _tasks_consumers(conns[3], prefix, 2)
             if after == "fair":
@@ -139,3 +139,52 @@ async def test_streams_intake_cli(nats_url: str, nc: NatsClient, subject_prefix:
         )
         assert "fair intake" in shown.output.splitlines()[0]
         await wait_for(lambda: daemon.layout.intake == "fair", timeout=10, message="the daemon follows")
+
+
+async def test_tasks_queued_with_no_daemon_are_moved_into_their_lanes_and_back(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # No daemon runs: every queued change set's task waits, stored the fair intake's way. The change to lanes stores
+    # each again in its lane (and back), and a daemon of the new intake then applies every request.
+    settings = fast_settings(subject_prefix, intake="fair")
+    names = Subjects(subject_prefix)
+    async with running_daemon(nc, settings, RecordingApp()):
+        pass  # the layout (fair) and the streams exist
+    queued = [(WorkspacePk.new(), ChangeSetId.new()) for _ in range(12)]
+    for wk, cs in queued:
+        await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])
+
+    async def stored() -> dict[str, int]:
+        return await stream_subjects(nc.jetstream(), names.tasks_stream, names.tasks_all)
+
+    for intake, lanes in (("lanes", True), ("fair", False), ("lanes", True)):
+        lines: list[str] = []
+        await change_intake(nc, names, intake, progress=lines.append)
+        assert f"moved {len(queued)} tasks to the {intake} intake's subjects" in lines, lines
+        subjects = await stored()
+        assert len(subjects) == len(queued)
+        assert all(names.is_lane_task(subject) == lanes for subject in subjects), subjects
+    app = RecordingApp()
+    async with running_daemon(nc, fast_settings(subject_prefix, intake="lanes"), app) as daemon:
+        await wait_for(
+            lambda: daemon.stats.requests_applied == len(queued), timeout=30, message="all applied"
+        )
+
+
+async def test_a_stream_made_before_its_layout_said_lanes_has_its_tasks_stored_in_their_lanes(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # The streams made by a script (no transform, the shared consumer) and requests queued before any daemon ran:
+    # the first daemon writes a lanes layout, removes the idle shared consumer, and stores the queued tasks in their
+    # lanes, where the lanes' consumers find them.
+    settings = fast_settings(subject_prefix, intake="lanes")
+    await ensure_streams(nc.jetstream(), settings)
+    queued = [(WorkspacePk.new(), ChangeSetId.new()) for _ in range(6)]
+    for wk, cs in queued:
+        await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        await wait_for(
+            lambda: daemon.stats.requests_applied == len(queued), timeout=30, message="all applied"
+        )
+        consumers = {c.name for c in await nc.jetstream().consumers_info(settings.subjects.tasks_stream)}
+        assert TASKS_CONSUMER not in consumers
