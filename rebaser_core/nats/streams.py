@@ -27,6 +27,7 @@ from rebaser_core.subjects import Subjects
 __all__ = [
     "AUDIT_MAX_AGE",
     "AUDIT_MAX_MSGS",
+    "FILTER_OVERLAPS",
     "audit_stream_config",
     "dead_letter_stream_config",
     "ensure_layout_streams",
@@ -36,6 +37,7 @@ __all__ = [
     "lane_tasks_consumer_config",
     "open_bucket",
     "open_object_store",
+    "remove_idle_shared_consumer",
     "requests_stream_config",
     "split",
     "stop_watch",
@@ -403,19 +405,22 @@ async def ensure_shard(
         try:
             await asyncio.gather(*(js.add_consumer(subjects.tasks_stream, config) for config in configs))
         except BadRequestError as err:
-            if err.err_code != _FILTER_OVERLAPS or not await _remove_idle_shared_consumer(js, subjects):
+            if err.err_code != FILTER_OVERLAPS or not await remove_idle_shared_consumer(
+                js, subjects, "lanes"
+            ):
                 raise
             await asyncio.gather(*(js.add_consumer(subjects.tasks_stream, config) for config in configs))
 
 
 # nats-server's "filtered consumer not unique on workqueue stream" (a filter overlapping another consumer's).
-_FILTER_OVERLAPS = 10100
+FILTER_OVERLAPS = 10100
 
 
-async def _remove_idle_shared_consumer(js: JetStreamContext, subjects: Subjects) -> bool:
-    """The fifo intake's shared consumer on a lanes shard (made by a script, or a daemon of an older version)
-    overlaps every lane's: removed if it holds no task (then nobody acts through it), else left alone (the lanes
-    wait; ``rebaser streams intake lanes`` removes it safely). Whether it was removed."""
+async def remove_idle_shared_consumer(js: JetStreamContext, subjects: Subjects, intake: str) -> bool:
+    """The fifo intake's shared consumer on a shard of another ``intake`` (made by a script, or a daemon of an older
+    version) overlaps every consumer of that intake: removed if it holds no task (then nobody acts through it), else
+    left alone (the other intake waits; ``rebaser streams intake <intake>`` removes it safely). Whether it was
+    removed."""
     stream, name = subjects.tasks_stream, subjects.tasks_consumer
     try:
         info = await js.consumer_info(stream, name)
@@ -423,14 +428,18 @@ async def _remove_idle_shared_consumer(js: JetStreamContext, subjects: Subjects)
         return False
     if info.num_ack_pending:
         log.error(
-            "the fifo intake's consumer %s/%s holds %d tasks on a lanes layout; the lanes' consumers cannot be made "
-            "beside it (run 'rebaser streams intake lanes' to remove it safely)",
+            "the fifo intake's consumer %s/%s holds %d tasks on a %s layout; that intake's consumers cannot be made "
+            "beside it (run 'rebaser streams intake %s' to remove it safely)",
             stream,
             name,
             info.num_ack_pending,
+            intake,
+            intake,
         )
         return False
-    log.warning("removing the fifo intake's idle consumer %s/%s: the layout's intake is lanes", stream, name)
+    log.warning(
+        "removing the fifo intake's idle consumer %s/%s: the layout's intake is %s", stream, name, intake
+    )
     with contextlib.suppress(NotFoundError):
         await js.delete_consumer(stream, name)
     return True

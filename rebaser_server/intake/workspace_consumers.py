@@ -6,23 +6,19 @@ the fifo intake's shared consumer, if one is left on a fair shard, is in the way
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError
 
 from rebaser_core.ids import WorkspacePk
-from rebaser_core.nats.streams import workspace_tasks_consumer_config
+from rebaser_core.nats.streams import (
+    FILTER_OVERLAPS,
+    remove_idle_shared_consumer,
+    workspace_tasks_consumer_config,
+)
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats
 
 __all__ = ["create_workspace_consumer"]
-
-log = logging.getLogger(__name__)
-
-# nats-server's "filtered consumer not unique on workqueue stream" (a filter overlapping another consumer's).
-_FILTER_OVERLAPS = 10100
 
 
 async def create_workspace_consumer(
@@ -34,30 +30,8 @@ async def create_workspace_consumer(
     try:
         await nats.js.add_consumer(subjects.tasks_stream, config)
     except BadRequestError as err:
-        if err.err_code != _FILTER_OVERLAPS or not await _remove_idle_shared_consumer(nats, subjects):
+        if err.err_code != FILTER_OVERLAPS or not await remove_idle_shared_consumer(
+            nats.js, subjects, "fair"
+        ):
             raise
         await nats.js.add_consumer(subjects.tasks_stream, config)
-
-
-async def _remove_idle_shared_consumer(nats: Nats, subjects: Subjects) -> bool:
-    """The fifo intake's shared consumer on a fair shard (made by a script, or a daemon of an older version)
-    overlaps every workspace's: removed if it holds no task (then nobody acts through it), else left alone (this
-    workspace waits; ``rebaser streams intake fair`` removes it safely). Whether it was removed."""
-    js, stream, name = nats.js, subjects.tasks_stream, subjects.tasks_consumer
-    try:
-        info = await js.consumer_info(stream, name)
-    except NotFoundError:
-        return False
-    if info.num_ack_pending:
-        log.error(
-            "the fifo intake's consumer %s/%s holds %d tasks on a fair layout; the fair intake cannot make "
-            "workspace consumers beside it (run 'rebaser streams intake fair' to remove it safely)",
-            stream,
-            name,
-            info.num_ack_pending,
-        )
-        return False
-    log.warning("removing the fifo intake's idle consumer %s/%s: the layout's intake is fair", stream, name)
-    with contextlib.suppress(NotFoundError):
-        await js.delete_consumer(stream, name)
-    return True
