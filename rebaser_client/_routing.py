@@ -29,6 +29,7 @@ from nats.aio.client import Client as NatsClient
 from rebaser_core.errors import LayoutMismatch, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.layout_store import DEFAULT_POLL
 from rebaser_core.subjects import Subjects
 
@@ -184,7 +185,7 @@ class Router:
 
     async def _follow(self) -> None:
         while not self._closed:
-            await asyncio.sleep(DEFAULT_POLL)
+            await cancellation.sleep(DEFAULT_POLL)
             if self._nc.is_connected and not self._closed:
                 await self._read_shared()
 

@@ -7,7 +7,8 @@ It owns:
   raising);
 - request-reply and subscriptions lighter than nats-py's: :mod:`.requester` (one reply subscription, JetStream API
   calls, direct gets), :mod:`.inline_subscription` (messages handled in nats-py's read loop), :mod:`.deadlines`
-  (many calls' timeouts on one timer);
+  (many calls' timeouts on one timer); :mod:`.cancellation` (a cancel that nats-py's waits lose on Python 3.11,
+  raised where a background loop next sleeps);
 - nats-py's header routines done faster: :mod:`.speedups`. JetStream publish acks read without ``json.loads``:
   :mod:`.pub_ack`;
 - publishing a change set's task and turning JetStream's refusals into typed errors: :mod:`.tasks`;

@@ -22,6 +22,7 @@ from nats.js.kv import KeyValue
 
 from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
 from rebaser_core.layout import AssignmentMode, Intake, Layout
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.durability import Durability
 from rebaser_core.nats.streams import open_bucket
 from rebaser_core.subjects import Subjects
@@ -192,7 +193,7 @@ class LayoutFollower:
 
     async def _run(self) -> None:
         while not self._stopped:
-            await asyncio.sleep(self._poll)
+            await cancellation.sleep(self._poll)
             if self._stopped:
                 return
             try:

@@ -11,6 +11,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from rebaser_core.nats import cancellation
+
 __all__ = ["SerialDvu"]
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class SerialDvu:
                 failed_in_a_row += 1
                 delay = min(self._retry_backoff * 2 ** (failed_in_a_row - 1), self._retry_backoff_max)
                 log.exception("%s: dependent values update failed; again in %.1fs", self._name, delay)
-                await asyncio.sleep(delay)
+                await cancellation.sleep(delay)
                 self._permit.set()
             if not self._permit.is_set():
                 self._idle.set()

@@ -28,6 +28,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import InvalidSubject
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.streams import open_bucket, stop_watch, watch_bucket
 from rebaser_core.nats.tasks import publish_task
@@ -69,7 +70,7 @@ class Reaper:
         follow = asyncio.create_task(self._follow(watcher), name="rebaser reaper watch")
         try:
             while True:
-                await asyncio.sleep(self._settings.progress_period)
+                await cancellation.sleep(self._settings.progress_period)
                 await self._reap_silent()
         finally:
             follow.cancel()

@@ -10,12 +10,12 @@ sweep; nothing per request. Messages on malformed subjects, which nobody will ev
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable
 
 from rebaser_core.errors import InvalidSubject, RebaserError
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.tasks import publish_task
 from rebaser_core.pauses import Pause
@@ -122,7 +122,7 @@ class Sweeper:
     async def run(self) -> None:
         interval = self._settings.sweep_interval
         while not self._stopped:
-            await asyncio.sleep(interval * random.uniform(0.75, 1.25))
+            await cancellation.sleep(interval * random.uniform(0.75, 1.25))
             if self._stopped:
                 return
             try:

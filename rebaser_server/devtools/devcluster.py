@@ -35,6 +35,7 @@ import click
 from rebaser_core.embedded import NatsCluster
 from rebaser_core.embedded.process import launch_command
 from rebaser_core.errors import RebaserError
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.durability import describe_sync
 from rebaser_server.app import load_app
 from rebaser_server.daemon.config import DEFAULT_APP
@@ -204,7 +205,7 @@ class DevCluster:
                 f"daemon {slot.index} (pid {pid}) {_exit_reason(code)}; starting it again in {delay:.0f} s"
             )
             self.write_status("running")
-            await asyncio.sleep(delay)
+            await cancellation.sleep(delay)
             delay = min(delay * 2, _RESTART_DELAY_MAX)
             slot.restarts += 1
             try:

@@ -46,6 +46,7 @@ from nats.js.errors import NotFoundError
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.inline_subscription import subscribe_inline
 from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE
@@ -211,7 +212,7 @@ class FairIntake:
                 await self._discover()
             except Exception as err:  # NATS trouble: look again next time
                 log.debug("reading the workspaces with tasks failed: %r", err)
-            await asyncio.sleep(_DISCOVER_EVERY)
+            await cancellation.sleep(_DISCOVER_EVERY)
 
     # -- the loop -----------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -266,7 +267,7 @@ class FairIntake:
                 await self._wait()
                 continue
             if not self._nats.nc.is_connected or self._lapsed():
-                await asyncio.sleep(_RECONNECT_POLL)
+                await cancellation.sleep(_RECONNECT_POLL)
                 continue
             # Counted once a turn (at most start_concurrency change sets): each workspace's cold paths.
             starting = self._admission.starting_by(_workspace_of)
@@ -276,7 +277,9 @@ class FairIntake:
                 continue
             if workspace not in self._known:
                 self.newcomers.check(workspace)  # its turn again once it is known to have work (newcomers.py)
-                await asyncio.sleep(0)  # (a line of thousands of made-up workspaces must not hold the loop)
+                await cancellation.sleep(
+                    0
+                )  # (a line of thousands of made-up workspaces must not hold the loop)
                 continue
             room_for = self._room_for(workspace, starting[workspace])
             batch = min(self.turns.part(workspace, free), room, _TURN_BATCH, room_for)
@@ -287,7 +290,7 @@ class FairIntake:
                     break
                 log.warning("taking tasks of workspace %s failed (%r); trying again", workspace, err)
                 self._join(workspace)
-                await asyncio.sleep(_PULL_EXPIRES)
+                await cancellation.sleep(_PULL_EXPIRES)
                 continue
             if more:
                 self._join(workspace)
@@ -391,7 +394,7 @@ class FairIntake:
     async def _watch_loop(self) -> None:
         period = _WATCH_SHARE * self._settings.consumer_ack_wait
         while not self._stopping():
-            await asyncio.sleep(period)
+            await cancellation.sleep(period)
             self._forget_idle(time.monotonic())
             for workspace in list(self._watched):
                 if self._stopping():

@@ -12,12 +12,12 @@ with a task taken is the same for both (rebaser_server.daemon.owned).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from rebaser_core.nats import cancellation
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.owning import Owning
@@ -87,7 +87,7 @@ class FifoIntake:
             if not self._owning.nats.nc.is_connected or self._lapsed():
                 # A pull request sent now would wait in nats-py's reconnect buffer and go out late, stale; or what
                 # it brings would go straight back (the heartbeat lapsed).
-                await asyncio.sleep(_RECONNECT_POLL)
+                await cancellation.sleep(_RECONNECT_POLL)
                 continue
             try:
                 # Each delivery comes with the send time of the pull it answers: the server cannot have delivered
@@ -104,7 +104,7 @@ class FifoIntake:
                 if self._stopping():
                     break
                 log.warning("fetching tasks failed (%s); retrying", err)
-                await asyncio.sleep(FETCH_TIMEOUT)
+                await cancellation.sleep(FETCH_TIMEOUT)
 
 
 async def others_waiting(health: StatusReporter, served: list[int]) -> bool:

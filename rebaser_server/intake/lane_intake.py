@@ -41,6 +41,7 @@ from nats.aio.msg import Msg
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.streams import lane_tasks_consumer_config
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects, lane_of
@@ -201,7 +202,7 @@ class LaneIntake:
             if not self._nats.nc.is_connected or self._lapsed():
                 # A pull sent now would wait in nats-py's reconnect buffer and go out late, stale; or what it brings
                 # would go straight back (the heartbeat lapsed).
-                await asyncio.sleep(_RECONNECT_POLL)
+                await cancellation.sleep(_RECONNECT_POLL)
                 continue
             del self._idle[lane]
             held = 0 if self._want[lane] == 1 else max(1, min(self._want[lane], free, room, _MAX_BATCH))
@@ -254,7 +255,7 @@ class LaneIntake:
             del self._pulling[lane]
             self._holding.discard(lane)
             if retry and not self._stopping():
-                await asyncio.sleep(_RETRY_AFTER)
+                await cancellation.sleep(_RETRY_AFTER)
             self._idle[lane] = None
             self._woken.set()  # its slots are free again: the loop looks again
 

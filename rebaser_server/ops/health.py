@@ -21,6 +21,7 @@ from nats.js.errors import NotFoundError
 
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.connect import connection_state, redact_url
 from rebaser_core.nats.shard_info import shard_facts
 from rebaser_core.settings import Settings
@@ -96,7 +97,7 @@ class ConnectionWatch:
                     await on_reconnect()
                 except Exception:
                     log.exception("handling a NATS reconnect failed")
-            await asyncio.sleep(self._interval)
+            await cancellation.sleep(self._interval)
 
 
 @dataclass(frozen=True)

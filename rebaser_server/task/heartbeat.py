@@ -30,6 +30,8 @@ import time
 
 from nats.js.kv import KeyValue
 
+from rebaser_core.nats import cancellation
+
 __all__ = ["Heartbeat", "heartbeat_key"]
 
 log = logging.getLogger(__name__)
@@ -103,7 +105,7 @@ class Heartbeat:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._period)
+            await cancellation.sleep(self._period)
             await self._beat()
 
     async def _beat(self) -> None:

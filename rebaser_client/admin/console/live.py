@@ -44,6 +44,7 @@ from rebaser_client.admin.status import Counts, StatusReport, read_counts, statu
 from rebaser_client.admin.workspaces import DaemonsOwned, read_daemons_owned
 from rebaser_core.errors import DecodeError, ProtocolError, RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats import cancellation
 from rebaser_core.nats.streams import stop_watch, watch_bucket
 from rebaser_core.pauses import Pause, parse_key
 from rebaser_core.subjects import Subjects
@@ -164,7 +165,7 @@ class Live:
                 if watcher is not None:
                     with contextlib.suppress(Exception):
                         await stop_watch(self.js, bucket, watcher)
-            await asyncio.sleep(_RETRY)
+            await cancellation.sleep(_RETRY)
 
     async def _watch_records(self) -> None:
         def keep(key: str, value: bytes | None) -> None:
@@ -231,7 +232,7 @@ class Live:
                 if sub is not None:
                     with contextlib.suppress(Exception):
                         await sub.unsubscribe()
-            await asyncio.sleep(_RETRY)
+            await cancellation.sleep(_RETRY)
 
     def _set_feed(self, on: bool) -> None:
         if self.feed_on != on:
@@ -293,7 +294,7 @@ class Live:
                 raise
             except Exception:
                 log.exception("reading the daemons' health failed")
-            await asyncio.sleep(self.refresh * self.overview_every)
+            await cancellation.sleep(self.refresh * self.overview_every)
 
     def poke(self) -> None:
         """Refresh now: an action changed something (the watches see pauses at once, the streams' counts not)."""
@@ -397,7 +398,7 @@ class Live:
 
     async def _flush_loop(self) -> None:
         while True:
-            await asyncio.sleep(FLUSH)
+            await cancellation.sleep(FLUSH)
             self.flush()
 
     def flush(self) -> None:
