@@ -422,21 +422,55 @@ ONE_SERVER: dict[str, tuple[Fault, str, int]] = {
 }
 
 
-# scenario -> (smoke duration, smoke fault every, long fault every)
+class Mixed:
+    """The smoke run of the daemon faults: a SIGKILL, a SIGSTOP past ack_wait and a short freeze in turns, in one
+    run. Each kind still strikes in CI, and the cluster and daemons are started once for the three (a smoke run's
+    cost is mostly its set-up and its check)."""
+
+    KINDS: tuple[tuple[str, Fault], ...] = (
+        ("sigkills", _kill_a_daemon),
+        ("sigstops", _pause_a_daemon),
+        ("freezes", _freeze_a_daemon_briefly),
+    )
+
+    def __init__(self) -> None:
+        self.struck: list[str] = []
+        self._turn = 0
+
+    async def __call__(self, live: list[DaemonProcess], respawn: Callable[[], Awaitable[None]]) -> bool:
+        name, fault = self.KINDS[self._turn % len(self.KINDS)]
+        self.struck.append(name)  # struck once begun: the end of the run may cut a pause short
+        if await fault(live, respawn) is False:
+            self.struck.pop()  # the same kind again next time: too few daemons up to kill one
+            return False
+        self._turn += 1
+        return True
+
+
+# scenario -> (smoke duration, smoke fault every, long fault every); "mixed" is the smoke run of the first three.
 SCENARIO_PACE = {
     "sigkills": (6, 1.5, 1.5),
     "sigstops": (10, 1, 2),
     "freezes": (10, 1, 2),
     "partitions": (10, 1, 2),
+    "mixed": (12, 1, 2),
 }
 
 
-def scenario_lengths(*scenarios: str) -> pytest.MarkDecorator:
-    """Parametrize ``scenario, duration, every``: a smoke run of each scenario (CI), and a long one (``slow``)."""
+def _one_server_fault(scenario: str) -> tuple[Fault, str, int]:
+    """A scenario's fault (a new ``Mixed`` for each run of it), label and number of daemons."""
+    if scenario == "mixed":
+        return Mixed(), "daemon SIGKILLs, SIGSTOPs and short freezes in turns", 3
+    return ONE_SERVER[scenario]
+
+
+def scenario_lengths(*scenarios: str, smoke: tuple[str, ...] | None = None) -> pytest.MarkDecorator:
+    """Parametrize ``scenario, duration, every``: a smoke run of each of ``smoke`` (CI; all of ``scenarios`` unless
+    given), and a long one of each of ``scenarios`` (``slow``)."""
     return pytest.mark.parametrize(
         ("scenario", "duration", "every"),
         [
-            *(pytest.param(s, *SCENARIO_PACE[s][:2], id=f"{s}-smoke") for s in scenarios),
+            *(pytest.param(s, *SCENARIO_PACE[s][:2], id=f"{s}-smoke") for s in smoke or scenarios),
             *(
                 pytest.param(
                     s,
@@ -451,11 +485,11 @@ def scenario_lengths(*scenarios: str) -> pytest.MarkDecorator:
     )
 
 
-@scenario_lengths("sigkills", "sigstops", "freezes")
+@scenario_lengths("sigkills", "sigstops", "freezes", smoke=("mixed",))
 async def test_daemon_faults(
     nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
 ) -> None:
-    fault, label, daemons = ONE_SERVER[scenario]
+    fault, label, daemons = _one_server_fault(scenario)
     await _one_server_chaos(
         nats_url,
         subject_prefix,
@@ -466,6 +500,8 @@ async def test_daemon_faults(
         every=every,
         daemons=daemons,
     )
+    if isinstance(fault, Mixed):
+        assert set(fault.struck) == {"sigkills", "sigstops", "freezes"}, fault.struck
 
 
 # lease_mode daemon (rebaser_server.task.heartbeat): a task's own lease runs 30 s, so a change set of a killed,
@@ -473,7 +509,7 @@ async def test_daemon_faults(
 DAEMON_LEASES = {"REBASER_LEASE_MODE": "daemon", "REBASER_TASK_ACK_WAIT": "30"}
 
 
-@scenario_lengths("sigkills", "sigstops", "freezes", "partitions")
+@scenario_lengths("sigkills", "sigstops", "freezes", "partitions", smoke=("mixed", "partitions"))
 async def test_faults_with_daemon_leases(
     nats_url: str, subject_prefix: str, tmp_path: Path, scenario: str, duration: float, every: float
 ) -> None:
@@ -482,7 +518,7 @@ async def test_faults_with_daemon_leases(
             nats_url, subject_prefix, tmp_path, duration=duration, every=every, extra_env=DAEMON_LEASES
         )
     else:
-        fault, label, daemons = ONE_SERVER[scenario]
+        fault, label, daemons = _one_server_fault(scenario)
         result = await _one_server_chaos(
             nats_url,
             subject_prefix,
@@ -494,6 +530,8 @@ async def test_faults_with_daemon_leases(
             daemons=daemons,
             extra_env=DAEMON_LEASES,
         )
+        if isinstance(fault, Mixed):
+            assert set(fault.struck) == {"sigkills", "sigstops", "freezes"}, fault.struck
     # No change set waited for its task's own 30 s lease: the peers handed it back.
     assert result["longest_stall_s"] < 15, result
 

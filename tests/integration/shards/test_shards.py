@@ -122,7 +122,7 @@ async def test_pinned_shard_without_its_daemon_waits_and_is_shown(nats_url: str,
             running_daemon(conns[0], fast_settings(subject_prefix, replica_index=0, **base), app) as d0,
             RebaserClient(conns[2], prefix=subject_prefix) as client,
         ):
-            load = Load(8)
+            load = Load(8, every_shard_of=2)
             stranded = [cs for cs in load.change_sets if shard_of(load.workspace, cs, 2) == 1]
             assert stranded, "some change sets hash to shard 1"
             await load.send(client, 3)
