@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test container-test coverage coverage-run lint validate unit chaos bench soak screenshots clean
+.PHONY: run serve test container-test check-examples coverage coverage-run lint validate unit chaos bench soak screenshots clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.11 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -58,7 +58,7 @@ COVERAGE ?= off
 
 # --durations: the ten slowest tests, printed after every run, so a test that grows the suite shows (the budget:
 # docs/contributing.md).
-PYTEST_RUN = $(BIN)/pytest -m "not slow and not container" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
+PYTEST_RUN = $(BIN)/pytest -m "not slow and not container and not packaging" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
 
 test: lint
 ifeq ($(COVERAGE),on)
@@ -72,6 +72,11 @@ endif
 # test skips with one reason. One at a time (they publish ports and share podman's store), bounded per test.
 container-test: $(BIN)/.installed
 	$(BIN)/pytest -m container -q --timeout 900 tests/container
+
+# The example app and a new app's tests in a fresh virtualenv, rebaser installed there from this checkout as a user
+# installs it (most of its 35 s of CPU is pip). make test runs the same tests with the project's own virtualenv.
+check-examples: $(BIN)/.installed
+	$(BIN)/pytest -m packaging -q tests/integration/tooling/test_cart_example.py
 
 coverage: lint coverage-run
 
