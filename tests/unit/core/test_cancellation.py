@@ -33,7 +33,9 @@ async def test_the_cancel_is_raised_at_the_next_sleep() -> None:
     assert task.cancelled()
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="asyncio.wait_for keeps the cancel from Python 3.12 on")
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="asyncio.wait_for keeps the cancel from Python 3.12 on"
+)
 async def test_a_plain_sleep_goes_on_as_if_never_cancelled() -> None:
     # Why the module exists: without it, the loop sleeps on (and one that only ends by a cancel never ends).
     task = await _cancel_as_the_answer_comes(asyncio.sleep)
