@@ -10,6 +10,7 @@ task not yet pulled waits in the server, where its lease has not started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -32,6 +33,7 @@ class Admission:
         self._starting: dict[Hashable, float] = {}
         # Set when a change set lets go or has started: the pull loop may have room again.
         self._freed = asyncio.Event()
+        self._woken = False  # wake(): the daemon stops, no wait waits any more
         # Slots the lanes intake's running turns may still fill, over every served shard (lane_intake.py).
         self.reserved = 0
 
@@ -53,7 +55,8 @@ class Admission:
         self._freed.set()
 
     def wake(self) -> None:
-        """Wake a pull loop waiting for a slot (shutdown)."""
+        """Wake a pull loop waiting for a slot, and every later wait at once (shutdown)."""
+        self._woken = True
         self._freed.set()
 
     def room(self) -> int:
@@ -67,9 +70,16 @@ class Admission:
         return settings.start_concurrency - len(self._starting)
 
     async def wait(self) -> bool:
-        """Until a change set lets go or starts (True), or ``PRESSURE_CHECK`` passes (False)."""
-        self._freed.clear()
-        freed = asyncio.ensure_future(self._freed.wait())
-        await asyncio.wait({freed}, timeout=PRESSURE_CHECK)
-        freed.cancel()
-        return self._freed.is_set()
+        """Until a change set lets go or starts (True), or ``PRESSURE_CHECK`` passes (False).
+
+        One that let go or started since the last wait counts: the caller then looks again. Cleared here, before
+        waiting, a release between the caller's look and this wait was lost, and the loop waited the whole second
+        (so did a shutdown: the wake it asked came just before)."""
+        if not self._freed.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PRESSURE_CHECK):
+                    await self._freed.wait()
+        freed = self._freed.is_set()
+        if not self._woken:
+            self._freed.clear()
+        return freed
