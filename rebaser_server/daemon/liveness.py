@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -36,7 +37,7 @@ from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Placement, Stats
-from rebaser_server.record.store import ChangeSetStore
+from rebaser_server.record.store import ChangeSetStore, StillSilent
 from rebaser_server.task.heartbeat import Heartbeat
 
 __all__ = ["Liveness", "Reaper"]
@@ -110,7 +111,9 @@ class Reaper:
                 continue
             log.warning("daemon %s silent for %.1f s: handing its change sets back", owner, now - received)
             try:
-                unread = await self.hand_back_tasks_of(owner)
+                unread = await self.hand_back_tasks_of(
+                    owner, still_silent=functools.partial(self._silent, key, revision)
+                )
             except Exception as err:
                 log.warning("handing back the change sets of %s failed (%r); trying again", owner, err)
                 continue
@@ -125,15 +128,29 @@ class Reaper:
             with contextlib.suppress(Exception):
                 await self._kv.delete(key, last=revision)
 
-    async def hand_back_tasks_of(self, owner: str) -> int:
+    async def hand_back_tasks_of(self, owner: str, *, still_silent: StillSilent | None = None) -> int:
         """Hand back every task ``owner`` holds in any shard (each counted in ``peer_tasks_handed_back``); how many
-        change sets with a task could not be told apart (their record could not be read)."""
+        change sets with a task could not be told apart (their record could not be read). ``still_silent`` is
+        asked for each change set between the read of its record and its mark (ChangeSetStore.mark_reaped)."""
         unread = 0
         for shard in self._placement.layout.shards:
-            unread += await self._hand_back_in(self._settings.subjects.for_shard(shard), shard, owner)
+            unread += await self._hand_back_in(
+                self._settings.subjects.for_shard(shard), shard, owner, still_silent
+            )
         return unread
 
-    async def _hand_back_in(self, subjects: Subjects, shard: int, owner: str) -> int:
+    async def _silent(self, key: str, revision: int) -> bool:
+        """Whether the heartbeat ``key`` is still at ``revision``. A daemon whose heartbeat comes back (a new
+        generation) takes tasks again under the same name: a change set it took since is its own, not the silent
+        one's, and handing it back let a peer apply beside it (seen in the NATS-outage battery)."""
+        try:
+            return (await self._kv.get(key)).revision == revision
+        except KeyNotFoundError:
+            return True  # deleted by a peer that handed back first: still gone
+
+    async def _hand_back_in(
+        self, subjects: Subjects, shard: int, owner: str, still_silent: StillSilent | None
+    ) -> int:
         js = self._nats.js
         tasks = await stream_subjects(js, subjects.tasks_stream, subjects.tasks_all)
         count = unread = 0
@@ -145,7 +162,7 @@ class Reaper:
             change_set = ChangeSet(parsed.workspace_id, parsed.change_set_id)
             try:
                 # Marked (compare-and-set) before its task goes: the next owner counts a takeover.
-                record = await self._store.mark_reaped(change_set, owner)
+                record = await self._store.mark_reaped(change_set, owner, still_silent=still_silent)
             except Exception as err:
                 log.info("%s: reading its record failed (%r); it is looked at again", change_set, err)
                 unread += 1

@@ -51,6 +51,7 @@ __all__ = [
     "ChangeSetStore",
     "NothingToDo",
     "StaleDelivery",
+    "StillSilent",
     "TaskDelivery",
 ]
 
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = 10071
 _KV_OPERATION = "KV-Operation"
+
+# Asked by a peer handing back a silent daemon's change sets (mark_reaped): is it silent still?
+StillSilent = Callable[[], Awaitable[bool]]
 
 # A competing takeover can make acquire's compare-and-set fail; it re-reads and tries again this many times.
 _ACQUIRE_ATTEMPTS = 5
@@ -295,10 +299,16 @@ class ChangeSetStore:
             return None
         return None if entry.value is None else ChangeSetRecord.decode(entry.value)
 
-    async def mark_reaped(self, change_set: ChangeSet, owner: str) -> ChangeSetRecord | None:
+    async def mark_reaped(
+        self, change_set: ChangeSet, owner: str, *, still_silent: StillSilent | None = None
+    ) -> ChangeSetRecord | None:
         """lease_mode daemon, a peer handing back the task of ``owner`` gone silent: if the record names ``owner``,
         mark it (compare-and-set) so the next owner counts a takeover; the record as it was, or None if it names
-        another owner, has no task, or changed meanwhile (nothing to hand back now)."""
+        another owner, has no task, or changed meanwhile (nothing to hand back now).
+
+        ``still_silent`` is asked after the read and before the mark: False (the owner's heartbeat is back) leaves
+        the record. Asked in that order, an ownership taken under the heartbeat come back is never marked: taken
+        before the read, the heartbeat was back before the question; taken after it, the mark's compare fails."""
         key = self._key(change_set)
         entry = await _read_last(self.kv, key, self.reads, self._settings.nats_timeout)
         if entry is None or entry.value is None:
@@ -306,6 +316,8 @@ class ChangeSetStore:
         record = ChangeSetRecord.decode(entry.value)
         if record.owner != owner or not record.task_seq or record.reaped:
             return None  # (reaped: by a peer, or by the owner itself before its own hand-back)
+        if still_silent is not None and not await still_silent():
+            return None
         try:
             await self.kv.update(key, replace(record, reaped=True).encode(), last=entry.revision)
         except KeyWrongLastSequenceError:

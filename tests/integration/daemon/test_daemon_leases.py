@@ -4,6 +4,7 @@ wait ``ack_wait``, not the tasks consumer's long ``task_ack_wait``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 from pathlib import Path
@@ -556,3 +557,39 @@ async def test_a_frozen_daemons_change_sets_are_served_by_a_peer_and_once_each_a
             await send(cs)
         await every_one_applied_in_order("every request applied once, in order, after the thaw")
         assert "handing its change sets back" in second.log.read_text()
+
+
+async def test_a_change_set_taken_under_a_heartbeat_come_back_is_not_handed_back(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    # A peer found this daemon silent (its heartbeat at one revision) and hands back its change sets one by one;
+    # meanwhile the heartbeat came back and the daemon took a change set again, under the same name. That one is the
+    # daemon's own now: handed back, a peer applied beside it (two owners at once in the NATS-outage battery).
+    settings = fast_settings(subject_prefix, lease_mode="daemon", task_ack_wait=120.0, quiescent_period=300.0)
+    client = RebaserClient(nc, prefix=subject_prefix)
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        assert daemon.liveness is not None and daemon.liveness.reaper is not None
+        reaper, key = daemon.liveness.reaper, daemon.liveness.heartbeat.key
+        kv = await nc.jetstream().key_value(settings.subjects.daemons_bucket)
+        found_silent_at = (await kv.get(key)).revision  # what the peer saw
+        assert (
+            await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/n", value=1)], timeout=20)
+        ).ok
+
+        async def beat_again() -> bool:
+            return (await kv.get(key)).revision != found_silent_at
+
+        await wait_for(beat_again, timeout=10, message="the heartbeat beats again")
+        silent_then = functools.partial(reaper._silent, key, found_silent_at)
+        assert await reaper.hand_back_tasks_of(daemon.owner, still_silent=silent_then) == 0
+        record = await daemon.store.read(ChangeSet(wk, cs))
+        assert record is not None and not record.reaped and record.owner == daemon.owner
+        assert daemon.stats.peer_tasks_handed_back == 0
+        # Silent indeed, the same call hands it back: the check above could fail.
+
+        async def silent() -> bool:
+            return True
+
+        await reaper.hand_back_tasks_of(daemon.owner, still_silent=silent)
+        assert daemon.stats.peer_tasks_handed_back == 1
