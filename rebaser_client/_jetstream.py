@@ -18,8 +18,8 @@ from nats.js.errors import NotFoundError
 from rebaser_client._routing import fetch_layout
 from rebaser_core.errors import InvalidSubject, RebaserError, RebaserRefused, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.layout import LANES, Layout
-from rebaser_core.subjects import Subjects, lane_of
+from rebaser_core.layout import Layout
+from rebaser_core.subjects import Subjects
 
 __all__ = [
     "OPERATOR_TIMEOUT",
@@ -103,12 +103,15 @@ async def delivered_upto(js: JetStreamContext, subjects: Subjects, consumer: str
     return int(info.delivered.stream_seq or 0) if info.delivered else 0
 
 
-async def consumer_upto(js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk) -> int | None:
+async def consumer_upto(
+    js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk, *, lane: int | None
+) -> int | None:
     """The last delivered sequence of the consumer that hands out ``workspace_id``'s tasks when there is no shared
-    one: its own (the fair intake) or its lane's (the lanes intake). None if neither exists."""
+    one: its own (the fair intake) or its lane's (the lanes intake: ``lane``, the tail its task is stored under).
+    None if neither exists."""
     upto = await delivered_upto(js, subjects, subjects.workspace_tasks_consumer(workspace_id))
-    if upto is None:
-        upto = await delivered_upto(js, subjects, subjects.lane_consumer(lane_of(workspace_id, LANES)))
+    if upto is None and lane is not None:
+        upto = await delivered_upto(js, subjects, subjects.lane_consumer(lane))
     return upto
 
 
@@ -121,27 +124,30 @@ async def task_state_upto(
 ) -> TaskState:
     """The change set's task state, given ``upto``: the shared tasks consumer's last delivered sequence (None: there
     is none, the fair intake: the workspace's own consumer is asked)."""
-    seq = await task_seq(js, subjects, workspace_id, change_set_id)
-    if seq is None:
+    stored = await task_seq(js, subjects, workspace_id, change_set_id)
+    if stored is None:
         return "none"
+    seq, lane = stored
     if upto is None:
-        upto = await consumer_upto(js, subjects, workspace_id)
+        upto = await consumer_upto(js, subjects, workspace_id, lane=lane)
     return "owned" if upto is not None and seq <= upto else "waiting"
 
 
 async def task_seq(
     js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
-) -> int | None:
-    """The stream sequence of the change set's task in its shard's tasks stream; None if it has none. A task keeps
-    its sequence while it lives (a hand-back redelivers the same message), so a reader that follows many change
-    sets (the web console) reads it once per task and compares it with the consumer's delivered sequence."""
+) -> tuple[int, int | None] | None:
+    """The stream sequence of the change set's task in its shard's tasks stream, and the lane it is stored under
+    (None: not stored by lane); None if it has no task. A task keeps its sequence while it lives (a hand-back
+    redelivers the same message), so a reader that follows many change sets (the web console) reads it once per
+    task and compares it with the consumer's delivered sequence."""
     try:
         msg = await js.get_last_msg(
             subjects.tasks_stream, subjects.stored_task(workspace_id, change_set_id), direct=True
         )
     except NotFoundError:
         return None
-    return int(msg.seq or 0)
+    tail = (msg.subject or "").rsplit(".", 1)[-1]
+    return int(msg.seq or 0), int(tail) if tail.isdigit() else None
 
 
 async def task_state(

@@ -25,6 +25,7 @@ __all__ = [
     "INTAKES",
     "LANES",
     "LAYOUT_REPAIR",
+    "MAX_LANES",
     "MAX_STREAMS",
     "AssignmentMode",
     "Intake",
@@ -44,6 +45,9 @@ INTAKES: tuple[Intake, ...] = ("fifo", "fair", "lanes")
 # Lanes per shard with the lanes intake: consumers (Raft groups on a replicated cluster) per shard, whatever the number
 # of workspaces; a workspace shares its lane's order with 1/LANES of the others.
 LANES = 32
+# Lanes per shard a deployment may be made with (Settings.lanes): nats-server's partition() transform takes any
+# count, but each lane is a consumer (a Raft group on a replicated cluster) and a pull waiting in every daemon.
+MAX_LANES = 256
 # A shard is at least two streams and a consumer; far more than the servers of any cluster is only overhead.
 MAX_STREAMS = 64
 # The command that rewrites an unreadable layout entry (rebaser_client.admin.store_repairs), named where one is met.
@@ -96,10 +100,13 @@ class Layout:
     previous: int | None = None
     # Bumped by every change: lets a watcher tell a new layout from a repeat.
     epoch: int = 0
-    # How tasks reach daemons (a new deployment's is "fair"); a layout written before there was a choice is "fifo".
+    # How tasks reach daemons (a new deployment's is "lanes"); a layout written before there was a choice is "fifo".
     intake: Intake = "fifo"
     # While the intake changes (``rebaser streams intake``): the one being left. No daemon takes a task meanwhile.
     intake_from: Intake | None = None
+    # Lanes per shard with the lanes intake, fixed when the layout is made (Settings.lanes; LANES in a layout written
+    # before it could be chosen): the tasks stream's transform, the consumers and every daemon's hash agree on it.
+    lane_count: int = LANES
 
     def __post_init__(self) -> None:
         if not 1 <= self.streams <= MAX_STREAMS:
@@ -110,6 +117,8 @@ class Layout:
             raise ValueError(f"intake must be one of {', '.join(INTAKES)}, got {self.intake!r}")
         if self.intake_from is not None and self.intake_from not in INTAKES:
             raise ValueError(f"intake_from must be one of {', '.join(INTAKES)}, got {self.intake_from!r}")
+        if not 1 <= self.lane_count <= MAX_LANES:
+            raise ValueError(f"lanes must be between 1 and {MAX_LANES}, got {self.lane_count}")
         if self.previous is not None and not 1 <= self.previous <= MAX_STREAMS:
             raise ValueError(f"previous streams must be between 1 and {MAX_STREAMS}, got {self.previous}")
 
@@ -129,9 +138,9 @@ class Layout:
 
     @property
     def lanes(self) -> int:
-        """Lanes per shard the tasks stream stores its tasks under (its subject transform): LANES with the lanes
-        intake, from the moment the change to it begins until the change away from it begins; else 0."""
-        return LANES if self.intake == "lanes" else 0
+        """Lanes per shard the tasks stream stores its tasks under (its subject transform): ``lane_count`` with the
+        lanes intake, from the moment the change to it begins until the change away from it begins; else 0."""
+        return self.lane_count if self.intake == "lanes" else 0
 
     @property
     def lane_consumers(self) -> bool:
@@ -201,6 +210,7 @@ class Layout:
                 "epoch": self.epoch,
                 "intake": self.intake,
                 "intake_from": self.intake_from,
+                "lanes": self.lane_count,
             },
             separators=(",", ":"),
         ).encode()
@@ -216,6 +226,7 @@ class Layout:
                 epoch=int(raw.get("epoch", 0)),
                 intake=raw.get("intake", "fifo"),
                 intake_from=raw.get("intake_from"),
+                lane_count=int(raw.get("lanes", LANES)),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise LayoutUnreadable(

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES
 from rebaser_core.errors import InvalidReplyInbox
 from rebaser_core.inbox import DEFAULT_INBOX_PREFIX, check_inbox_prefix
+from rebaser_core.layout import LANES, MAX_LANES
 from rebaser_core.subjects import Subjects, validate_prefix
 
 __all__ = ["Settings"]
@@ -170,7 +171,15 @@ class Settings(BaseModel):
         description="How tasks reach daemons: fifo, one consumer per shard hands them out in the order they came; "
         "fair, one consumer per workspace with tasks, the workspaces served in turns; lanes, the workspaces hashed "
         "onto 32 consumers per shard, each pulled on its own (docs/fair-share.md). Chosen when the layout is "
-        "created (none: the layout's, or fair).",
+        "created (none: the layout's, or lanes).",
+    )
+    lanes: int = Field(
+        LANES,
+        ge=1,
+        le=MAX_LANES,
+        description="Lanes per shard of a new deployment's layout (the lanes intake: a consumer per lane, and a pull "
+        "waiting in every daemon). Fixed when the layout is created; a daemon given another count follows the "
+        "layout's.",
     )
     workspace_weights: tuple[tuple[str, int], ...] = Field(
         (),

@@ -33,6 +33,7 @@ __all__ = ["ParsedSubject", "Subjects", "lane_of", "validate_prefix"]
 
 # Letters, digits, '-' and '_' are safe in subject tokens *and* in stream, consumer and bucket names.
 _PREFIX_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_PARTITION = re.compile(r"\{\{partition\((\d+),1\)\}\}")
 
 REQUESTS_STREAM = "REBASER_REQUESTS"
 TASKS_STREAM = "REBASER_TASKS"
@@ -274,6 +275,12 @@ class Subjects:
             self.tasks_stream_subject,
             self._sharded("tasks", "{{wildcard(1)}}", "{{wildcard(2)}}", f"{{{{partition({lanes},1)}}}}"),
         )
+
+    @staticmethod
+    def transform_lanes(destination: str) -> int | None:
+        """The lanes of a tasks stream's transform destination (:meth:`tasks_transform`); None if it has none."""
+        found = _PARTITION.search(destination)
+        return int(found.group(1)) if found else None
 
     def lane_tasks(self, lane: int) -> str:
         """The filter of one lane's consumer: the tasks stored under lane ``lane``."""

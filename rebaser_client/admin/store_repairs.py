@@ -42,7 +42,7 @@ from rebaser_client._pausing import ResumeResult, resume_change_set
 from rebaser_client._record import RecordView
 from rebaser_core.errors import DecodeError, LayoutMismatch, RebaserRefused
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.layout import MAX_STREAMS, AssignmentMode, Layout
+from rebaser_core.layout import LANES, MAX_STREAMS, AssignmentMode, Layout
 from rebaser_core.nats.layout_store import open_layout
 from rebaser_core.pauses import Pause
 from rebaser_core.subjects import Subjects
@@ -139,11 +139,13 @@ async def repair_layout(
         else:
             fifo = await _has_consumer(js, subjects.tasks_stream, subjects.tasks_consumer)
             lanes = await _has_consumer(js, subjects.tasks_stream, subjects.lane_consumer(0))
+            transform = (await js.stream_info(subjects.tasks_stream)).config.subject_transform
             layout = Layout(
                 streams=streams,
                 mode=assignment or (last.mode if last is not None else "shared"),
                 epoch=(last.epoch if last is not None else 0) + 1,
                 intake="fifo" if fifo else "lanes" if lanes else "fair",
+                lane_count=(transform and subjects.transform_lanes(transform.dest or "")) or LANES,
             )
             source = "streams"
         try:

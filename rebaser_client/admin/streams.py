@@ -95,7 +95,7 @@ async def misplaced(js: JetStreamContext, subjects: Subjects, layout: Layout) ->
 
 
 async def _clone_shards(
-    js: JetStreamContext, subjects: Subjects, old: int, new: int, *, intake: str = "fifo"
+    js: JetStreamContext, subjects: Subjects, old: int, new: int, *, intake: str = "fifo", lanes: int = LANES
 ) -> None:
     """Create shards old..new-1 as copies of shard 0 (the daemons re-ensure them with their own settings). The fair
     intake's consumers (one per workspace) are made by the daemons as workspaces have tasks, the lanes intake's as they
@@ -116,7 +116,7 @@ async def _clone_shards(
             (tasks, names.tasks_stream, names.tasks_stream_subject),
         ):
             if config.subject_transform is not None:  # the lanes intake's, of this shard's subjects
-                source, destination = names.tasks_transform(LANES)
+                source, destination = names.tasks_transform(lanes)
                 config = dataclasses.replace(
                     config, subject_transform=js_api.SubjectTransform(src=source, dest=destination)
                 )
@@ -175,7 +175,9 @@ async def change_streams(
         if layout.streams == streams:
             progress(f"already {streams} streams; nothing to do")
             return layout
-        await _clone_shards(js, subjects, layout.streams, streams, intake=layout.intake)
+        await _clone_shards(
+            js, subjects, layout.streams, streams, intake=layout.intake, lanes=layout.lane_count
+        )
         layout = layout.changed_to(streams)
         revision = await write_layout(await _kv(js, subjects), subjects, layout, revision=revision)
         progress(f"layout: {layout.previous} -> {streams} streams; new requests go to the new shards")

@@ -21,7 +21,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from rebaser_core.errors import LayoutMismatch, LayoutUnreadable
-from rebaser_core.layout import AssignmentMode, Intake, Layout
+from rebaser_core.layout import LANES, AssignmentMode, Intake, Layout
 from rebaser_core.nats import cancellation
 from rebaser_core.nats.durability import Durability
 from rebaser_core.nats.streams import open_bucket
@@ -95,8 +95,9 @@ async def init_layout(
     replicas: int = 1,
     storage: str = "file",
     intake: Intake | None = None,
+    lanes: int = LANES,
 ) -> Layout:
-    """The cluster's layout, created from the flags (defaults: 1 stream, shared, the fair intake) if there is none
+    """The cluster's layout, created from the flags (defaults: 1 stream, shared, the lanes intake) if there is none
     yet; flags that disagree with an existing layout raise LayoutMismatch."""
     kv = await open_layout(js, subjects, create=True, replicas=replicas, storage=storage)
     assert kv is not None
@@ -106,7 +107,9 @@ async def init_layout(
             layout = found[0]
             layout.check_flags(streams, mode, who, intake)
             return layout
-        layout = Layout(streams=streams or 1, mode=mode or "shared", intake=intake or "fair")
+        layout = Layout(
+            streams=streams or 1, mode=mode or "shared", intake=intake or "lanes", lane_count=lanes
+        )
         try:
             await kv.create(subjects.layout_key, layout.encode())
             log.info(

@@ -221,9 +221,9 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     default=None,
     envvar="REBASER_INTAKE",
     show_envvar=True,
-    help="How tasks reach daemons: fair, each workspace's in a queue of its own, the workspaces served in turns; "
-    "lanes, the workspaces hashed onto 32 consumers per shard, each pulled on its own; fifo, in the order they came "
-    "(docs/fair-share.md). Chosen when the layout is created (default: the layout's, else fair).",
+    help="How tasks reach daemons: lanes, the workspaces hashed onto 32 consumers per shard, each pulled on its own; "
+    "fair, each workspace's in a queue of its own, the workspaces served in turns; fifo, in the order they came "
+    "(docs/fair-share.md). Chosen when the layout is created (default: the layout's, else lanes).",
 )
 @click.option(
     "--daemons",

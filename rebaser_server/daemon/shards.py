@@ -120,6 +120,7 @@ class ShardPullers:
                 replicas=settings.replicas,
                 storage=settings.storage,
                 intake=settings.intake,
+                lanes=settings.lanes,
             )
         except LayoutUnreadable as err:
             self._problem(str(err))  # set-up waits for the repair (startup.py)

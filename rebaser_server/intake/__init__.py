@@ -3,7 +3,7 @@
 A daemon takes tasks through one intake per served shard, as the layout names it (docs/fair-share.md). This package
 owns everything up to the moment a task is handed to the owned change sets, and nothing after it:
 
-- :mod:`~rebaser_server.intake.lane_intake`: the lanes intake of one shard (the workspaces hashed onto
+- :mod:`~rebaser_server.intake.lane_intake`: the lanes intake of one shard (the default: the workspaces hashed onto
   a fixed number of lanes, a pull waiting on each lane's consumer);
 - :mod:`~rebaser_server.intake.fifo_intake`: the fifo intake's pull loop of one shard (the shared consumer, the
   tasks in the order they came);

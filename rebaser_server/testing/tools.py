@@ -91,7 +91,7 @@ class RecordingHooks(Hooks):
 
 def fast_settings(prefix: str | None, **overrides: object) -> Settings:
     """Settings with periods shrunk for tests (quiet after 0.5 s, ack_wait 3 s, sweep every 1 s), small dead-letter
-    streams."""
+    streams, 4 lanes."""
     values: dict[str, object] = {
         "prefix": prefix,
         "storage": "memory",
@@ -107,6 +107,8 @@ def fast_settings(prefix: str | None, **overrides: object) -> Settings:
         # MiB, a session's server (one deployment per test) runs out ("insufficient memory resources available",
         # err_code 10028) after some 60 tests with daemons.
         "dead_letter_max_bytes": 8 * 1024 * 1024,
+        # A test's deployment makes 4 lane consumers, not 32 (each daemon keeps a pull waiting on every lane).
+        "lanes": 4,
     }
     values.update(overrides)
     return Settings.model_validate(values)

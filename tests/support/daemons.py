@@ -51,6 +51,8 @@ async def spawn_daemon(
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     # An inherited REBASER_NATS_URL would turn an embedded-server daemon into a client of some other server.
     full_env.pop("REBASER_NATS_URL", None)
+    # As fast_settings: a test's deployment makes 4 lane consumers, not 32 (unless the test says otherwise).
+    full_env.setdefault("REBASER_LANES", "4")
     urls = [] if nats_url is None else [nats_url] if isinstance(nats_url, str) else nats_url
     out = log.open("wb")
     proc = await asyncio.create_subprocess_exec(

@@ -111,7 +111,7 @@ class Live:
         )
         self.daemons: DaemonsOwned | None = None  # the daemons' health, read on its own (None: not read yet)
         self._raw_records: dict[str, bytes | None] = {}
-        self._task_seqs: dict[tuple[str, str], int] = {}
+        self._task_seqs: dict[tuple[str, str], tuple[int, int | None]] = {}  # (task seq, its lane)
         self._reads: dict[Any, tuple[float, asyncio.Future[Any]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._poked = asyncio.Event()
@@ -359,17 +359,18 @@ class Live:
                 if reads >= _READS_PER_ROUND:
                     continue
                 reads += 1
-                seq = await task_seq(self.js, names, wk, cs)
-                if seq is None:
+                stored = await task_seq(self.js, names, wk, cs)
+                if stored is None:
                     continue
-                self._task_seqs[key] = seq
+                self._task_seqs[key] = stored
+            seq, lane = self._task_seqs[key]
             upto = counts.upto.get(row.shard)
             if upto is None:  # the fair or lanes intake: each workspace's or lane's consumer
                 consumer = (row.shard, key[0])
                 if consumer not in fair_upto:
-                    fair_upto[consumer] = await consumer_upto(self.js, names, wk)
+                    fair_upto[consumer] = await consumer_upto(self.js, names, wk, lane=lane)
                 upto = fair_upto[consumer]
-            owned = upto is not None and self._task_seqs[key] <= upto
+            owned = upto is not None and seq <= upto
             self.index.set_task(row, "owned" if owned else "waiting")
 
     async def _read_oldest(self, counts: Counts) -> None:

@@ -200,11 +200,11 @@ async def test_a_silent_peers_change_set_whose_record_cannot_be_read_is_handed_b
             mark_reaped = store.mark_reaped
             failed: list[ChangeSet] = []
 
-            async def fails_once(change_set: ChangeSet, owner: str) -> Any:
+            async def fails_once(change_set: ChangeSet, owner: str, **kwargs: Any) -> Any:
                 if change_set == ChangeSet(wk, cs) and not failed:
                     failed.append(change_set)
                     raise nats.errors.TimeoutError
-                return await mark_reaped(change_set, owner)
+                return await mark_reaped(change_set, owner, **kwargs)
 
             store.mark_reaped = fails_once  # type: ignore[method-assign]
             first.kill()

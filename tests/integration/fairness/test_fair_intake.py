@@ -160,11 +160,11 @@ async def test_a_task_handed_back_for_a_retry_is_taken_again_without_a_look(
         assert daemon.stats.tasks_retried >= 1
 
 
-async def test_a_new_deployment_is_fair_and_a_daemon_asking_for_another_intake_is_refused(
+async def test_a_new_deployment_has_lanes_and_a_daemon_asking_for_another_intake_is_refused(
     nc: NatsClient, subject_prefix: str
 ) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()) as daemon:
-        assert daemon.layout.intake == "fair"
+        assert daemon.layout.intake == "lanes"
     with pytest.raises(LayoutMismatch, match="--intake fifo"):
         async with running_daemon(nc, fast_settings(subject_prefix, intake="fifo"), RecordingApp()):
             pass

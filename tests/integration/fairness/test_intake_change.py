@@ -17,7 +17,7 @@ from rebaser_client.admin.intake import change_intake
 from rebaser_client.admin.streams import show_layout
 from rebaser_core.errors import LayoutMismatch
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.layout import LANES, Intake, Layout
+from rebaser_core.layout import Intake, Layout
 from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.subjects import TASKS_CONSUMER, Subjects
@@ -70,7 +70,9 @@ async def _change_under_load(nats_url: str, prefix: str, before: Intake, after: 
                 assert TASKS_CONSUMER not in consumers
                 assert f"{TASKS_CONSUMER}-{load.workspace}" in consumers
             elif after == "lanes":
-                assert consumers == {Subjects.lane_consumer(lane) for lane in range(LANES)}
+                assert consumers == {
+                    Subjects.lane_consumer(lane) for lane in range(fast_settings(None).lanes)
+                }
             else:
                 assert consumers == {TASKS_CONSUMER}
             # Every task left is stored the new intake's way (by lane, or not).
@@ -124,8 +126,8 @@ async def test_a_change_of_intake_during_a_reshard_is_refused_and_a_repeat_does_
     settings = fast_settings(subject_prefix)
     async with running_daemon(nc, settings, RecordingApp()):
         lines: list[str] = []
-        layout = await change_intake(nc, Subjects(subject_prefix), "fair", progress=lines.append)
-        assert layout.intake == "fair" and lines == ["the intake is already fair; nothing to do"]
+        layout = await change_intake(nc, Subjects(subject_prefix), "lanes", progress=lines.append)
+        assert layout.intake == "lanes" and lines == ["the intake is already lanes; nothing to do"]
     kv = await nc.jetstream().key_value(Subjects(subject_prefix).layout_bucket)
     entry = await kv.get(Subjects(subject_prefix).layout_key)
     migrating = Layout.decode(entry.value or b"").changed_to(2)

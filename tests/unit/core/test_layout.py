@@ -9,7 +9,7 @@ import pytest
 
 from rebaser_core.errors import InvalidSubject, LayoutMismatch
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.layout import Layout, ordinal_from_hostname, pinned_shards, shard_of
+from rebaser_core.layout import LANES, MAX_LANES, Layout, ordinal_from_hostname, pinned_shards, shard_of
 from rebaser_core.subjects import Subjects
 
 WK = WorkspacePk("01HZZZZZZZZZZZZZZZZZZZZZZZ")
@@ -157,3 +157,20 @@ async def test_an_admin_layout_read_that_times_out_is_one_line(monkeypatch: pyte
     # A RebaserError is what the admin CLI prints as one line; a bare TimeoutError would be a traceback.
     with pytest.raises(RebaserUnavailable, match="reading the shard layout failed"):
         await _routing.routed(None, Subjects("P"), WK, CS)  # type: ignore[arg-type]
+
+
+def test_the_lane_count_is_the_layout_s_and_an_older_layout_has_32() -> None:
+    layout = Layout(intake="lanes", lane_count=4)
+    assert layout.lanes == 4 and Layout.decode(layout.encode()) == layout
+    assert Layout(intake="fair", lane_count=4).lanes == 0  # stored by lane only with the lanes intake
+    assert Layout.decode(b'{"streams":1,"intake":"lanes"}').lanes == LANES
+    for count in (0, MAX_LANES + 1):
+        with pytest.raises(ValueError, match="lanes must be between"):
+            Layout(intake="lanes", lane_count=count)
+
+
+def test_the_lane_count_is_read_back_from_the_tasks_stream_s_transform() -> None:
+    subjects = Subjects("p")
+    for count in (1, 4, 32, MAX_LANES):
+        assert Subjects.transform_lanes(subjects.for_shard(1).tasks_transform(count)[1]) == count
+    assert Subjects.transform_lanes("p.tasks.{{wildcard(1)}}") is None
