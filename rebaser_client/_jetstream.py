@@ -32,7 +32,7 @@ __all__ = [
     "read_layout",
     "shard_now",
     "shards_of",
-    "task_seq",
+    "task_seq_and_lane",
     "task_state",
     "task_state_upto",
 ]
@@ -124,7 +124,7 @@ async def task_state_upto(
 ) -> TaskState:
     """The change set's task state, given ``upto``: the shared tasks consumer's last delivered sequence (None: there
     is none, the fair intake: the workspace's own consumer is asked)."""
-    stored = await task_seq(js, subjects, workspace_id, change_set_id)
+    stored = await task_seq_and_lane(js, subjects, workspace_id, change_set_id)
     if stored is None:
         return "none"
     seq, lane = stored
@@ -133,7 +133,7 @@ async def task_state_upto(
     return "owned" if upto is not None and seq <= upto else "waiting"
 
 
-async def task_seq(
+async def task_seq_and_lane(
     js: JetStreamContext, subjects: Subjects, workspace_id: WorkspacePk, change_set_id: ChangeSetId
 ) -> tuple[int, int | None] | None:
     """The stream sequence of the change set's task in its shard's tasks stream, and the lane it is stored under

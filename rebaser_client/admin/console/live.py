@@ -36,7 +36,7 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from rebaser_client._jetstream import OPERATOR_TIMEOUT, consumer_upto, jetstream, task_seq
+from rebaser_client._jetstream import OPERATOR_TIMEOUT, consumer_upto, jetstream, task_seq_and_lane
 from rebaser_client._record import RecordView
 from rebaser_client.admin.console.hub import Hub
 from rebaser_client.admin.console.index import Index, Row
@@ -359,7 +359,7 @@ class Live:
                 if reads >= _READS_PER_ROUND:
                     continue
                 reads += 1
-                stored = await task_seq(self.js, names, wk, cs)
+                stored = await task_seq_and_lane(self.js, names, wk, cs)
                 if stored is None:
                     continue
                 self._task_seqs[key] = stored
