@@ -35,6 +35,7 @@ from rebaser_core.layout import Layout
 from rebaser_core.nats.durability import Durability, assess
 from rebaser_core.nats.layout_store import open_layout, read_durability
 from rebaser_core.nats.monitoring import read_servers_sync
+from rebaser_core.nats.shard_info import lanes_info
 from rebaser_core.subjects import Subjects
 
 __all__ = ["ChangeSetLine", "Counts", "StatusReport", "read_counts", "status_report"]
@@ -131,7 +132,11 @@ async def read_counts(nc: NatsClient, subjects: Subjects) -> Counts:
             tasks, task_subjects = await r.subject_counts(names.tasks_stream, names.tasks_all)
             summaries += [requests, tasks]
             try:
-                c = await r.js.consumer_info(names.tasks_stream, names.tasks_consumer)
+                lanes = layout is not None and layout.lane_consumers
+                if lanes:  # the lanes' consumers, added up
+                    c = await lanes_info(r.js, names)
+                else:
+                    c = await r.js.consumer_info(names.tasks_stream, names.tasks_consumer)
                 figures = {
                     "pending": int(c.num_pending or 0),
                     "ack_pending": int(c.num_ack_pending or 0),
@@ -139,7 +144,8 @@ async def read_counts(nc: NatsClient, subjects: Subjects) -> Counts:
                     "waiting_pulls": int(c.num_waiting or 0),
                 }
                 consumer = {k: v + (consumer or {}).get(k, 0) for k, v in figures.items()}
-                upto[shard] = int(c.delivered.stream_seq or 0) if c.delivered else 0
+                # The lanes have no one delivered sequence: each task is compared with its own lane's (None).
+                upto[shard] = None if lanes else int(c.delivered.stream_seq or 0) if c.delivered else 0
             except NotFoundError:
                 upto[shard] = None
             for counts, parse, key in (

@@ -18,14 +18,40 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
-from rebaser_core.subjects import Subjects
+from rebaser_core.subjects import LANE_CONSUMER, Subjects
 
-__all__ = ["shard_facts", "shard_report", "spread_leaders"]
+__all__ = ["LanesAddedUp", "lanes_info", "shard_facts", "shard_report", "spread_leaders"]
 
 log = logging.getLogger(__name__)
 
 _STEPDOWN_TIMEOUT = 5.0
+
+
+class LanesAddedUp:
+    """A shard's lane consumers added up, read as its one tasks consumer would be (the lanes intake): tasks waiting
+    for an owner, owned, redelivered, and daemon pulls waiting. There is no one delivered sequence (``None``)."""
+
+    def __init__(self, infos: list[Any]) -> None:
+        self.num_pending = sum(int(c.num_pending or 0) for c in infos)
+        self.num_ack_pending = sum(int(c.num_ack_pending or 0) for c in infos)
+        self.num_redelivered = sum(int(c.num_redelivered or 0) for c in infos)
+        self.num_waiting = sum(int(c.num_waiting or 0) for c in infos)
+        self.delivered = None
+
+
+async def lanes_info(js: JetStreamContext, names: Subjects) -> LanesAddedUp:
+    """The lane consumers of shard ``names``, added up (one listing, not a call per lane); NotFoundError if the
+    shard has none."""
+    infos = [
+        c
+        for c in await js.consumers_info(names.tasks_stream)
+        if (c.name or "").startswith(f"{LANE_CONSUMER}-")
+    ]
+    if not infos:
+        raise NotFoundError
+    return LanesAddedUp(infos)
 
 
 def shard_facts(shard: int, requests: Any, consumer: Any, tasks: Any = None) -> dict[str, Any]:
@@ -55,16 +81,27 @@ async def _nothing() -> None:
 
 
 async def shard_report(
-    js: JetStreamContext, subjects: Subjects, shards: range, *, shared_consumer: bool = True
+    js: JetStreamContext,
+    subjects: Subjects,
+    shards: range,
+    *,
+    shared_consumer: bool = True,
+    lane_consumers: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``). Without
-    the shared tasks consumer (the fair intake, or while the intake changes) its consumer facts are ``None``."""
+    """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``). The
+    consumer facts are the shared tasks consumer's (fifo), the lanes' added up (``lane_consumers``), or ``None``
+    (the fair intake, or while the intake changes)."""
+
+    def consumer(names: Subjects) -> Any:
+        if shared_consumer:
+            return js.consumer_info(names.tasks_stream, names.tasks_consumer)
+        return lanes_info(js, names) if lane_consumers else _nothing()
 
     async def one(shard: int) -> dict[str, Any]:
         names = subjects.for_shard(shard)
         calls = await asyncio.gather(
             js.stream_info(names.requests_stream),
-            js.consumer_info(names.tasks_stream, names.tasks_consumer) if shared_consumer else _nothing(),
+            consumer(names),
             js.stream_info(names.tasks_stream),
             return_exceptions=True,
         )

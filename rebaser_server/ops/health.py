@@ -23,9 +23,9 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.nats import cancellation
 from rebaser_core.nats.connect import connection_state, redact_url
-from rebaser_core.nats.shard_info import shard_facts
+from rebaser_core.nats.shard_info import lanes_info, shard_facts
 from rebaser_core.settings import Settings
-from rebaser_core.subjects import Subjects
+from rebaser_core.subjects import LANE_CONSUMER, Subjects
 
 __all__ = ["ConnectionWatch", "JetStreamFacts", "StatusReporter"]
 
@@ -167,16 +167,21 @@ class StatusReporter:
         calls: dict[str, Awaitable[Any]] = {
             subjects.dead_letter_stream: self._js.stream_info(subjects.dead_letter_stream)
         }
-        # The fair intake has no shared tasks consumer (a consumer per workspace instead): its shards' waiting and
-        # held tasks are not told apart here.
-        shared_consumer = self._layout().shared_consumer
+        # A shard's waiting and held tasks: its shared consumer's (fifo), or its lanes' added up. The fair intake has
+        # a consumer per workspace instead: there they are not told apart here.
+        layout = self._layout()
+
+        def consumer_key(names: Subjects) -> str:
+            consumer = names.tasks_consumer if layout.shared_consumer else f"{LANE_CONSUMER}-*"
+            return f"consumer {names.tasks_stream}/{consumer}"
+
         for names in shards:
             calls[names.requests_stream] = self._js.stream_info(names.requests_stream)
             calls[names.tasks_stream] = self._js.stream_info(names.tasks_stream)
-            if shared_consumer:
-                calls[f"consumer {names.tasks_stream}/{names.tasks_consumer}"] = self._js.consumer_info(
-                    names.tasks_stream, names.tasks_consumer
-                )
+            if layout.shared_consumer:
+                calls[consumer_key(names)] = self._js.consumer_info(names.tasks_stream, names.tasks_consumer)
+            elif layout.lane_consumers:
+                calls[consumer_key(names)] = lanes_info(self._js, names)
         results = await asyncio.gather(*calls.values(), return_exceptions=True)
         answers = dict(zip(calls, results, strict=True))
         missing = tuple(name for name, r in answers.items() if isinstance(r, NotFoundError))
@@ -194,7 +199,7 @@ class StatusReporter:
             shard_facts(
                 names.shard,
                 ok(names.requests_stream),
-                ok(f"consumer {names.tasks_stream}/{names.tasks_consumer}"),
+                ok(consumer_key(names)),
                 ok(names.tasks_stream),
             )
             for names in shards

@@ -17,6 +17,8 @@ import aiohttp
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
+from rebaser_client.admin.status import status_report
+from rebaser_client.admin.streams import show_layout
 from rebaser_core.api import EnqueueUpdatesRequest
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.testing import wait_for
@@ -169,3 +171,40 @@ async def test_cli_serves_the_health_endpoint(nats_url: str, subject_prefix: str
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0, log.read_text()
+
+
+async def test_with_the_lanes_tasks_waiting_and_owned_are_counted_everywhere(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    # The lanes intake (a new deployment's) has no shared consumer: each shard's lanes are added up, for /status,
+    # /metrics, `rebaser status` and `rebaser streams show`, which operators scale and alert on (docs/operations.md).
+    settings = fast_settings(subject_prefix, concurrency=1)
+    app = GatedApp()
+    async with (
+        running_daemon(nc, settings, app) as daemon,
+        health_server(daemon) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        assert daemon.layout.intake == "lanes"
+        wk = WorkspacePk.new()
+        for cs in [ChangeSetId.new() for _ in range(3)]:
+            await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)])
+
+        async def settled() -> Any:
+            code, status = await get(http, f"{url}/status")
+            facts = status["jetstream"]
+            return code == 200 and facts["tasks_waiting"] == 2 and facts["tasks_unacked"] == 1 and status
+
+        await wait_for(
+            settled, timeout=10, message="one change set owned, two waiting, counted over the lanes"
+        )
+        async with http.get(f"{url}/metrics") as response:
+            metrics = await response.text()
+        assert re.search(r"^rebaser_tasks_waiting 2(\.0)?$", metrics, re.MULTILINE), metrics
+        assert re.search(r"^rebaser_tasks_unacked 1(\.0)?$", metrics, re.MULTILINE), metrics
+        report = await status_report(nc, settings.subjects)
+        assert report.tasks_consumer is not None
+        assert report.tasks_consumer["pending"] == 2 and report.tasks_consumer["ack_pending"] == 1
+        shown = await show_layout(nc, settings.subjects)
+        assert [(s["tasks_waiting"], s["tasks_unacked"]) for s in shown["shards"]] == [(2, 1)]
+        app.gate.set()
