@@ -35,7 +35,7 @@ from rebaser_core.layout import Layout
 from rebaser_core.nats.durability import Durability, assess
 from rebaser_core.nats.layout_store import open_layout, read_durability
 from rebaser_core.nats.monitoring import read_servers_sync
-from rebaser_core.nats.shard_info import lanes_info
+from rebaser_core.nats.shard_info import tasks_consumer_info
 from rebaser_core.subjects import Subjects
 
 __all__ = ["ChangeSetLine", "Counts", "StatusReport", "read_counts", "status_report"]
@@ -133,10 +133,10 @@ async def read_counts(nc: NatsClient, subjects: Subjects) -> Counts:
             summaries += [requests, tasks]
             try:
                 lanes = layout is not None and layout.lane_consumers
-                if lanes:  # the lanes' consumers, added up
-                    c = await lanes_info(r.js, names)
-                else:
-                    c = await r.js.consumer_info(names.tasks_stream, names.tasks_consumer)
+                read = tasks_consumer_info(r.js, names, layout)
+                if read is None:
+                    raise NotFoundError
+                c = await read
                 figures = {
                     "pending": int(c.num_pending or 0),
                     "ack_pending": int(c.num_ack_pending or 0),

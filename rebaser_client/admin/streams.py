@@ -67,13 +67,7 @@ async def show_layout(nc: NatsClient, subjects: Subjects) -> dict[str, Any]:
         "intake": layout.intake,
         "intake_from": layout.intake_from,
         "revision": revision,
-        "shards": await shard_report(
-            js,
-            subjects,
-            layout.shards,
-            shared_consumer=layout.shared_consumer,
-            lane_consumers=layout.lane_consumers,
-        ),
+        "shards": await shard_report(js, subjects, layout.shards, layout),
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 import nats.errors
@@ -20,9 +21,17 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from rebaser_core.layout import Layout
 from rebaser_core.subjects import LANE_CONSUMER, Subjects
 
-__all__ = ["LanesAddedUp", "lanes_info", "shard_facts", "shard_report", "spread_leaders"]
+__all__ = [
+    "LanesAddedUp",
+    "lanes_info",
+    "shard_facts",
+    "shard_report",
+    "spread_leaders",
+    "tasks_consumer_info",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,17 @@ async def lanes_info(js: JetStreamContext, names: Subjects) -> LanesAddedUp:
     return LanesAddedUp(infos)
 
 
+def tasks_consumer_info(
+    js: JetStreamContext, names: Subjects, layout: Layout | None
+) -> Awaitable[Any] | None:
+    """The read of shard ``names``' tasks figures (waiting, owned, redelivered, pulls): its shared consumer's (fifo,
+    or no layout), its lanes' added up, or None where no consumer counts them (the fair intake: one per workspace;
+    or while the intake changes). A missing consumer raises NotFoundError when awaited."""
+    if layout is None or layout.shared_consumer:
+        return js.consumer_info(names.tasks_stream, names.tasks_consumer)
+    return lanes_info(js, names) if layout.lane_consumers else None
+
+
 def shard_facts(shard: int, requests: Any, consumer: Any, tasks: Any = None) -> dict[str, Any]:
     """One shard's line, from its requests stream info, tasks consumer info and (optionally) tasks stream info."""
     cluster = getattr(requests, "cluster", None) if requests is not None else None
@@ -81,27 +101,16 @@ async def _nothing() -> None:
 
 
 async def shard_report(
-    js: JetStreamContext,
-    subjects: Subjects,
-    shards: range,
-    *,
-    shared_consumer: bool = True,
-    lane_consumers: bool = False,
+    js: JetStreamContext, subjects: Subjects, shards: range, layout: Layout | None = None
 ) -> list[dict[str, Any]]:
     """Every shard's facts; a shard whose stream or consumer is missing has ``None`` there (and ``error``). The
-    consumer facts are the shared tasks consumer's (fifo), the lanes' added up (``lane_consumers``), or ``None``
-    (the fair intake, or while the intake changes)."""
-
-    def consumer(names: Subjects) -> Any:
-        if shared_consumer:
-            return js.consumer_info(names.tasks_stream, names.tasks_consumer)
-        return lanes_info(js, names) if lane_consumers else _nothing()
+    consumer facts are :func:`tasks_consumer_info`'s for ``layout``, ``None`` where it has none."""
 
     async def one(shard: int) -> dict[str, Any]:
         names = subjects.for_shard(shard)
         calls = await asyncio.gather(
             js.stream_info(names.requests_stream),
-            consumer(names),
+            tasks_consumer_info(js, names, layout) or _nothing(),
             js.stream_info(names.tasks_stream),
             return_exceptions=True,
         )

@@ -23,7 +23,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.layout import Layout
 from rebaser_core.nats import cancellation
 from rebaser_core.nats.connect import connection_state, redact_url
-from rebaser_core.nats.shard_info import lanes_info, shard_facts
+from rebaser_core.nats.shard_info import shard_facts, tasks_consumer_info
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import LANE_CONSUMER, Subjects
 
@@ -163,13 +163,13 @@ class StatusReporter:
 
     async def _fetch(self) -> JetStreamFacts:
         subjects = self._subjects
-        shards = [subjects.for_shard(k) for k in self._layout().shards]
+        layout = self._layout()
+        shards = [subjects.for_shard(k) for k in layout.shards]
         calls: dict[str, Awaitable[Any]] = {
             subjects.dead_letter_stream: self._js.stream_info(subjects.dead_letter_stream)
         }
         # A shard's waiting and held tasks: its shared consumer's (fifo), or its lanes' added up. The fair intake has
         # a consumer per workspace instead: there they are not told apart here.
-        layout = self._layout()
 
         def consumer_key(names: Subjects) -> str:
             consumer = names.tasks_consumer if layout.shared_consumer else f"{LANE_CONSUMER}-*"
@@ -178,10 +178,9 @@ class StatusReporter:
         for names in shards:
             calls[names.requests_stream] = self._js.stream_info(names.requests_stream)
             calls[names.tasks_stream] = self._js.stream_info(names.tasks_stream)
-            if layout.shared_consumer:
-                calls[consumer_key(names)] = self._js.consumer_info(names.tasks_stream, names.tasks_consumer)
-            elif layout.lane_consumers:
-                calls[consumer_key(names)] = lanes_info(self._js, names)
+            consumer = tasks_consumer_info(self._js, names, layout)
+            if consumer is not None:
+                calls[consumer_key(names)] = consumer
         results = await asyncio.gather(*calls.values(), return_exceptions=True)
         answers = dict(zip(calls, results, strict=True))
         missing = tuple(name for name, r in answers.items() if isinstance(r, NotFoundError))
