@@ -14,7 +14,9 @@ all at once (one read each, or, for many, one read of which workspaces have requ
   is kept. A request stored meanwhile may have found its task among them (refused as a duplicate): checked once
   more after the purge, any queued change set of the workspace gets its task again, as a release does. That look
   is tried again (with backoff) until it is done, also after a purge whose answer was lost: a request left without
-  its task would otherwise wait for the orphan sweep.
+  its task would otherwise wait for the orphan sweep. A purge that removed nothing may have read the stream's last
+  sequence before the stream stored the task the daemon heard: if a task of the workspace is there after it, the
+  workspace is checked once more.
 
 What remains: another daemon that makes the workspace's consumer between this daemon's check and its purge (for a
 request stored in that moment) may take a task the purge then removes; the task published again goes to a second
@@ -90,6 +92,7 @@ class Newcomers:
         self.empty_tasks_dropped = 0  # tasks of workspaces with nothing else, for /status
         self.tasks_given_back = 0  # tasks published again after a purge, for requests stored during the check
         self.batches_read = 0  # reads of which workspaces have requests (many checked together)
+        self.rechecks = 0  # checks given again for a task stored after the purge's bound was read
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._busy)
@@ -197,6 +200,11 @@ class Newcomers:
                 purged = int(answer.get("purged", 0))
                 self.empty_tasks_dropped += purged
                 log.debug("workspace %s: %d tasks with no request dropped", workspace, purged)
+                if not purged and await self._has_tasks(workspace):
+                    # Stored after the read of the last sequence (the daemon hears a publish as the stream does):
+                    # the purge stopped short of it, and the next discovery is 10 s away.
+                    self.rechecks += 1
+                    self._asked_again.add(workspace)
         except Exception as err:
             log.debug("dropping workspace %s's tasks failed: %r", workspace, err)
             if purging:
@@ -276,6 +284,13 @@ class Newcomers:
         subjects = self._subjects
         last = await self._nats.reads.last_message(
             subjects.requests_stream, subjects.requests_of_workspace(workspace), timeout=self._timeout
+        )
+        return last is not None
+
+    async def _has_tasks(self, workspace: WorkspacePk) -> bool:
+        subjects = self._subjects
+        last = await self._nats.reads.last_message(
+            subjects.tasks_stream, subjects.tasks_of_workspace(workspace), timeout=self._timeout
         )
         return last is not None
 

@@ -168,3 +168,36 @@ async def test_many_workspaces_found_at_start_are_checked_together(
         consumers = [c.name async for c in _consumers(nc, subjects.tasks_stream)]
         assert consumers == [subjects.workspace_tasks_consumer(real)]
         assert intake.newcomers.batches_read >= 1
+
+
+async def test_a_task_stored_after_the_check_read_the_stream_is_still_dropped(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    # The daemon hears a task's publish as the stream does: its check may read the tasks stream's last sequence
+    # before the task is stored, and the purge then stops short of it. Here the first read is made to come first.
+    # The next discovery (10 s) is out of reach of the wait: only a check given again can drop the task.
+    settings = fast_settings(subject_prefix, intake="fair")
+    subjects, js = settings.subjects, nc.jetstream()
+    wk = WorkspacePk.new()
+    early: list[int] = []
+    async with running_daemon(nc, settings, RecordingApp()) as daemon:
+        intake = await _intake(daemon)
+        newcomers = intake.newcomers
+        last_task_seq = newcomers._last_task_seq
+
+        async def read_before_the_task_is_stored() -> int:
+            seq = await last_task_seq()
+            if early:
+                return seq
+            early.append(seq)
+            return seq - 1
+
+        newcomers._last_task_seq = read_before_the_task_is_stored  # type: ignore[method-assign]
+        await js.publish(subjects.task(wk, ChangeSetId.new()), b"")  # made up: no request behind it
+
+        async def tasks_gone() -> bool:
+            return (await js.stream_info(subjects.tasks_stream)).state.messages == 0
+
+        await wait_for(tasks_gone, timeout=5, message="the made-up task dropped")
+        assert early and newcomers.empty_tasks_dropped == 1 and newcomers.rechecks >= 1
+        assert daemon.stats.tasks_dropped == 0
