@@ -33,7 +33,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.testing import describe_state
 from tests.support.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
-from tests.support.events import check_feed, stored_events
+from tests.support.events import check_feed, describe_feed, stored_feed
 from tests.support.proxy import TcpProxy
 
 # Seconds of faults per scenario in the long (``slow``) runs: ``REBASER_CHAOS_SECONDS=300 make chaos`` for a
@@ -177,9 +177,11 @@ async def _run(
                 assert record is not None
                 assert record.state["applied"] == ids, f"{cs}: lost, duplicated or reordered"
                 # The feed: every applied request's event once, in order, none from a fenced owner.
-                events = await stored_events(conn.jetstream(timeout=10), Settings(prefix=prefix), wk, cs)
+                feed = await stored_feed(conn.jetstream(timeout=10), Settings(prefix=prefix), wk, cs)
+                events = [event for _, event in feed]
                 assert any(e.durable for e in events), f"{cs}: no events"
-                assert check_feed(events, ids) == [], f"{cs}: {check_feed(events, ids)}"
+                problems = check_feed(events, ids)
+                assert problems == [], f"{cs}: {problems}\n{describe_feed(feed)}"
             events = read_record(applies)
             overlaps = apply_overlaps(events, PAUSES)
             assert overlaps == [], f"two daemons applied to one change set at once: {overlaps[:5]}"

@@ -24,6 +24,7 @@ from typing import Any
 
 import nats
 import pytest
+import yaml
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_core.embedded.net import free_ports
@@ -31,7 +32,7 @@ from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.connect import ConnectOptions
 from rebaser_core.testing import wait_for
 from tests.support.compose import Compose, HealthChecks, docker_api
-from tests.support.podman import HERE, Podman, cached_image
+from tests.support.podman import HERE, ROOT, Podman, cached_image
 from tests.support.steady_load import SteadyLoad
 
 pytestmark = pytest.mark.container
@@ -228,6 +229,32 @@ async def test_prometheus_scrapes_every_daemon(cluster: Cluster) -> None:
     )
 
 
+async def test_prometheus_evaluates_every_alert_rule_and_none_fires_on_a_healthy_stack(
+    cluster: Cluster,
+) -> None:
+    prometheus = f"http://127.0.0.1:{cluster.ports['PROMETHEUS']}"
+    shipped = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())
+    names = {rule["alert"] for group in shipped["groups"] for rule in group["rules"]}
+
+    def evaluated() -> dict[str, str] | None:
+        found = get_json(f"{prometheus}/api/v1/rules?type=alert")
+        rules = [rule for group in found["data"]["groups"] for rule in group["rules"]] if found else []
+        # Each rule evaluated at least once (evaluation_interval 5 s), without an error.
+        if not rules or any(rule.get("lastEvaluation", "").startswith("0001") for rule in rules):
+            return None
+        return {rule["name"]: rule["health"] for rule in rules}
+
+    health = await wait_for(evaluated, timeout=60, interval=0.5, message="Prometheus evaluated no alert rule")
+    assert health == dict.fromkeys(names, "ok"), health
+    alerts = get_json(f"{prometheus}/api/v1/alerts")
+    firing = (
+        [a["labels"]["alertname"] for a in alerts["data"]["alerts"] if a["state"] == "firing"]
+        if alerts
+        else []
+    )
+    assert firing == [], firing
+
+
 def owned_by(cluster: Cluster, daemon: str, load: SteadyLoad) -> int:
     status = get_json(f"{cluster.http(daemon)}/status")
     owned = set(status["owned"]["change_sets"]) if status else set()
@@ -296,6 +323,22 @@ async def test_podman_kill_of_a_daemon_loses_nothing(cluster: Cluster, note: Cal
 
     victim = await survives(cluster, busiest, "the daemon owning the most of the load's change sets", note)
     assert owners[victim] > 0, owners
+    # The shipped alert rules, on Prometheus's real scrapes: the killed daemon is down (firing after its minute).
+    prometheus = f"http://127.0.0.1:{cluster.ports['PROMETHEUS']}"
+
+    def daemon_down() -> list[str]:
+        found = get_json(f"{prometheus}/api/v1/alerts")
+        alerts = found["data"]["alerts"] if found else []
+        return [
+            a["labels"].get("instance", "")
+            for a in alerts
+            if a["labels"]["alertname"] == "RebaserDaemonDown" and a["state"] == "firing"
+        ]
+
+    started = time.monotonic()
+    down = await wait_for(daemon_down, timeout=120, interval=1, message="RebaserDaemonDown did not fire")
+    assert down == [f"{victim}:9464"], down
+    note(f"RebaserDaemonDown fired for {victim} {time.monotonic() - started:.1f}s after it was served again")
     started = time.monotonic()
     await bring_back(cluster, victim)
     note(f"compose start {victim}: healthy again in {time.monotonic() - started:.1f}s")

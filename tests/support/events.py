@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js import api as js_api
+from nats.js.errors import NotFoundError
 
 from rebaser_client import EventStream
 from rebaser_core.api import CHANGE_SET_EVENT, ChangeSetEvent
@@ -20,12 +20,21 @@ from rebaser_core.testing import wait_for
 async def stored_events(
     js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId, *, deadline: float = 60.0
 ) -> list[ChangeSetEvent]:
-    """Every event the stream holds for one change set, in stream order, repeats included.
+    """Every event the stream holds for one change set, in stream order, repeats included."""
+    return [event for _, event in await stored_feed(js, settings, wk, cs, deadline=deadline)]
 
-    The read is tried again until ``deadline`` seconds have passed: right after node kills the events stream may
-    still be electing its leader, and a checker that gives up then says nothing about the feed."""
 
-    async def read() -> tuple[list[ChangeSetEvent]]:
+async def stored_feed(
+    js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId, *, deadline: float = 60.0
+) -> list[tuple[int, ChangeSetEvent]]:
+    """Every event the stream holds for one change set with its stream sequence, in stream order, repeats included.
+
+    Read message by message (the next on the subject after the last one read: no consumer, so nothing a consumer's
+    reset could repeat or skip). The read is tried again until ``deadline`` seconds have passed: right after node
+    kills the events stream may still be electing its leader, and a checker that gives up then says nothing about
+    the feed."""
+
+    async def read() -> tuple[list[tuple[int, ChangeSetEvent]]]:
         return (await _read_events(js, settings, wk, cs),)  # a tuple: no events read is an answer too
 
     (events,) = await wait_for(
@@ -40,27 +49,30 @@ async def stored_events(
 
 async def _read_events(
     js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId
-) -> list[ChangeSetEvent]:
+) -> list[tuple[int, ChangeSetEvent]]:
     subjects = settings.subjects
-    info = await js.stream_info(subjects.events_stream, subjects_filter=subjects.events(wk, cs))
-    if not (info.state.subjects or {}).get(subjects.events(wk, cs)):
-        return []
-    sub = await js.subscribe(
-        subjects.events(wk, cs),
-        stream=subjects.events_stream,
-        ordered_consumer=True,
-        deliver_policy=js_api.DeliverPolicy.ALL,
+    subject = subjects.events(wk, cs)
+    events: list[tuple[int, ChangeSetEvent]] = []
+    seq = 0
+    while True:
+        try:
+            msg = await js.get_msg(subjects.events_stream, seq=seq + 1, subject=subject, next=True)
+        except NotFoundError:
+            return events
+        assert msg.seq is not None and msg.seq > seq, (msg.seq, seq)
+        seq = msg.seq
+        with contextlib.suppress(ProtocolError):  # not an event: the feed's promises are about events
+            events.append((seq, CHANGE_SET_EVENT.decode(msg.headers, msg.data or b"")))
+
+
+def describe_feed(feed: Sequence[tuple[int, ChangeSetEvent]]) -> str:
+    """A change set's stored events one per line (stream sequence, kind, seq, epoch, owner, id): what a failed
+    check of the feed prints, to tell which ownership stored what."""
+    return "\n".join(
+        f"  #{stream_seq} {event.kind} seq {event.seq} epoch {event.epoch}"
+        f"{' durable' if event.durable else ''} owner {event.owner or '-'} id {event.id}"
+        for stream_seq, event in feed
     )
-    events: list[ChangeSetEvent] = []
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=10)
-            with contextlib.suppress(ProtocolError):  # not an event: the feed's promises are about events
-                events.append(CHANGE_SET_EVENT.decode(msg.headers, msg.data))
-            if msg.metadata.num_pending == 0:
-                return events
-    finally:
-        await sub.unsubscribe()
 
 
 def check_feed(events: Sequence[ChangeSetEvent], applied: Sequence[str]) -> list[str]:

@@ -29,7 +29,11 @@ _ALERTED = {
     "DVU failures": "rebaser_dvu_failures_total",
     "consumer resets": "rebaser_consumer_resets_total",
     "NATS reconnects": "rebaser_nats_reconnects_total",
+    "change sets waiting with no owner": "rebaser_tasks_waiting",
+    "the durability finding": "rebaser_durability{",
 }
+TESTS = ROOT / "deploy" / "alerts.test.yml"
+_FIRING = re.compile(r'alertname="(\w+)", alertstate="firing"')
 
 
 def _rules(document: Any) -> list[dict[str, Any]]:
@@ -53,6 +57,23 @@ def test_the_rules_are_well_formed_and_alert_on_what_matters() -> None:
     exprs = " ".join(rule["expr"] for rule in rules)
     missing = {what for what, needle in _ALERTED.items() if needle not in exprs}
     assert not missing, f"no rule alerts on {sorted(missing)}"
+
+
+def test_every_alert_is_shown_firing_by_the_promtool_tests() -> None:
+    # promtool runs deploy/alerts.test.yml in the container tests (tests/container/test_alert_rules.py); here, that
+    # it tests every alert the rule file has, and that it is a promtool test file of that rule file.
+    tests = yaml.safe_load(TESTS.read_text())
+    assert tests["rule_files"] == [ALERTS.name], tests["rule_files"]
+    fired = {
+        name
+        for group in tests["tests"]
+        for case in group["promql_expr_test"]
+        for sample in case["exp_samples"]
+        for name in _FIRING.findall(sample["labels"])
+    }
+    alerts = {rule["alert"] for rule in _rules(yaml.safe_load(ALERTS.read_text()))}
+    assert alerts - fired == set(), f"alerts no promtool test shows firing: {sorted(alerts - fired)}"
+    assert fired <= alerts, f"tests of alerts the rule file does not have: {sorted(fired - alerts)}"
 
 
 def test_prometheus_loads_the_rules_compose_mounts() -> None:
