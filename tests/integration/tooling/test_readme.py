@@ -81,7 +81,7 @@ INVENTORY: dict[str, list[str]] = {
     "docs/history/operations.md": [],
     "docs/history/reliability.md": [],
     "docs/index.md": ["sh:checked"],
-    "docs/observability.md": [],
+    "docs/observability.md": ["plain:shown"],
     "docs/operations.md": ["sh:run", "mermaid:drawn", "plain:shown"],
     "docs/pausing.md": ["sh:checked"],
     "docs/power-loss.md": [],
