@@ -101,7 +101,8 @@ soak: $(BIN)/.installed
 # The web console's pages as the browser tests see them, written into docs/images/ (shown by docs/console.md); a
 # plain test run writes them into its temporary directory instead. Needs chromium (apt-get install chromium).
 screenshots: $(BIN)/.installed
-	REBASER_SCREENSHOTS=docs $(BIN)/pytest -q -p no:randomly tests/integration/console/test_console_browser.py
+	REBASER_SCREENSHOTS=docs $(BIN)/pytest -q -p no:randomly tests/integration/console/test_console_browser.py \
+		tests/integration/console/test_console_audit.py
 
 clean:
 	rm -rf $(VENV) .rebaser-data .rebaser-demo .mypy_cache .pytest_cache .ruff_cache .hypothesis .import_linter_cache build *.egg-info

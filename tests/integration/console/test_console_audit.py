@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import aiohttp
 from click.testing import CliRunner
@@ -24,7 +25,7 @@ from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.integration.client.test_pause_admin import store
 from tests.support.apps import RecordingApp
-from tests.support.console import chromium, serving_console
+from tests.support.console import chromium, screenshot_path, serving_console
 
 
 def _csrf(html: str) -> str:
@@ -34,7 +35,7 @@ def _csrf(html: str) -> str:
 
 
 async def test_console_and_cli_actions_are_listed_on_the_audit_page(
-    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
+    nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str, tmp_path: Path
 ) -> None:
     settings = fast_settings(subject_prefix)
     wk, by_console, by_cli = WorkspacePk.new(), ChangeSetId.new(), ChangeSetId.new()
@@ -78,6 +79,12 @@ async def test_console_and_cli_actions_are_listed_on_the_audit_page(
             assert f"change set {wk}/{by_cli}" in texts[1] and cli_identity() in texts[1], texts
             assert "cli" in texts[1], texts
             assert await page.locator("header nav a.on").inner_text() == "Audit"
+            # Long ids and what the operator was told wrap: nothing is cut off at the window's edge.
+            overflow = await page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            assert overflow <= 0, f"the audit page is {overflow}px wider than the window"
+            await page.screenshot(path=screenshot_path(tmp_path, "console-audit.png"))
             await page.close()
 
 
