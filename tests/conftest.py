@@ -88,3 +88,29 @@ def no_cycle_collector() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+# -- the long tests spread over the workers ------------------------------------------------------------------------
+# pytest-xdist (--dist worksteal, the Makefile's) gives each worker one contiguous share of the collection, and a
+# worker steals only tests not yet started. The chaos smoke runs (about 30 s each, mostly waiting) come first and
+# together, so one worker ran all of them one after another: 259 s against the others' 240 s. Spread evenly through
+# the collection, each worker's share holds one or two. The order is the same in every worker (xdist requires it).
+_SPREAD = ("tests/chaos/",)
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected the long runs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spread = [item for item in items if item.nodeid.startswith(_SPREAD)]
+    rest = [item for item in items if not item.nodeid.startswith(_SPREAD)]
+    if not spread or not rest:
+        return
+    step = len(rest) / len(spread)
+    ordered: list[pytest.Item] = []
+    taken = 0
+    for index, item in enumerate(spread):
+        upto = round(index * step + step / 2)
+        ordered.extend(rest[taken:upto])
+        taken = upto
+        ordered.append(item)
+    ordered.extend(rest[taken:])
+    items[:] = ordered
