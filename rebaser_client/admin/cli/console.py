@@ -1,13 +1,15 @@
 """``rebaser console``: serve the web console (:mod:`rebaser_client.admin.console`) until Ctrl-C or SIGTERM.
 
 It binds 127.0.0.1 by default; any other address needs ``--token`` (or ``REBASER_CONSOLE_TOKEN``), which every
-request must then carry. aiohttp and nats-py are imported once the options are checked.
+request must then carry. ``--tls-cert`` and ``--tls-key`` serve it over HTTPS (its cookie is then ``Secure``).
+aiohttp and nats-py are imported once the options are checked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import ssl
 import sys
 
 import click
@@ -15,13 +17,13 @@ import click
 from rebaser_client.admin.cli.common import connection_options, subjects_of
 from rebaser_core.errors import RebaserError
 
-__all__ = ["console", "serving_line"]
+__all__ = ["console", "serving_line", "tls_context"]
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 ANY = ("0.0.0.0", "::", "")
 
 
-def serving_line(host: str, port: int) -> str:
+def serving_line(host: str, port: int, scheme: str = "http") -> str:
     """Where to open the console: a URL a person can open. Bound to every interface (0.0.0.0, ::), that is
     127.0.0.1 on this machine, and this machine's name from elsewhere; it says it listens on all of them."""
     if host in ANY:
@@ -29,11 +31,28 @@ def serving_line(host: str, port: int) -> str:
 
         loopback = "[::1]" if host == "::" else "127.0.0.1"
         return (
-            f"http://{loopback}:{port}/ (listening on all interfaces, {host or '0.0.0.0'}: from elsewhere "
-            f"http://{socket.gethostname()}:{port}/)"
+            f"{scheme}://{loopback}:{port}/ (listening on all interfaces, {host or '0.0.0.0'}: from elsewhere "
+            f"{scheme}://{socket.gethostname()}:{port}/)"
         )
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/"
+    return f"{scheme}://{shown}:{port}/"
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The server's TLS context of ``--tls-cert`` and ``--tls-key`` (both or neither), or a one-line error."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise click.UsageError("--tls-cert and --tls-key go together: give both, or neither for plain HTTP")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        raise click.BadParameter(
+            f"cannot load the certificate {cert} with the key {key}: {err}", param_hint="--tls-cert/--tls-key"
+        ) from None
+    return context
 
 
 @click.command()
@@ -58,6 +77,20 @@ def serving_line(host: str, port: int) -> str:
     help="A daemon's health endpoint (http://HOST:9464), once per daemon: the overview shows its health.",
 )
 @click.option(
+    "--tls-cert",
+    envvar="REBASER_CONSOLE_TLS_CERT",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Serve HTTPS with this certificate (PEM, its chain after it); needs --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    envvar="REBASER_CONSOLE_TLS_KEY",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The certificate's private key (PEM, not encrypted).",
+)
+@click.option(
     "--refresh",
     type=click.FloatRange(0.1, 60),
     default=1.0,
@@ -72,6 +105,8 @@ def console(
     token: str | None,
     read_only: bool,
     daemon_urls: tuple[str, ...],
+    tls_cert: str | None,
+    tls_key: str | None,
     refresh: float,
 ) -> None:
     """Serve the web console: the overview, the change sets (live, filtered), one change set's timeline, the dead
@@ -83,6 +118,7 @@ def console(
         )
     if token is not None and len(token) < 16:
         raise click.BadParameter("at least 16 characters", param_hint="--token")
+    tls = tls_context(tls_cert, tls_key)
     subjects = subjects_of(prefix)
     import asyncio
     import logging
@@ -118,12 +154,13 @@ def console(
         try:
             await live.start()
             await runner.setup()
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, ssl_context=tls)
             await site.start()
             bound = serving_port(site, port)
             set_port(app, bound)  # --port 0: the port the system gave (a request's Host must name it)
             mode = ", read-only" if read_only else ""
-            click.echo(f"rebaser console serving {serving_line(host, bound)}{mode}")
+            scheme = "https" if tls is not None else "http"
+            click.echo(f"rebaser console serving {serving_line(host, bound, scheme)}{mode}")
             sys.stdout.flush()
             await asyncio.Event().wait()
         finally:

@@ -188,9 +188,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                 httponly=True,
                 samesite="Strict",
                 path="/",
-                secure=_scheme(request) == "https",  # behind a TLS-terminating proxy: HTTPS only
+                secure=_scheme(request) == "https",  # served over TLS, or behind a TLS-terminating proxy
             )
-            return again
+            raise again  # (aiohttp: an HTTPException returned, not raised, is deprecated, and warns each time)
         bearer = request.headers.get("Authorization", "")
         bearer_token = bearer[7:] if bearer.startswith("Bearer ") else None
         if not (_same(request.cookies.get(COOKIE), config["cookie"]) or _same(bearer_token, token)):

@@ -75,9 +75,9 @@ async def console_process(*args: str, output: list[str] | None = None) -> AsyncI
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         if output is not None:
             output.append(line)
-        found = re.search(r"serving http://[^:]+:(\d+)/", line)
+        found = re.search(r"serving (https?)://[^:]+:(\d+)/", line)
         assert found is not None, line + (await proc.stdout.read()).decode()
-        yield f"http://127.0.0.1:{found[1]}"
+        yield f"{found[1]}://127.0.0.1:{found[2]}"
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)

@@ -56,7 +56,14 @@ INVENTORY: dict[str, list[str]] = {
     "docs/accounts.md": [],
     "docs/apps.md": ["sh:checked", "text:shown", "python:copy", "sh:checked", "sh:checked", "python:copy"],
     "docs/client.md": ["python:run", "sh:run"],
-    "docs/console.md": ["sh:checked", "json:checked", "nginx:shown", "sh:checked", "sh:checked"],
+    "docs/console.md": [
+        "sh:checked",
+        "json:checked",
+        "sh:checked",
+        "nginx:shown",
+        "sh:checked",
+        "sh:checked",
+    ],
     "docs/contributing.md": [],
     "docs/deployment.md": [
         "sh:checked",
