@@ -35,6 +35,7 @@ _WATCHED = {
     "DVU failures": "rebaser_dvu_failures_total",
     "consumer resets": "rebaser_consumer_resets_total",
     "NATS reconnects": "rebaser_nats_reconnects_total",
+    "change sets waiting for an owner": "rebaser_tasks_waiting",
 }
 
 
