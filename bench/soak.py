@@ -6,20 +6,23 @@
 
 ``--clients`` callers (32) each send one awaited request after another to a change set drawn from a pool of
 ``--change-sets`` (5,000), with the snapshot app (five attributes per change set, so that what the change sets hold
-stops growing within minutes), to a daemon on a fresh nats-server. Every ``--sample`` seconds the
-daemon's RSS (``VmRSS``) is printed; at the end, the RSS after ``--warmup`` minutes: its first and last sample, the
-spread, and the least-squares slope in MB a minute. ``make soak`` runs an hour in each lease mode.
+stops growing within minutes), to a daemon on a fresh nats-server. Every ``--sample`` seconds the daemon's RSS
+(``VmRSS``) is printed, and nats-server's; at the end, the RSS after ``--warmup`` minutes: its first and last sample,
+the spread, and the least-squares slope in MB a minute. ``make soak`` runs an hour in each lease mode.
 
 With ``--tracemalloc`` the daemon runs in this process (the RSS is then the clients' too) and each sample prints the
 ten source lines whose allocations grew most since the end of the warm-up (the clients' and tracemalloc's own left
-out): what keeps growing stands out after a few minutes.
+out), then the types of object whose number grew most (coroutines by name) and what holds a sample of the first:
+what keeps growing stands out after a few minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import gc
 import os
 import random
 import signal
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -96,6 +100,41 @@ def daemon_snapshot() -> tracemalloc.Snapshot:
     )
 
 
+def object_counts() -> collections.Counter[str]:
+    """How many objects the garbage collector tracks, by type (what a leak of whole objects shows as)."""
+    return collections.Counter(_kind(o) for o in gc.get_objects())
+
+
+def _kind(o: object) -> str:
+    if isinstance(o, types.CoroutineType):
+        return f"coroutine {o.__qualname__}"  # which coroutines pile up, not only that they do
+    return f"{type(o).__module__}.{type(o).__qualname__}"
+
+
+def counts_grown(since: collections.Counter[str], top: int = 8) -> list[str]:
+    """The types whose objects grew most in number since ``since``, and for the first, what holds 200 of them."""
+    grown = object_counts()
+    grown.subtract(since)
+    lines = [f"    +{n} {kind}" for kind, n in grown.most_common(top) if n > 0]
+    if lines:
+        lines.append(f"    held by: {holders(grown.most_common(1)[0][0])}")
+    return lines
+
+
+def holders(kind: str, sample: int = 200) -> str:
+    """What refers to ``sample`` objects of ``kind`` (picked at random): the types of their referrers, counted."""
+    objects = [o for o in gc.get_objects() if _kind(o) == kind]
+    picked = random.Random(0).sample(objects, min(sample, len(objects)))
+    del objects
+    found: collections.Counter[str] = collections.Counter()
+    for o in picked:
+        for referrer in gc.get_referrers(o):
+            if referrer is picked or isinstance(referrer, types.FrameType):
+                continue
+            found[_kind(referrer)] += 1
+    return ", ".join(f"{n} {k}" for k, n in found.most_common(6))
+
+
 def growth(since: tracemalloc.Snapshot, top: int = 10, frames: int = 1) -> list[str]:
     """The total the daemon's code holds, then the ``top`` source lines whose allocations grew most since ``since``
     (with ``frames`` > 1, the call stacks of the first three): a total that stays flat while the RSS grows is the
@@ -124,12 +163,12 @@ async def soak(args: argparse.Namespace) -> int:
             if args.tracemalloc:
                 tracemalloc.start(args.frames)
             async with start or daemon_process(args, server.url, prefix, Path(store) / "logs") as pid:
-                return await _load(args, server.url, prefix, pid)
+                return await _load(args, server.url, prefix, pid, server.pid)
         finally:
             await asyncio.to_thread(server.stop)
 
 
-async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int) -> int:
+async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, server_pid: int | None) -> int:
     nc = await nats.connect(url)
     client = RebaserClient(nc, prefix=prefix)
     pool = [(WorkspacePk.new(), ChangeSetId.new()) for _ in range(args.change_sets)]
@@ -155,19 +194,25 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int) -> in
     began = time.monotonic()
     warm: list[tuple[float, float]] = []
     since: tracemalloc.Snapshot | None = None
+    counted: collections.Counter[str] | None = None
     try:
         while time.monotonic() < stop:
             await asyncio.sleep(min(args.sample, max(0.0, stop - time.monotonic())))
             minute = (time.monotonic() - began) / 60
             mb = rss_mb(pid)
-            print(f"{minute:6.1f} min  rss {mb:7.1f} MB  requests {sent:>9}  errors {errors}", flush=True)
+            server_mb = f"  nats-server {rss_mb(server_pid):7.1f} MB" if server_pid is not None else ""
+            print(
+                f"{minute:6.1f} min  rss {mb:7.1f} MB{server_mb}  requests {sent:>9}  errors {errors}",
+                flush=True,
+            )
             if minute >= args.warmup:
                 warm.append((minute, mb))
                 if args.tracemalloc:
-                    if since is None:
-                        since = daemon_snapshot()
+                    if since is None or counted is None:
+                        since, counted = daemon_snapshot(), object_counts()
                     else:
                         print("\n".join(growth(since, frames=args.frames)), flush=True)
+                        print("\n".join(counts_grown(counted)), flush=True)
     finally:
         for task in callers:  # done by now at the end of the run; on a SIGTERM, stopped here
             task.cancel()
