@@ -42,8 +42,9 @@ validate: $(BIN)/.installed
 	$(COMPOSE) --file docker-compose.yml config --quiet
 	site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir "$$site"
 
-# The suite waits far more than it computes (daemons starting, periods running out): more workers than cores.
-TEST_WORKERS ?= 8
+# The suite waits more than it computes (daemons starting, periods running out): more workers than cores, but not
+# so many that they spend their CPU waiting on one another (docs/contributing.md: 6 was the fastest on two cores).
+TEST_WORKERS ?= 6
 
 # The suite starts hundreds of Python processes (daemons, CLIs, tools), each importing the project: with bytecode
 # writes off (PYTHONDONTWRITEBYTECODE, set on some machines) every one of them compiles it from source again, and
