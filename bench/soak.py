@@ -69,7 +69,7 @@ async def daemon_process(args: argparse.Namespace, url: str, prefix: str, logs: 
     with Processes(logs) as procs:
         env = {**os.environ, "REBASER_LEASE_MODE": args.lease_mode, "REBASER_STORAGE": "memory"}
         command = [sys.executable, "-m", "rebaser_server", "--nats-url", url, "--prefix", prefix]
-        command += ["--app", APP, "--http-port", "-1", "--log-level", "WARNING"]
+        command += ["--app", args.app, "--http-port", "-1", "--log-level", "WARNING"]
         daemon = procs.spawn(f"{prefix}-daemon", command, env)
         await procs.wait_ready(daemon, "rebaser daemon serving")
         yield daemon.pid
@@ -241,6 +241,9 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--lease-mode", choices=("task", "daemon"), default="task")
     parser.add_argument("--tracemalloc", action="store_true", help="run the daemon here, print what grows")
+    parser.add_argument(
+        "--app", default=APP, help="the daemon's app, module:attribute (without --tracemalloc)"
+    )
     parser.add_argument("--frames", type=int, default=1, help="with --tracemalloc: call stacks this deep")
     try:
         sys.exit(asyncio.run(soak(parser.parse_args())))
