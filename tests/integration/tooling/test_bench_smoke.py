@@ -1,6 +1,6 @@
 """``make bench`` in miniature: the benchmark runs every kind of scenario and writes its ratios page; the
-instruction count (``bench/instructions.py``), the progress-ack probe (``bench/progress_ack_probe.py``) and the
-server's price per operation (``bench/server_ops.py``) run and report.
+instruction count (``bench/instructions.py``), the soak (``bench/soak.py``), the progress-ack probe
+(``bench/progress_ack_probe.py``) and the server's price per operation (``bench/server_ops.py``) run and report.
 
 Tiny loads (a few dozen requests), so it finishes in seconds; no figure is asserted (timing belongs in the
 benchmark itself, on a machine of its own), only that every row of the page is there and nothing failed.
@@ -138,6 +138,20 @@ def _run(script: str, args: list[str], *, timeout: float) -> subprocess.Complete
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def test_soak_runs_and_reports_both_memories_and_the_slope() -> None:
+    # make soak in miniature (bench/soak.py): a few seconds of load on a daemon at the defaults; that it samples the
+    # daemon's and nats-server's RSS and reports the slope after the warm-up, not what they are.
+    args = ["--minutes", "0.15", "--warmup", "0.05", "--sample", "2", "--clients", "2", "--change-sets", "20"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.soak", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    samples = [line for line in proc.stdout.splitlines() if " min  rss " in line]
+    assert samples and all("nats-server" in line for line in samples), proc.stdout
+    verdict = proc.stdout.splitlines()[-1]
+    assert "MB/min" in verdict and ", 0 errors" in verdict, proc.stdout
 
 
 def test_progress_ack_probe_runs_and_reports_both_ways() -> None:
