@@ -335,8 +335,15 @@ class EventPump:
             await self._locate_by_last()
 
     def _settled_by(self, seen: _Seen | None) -> bool:
-        """Whether ``seen`` (the subject's last message) says how far the events are stored; if so, drop those."""
+        """Whether ``seen`` (the subject's last message) says how far the events are stored; if so, drop those.
+
+        A daemon's notice says so only for the events up to its own ``seq``: an owner that lost the change set (cut
+        off, then back) can store a late notice after a later owner's events, with the ``seq`` it knew. So a notice
+        behind a queued durable event settles nothing; the subject is read instead (seen in the partitions battery:
+        a stale ``released`` notice hid the event before it, which was then stored twice)."""
         if seen is None or not (seen.durable or seen.owner not in ("", "operator")):
+            return False
+        if not seen.durable and any(q.seq is not None and q.seq > seen.seq for q in self._queue):
             return False
         self._drop(lambda q: (q.seq is not None and q.seq <= seen.seq) or q.event.get("id") == seen.id)
         return True

@@ -198,3 +198,60 @@ async def test_a_batch_cut_short_on_its_way_is_stored_whole_later_in_order(
     assert await pump.drained(30)
     assert dropped and failures == []  # refused for the limit: nothing stored, no failure
     assert await _stored_seqs(nc, stream, subject) == list(range(1, 81))
+
+
+async def test_a_stale_owners_late_notice_does_not_hide_a_stored_event(nc: NatsClient, pump_on: Any) -> None:
+    # Seen in the partitions battery: owner 2 stored event 51, then owner 1, cut off since event 19 and back, stored
+    # its late "released" notice (seq 19) after it. Owner 3 took over 51 from the record's outbox (owner 2 never
+    # trimmed it), found the stale notice as the subject's last message, took it to mean "stored up to 19", and
+    # stored 51 again.
+    owner2, stream, subject, wk, cs, _ = await pump_on()
+    owner2.start_after(0)
+    events = {seq: _event(wk, cs, seq) for seq in (50, 51)}
+    for seq, event in events.items():
+        await owner2.put(Queued(seq, event, {}))
+    assert await owner2.drained(10)
+    events_at = owner2.last  # where the record's last commit (after event 50) said the events were stored
+    assert events_at is not None
+    events_at -= 1
+    released = {
+        "id": str(RequestId.new()),
+        "workspace_id": str(wk),
+        "change_set_id": str(cs),
+        "kind": "released",
+        "seq": 19,
+        "durable": False,
+        "epoch": 1,
+        "owner": "vm:1:owner-one",
+        "at": 1.0,
+    }
+    owner1 = EventPump(
+        Requester(nc),
+        stream=stream,
+        subject=subject,
+        ids=(wk, cs),
+        timeout=2.0,
+        on_stored=lambda seq, published: None,
+        on_failure=lambda err: None,
+    )
+    owner1.start_after(0)
+    await owner1.put(Queued(None, released, {}))
+    assert await owner1.drained(10)
+    owner1.close()
+    requester = Requester(nc)
+    owner3 = EventPump(
+        requester,
+        stream=stream,
+        subject=subject,
+        ids=(wk, cs),
+        timeout=2.0,
+        on_stored=lambda seq, published: None,
+        on_failure=lambda err: None,
+    )
+    owner3.start_after(events_at)
+    owner3.enqueue(Queued(51, events[51], {}))
+    try:
+        assert await owner3.drained(10)
+    finally:
+        await requester.close()
+    assert await _stored_seqs(nc, stream, subject) == [50, 51, 19]
