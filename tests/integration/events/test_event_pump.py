@@ -44,6 +44,21 @@ async def _stored_seqs(nc: NatsClient, stream: str, subject: str) -> list[int]:
     return seqs
 
 
+def _next_owner(
+    requester: Requester, stream: str, subject: str, wk: WorkspacePk, cs: ChangeSetId
+) -> EventPump:
+    """The event pump of another ownership of the same change set (the callbacks ignored)."""
+    return EventPump(
+        requester,
+        stream=stream,
+        subject=subject,
+        ids=(wk, cs),
+        timeout=2.0,
+        on_stored=lambda seq, published: None,
+        on_failure=lambda err: None,
+    )
+
+
 @pytest.fixture
 async def pump_on(nc: NatsClient, subject_prefix: str) -> Any:
     async def make(*, atomic: bool = True) -> tuple[EventPump, str, str, WorkspacePk, ChangeSetId, list[str]]:
@@ -101,15 +116,7 @@ async def test_what_an_earlier_owner_stored_is_not_stored_again(
     # The next owner took over 1-5 (its record's outbox) and finds 1-3 stored: from the sequence its record names
     # (read on from there), or with none (the subject's last message tells).
     requester = Requester(nc)
-    second = EventPump(
-        requester,
-        stream=stream,
-        subject=subject,
-        ids=(wk, cs),
-        timeout=2.0,
-        on_stored=lambda seq, published: None,
-        on_failure=lambda err: None,
-    )
+    second = _next_owner(requester, stream, subject, wk, cs)
     second.start_after(0 if record_knew == "nothing" else known)
     for seq, event in enumerate(events, 1):
         await second.put(Queued(seq, event, {}))
@@ -225,29 +232,15 @@ async def test_a_stale_owners_late_notice_does_not_hide_a_stored_event(nc: NatsC
         "owner": "vm:1:owner-one",
         "at": 1.0,
     }
-    owner1 = EventPump(
-        Requester(nc),
-        stream=stream,
-        subject=subject,
-        ids=(wk, cs),
-        timeout=2.0,
-        on_stored=lambda seq, published: None,
-        on_failure=lambda err: None,
-    )
+    owner1_requester = Requester(nc)
+    owner1 = _next_owner(owner1_requester, stream, subject, wk, cs)
     owner1.start_after(0)
     await owner1.put(Queued(None, released, {}))
     assert await owner1.drained(10)
     owner1.close()
+    await owner1_requester.close()
     requester = Requester(nc)
-    owner3 = EventPump(
-        requester,
-        stream=stream,
-        subject=subject,
-        ids=(wk, cs),
-        timeout=2.0,
-        on_stored=lambda seq, published: None,
-        on_failure=lambda err: None,
-    )
+    owner3 = _next_owner(requester, stream, subject, wk, cs)
     owner3.start_after(events_at)
     owner3.enqueue(Queued(51, events[51], {}))
     try:
