@@ -268,8 +268,16 @@ async def test_cluster_survives_a_node_crash(nats_cluster: NatsCluster, subject_
             ack = await js.publish(f"{subject_prefix}.tasks.x", b"x", headers={"Nats-Msg-Id": msg_id})
             return ack.stream == name
 
+        # A new stream's subjects reach the other nodes' interest a moment after it is created: a publish through
+        # a node that has not heard yet finds no responders, so the first publishes retry as the later ones do.
         for i in range(3):
-            assert await publish(f"m{i}")
+            assert await wait_for(
+                functools.partial(publish, f"m{i}"),
+                timeout=15.0,
+                interval=0.1,
+                retry_on=TRANSIENT,
+                message="publish before crash",
+            )
 
         info = await js.stream_info(name)
         assert info.cluster is not None and info.cluster.leader is not None
