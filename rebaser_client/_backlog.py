@@ -2,12 +2,16 @@
 workspace's queued requests as a daemon last counted them (the ``backlog`` query, asked in the background), plus what
 this client sent since; at the limit, ``RebaserBusy`` naming the workspace.
 
-A count is asked for only where the limit may be near, so what the check costs follows what a client sends, not to
-how many workspaces (a client that sends a few requests to each of 10,000 workspaces asks nothing):
+A count is asked for only where the limit may be near, so what the check costs follows what a client sends, not how
+many workspaces it sends to:
 
-- a workspace's first count once this client has sent it :data:`FIRST_ASK_AFTER` requests;
-- a new count once the last one is :data:`REFRESH` old if it (with what this client sent since) reaches half of the
-  limit, else once it is :data:`RECOUNT_AFTER` old and this client sent more since.
+- every answer also says how many requests every workspace together has queued (``total_queued``, version 2). While
+  that, with what this client sent since, is under half the limit, no workspace can be near it: nothing is asked per
+  workspace, and the total is asked for again once it is :data:`RECOUNT_AFTER` old (if this client sent since);
+- otherwise (a total near half the limit, or a daemon that answers version 1 only), a workspace's first count once
+  this client has sent it :data:`FIRST_ASK_AFTER` requests, then a new count once the last one is :data:`REFRESH`
+  old if it (with what this client sent since) reaches half of the limit, else once it is :data:`RECOUNT_AFTER` old
+  and this client sent more since.
 
 The check never delays a request: until a count arrives (no daemon answering) the request goes. So a workspace can
 pass its limit by what its clients send before a count (at most ``FIRST_ASK_AFTER`` each) and within about a second;
@@ -22,14 +26,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from rebaser_client._queries import Queries
+from rebaser_client._queries import Queries, refusal
 from rebaser_core.api import (
     WORKSPACE_BACKLOG_REQUEST,
     WORKSPACE_BACKLOG_RESPONSE,
     WorkspaceBacklogRequest,
     WorkspaceBacklogResponse,
 )
-from rebaser_core.errors import ClientError, ProtocolError, RebaserBusy, RebaserRefused
+from rebaser_core.errors import ClientError, ProtocolError, RebaserBusy
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 
 __all__ = ["BacklogCheck", "ask_backlog"]
@@ -59,7 +63,7 @@ async def ask_backlog(
     )
     assert isinstance(response, WorkspaceBacklogResponse)
     if response.error is not None:
-        raise RebaserRefused(response.error)
+        raise refusal(response.error)
     return response
 
 
@@ -77,6 +81,10 @@ class BacklogCheck:
         self._counts: dict[WorkspacePk, _Count] = {}
         self._sent: dict[WorkspacePk, int] = {}  # requests sent to each workspace counted
         self._asking: dict[WorkspacePk, asyncio.Task[bool]] = {}
+        self._total: _Count | None = (
+            None  # every workspace's queued requests; sent_before: this client's in all
+        )
+        self._sent_all = 0  # requests this client sent, to any workspace
 
     async def check(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> None:
         """Raise ``RebaserBusy(limit="workspace_requests")`` if the workspace is at its limit; ask for a fresh count
@@ -87,6 +95,8 @@ class BacklogCheck:
         processed already, and a workspace that is served as fast as it sends is never refused."""
         sent = self._touch(workspace_id)
         count = self._counts.get(workspace_id)
+        if self._far_below(count, workspace_id, change_set_id):
+            return
         if count is None:
             if sent >= FIRST_ASK_AFTER:
                 self._asking_now(workspace_id, change_set_id)
@@ -109,8 +119,23 @@ class BacklogCheck:
                 raise self._busy(workspace_id, self._queued(workspace_id, count), count.limit)
 
     def sent(self, workspace_id: WorkspacePk) -> None:
+        self._sent_all += 1
         if workspace_id in self._sent:
             self._sent[workspace_id] += 1
+
+    def _far_below(self, count: _Count | None, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> bool:
+        """Whether every workspace together, as last counted (not before this workspace's own count) with what this
+        client sent since, is under half the limit, or there is no limit: then no workspace is near it. A total
+        :data:`RECOUNT_AFTER` old is asked for again (in the background, with this workspace's count)."""
+        total = self._total
+        if total is None or (count is not None and count.at > total.at):
+            return False
+        stale = time.monotonic() - total.at >= RECOUNT_AFTER and self._sent_all > total.sent_before
+        if stale and not self._asking:  # one count at a time refreshes the total
+            self._asking_now(workspace_id, change_set_id)
+        if total.limit <= 0:
+            return True
+        return 2 * (total.queued + self._sent_all - total.sent_before) < total.limit
 
     def _touch(self, workspace_id: WorkspacePk) -> int:
         """What this client sent to ``workspace_id`` so far, which becomes the last workspace to be forgotten (dicts
@@ -159,13 +184,16 @@ class BacklogCheck:
         go unchecked meanwhile."""
         if workspace_id not in self._sent:  # forgotten before it was asked
             return False
-        sent_before = self._sent[workspace_id]
+        sent_before, sent_all_before = self._sent[workspace_id], self._sent_all
         try:
             response = await ask_backlog(self._queries, workspace_id, change_set_id, _QUERY_TIMEOUT)
         except (ClientError, ProtocolError) as err:
             log.debug("no backlog count for workspace %s: %s", workspace_id, err)
             return False
+        now = time.monotonic()
+        if response.total_queued is not None:  # (None: a daemon that answers version 1 only)
+            self._total = _Count(response.total_queued, response.limit, now, sent_all_before)
         if workspace_id not in self._sent:  # forgotten meanwhile
             return False
-        self._counts[workspace_id] = _Count(response.queued, response.limit, time.monotonic(), sent_before)
+        self._counts[workspace_id] = _Count(response.queued, response.limit, now, sent_before)
         return True

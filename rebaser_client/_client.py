@@ -15,7 +15,7 @@ from rebaser_client._backlog import BacklogCheck, ask_backlog
 from rebaser_client._events import EventStream
 from rebaser_client._pausing import PauseResult, ResumeResult
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
-from rebaser_client._queries import Queries
+from rebaser_client._queries import Queries, refusal
 from rebaser_client._replies import ReplyInbox
 from rebaser_client._routing import Router
 from rebaser_client._skipping import SkipResult
@@ -41,7 +41,7 @@ from rebaser_core.api import (
     WorkspaceBacklogResponse,
 )
 from rebaser_core.batches import MAX_BATCH_BYTES, MAX_BATCH_UPDATES
-from rebaser_core.errors import RebaserRefused, RebaserUnavailable
+from rebaser_core.errors import RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats import speedups as nats_speedups
 from rebaser_core.nats.connect import ConnectOptions, close_connection, connect, redact_url
@@ -248,7 +248,7 @@ class RebaserClient:
         )
         assert isinstance(response, GetChangeSetResponse)
         if response.error:
-            raise RebaserRefused(response.error)
+            raise refusal(response.error)
         return response
 
     async def workspace_backlog(
@@ -279,7 +279,7 @@ class RebaserClient:
         )
         assert isinstance(response, ForkChangeSetResponse)
         if response.error:
-            raise RebaserRefused(response.error)
+            raise refusal(response.error)
         return response
 
     async def wait_settled(

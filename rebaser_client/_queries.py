@@ -28,17 +28,28 @@ from rebaser_core.api import (
     WaitSettledResponse,
     WorkspaceBacklogRequest,
 )
-from rebaser_core.errors import ProtocolError, RebaserRefused, RebaserTimeout, RebaserUnavailable
+from rebaser_core.errors import ProtocolError, RebaserBusy, RebaserRefused, RebaserTimeout, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.tasks import ensure_connected
 from rebaser_core.subjects import Subjects
 
-__all__ = ["Queries", "check_answers"]
+__all__ = ["Queries", "check_answers", "refusal"]
 
 # Polling the recorded reply of a resent request: first pause, doubling up to the cap; each query's own timeout.
 _RECORDED_REPLY_FIRST_PAUSE = 0.05
 _RECORDED_REPLY_MAX_PAUSE = 1.0
 QUERY_TIMEOUT = 2.0
+# A daemon answering as many queries as it may at once says so with an error that starts with this.
+_BUSY = "busy:"
+_BUSY_RETRY_AFTER = 0.1
+
+
+def refusal(error: str) -> RebaserRefused:
+    """A query's error answer as the exception to raise: ``RebaserBusy(limit="queries")`` if the daemon answers
+    as many queries as it may already (asking again is expected to work), else ``RebaserRefused``."""
+    if error.startswith(_BUSY):
+        return RebaserBusy(error, retry_after=_BUSY_RETRY_AFTER, limit="queries")
+    return RebaserRefused(error)
 
 
 def check_answers(request: MessageVersion, response: MessageVersion) -> None:

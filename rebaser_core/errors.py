@@ -178,13 +178,15 @@ BusyLimit = Literal[
     "in_flight",
     "spool",
     "stored_batches",
+    "queries",
 ]
 """Which limit refused a request: this change set's backlog (``requests_max_msgs_per_change_set``), the requests
 stream's message or byte cap, the tasks stream's (``tasks_max_msgs``, ``tasks_max_bytes``: the request was stored,
 its task was not; sending it again with the same id is safe), the workspace's queued requests
 (``workspace_max_requests``, checked by the client before it publishes), an unrecognised stream limit, the client's
 ``max_in_flight`` publishes, its full spool, or (storing a batch) the full stored batches stream
-(``stored_batches_max_msgs``, ``stored_batches_max_bytes``)."""
+(``stored_batches_max_msgs``, ``stored_batches_max_bytes``), or (a query) the daemon that answers as many queries
+as it may at once."""
 
 
 class RebaserBusy(RebaserRefused):

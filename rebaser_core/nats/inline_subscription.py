@@ -54,13 +54,15 @@ def _supported() -> bool:
 _SUPPORTED = _supported()
 
 
-async def subscribe_inline(nc: NatsClient, subject: str, handler: Callable[[Msg], None]) -> Any:
-    """Subscribe ``subject``, ``handler(msg)`` called for each message as nats-py reads it (see the module
-    docstring). Returns nats-py's subscription (``unsubscribe()`` it as any other)."""
+async def subscribe_inline(
+    nc: NatsClient, subject: str, handler: Callable[[Msg], None], *, queue: str = ""
+) -> Any:
+    """Subscribe ``subject`` (in the queue group ``queue``, if given), ``handler(msg)`` called for each message as
+    nats-py reads it (see the module docstring). Returns nats-py's subscription (``unsubscribe()`` it as any other)."""
     if not _SUPPORTED:  # a nats-py without the hook: an ordinary callback subscription, one hop later
 
         async def callback(msg: Msg) -> None:
             handler(msg)
 
-        return await nc.subscribe(subject, cb=callback)
-    return await nc.subscribe(subject, future=_Sink(handler))  # type: ignore[arg-type]
+        return await nc.subscribe(subject, queue=queue, cb=callback)
+    return await nc.subscribe(subject, queue=queue, future=_Sink(handler))  # type: ignore[arg-type]

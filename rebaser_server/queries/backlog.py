@@ -2,8 +2,9 @@
 
 Counted from the requests streams' per-subject state (one stream info per shard, filtered on the workspace's
 subjects: its cost grows with the workspace's change sets with requests queued, not with other workspaces'), and
-kept for :data:`BACKLOG_TTL` seconds: clients ask at most once a second per workspace, and many clients of one
-workspace then cost the NATS servers one count a second, not one each.
+kept for :data:`BACKLOG_TTL` seconds: many clients of one workspace then cost the NATS servers one count a second,
+not one each. Every workspace's queued requests together (one stream info per shard, unfiltered) are kept as long:
+while they are under half the limit, a client asks nothing per workspace (rebaser_client._backlog).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class WorkspaceBacklogs:
         self._placement = placement
         self._counted: dict[WorkspacePk, tuple[float, int]] = {}  # workspace -> (when, queued)
         self._counting: dict[WorkspacePk, asyncio.Future[int]] = {}
+        self._total: tuple[float, int] | None = None  # (when, every workspace's queued requests)
+        self._totalling: asyncio.Future[int] | None = None
 
     @property
     def limit(self) -> int:
@@ -49,6 +52,27 @@ class WorkspaceBacklogs:
             self._counting[workspace_id] = counting
             counting.add_done_callback(lambda _: self._counting.pop(workspace_id, None))
         return await asyncio.shield(counting)
+
+    async def total(self) -> int:
+        """Every workspace's queued requests, over every shard, as counted at most :data:`BACKLOG_TTL` seconds ago."""
+        if self._total is not None and time.monotonic() - self._total[0] < BACKLOG_TTL:
+            return self._total[1]
+        if self._totalling is None:  # one count at a time; the queries meanwhile share it
+            self._totalling = asyncio.ensure_future(self._count_total())
+            self._totalling.add_done_callback(self._totalled)
+        return await asyncio.shield(self._totalling)
+
+    def _totalled(self, _: asyncio.Future[int]) -> None:
+        self._totalling = None
+
+    async def _count_total(self) -> int:
+        subjects = self._settings.subjects
+        total = 0
+        for shard in self._placement.layout.shards:
+            info = await self._js.stream_info(subjects.for_shard(shard).requests_stream)
+            total += info.state.messages
+        self._total = (time.monotonic(), total)
+        return total
 
     async def count(self, workspace_id: WorkspacePk) -> int:
         """The workspace's queued requests, counted now (kept for :meth:`queued` too)."""

@@ -3,10 +3,19 @@ answered by any daemon of a queue group.
 
 They read committed records and never take a change set's task: a ``get`` shows the state as of the last commit,
 and a ``fork`` creates a record that does not exist yet (refused if it does), so neither races the owner.
+
+Queries are answered side by side, by at most :data:`MAX_QUERIES_IN_FLIGHT` tasks at once; up to
+:data:`MAX_QUERIES_WAITING` more wait for one of them (a burst of cheap queries is answered, not refused). Past both a
+query is answered at once with a ``busy`` error (while fewer than :data:`MAX_REFUSALS_IN_FLIGHT` such answers are on
+their way; past that too it is dropped, and its caller's timeout answers it). So queries that come faster than they
+are answered (``backlog`` queries of thousands of workspaces under load) hold a bounded number of messages, never a
+queue that grows with the daemon's memory (docs/capacity.md#bounds).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import math
 from collections.abc import Mapping
@@ -37,10 +46,12 @@ from rebaser_core.api import (
     VersionedMessage,
     WaitSettledResponse,
     WorkspaceBacklogResponse,
+    backlog_answer_form,
     oldest_reply_form,
 )
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject, ProtocolError, Unsupported
 from rebaser_core.inbox import check_query_reply, request_id_of
+from rebaser_core.nats.inline_subscription import subscribe_inline
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp, SupportsDescribe, SupportsFork
 from rebaser_server.changeset.context import Placement
@@ -55,6 +66,13 @@ __all__ = ["QueryService"]
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "rebaser-queries"
+
+MAX_QUERIES_IN_FLIGHT = 256
+"""Queries one daemon answers at once (a ``settled`` query is held by SettledWaits once read)."""
+MAX_QUERIES_WAITING = 4096
+"""Queries that wait for one of those, at most: a few MB of messages."""
+MAX_REFUSALS_IN_FLIGHT = 1024
+"""Past both, ``busy`` answers on their way at once; past that too a query is dropped."""
 
 
 class QueryService:
@@ -74,6 +92,13 @@ class QueryService:
         self._app = app
         self._store = store
         self._sub: Subscription | None = None
+        self._answering: set[asyncio.Future[None]] = set()
+        self._waiting: collections.deque[Msg] = collections.deque()
+        self._refusing: set[asyncio.Future[None]] = set()
+        self.refused = 0
+        """Queries answered with the busy error since the daemon started."""
+        self.dropped = 0
+        """Queries dropped unanswered (past both bounds) since the daemon started."""
         self.settled = SettledWaits(
             nc, js, settings, placement
         )  # held ``settled`` queries (rebaser_server/queries/settled.py)
@@ -82,7 +107,7 @@ class QueryService:
         self.gate = RequestGate(nc, settings, self.backlogs)  # requests of callers in accounts of their own
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(self._subjects.api_all, queue=QUEUE_GROUP, cb=self._on_query)
+        self._sub = await subscribe_inline(self._nc, self._subjects.api_all, self._admit, queue=QUEUE_GROUP)
         await self.gate.start()
         # The server has the interest once it answers a ping: until then a query that comes from another connection
         # gets "no responders", though /readyz already says ready (found by a CLI test on a loaded machine).
@@ -98,10 +123,59 @@ class QueryService:
         if self._sub is not None:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
+        # Queries under way get their answers (each a read or two), within the NATS timeout; the rest is cancelled.
+        self._waiting.clear()
+        running = self._answering | self._refusing
+        if running:
+            _, late = await asyncio.wait(running, timeout=self._settings.nats_timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.gate.stop()
         await self.settled.stop()
 
-    async def _on_query(self, msg: Msg) -> None:
+    @property
+    def answering(self) -> int:
+        """Tasks answering queries now."""
+        return len(self._answering)
+
+    @property
+    def waiting(self) -> int:
+        """Queries waiting for one of those."""
+        return len(self._waiting)
+
+    def _admit(self, msg: Msg) -> None:
+        """Called in nats-py's read loop for each query: answered by a task, or waiting for one, within the bounds."""
+        if len(self._answering) < MAX_QUERIES_IN_FLIGHT:
+            self._track(self._answering, self._on_queries(msg))
+        elif len(self._waiting) < MAX_QUERIES_WAITING:
+            self._waiting.append(msg)
+        elif len(self._refusing) < MAX_REFUSALS_IN_FLIGHT and msg.reply:
+            self.refused += 1
+            self._track(self._refusing, self._answer(msg, busy=True))
+        else:
+            self.dropped += 1
+
+    @staticmethod
+    def _track(running: set[asyncio.Future[None]], work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    async def _on_queries(self, msg: Msg) -> None:
+        """Answer ``msg``, then the queries waiting, one after another, until none is left."""
+        while True:
+            try:
+                await self._answer(msg, busy=False)
+            except (
+                Exception
+            ):  # the answer could not be sent (the connection closed): the waiting ones still go
+                log.exception("answering the query on %s failed", msg.subject[:200])
+            if not self._waiting:
+                return
+            msg = self._waiting.popleft()
+
+    async def _answer(self, msg: Msg, *, busy: bool) -> None:
         if not msg.reply:
             return
         try:
@@ -110,43 +184,30 @@ class QueryService:
             log.warning("not answering query on %s: %s", msg.subject[:200], err)
             return
         if self._subjects.is_follow_api(msg.subject):
-            await self.followers.answer(msg)
+            if not busy:  # (a follower asks again when its request times out)
+                await self.followers.answer(msg)
             return
         operation = msg.subject.split(".")[-3]
         query = _QUERIES.get(operation)
         if query is None:
             log.warning("unknown query %s", msg.subject)
             return
-        request_codec, response_codec, response_cls = query
+        _, response_codec, response_cls = query
         try:
             change_set = self._parse(msg.subject, operation)
             ids: dict[str, Any] = {
                 "workspace_id": change_set.workspace_id,
                 "change_set_id": change_set.change_set_id,
             }
-            try:
-                request = request_codec.decode(msg.headers, msg.data)
-            except ProtocolError as err:
-                response = response_cls(
-                    id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}"
+            if busy:
+                error = (
+                    f"busy: this daemon answers {MAX_QUERIES_IN_FLIGHT} queries at once already; ask again"
                 )
+                response = response_cls(id=request_id_of(msg.headers), **ids, error=error)
             else:
-                if operation == "settled":  # answered later, from a task of its own
-                    self.settled.start(msg.reply, change_set, request, _content_type(msg.headers))
+                response = await self._response(msg, operation, change_set, ids)
+                if response is None:
                     return
-                handler = {
-                    "get": self._get,
-                    "fork": self._fork,
-                    "reply": self._reply,
-                    "backlog": self._backlog,
-                }[operation]
-                try:
-                    response = await handler(change_set, request, ids)
-                except Exception as err:
-                    # A corrupt record, a snapshot that cannot be read, NATS trouble: the caller gets the reason
-                    # now instead of waiting out its timeout for an answer that never comes.
-                    log.warning("query %s on %s failed: %r", operation, change_set, err)
-                    response = response_cls(id=request.id, **ids, error=f"{type(err).__name__}: {err}"[:1024])
         except InvalidSubject as err:
             log.warning("refusing query on %s: %s", msg.subject, err)
             return  # no ids to answer with; the caller times out with its own deadline
@@ -156,6 +217,8 @@ class QueryService:
         content_type = _content_type(msg.headers)
         if isinstance(response, GetReplyResponse):
             response = oldest_reply_form(response)  # readable by a client that only knows version 1
+        elif isinstance(response, WorkspaceBacklogResponse):
+            response = backlog_answer_form(response, _asked_version(msg.headers))
         headers, body = response_codec.encode(response, content_type)
         limit = self._nc.max_payload
         if len(body) + h.header_block_size(headers) > limit:
@@ -167,6 +230,31 @@ class QueryService:
             response = response_cls(id=response.id, **ids, error=error)
             headers, body = response_codec.encode(response, content_type)
         await self._nc.publish(msg.reply, body, headers=headers)
+
+    async def _response(self, msg: Msg, operation: str, change_set: ChangeSet, ids: dict[str, Any]) -> Any:
+        """The query's answer (None: a ``settled`` query, answered later from a task of its own)."""
+        request_codec, _, response_cls = _QUERIES[operation]
+        try:
+            request = request_codec.decode(msg.headers, msg.data)
+        except ProtocolError as err:
+            return response_cls(id=request_id_of(msg.headers), **ids, error=f"{type(err).__name__}: {err}")
+        if operation == "settled":
+            assert msg.reply
+            self.settled.start(msg.reply, change_set, request, _content_type(msg.headers))
+            return None
+        handler = {
+            "get": self._get,
+            "fork": self._fork,
+            "reply": self._reply,
+            "backlog": self._backlog,
+        }[operation]
+        try:
+            return await handler(change_set, request, ids)
+        except Exception as err:
+            # A corrupt record, a snapshot that cannot be read, NATS trouble: the caller gets the reason now instead
+            # of waiting out its timeout for an answer that never comes.
+            log.warning("query %s on %s failed: %r", operation, change_set, err)
+            return response_cls(id=request.id, **ids, error=f"{type(err).__name__}: {err}"[:1024])
 
     def _parse(self, subject: str, operation: str) -> ChangeSet:
         parsed = self._subjects.parse_api(subject, operation)
@@ -207,7 +295,10 @@ class QueryService:
         self, change_set: ChangeSet, request: Any, ids: dict[str, Any]
     ) -> WorkspaceBacklogResponse:
         queued = await self.backlogs.queued(change_set.workspace_id)
-        return WorkspaceBacklogResponse(id=request.id, **ids, queued=queued, limit=self.backlogs.limit)
+        total = await self.backlogs.total()
+        return WorkspaceBacklogResponse(
+            id=request.id, **ids, queued=queued, limit=self.backlogs.limit, total_queued=total
+        )
 
     async def _fork(self, change_set: ChangeSet, request: Any, ids: dict[str, Any]) -> ForkChangeSetResponse:
         app = self._app
@@ -239,6 +330,14 @@ _QUERIES: dict[str, tuple[VersionedMessage[Any], VersionedMessage[Any], type[Any
     "settled": (WAIT_SETTLED_REQUEST, WAIT_SETTLED_RESPONSE, WaitSettledResponse),
     "backlog": (WORKSPACE_BACKLOG_REQUEST, WORKSPACE_BACKLOG_RESPONSE, WorkspaceBacklogResponse),
 }
+
+
+def _asked_version(headers: Mapping[str, str] | None) -> int:
+    """The version of the query (1 where the header is missing or not a number: the answer every asker reads)."""
+    try:
+        return int(h.get_header(headers, h.MESSAGE_VERSION) or 1)
+    except ValueError:
+        return 1
 
 
 def _content_type(headers: Mapping[str, str] | None) -> ContentType:

@@ -8,7 +8,14 @@ import time
 from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserBusy, RebaserClient, SetLiteral
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.api import (
+    WORKSPACE_BACKLOG_REQUEST,
+    ContentType,
+    VersionedMessage,
+    WorkspaceBacklogRequestV1,
+    WorkspaceBacklogResponseV1,
+)
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
@@ -93,3 +100,36 @@ async def test_without_a_limit_nothing_is_refused(
             return (backlog.queued, backlog.limit) == (3 * LIMIT, 0)
 
         await wait_for(counted, timeout=10, message="every request counted, no limit")
+
+
+async def test_the_count_says_every_workspaces_total_and_a_version_1_asker_gets_version_1(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, workspace_max_requests=LIMIT, streams=2)
+    one, two = WorkspacePk.new(), WorkspacePk.new()
+    async with running_daemon(nc, settings, RecordingApp()):
+        for wk, requests in ((one, 5), (two, 4)):
+            await client.pause_workspace(wk)
+            for n in range(requests):
+                await client.enqueue_updates(wk, ChangeSetId.new(), [SetLiteral(path="/n", value=n)])
+
+        async def counted() -> bool:  # over both shards, at most a moment old
+            backlog = await client.workspace_backlog(one)
+            return (backlog.queued, backlog.total_queued, backlog.limit) == (5, 9, LIMIT)
+
+        await wait_for(counted, timeout=10, message="5 of the workspace's, 9 in all")
+        # A client that knows version 1 only (an older one) asks in version 1 and reads the answer.
+        query = WorkspaceBacklogRequestV1(
+            id=RequestId.new(), workspace_id=two, change_set_id=ChangeSetId.new()
+        )
+        headers, body = WORKSPACE_BACKLOG_REQUEST.encode(query, ContentType.JSON)
+        assert headers["X-MESSAGE-VERSION"] == "1"
+        reply = await nc.request(
+            settings.subjects.api("backlog", two, query.change_set_id), body, 5, headers=headers
+        )
+        assert reply.headers is not None and reply.headers["X-MESSAGE-VERSION"] == "1"
+        old_client = VersionedMessage(
+            "WorkspaceBacklogResponse", (WorkspaceBacklogResponseV1,), WorkspaceBacklogResponseV1
+        )
+        answer = old_client.decode(reply.headers, reply.data)
+        assert (answer.id, answer.queued, answer.limit, answer.error) == (query.id, 4, LIMIT, None)
