@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run serve test container-test check-examples coverage coverage-run lint validate unit chaos bench soak screenshots clean
+.PHONY: run serve test container-test check-examples check-bench coverage coverage-run lint validate unit chaos bench soak screenshots clean
 
 # --no-compile: pip would byte-compile every installed package (a quarter of the install's 43 s, measured); Python
 # compiles what is imported the first time it is, and writes it (bytecode writes are on: see below).
@@ -61,7 +61,7 @@ COVERAGE ?= off
 
 # --durations: the ten slowest tests, printed after every run, so a test that grows the suite shows (the budget:
 # docs/contributing.md).
-PYTEST_RUN = $(BIN)/pytest -m "not slow and not container and not packaging" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
+PYTEST_RUN = $(BIN)/pytest -m "not slow and not container and not packaging and not bench_extra" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
 
 # The lint runs beside the tests, not before them: it is one process for 20 s, the tests take the machine's CPU for
 # minutes, and together they end sooner. Its output comes after the tests'; either failing fails the target.
@@ -105,10 +105,18 @@ chaos: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python bench/bench.py --doc docs/BENCHMARKS.md --repeat 3
 
-# An hour of steady load in each lease mode, the daemon's memory sampled (docs/capacity.md#memory); not in CI.
+# An hour of steady load in each lease mode, the daemon's and nats-server's memory sampled and drawn
+# (docs/capacity.md#memory-under-steady-load); not in CI. The picture needs the bench extra (matplotlib).
+SOAK_DIR ?= soak-results
 soak: $(BIN)/.installed
-	$(BIN)/python -m bench.soak --minutes 60 --lease-mode task
-	$(BIN)/python -m bench.soak --minutes 60 --lease-mode daemon
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,bench]'
+	$(BIN)/python -m bench.soak --minutes 60 --warmup 10 --lease-mode task --png $(SOAK_DIR)/soak-task.png
+	$(BIN)/python -m bench.soak --minutes 60 --warmup 10 --lease-mode daemon --png $(SOAK_DIR)/soak-daemon.png
+
+# What needs the bench extra (the soak's picture), a CI step of its own: make test does not install matplotlib.
+check-bench: $(BIN)/.installed
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,bench]'
+	$(BIN)/pytest -m bench_extra -q tests/integration/tooling/test_bench_smoke.py
 
 # The web console's pages as the browser tests see them, written into docs/images/ (shown by docs/console.md); a
 # plain test run writes them into its temporary directory instead. Needs chromium (apt-get install chromium).

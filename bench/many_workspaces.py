@@ -98,13 +98,15 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def daemon_env(intake: str | None = None) -> dict[str, str]:
-    """This process's environment without any REBASER_* setting, plus REBASER_REPLICAS=3 (as the dev cluster) and
-    ``intake`` if given (REBASER_INTAKE)."""
+def daemon_env(intake: str | None = None, lease_mode: str | None = None) -> dict[str, str]:
+    """This process's environment without any REBASER_* setting, plus REBASER_REPLICAS=3 (as the dev cluster),
+    ``intake`` if given (REBASER_INTAKE) and ``lease_mode`` if given (REBASER_LEASE_MODE)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REBASER_")}
     env["REBASER_REPLICAS"] = str(NODES)
     if intake:
         env["REBASER_INTAKE"] = intake
+    if lease_mode:
+        env["REBASER_LEASE_MODE"] = lease_mode
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return env
@@ -191,7 +193,7 @@ async def run_scenario(
         try:
             cluster.start(timeout=60)  # blocks until JetStream can place R3 streams: nothing else runs yet
             nats_pids = [n.pid or 0 for n in cluster.nodes]
-            command, env = daemon_command(cluster), daemon_env(args.intake)
+            command, env = daemon_command(cluster), daemon_env(args.intake, args.lease_mode)
             daemons = [
                 procs.spawn(f"{scenario}-daemon-{i}", command, env) for i in range(1, args.daemons + 1)
             ]
@@ -408,6 +410,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--intake",
         choices=("fifo", "fair", "lanes"),
         help="the daemons' intake (REBASER_INTAKE; default: the default's)",
+    )
+    parser.add_argument(
+        "--lease-mode",
+        choices=("task", "daemon"),
+        help="the daemons' lease mode (REBASER_LEASE_MODE; default: the default's)",
     )
     parser.add_argument(
         "--scenarios", default=",".join(SCENARIOS), help="which scenarios, in order: one, many (default both)"

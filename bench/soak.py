@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import gc
+import importlib.util
 import os
 import random
 import signal
@@ -193,6 +194,7 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, serve
     callers = [asyncio.create_task(caller()) for _ in range(args.clients)]
     began = time.monotonic()
     warm: list[tuple[float, float]] = []
+    drawn: list[tuple[float, float, float | None]] = []  # (minute, daemon MB, nats-server MB) for --png
     since: tracemalloc.Snapshot | None = None
     counted: collections.Counter[str] | None = None
     try:
@@ -200,7 +202,9 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, serve
             await asyncio.sleep(min(args.sample, max(0.0, stop - time.monotonic())))
             minute = (time.monotonic() - began) / 60
             mb = rss_mb(pid)
-            server_mb = f"  nats-server {rss_mb(server_pid):7.1f} MB" if server_pid is not None else ""
+            server = rss_mb(server_pid) if server_pid is not None else None
+            server_mb = f"  nats-server {server:7.1f} MB" if server is not None else ""
+            drawn.append((minute, mb, server))
             print(
                 f"{minute:6.1f} min  rss {mb:7.1f} MB{server_mb}  requests {sent:>9}  errors {errors}",
                 flush=True,
@@ -227,7 +231,42 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, serve
             f"(lease_mode {args.lease_mode})",
             flush=True,
         )
+    if args.png is not None and drawn:
+        title = (
+            f"{args.change_sets:,} change sets, {args.clients} callers, lease_mode {args.lease_mode}: "
+            f"{sent:,} requests, {errors} errors"
+        )
+        draw(drawn, args.warmup, title, args.png)
+        print(f"drawn: {args.png}", flush=True)
     return 1 if errors else 0
+
+
+def draw(samples: list[tuple[float, float, float | None]], warmup: float, title: str, path: Path) -> None:
+    """The daemon's and nats-server's RSS over the run, the warm-up shaded, as a PNG (matplotlib: the ``bench``
+    extra, which ``make soak`` installs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file only
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(9, 4.5), dpi=100)
+    minutes = [m for m, _, _ in samples]
+    axes.plot(minutes, [d for _, d, _ in samples], label="daemon RSS", color="tab:blue", marker=".")
+    server = [(m, s) for m, _, s in samples if s is not None]
+    if server:
+        axes.plot(*zip(*server, strict=True), label="nats-server RSS", color="tab:orange", marker=".")
+    axes.axvspan(0, warmup, color="0.9", label=f"warm-up ({warmup:g} min, left out of the slope)")
+    axes.set_xlabel("minutes")
+    axes.set_ylabel("MB")
+    axes.set_ylim(bottom=0)
+    axes.set_xlim(left=0)
+    axes.grid(True, color="0.85")
+    axes.legend(loc="lower right")
+    axes.set_title(title, fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    pyplot.close(figure)
 
 
 def main() -> None:
@@ -245,8 +284,16 @@ def main() -> None:
         "--app", default=APP, help="the daemon's app, module:attribute (without --tracemalloc)"
     )
     parser.add_argument("--frames", type=int, default=1, help="with --tracemalloc: call stacks this deep")
+    parser.add_argument(
+        "--png",
+        type=Path,
+        help="draw both RSS over the run into this PNG (needs the bench extra: matplotlib)",
+    )
+    args = parser.parse_args()
+    if args.png is not None and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--png needs matplotlib: pip install -e '.[bench]' (make soak installs it)")
     try:
-        sys.exit(asyncio.run(soak(parser.parse_args())))
+        sys.exit(asyncio.run(soak(args)))
     except asyncio.CancelledError:  # SIGTERM (see soak): everything it started is stopped by now
         print("stopped by SIGTERM", file=sys.stderr)
         sys.exit(143)

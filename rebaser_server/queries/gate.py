@@ -32,6 +32,7 @@ from nats.aio.subscription import Subscription
 from rebaser_core.errors import InvalidReplyInbox, InvalidSubject
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.inbox import check_query_reply
+from rebaser_core.nats.inline_subscription import subscribe_inline
 from rebaser_core.settings import Settings
 from rebaser_server.queries.backlog import WorkspaceBacklogs
 
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 GATE_QUEUE = "rebaser-gate"
 RECOUNT_AFTER = 30.0
 _MAX_IN_FLIGHT = 1024  # requests one daemon passes on at once; past it, "busy" (the caller's client retries)
+_MAX_REFUSALS = (
+    1024  # refusals on their way at once; past it a request is dropped (the caller's client resends)
+)
 _MAX_KEPT = 10_000  # workspaces whose admissions are counted; past it the longest-known goes
 # Headers nats-server adds on the way through an import: not the caller's, not stored.
 _SERVER_HEADERS = ("Nats-Request-Info",)
@@ -64,29 +68,32 @@ class RequestGate:
         self._counts: dict[WorkspacePk, _Count] = {}
         self._admitted: dict[WorkspacePk, int] = {}  # what this daemon admitted (reserved) for each workspace
         self._counting: dict[WorkspacePk, asyncio.Future[_Count]] = {}
-        self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()  # requests being passed on (or refused after a count)
+        self._refusing: set[asyncio.Future[None]] = set()  # refusals on their way
         self._sub: Subscription | None = None
         self.admitted = 0
         self.refused = 0
+        self.dropped = 0  # requests left unanswered, past both bounds (the caller's client sends again)
 
     @property
     def subject(self) -> str:
         return self._subjects.gate_all
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(self.subject, queue=GATE_QUEUE, cb=self._on_request)
+        self._sub = await subscribe_inline(self._nc, self.subject, self._admit, queue=GATE_QUEUE)
 
     async def stop(self) -> None:
         if self._sub is not None:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=self._settings.nats_timeout)
+        running = self._tasks | self._refusing
+        if running:
+            await asyncio.wait(running, timeout=self._settings.nats_timeout)
 
-    async def _on_request(self, msg: Msg) -> None:
-        """Pass the request on in a task of its own (the subscription's other requests do not wait for its round
-        trip); its workspace is counted first when the last count may be near the limit or old."""
+    def _admit(self, msg: Msg) -> None:
+        """Called in nats-py's read loop for each request: passed on by a task of its own (the other requests do not
+        wait for its round trip; its workspace is counted first when the last count may be near the limit or old),
+        at most :data:`_MAX_IN_FLIGHT` at once; past that refused at once. Nothing waits in a queue."""
         if not msg.reply:
             return  # a JetStream publish always wants its acknowledgement; nothing to answer
         try:
@@ -97,21 +104,32 @@ class RequestGate:
             workspace_id = self._subjects.parse_any_requests(subject).workspace_id
         except (InvalidSubject, InvalidReplyInbox) as err:
             log.warning("gate: refusing %s: %s", msg.subject[:200], err)
-            await self._answer(msg, _refusal(400, 10003, f"not a request the gate passes on: {err}"))
+            self._refuse(msg, _refusal(400, 10003, f"not a request the gate passes on: {err}"))
             return
-        if self._slots.locked():
-            await self._answer(msg, _refusal(503, 10023, "the request gate is busy; retry"))
+        if len(self._tasks) >= _MAX_IN_FLIGHT:
+            self._refuse(msg, _refusal(503, 10023, "the request gate is busy; retry"))
             return
-        await self._slots.acquire()
-        task = asyncio.create_task(self._counted(msg, subject, workspace_id))
+        task = asyncio.ensure_future(self._counted(msg, subject, workspace_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, msg: Msg, body: bytes) -> None:
+        """Answer ``body`` in a task of its own, at most :data:`_MAX_REFUSALS` at once; past that the request is
+        dropped (its caller's client sends it again after its publish timeout)."""
+        if len(self._refusing) >= _MAX_REFUSALS:
+            self.dropped += 1
+            return
+        task = asyncio.ensure_future(self._answer(msg, body))
+        self._refusing.add(task)
+        task.add_done_callback(self._refusing.discard)
 
     def _admit_now(self, workspace_id: WorkspacePk) -> bool:
         """Whether the workspace's last count, with what this daemon admitted since, is fresh and under half the
         limit (then the request is reserved and passed on without a count)."""
         limit = self._backlogs.limit
-        if limit > 0 and self._to_count(self._counts.get(workspace_id), limit):
+        if limit <= 0:
+            return True  # no limit: nothing to count, nothing kept per workspace
+        if self._to_count(self._counts.get(workspace_id), limit):
             return False
         self._admitted[workspace_id] = self._admitted.get(workspace_id, 0) + 1
         return True
@@ -134,8 +152,6 @@ class RequestGate:
             await self._pass_on(msg, subject, workspace_id)
         except Exception:
             log.exception("gate: request on %s failed", msg.subject[:200])
-        finally:
-            self._slots.release()
 
     async def _pass_on(self, msg: Msg, subject: str, workspace_id: WorkspacePk) -> None:
         """Publish the request into its stream, unchanged, and answer JetStream's answer back. (Published with the

@@ -5,13 +5,18 @@ account of its own, a caller's requests reach the stream only through the daemon
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pytest
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 
 from rebaser_client import RebaserBusy, RebaserClient, SetLiteral
 from rebaser_core.api import ENQUEUE_UPDATES_REQUEST, ContentType, EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, RequestId
+from rebaser_core.testing import wait_for
+from rebaser_server.queries import gate
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc, other_tenant_works
 from tests.support.apps import RecordingApp
@@ -71,5 +76,42 @@ async def test_raw_publishes_past_the_workspace_limit_are_refused_and_others_are
                     raise AssertionError("a request past the workspace's limit was queued")
             # ... and another workspace's caller is served as ever.
             await other_tenant_works(accounts_server)
+    finally:
+        await attacker.close()
+
+
+async def test_a_burst_past_what_the_gate_passes_on_at_once_is_answered_busy_never_queued(
+    accounts_server: NatsServer, daemon_nc: NatsClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gate, "_MAX_IN_FLIGHT", 4)
+    settings = fast_settings(None, workspace_max_requests=-1)
+    names = settings.subjects
+    attacker = await connect_as(accounts_server, "workspace-1")
+    answers: list[dict[str, Any]] = []
+
+    async def answered(msg: Msg) -> None:
+        answers.append(json.loads(msg.data))
+
+    try:
+        async with running_daemon(daemon_nc, settings, RecordingApp()) as daemon:
+            async with RebaserClient(daemon_nc) as operator:
+                await operator.pause_workspace(CONFINED, "held while it floods")
+            inbox = attacker.new_inbox()
+            await attacker.subscribe(f"{inbox}.*", cb=answered)
+            for n in range(300):  # raw publishes, none waiting for its answer
+                change_set = ChangeSetId.new()
+                headers, body = _request(change_set)
+                await attacker.publish(names.requests(CONFINED, change_set), body, f"{inbox}.{n}", headers)
+            await attacker.flush()
+            queries = daemon.queries.gate
+            await wait_for(lambda: len(answers) + queries.dropped == 300, timeout=30, message="each answered")
+            busy = [a for a in answers if a.get("error", {}).get("err_code") == 10023]
+            stored = [a for a in answers if "seq" in a]
+            assert busy and len(busy) + len(stored) == len(answers), answers[:3]
+            assert queries.admitted == len(stored) and not queries._tasks
+            info = await daemon_nc.jetstream().stream_info(
+                names.requests_stream, subjects_filter=names.requests_of_workspace(CONFINED)
+            )
+            assert sum((info.state.subjects or {}).values()) == len(stored)
     finally:
         await attacker.close()

@@ -8,6 +8,7 @@ benchmark itself, on a machine of its own), only that every row of the page is t
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -152,6 +153,42 @@ def test_soak_runs_and_reports_both_memories_and_the_slope() -> None:
     assert samples and all("nats-server" in line for line in samples), proc.stdout
     verdict = proc.stdout.splitlines()[-1]
     assert "MB/min" in verdict and ", 0 errors" in verdict, proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed here")
+def test_the_soak_picture_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--minutes", "0.1", "--png", str(tmp_path / "soak.png")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "pip install -e '.[bench]'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "soak.png").exists()
+
+
+@pytest.mark.bench_extra
+def test_the_soak_draws_both_memories_over_time(tmp_path: Path) -> None:
+    # bench/soak.py --png: the daemon's line, nats-server's, the warm-up shaded; a PNG an image library reads back.
+    image_module = pytest.importorskip("PIL.Image", reason="needs the bench extra (make check-bench)")
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.soak import draw
+    finally:
+        sys.path.remove(str(ROOT))
+    samples = [(m / 2, 100.0 + m, 150.0 + 2 * m) for m in range(1, 41)]
+    path = tmp_path / "pictures" / "soak.png"
+    draw(samples, 5.0, "20 change sets, 2 callers, lease_mode task: 4,000 requests, 0 errors", path)
+    with image_module.open(path) as image:
+        assert image.format == "PNG" and image.size == (900, 450)
+        colours = {colour for _, colour in image.convert("RGB").getcolors(maxcolors=1 << 20) or []}
+    assert (31, 119, 180) in colours and (
+        255,
+        127,
+        14,
+    ) in colours  # tab:blue (daemon), tab:orange (nats-server)
+    assert (229, 229, 229) in colours  # the warm-up, shaded 0.9 grey
 
 
 def test_progress_ack_probe_runs_and_reports_both_ways() -> None:
