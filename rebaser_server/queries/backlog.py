@@ -65,6 +65,10 @@ class WorkspaceBacklogs:
     def _totalled(self, _: asyncio.Future[int]) -> None:
         self._totalling = None
 
+    async def count_total(self) -> int:
+        """Every workspace's queued requests, counted now (kept for :meth:`total` too)."""
+        return await self._count_total()
+
     async def _count_total(self) -> int:
         subjects = self._settings.subjects
         total = 0

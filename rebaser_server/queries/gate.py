@@ -9,11 +9,12 @@ count and publishes the request into the stream unchanged (same subject without 
 answers JetStream's acknowledgement back; over the limit it answers JetStream's "full" refusal naming the workspace
 (err_code 10077), which the client reads as ``RebaserBusy(limit="workspace_requests")``.
 
-Passing a request on costs the daemon two messages in and two out. The count is the ``backlog`` query's
-(``WorkspaceBacklogs``), asked again only when the workspace may be near its limit (the last count plus what this
-daemon admitted since reaches half of it) or the count is older than :data:`RECOUNT_AFTER`: a workspace far below
-its limit costs a count every half minute, not one per request. It is a bound against floods, not an exact quota:
-each daemon admits on its own view.
+Passing a request on costs the daemon two messages in and two out. While every workspace together has under half the
+limit queued (counted at most :data:`TOTAL_TTL` ago, one stream info per shard, plus what this daemon admitted since),
+no workspace can be near it, and nothing is counted per workspace. Otherwise the workspace's count is the ``backlog``
+query's (``WorkspaceBacklogs``), asked again only when the workspace may be near its limit (the last count plus what
+this daemon admitted since reaches half of it) or the count is older than :data:`RECOUNT_AFTER`. It is a bound
+against floods, not an exact quota: each daemon admits on its own view.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 GATE_QUEUE = "rebaser-gate"
 RECOUNT_AFTER = 30.0
+TOTAL_TTL = 0.5  # every workspace's count is asked again after this long (one stream info per shard)
 _MAX_IN_FLIGHT = 1024  # requests one daemon passes on at once; past it, "busy" (the caller's client retries)
 _MAX_REFUSALS = (
     1024  # refusals on their way at once; past it a request is dropped (the caller's client resends)
@@ -49,6 +51,13 @@ _MAX_REFUSALS = (
 _MAX_KEPT = 10_000  # workspaces whose admissions are counted; past it the longest-known goes
 # Headers nats-server adds on the way through an import: not the caller's, not stored.
 _SERVER_HEADERS = ("Nats-Request-Info",)
+
+
+@dataclass(frozen=True, slots=True)
+class _Total:
+    at: float
+    queued: int  # every workspace's, as counted
+    admitted_before: int  # what this daemon had admitted (to any workspace) when the count started
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,9 @@ class RequestGate:
         self.admitted = 0
         self.refused = 0
         self.dropped = 0  # requests left unanswered, past both bounds (the caller's client sends again)
+        self._admitted_all = 0  # what this daemon admitted, to any workspace
+        self._total: _Total | None = None  # every workspace's queued requests
+        self._totalling: asyncio.Future[_Total] | None = None
 
     @property
     def subject(self) -> str:
@@ -123,6 +135,33 @@ class RequestGate:
         self._refusing.add(task)
         task.add_done_callback(self._refusing.discard)
 
+    async def _far_below(self) -> bool:
+        """Whether every workspace together, counted at most :data:`TOTAL_TTL` ago, with what this daemon admitted
+        since, is under half the limit: then no workspace can be near it, and nothing is counted or kept per
+        workspace. (What other daemons admitted since is not in it: each daemon admits on its own view.)"""
+        limit = self._backlogs.limit
+        if limit <= 0:
+            return False  # (no limit: _admit_now admits without a count)
+        total = self._total
+        if total is None or time.monotonic() - total.at >= TOTAL_TTL:
+            if self._totalling is None:  # one count at a time; the requests meanwhile share it
+                self._totalling = asyncio.ensure_future(self._count_total())
+                self._totalling.add_done_callback(self._totalled)
+            try:
+                total = await asyncio.shield(self._totalling)
+            except (nats.errors.Error, TimeoutError):
+                return False  # counted per workspace instead
+        return 2 * (total.queued + self._admitted_all - total.admitted_before) < limit
+
+    async def _count_total(self) -> _Total:
+        before = self._admitted_all
+        queued = await self._backlogs.count_total()
+        self._total = _Total(time.monotonic(), queued, before)
+        return self._total
+
+    def _totalled(self, _: asyncio.Future[_Total]) -> None:
+        self._totalling = None
+
     def _admit_now(self, workspace_id: WorkspacePk) -> bool:
         """Whether the workspace's last count, with what this daemon admitted since, is fresh and under half the
         limit (then the request is reserved and passed on without a count)."""
@@ -132,6 +171,7 @@ class RequestGate:
         if self._to_count(self._counts.get(workspace_id), limit):
             return False
         self._admitted[workspace_id] = self._admitted.get(workspace_id, 0) + 1
+        self._admitted_all += 1
         return True
 
     def _to_count(self, count: _Count | None, limit: int) -> bool:
@@ -144,7 +184,11 @@ class RequestGate:
 
     async def _counted(self, msg: Msg, subject: str, workspace_id: WorkspacePk) -> None:
         try:
-            over = None if self._admit_now(workspace_id) else await self._reserve(workspace_id)
+            if await self._far_below():
+                self._admitted_all += 1
+                over = None
+            else:
+                over = None if self._admit_now(workspace_id) else await self._reserve(workspace_id)
             if over is not None:
                 self.refused += 1
                 await self._answer(msg, _refusal(400, 10077, over))
@@ -191,6 +235,7 @@ class RequestGate:
             )
         # Reserved before the publish, so that the requests passed on meanwhile see it.
         self._admitted[workspace_id] = self._admitted.get(workspace_id, 0) + 1
+        self._admitted_all += 1
         return None
 
     def _estimate(self, count: _Count) -> int:

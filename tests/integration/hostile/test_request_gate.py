@@ -115,3 +115,24 @@ async def test_a_burst_past_what_the_gate_passes_on_at_once_is_answered_busy_nev
             assert sum((info.state.subjects or {}).values()) == len(stored)
     finally:
         await attacker.close()
+
+
+async def test_far_below_the_limit_in_all_the_gate_counts_nothing_per_workspace(
+    accounts_server: NatsServer, daemon_nc: NatsClient
+) -> None:
+    settings = fast_settings(None, workspace_max_requests=1_000)
+    names = settings.subjects
+    caller = await connect_as(accounts_server, "workspace-1")
+    try:
+        async with running_daemon(daemon_nc, settings, RecordingApp()) as daemon:
+            for _ in range(30):
+                change_set = ChangeSetId.new()
+                headers, body = _request(change_set)
+                reply = await caller.request(names.requests(CONFINED, change_set), body, headers=headers)
+                assert "seq" in json.loads(reply.data), reply.data
+            gate_ = daemon.queries.gate
+            # Every workspace together is far below half of 1,000: no count of the workspace, nothing kept for it.
+            assert gate_.admitted == 30 and not gate_._counts and not gate_._admitted
+            assert gate_._total is not None and gate_._admitted_all == 30
+    finally:
+        await caller.close()
