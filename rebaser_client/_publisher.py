@@ -127,6 +127,9 @@ class Publisher:
         self._max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight = 0
+        self._finishing: set[asyncio.Future[bool]] = (
+            set()
+        )  # cancelled callers' publishes, finished in the background
         self._last_publish_at: float | None = None
         self._spool = Spool(spool) if spool is not None else None
         self._spool_dropped = 0
@@ -146,7 +149,11 @@ class Publisher:
                 self._replayer = asyncio.create_task(self._replay(self._spool), name="rebaser spool replay")
 
     async def close(self) -> None:
-        """Give the spool ``flush_timeout`` to drain (while connected), then stop; the rest stays on disk."""
+        """Give the spool ``flush_timeout`` to drain (while connected), then stop; the rest stays on disk. Cancelled
+        callers' publishes get up to ``publish_timeout`` to finish first: their requests may be stored, and their
+        tasks must go out while the connection is open (else they wait for the daemons' orphan sweep)."""
+        if self._finishing and self._nc.is_connected:
+            await asyncio.wait(set(self._finishing), timeout=self._publish_timeout)
         await self._close_spool()
         with contextlib.suppress(nats.errors.Error):
             await self._requester.close()  # its reply subscription (the connection may be the caller's)
@@ -289,7 +296,9 @@ class Publisher:
                 raise
             finish = asyncio.ensure_future(self._finish_cancelled(request_id, task, ack))
             _UNFINISHED.add(finish)
+            self._finishing.add(finish)
             finish.add_done_callback(_forget)
+            finish.add_done_callback(self._finishing.discard)
             finish.add_done_callback(self._release)  # also if it is cancelled before it first runs
             raise
         except BaseException:

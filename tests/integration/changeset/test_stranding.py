@@ -100,6 +100,51 @@ async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_aft
 _BACKGROUND: set[asyncio.Future[None]] = set()
 
 
+async def test_closing_the_client_lets_a_cancelled_callers_task_go_out_first(
+    nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller cancelled while its request's ack is on its way, then the client closed at once (a process that
+    # stops): the request is stored, and its task must go out before close() returns, not be left to the sweep.
+    go_on, events, sent = asyncio.Event(), [], set()
+    real_publish, real_publish_task = nc.publish, _publisher.publish_task
+
+    async def stored_late(subject: str, *args: Any, **kwargs: Any) -> None:
+        if ".requests." not in subject or go_on.is_set():
+            return await real_publish(subject, *args, **kwargs)
+
+        async def later() -> None:
+            await go_on.wait()
+            events.append("request stored")
+            await real_publish(subject, *args, **kwargs)
+
+        sent.add(asyncio.ensure_future(later()))
+
+    async def recorded_publish_task(*args: Any, **kwargs: Any) -> bool:
+        published = await real_publish_task(*args, **kwargs)
+        events.append("task published")  # once JetStream acknowledged it
+        return published
+
+    monkeypatch.setattr(nc, "publish", stored_late)
+    monkeypatch.setattr(_publisher, "publish_task", recorded_publish_task)
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
+        client = RebaserClient(nc, prefix=subject_prefix)
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        call = asyncio.create_task(client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)]))
+        await wait_for(lambda: len(sent) == 1, timeout=10, message="request sent")
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        closing = asyncio.ensure_future(client.close())
+        go_on.set()
+        await closing
+        assert events == ["request stored", "task published"]  # before close() returned
+
+        async def served() -> bool:
+            return len(await applied(daemon.store, wk, cs)) == 1
+
+        await wait_for(served, timeout=10, message="request served without the orphan sweep")
+
+
 async def test_a_task_publish_refused_during_a_leader_election_is_retried(
     nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
