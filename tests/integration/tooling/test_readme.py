@@ -86,6 +86,7 @@ INVENTORY: dict[str, list[str]] = {
     ],
     "docs/history/benchmarks.md": [],
     "docs/history/operations.md": [],
+    "docs/history/memory.md": [],
     "docs/history/reliability.md": [],
     "docs/index.md": ["sh:checked"],
     "docs/observability.md": ["plain:shown"],
