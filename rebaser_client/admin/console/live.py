@@ -243,6 +243,9 @@ class Live:
     async def _refresh_loop(self) -> None:
         rounds = 0
         while True:
+            # A cancel lost in a NATS read (Python 3.11's wait_for, rebaser_core.nats.cancellation) would otherwise
+            # be taken by the wait below for its own time running out, and the loop would outlive stop().
+            cancellation.raise_lost_cancel()
             started = time.monotonic()
             problem: str | None = None
             try:
