@@ -81,9 +81,8 @@ class BacklogCheck:
         self._counts: dict[WorkspacePk, _Count] = {}
         self._sent: dict[WorkspacePk, int] = {}  # requests sent to each workspace counted
         self._asking: dict[WorkspacePk, asyncio.Task[bool]] = {}
-        self._total: _Count | None = (
-            None  # every workspace's queued requests; sent_before: this client's in all
-        )
+        # Every workspace's queued requests (``sent_before``: what this client had sent to any workspace).
+        self._total: _Count | None = None
         self._sent_all = 0  # requests this client sent, to any workspace
 
     async def check(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> None:

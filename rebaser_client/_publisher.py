@@ -127,9 +127,8 @@ class Publisher:
         self._max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight = 0
-        self._finishing: set[asyncio.Future[bool]] = (
-            set()
-        )  # cancelled callers' publishes, finished in the background
+        # Cancelled callers' publishes, finished in the background (close() waits for them).
+        self._finishing: set[asyncio.Future[bool]] = set()
         self._last_publish_at: float | None = None
         self._spool = Spool(spool) if spool is not None else None
         self._spool_dropped = 0

@@ -75,9 +75,8 @@ class WorkspaceBacklogResponseV2(MessageVersion):
     change_set_id: ChangeSetId
     queued: int = 0  # requests of the workspace stored and not yet processed, over every shard
     limit: int = 0  # the most it may have queued (``workspace_max_requests``); 0: no limit
-    total_queued: int | None = (
-        None  # every workspace's requests stored and not yet processed, over every shard
-    )
+    # Every workspace's requests stored and not yet processed, over every shard.
+    total_queued: int | None = None
     error: str | None = None
 
 

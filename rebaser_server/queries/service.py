@@ -123,16 +123,23 @@ class QueryService:
         if self._sub is not None:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
-        # Queries under way get their answers (each a read or two), within the NATS timeout; the rest is cancelled.
         self._waiting.clear()
+        # The daemon gives this stop twice the NATS timeout: the queries under way and the gate's requests get one
+        # (side by side), and the held settled waits the other to answer "ask again" (lost, their callers would wait
+        # out their own timeouts).
+        await asyncio.gather(self._finish_running(), self.gate.stop())
+        await self.settled.stop()
+
+    async def _finish_running(self) -> None:
+        """Queries under way get their answers (each a read or two) within the NATS timeout; the rest is cancelled."""
         running = self._answering | self._refusing
         if running:
             _, late = await asyncio.wait(running, timeout=self._settings.nats_timeout)
             for task in late:
                 task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-        await self.gate.stop()
-        await self.settled.stop()
+            # Not waited out: a cancel lost in a NATS read must not hold the daemon's stop.
+            if late:
+                await asyncio.wait(late, timeout=0.5)
 
     @property
     def answering(self) -> int:
@@ -165,11 +172,10 @@ class QueryService:
     async def _on_queries(self, msg: Msg) -> None:
         """Answer ``msg``, then the queries waiting, one after another, until none is left."""
         while True:
+            # An answer that could not be sent (the connection closed) must not strand the queries waiting.
             try:
                 await self._answer(msg, busy=False)
-            except (
-                Exception
-            ):  # the answer could not be sent (the connection closed): the waiting ones still go
+            except Exception:
                 log.exception("answering the query on %s failed", msg.subject[:200])
             if not self._waiting:
                 return
