@@ -46,14 +46,13 @@ async def test_a_caller_cancelled_between_its_two_publishes_still_leaves_a_task(
         await wait_for(served, timeout=10, message="request served without the orphan sweep")
 
 
-async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_after_it(
-    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Cancelled (its timeout, say) after the request went out but before the stream stored it (a slow leader, an
-    election): the request will be stored, so its task must be published all the same, and only after the store
-    (a task that reaches a daemon first finds nothing queued), and the in-flight slot freed once that is done."""
-    go_on, events = asyncio.Event(), []
-    real_publish, real_publish_task = nc.publish, _publisher.publish_task
+def _requests_stored_late(
+    nc: NatsClient, monkeypatch: pytest.MonkeyPatch, events: list[str]
+) -> tuple[asyncio.Event, set[asyncio.Future[None]]]:
+    """Request publishes on ``nc`` held back until the returned event is set, then sent ("request stored" in
+    ``events``), whatever their caller does meanwhile; the set holds those on their way."""
+    go_on, sent = asyncio.Event(), set()
+    real_publish = nc.publish
 
     async def stored_late(subject: str, *args: Any, **kwargs: Any) -> None:
         if ".requests." not in subject or go_on.is_set():
@@ -64,18 +63,31 @@ async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_aft
             events.append("request stored")
             await real_publish(subject, *args, **kwargs)
 
-        _BACKGROUND.add(asyncio.ensure_future(later()))  # on its way whatever the caller does
+        sent.add(asyncio.ensure_future(later()))  # on its way whatever the caller does
+
+    monkeypatch.setattr(nc, "publish", stored_late)
+    return go_on, sent
+
+
+async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_after_it(
+    nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled (its timeout, say) after the request went out but before the stream stored it (a slow leader, an
+    election): the request will be stored, so its task must be published all the same, and only after the store
+    (a task that reaches a daemon first finds nothing queued), and the in-flight slot freed once that is done."""
+    events: list[str] = []
+    go_on, sent = _requests_stored_late(nc, monkeypatch, events)
+    real_publish_task = _publisher.publish_task
 
     async def recorded_publish_task(*args: Any, **kwargs: Any) -> bool:
         events.append("task")
         return await real_publish_task(*args, **kwargs)
 
-    monkeypatch.setattr(nc, "publish", stored_late)
     monkeypatch.setattr(_publisher, "publish_task", recorded_publish_task)
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         call = asyncio.create_task(client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=1)]))
-        await wait_for(lambda: len(_BACKGROUND) == 1, timeout=10, message="request sent")
+        await wait_for(lambda: len(sent) == 1, timeout=10, message="request sent")
         assert client.status().in_flight == 1
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -97,34 +109,20 @@ async def test_a_caller_cancelled_before_its_request_is_stored_leaves_a_task_aft
         assert events == ["request stored", "task"]
 
 
-_BACKGROUND: set[asyncio.Future[None]] = set()
-
-
 async def test_closing_the_client_lets_a_cancelled_callers_task_go_out_first(
     nc: NatsClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A caller cancelled while its request's ack is on its way, then the client closed at once (a process that
     # stops): the request is stored, and its task must go out before close() returns, not be left to the sweep.
-    go_on, events, sent = asyncio.Event(), [], set()
-    real_publish, real_publish_task = nc.publish, _publisher.publish_task
-
-    async def stored_late(subject: str, *args: Any, **kwargs: Any) -> None:
-        if ".requests." not in subject or go_on.is_set():
-            return await real_publish(subject, *args, **kwargs)
-
-        async def later() -> None:
-            await go_on.wait()
-            events.append("request stored")
-            await real_publish(subject, *args, **kwargs)
-
-        sent.add(asyncio.ensure_future(later()))
+    events: list[str] = []
+    go_on, sent = _requests_stored_late(nc, monkeypatch, events)
+    real_publish_task = _publisher.publish_task
 
     async def recorded_publish_task(*args: Any, **kwargs: Any) -> bool:
         published = await real_publish_task(*args, **kwargs)
         events.append("task published")  # once JetStream acknowledged it
         return published
 
-    monkeypatch.setattr(nc, "publish", stored_late)
     monkeypatch.setattr(_publisher, "publish_task", recorded_publish_task)
     async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp(), sweep=False) as daemon:
         client = RebaserClient(nc, prefix=subject_prefix)
