@@ -5,6 +5,7 @@ without end under steady load)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats
 import pytest
@@ -34,15 +35,23 @@ class SlowDescribeApp(RecordingApp):
         return ChangeSetView(values={"path": path})
 
 
+async def _slow_gets(
+    client: RebaserClient, app: SlowDescribeApp, count: int
+) -> tuple[WorkspacePk, ChangeSetId, list[asyncio.Task[Any]]]:
+    """A change set with one request applied, and ``count`` slow ``get``s of it under way (held by ``app``)."""
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)])).ok
+    slow = [asyncio.create_task(client.get_change_set(wk, cs, "/slow", timeout=30)) for _ in range(count)]
+    await wait_for(lambda: app.waiting == count, message=f"{count} slow gets under way")
+    return wk, cs, slow
+
+
 async def test_a_slow_query_holds_up_no_other(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
     app = SlowDescribeApp()
     async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)])).ok
-        slow = [asyncio.create_task(client.get_change_set(wk, cs, "/slow", timeout=30)) for _ in range(3)]
-        await wait_for(lambda: app.waiting == 3, message="three slow gets under way")
+        wk, cs, slow = await _slow_gets(client, app, 3)
         # Answered one after another, this one would wait for the three.
         quick = await client.get_change_set(wk, cs, "/quick", timeout=5)
         assert quick.values == {"path": "/quick"}
@@ -62,10 +71,7 @@ async def test_past_the_bounds_a_query_waits_then_is_refused_at_once_then_droppe
     monkeypatch.setattr(service, "MAX_REFUSALS_IN_FLIGHT", 0)  # no room for a refusal: dropped
     app = SlowDescribeApp()
     async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)])).ok
-        slow = [asyncio.create_task(client.get_change_set(wk, cs, "/slow", timeout=30)) for _ in range(2)]
-        await wait_for(lambda: app.waiting == 2, message="two slow gets fill the bound")
+        wk, cs, slow = await _slow_gets(client, app, 2)
         waiting = asyncio.create_task(client.get_change_set(wk, cs, "/waits", timeout=30))
         await wait_for(lambda: daemon.queries.waiting == 1, message="the third waits")
         # No room to wait, none for a refusal: the query is dropped, not queued, and its caller's timeout answers it.
@@ -93,10 +99,7 @@ async def test_a_flood_of_queries_holds_a_bounded_number_and_every_caller_gets_a
     monkeypatch.setattr(service, "MAX_REFUSALS_IN_FLIGHT", 8)
     app = SlowDescribeApp()
     async with running_daemon(nc, fast_settings(subject_prefix), app) as daemon:
-        wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        assert (await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=1)])).ok
-        slow = [asyncio.create_task(client.get_change_set(wk, cs, "/slow", timeout=30)) for _ in range(4)]
-        await wait_for(lambda: app.waiting == 4, message="the bound is full")
+        wk, cs, slow = await _slow_gets(client, app, 4)
         # 500 queries at once from another connection: 10 wait, the others are refused or dropped at once.
         flooder = await nats.connect(nats_url)
         flood = RebaserClient(flooder, prefix=subject_prefix, check_workspace_backlog=False)
