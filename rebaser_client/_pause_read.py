@@ -19,8 +19,8 @@ from nats.js.kv import KeyValue
 
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.bucket_watch import stop_watch, watch_bucket
 from rebaser_core.nats.pause_store import open_pauses
-from rebaser_core.nats.streams import stop_watch, watch_bucket
 from rebaser_core.pauses import Pause, change_set_key, parse_key, workspace_key
 from rebaser_core.subjects import Subjects
 
@@ -73,7 +73,7 @@ async def all_pauses(
     truncated = False
     watcher = await watch_bucket(kv, ignore_deletes=True)
     try:
-        while (entry := await watcher.updates(timeout=timeout)) is not None:  # type: ignore[no-untyped-call]
+        while (entry := await watcher.updates(timeout=timeout)) is not None:
             target = parse_key(entry.key)
             if target is None:
                 continue

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from rebaser_client._jetstream import TaskState, delivered_upto, jetstream, task_state_upto
 from rebaser_client._record import RecordView, read_record
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.bucket_watch import bucket_keys
 from rebaser_core.subjects import Subjects
 
 __all__ = ["Progress", "Reader", "StreamSummary", "no_progress"]
@@ -79,13 +80,9 @@ class Reader:
     async def heartbeats(self) -> int | None:
         """The daemons' heartbeat keys (``lease_mode`` daemon); None if the deployment has no heartbeat bucket."""
         try:
-            kv = await self.js.key_value(self.subjects.daemons_bucket)
+            return len(await bucket_keys(self.js, self.subjects.daemons_bucket))
         except BucketNotFoundError:
             return None
-        try:
-            return len(await kv.keys())
-        except NoKeysError:
-            return 0
 
     async def delivered_upto(self, consumer: str | None = None) -> int | None:
         """A tasks consumer's last delivered stream sequence (the shared one unless ``consumer`` is named)."""

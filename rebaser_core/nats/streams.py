@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -40,11 +39,9 @@ __all__ = [
     "remove_idle_shared_consumer",
     "requests_stream_config",
     "split",
-    "stop_watch",
     "stored_batches_stream_config",
     "tasks_consumer_config",
     "tasks_stream_config",
-    "watch_bucket",
     "workspace_tasks_consumer_config",
 ]
 
@@ -87,45 +84,6 @@ async def open_bucket(
     with contextlib.suppress(nats.errors.Error):  # created concurrently by another daemon: open it below
         return await js.create_key_value(config)
     return await js.key_value(config.bucket)
-
-
-# A KV watch is an ordered consumer on the bucket's stream; nats-py keeps one 5 min after its watcher died.
-WATCH_IDLE = 30.0
-
-
-async def watch_bucket(kv: KeyValue, *, ignore_deletes: bool = False) -> KeyValue.KeyWatcher:
-    """Watch every key of ``kv``. Its consumer goes WATCH_IDLE after its process died (a SIGKILL), and at once
-    with :func:`stop_watch`."""
-    return await kv.watchall(ignore_deletes=ignore_deletes, inactive_threshold=WATCH_IDLE)
-
-
-async def stop_watch(js: JetStreamContext, bucket: str, watcher: KeyValue.KeyWatcher) -> None:
-    """Stop ``watcher`` (of KV bucket ``bucket``) and delete its consumer: unsubscribing alone leaves it for its
-    inactive threshold. Best effort: a consumer that cannot be deleted now goes by itself after WATCH_IDLE."""
-    name = None
-    try:
-        # (nats-py keeps the watch's subscription private; its consumer's name can change as the watch resets)
-        sub: Any = watcher._sub
-        name = (await sub.consumer_info()).name
-    except Exception as err:
-        log.info(
-            "a watch of %s: its consumer could not be read (%r); it goes after %.0f s",
-            bucket,
-            err,
-            WATCH_IDLE,
-        )
-    with contextlib.suppress(Exception):
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    if name is not None:
-        try:
-            await js.delete_consumer(f"KV_{bucket}", name)
-        except Exception as err:
-            log.info(
-                "a watch of %s: deleting its consumer failed (%r); it goes after %.0f s",
-                bucket,
-                err,
-                WATCH_IDLE,
-            )
 
 
 def split(total: int, streams: int) -> int:

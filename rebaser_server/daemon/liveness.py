@@ -30,8 +30,9 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import InvalidSubject
 from rebaser_core.nats import cancellation
+from rebaser_core.nats.bucket_watch import BucketWatch, stop_watch, watch_bucket
 from rebaser_core.nats.listing import stream_subjects
-from rebaser_core.nats.streams import open_bucket, stop_watch, watch_bucket
+from rebaser_core.nats.streams import open_bucket
 from rebaser_core.nats.tasks import publish_task
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
@@ -78,7 +79,7 @@ class Reaper:
             await asyncio.wait({follow})
             await stop_watch(self._nats.js, self._settings.subjects.daemons_bucket, watcher)
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+    async def _follow(self, watcher: BucketWatch) -> None:
         async for entry in watcher:
             if entry is None or entry.key == self._own_key:
                 continue  # the end of the initial values, or this daemon's own

@@ -31,8 +31,8 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.nats.bucket_watch import BucketWatch, stop_watch, watch_bucket
 from rebaser_core.nats.pause_store import open_pauses
-from rebaser_core.nats.streams import stop_watch, watch_bucket
 from rebaser_core.pauses import Pause, change_set_key, parse_key, repair_command, workspace_key
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
@@ -59,7 +59,7 @@ class PauseWatcher:
         self._on_pause = on_pause
         self._paused: dict[Paused, Pause] = {}
         self._kv: KeyValue | None = None
-        self._watcher: KeyValue.KeyWatcher | None = None
+        self._watcher: BucketWatch | None = None
         self._task: asyncio.Task[None] | None = None
         self.pauses = Counter[str]()  # pauses seen appear, by cause (rebaser_core.pauses.PAUSE_CAUSES)
 
@@ -71,7 +71,7 @@ class PauseWatcher:
         )
         assert self._kv is not None
         self._watcher = watcher = await watch_bucket(self._kv)
-        while (entry := await watcher.updates(timeout=settings.nats_timeout)) is not None:  # type: ignore[no-untyped-call]
+        while (entry := await watcher.updates(timeout=settings.nats_timeout)) is not None:
             self._apply(entry, initial=True)
         self._task = asyncio.create_task(self._follow(watcher), name="pauses")
 
@@ -85,7 +85,7 @@ class PauseWatcher:
         if watcher is not None:
             await stop_watch(self._js, self._settings.subjects.pauses_bucket, watcher)
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+    async def _follow(self, watcher: BucketWatch) -> None:
         async for entry in watcher:
             if entry is not None:
                 self._apply(entry, initial=False)

@@ -20,6 +20,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
+from rebaser_core.nats.bucket_watch import bucket_keys
 from rebaser_core.nats.connect import connection_state
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet, RebaserApp
@@ -183,7 +184,11 @@ async def describe_state(nc: NatsClient, settings: Settings, *, max_items: int =
     tasks consumer, and the change-set records. For explaining a failed test; every part is best effort."""
     subjects = settings.subjects
     js = nc.jetstream(timeout=5)
-    lines: list[str] = [f"JetStream state of prefix {settings.prefix!r} (connection {connection_state(nc)}):"]
+    # (a reconnect explains a "no responders": the daemon's subscriptions were gone until it was done)
+    lines: list[str] = [
+        f"JetStream state of prefix {settings.prefix!r} (connection {connection_state(nc)}, "
+        f"reconnected {nc.stats.get('reconnects', 0)} times):"
+    ]
     # Every shard that may exist (rebaser_core.layout): the settings' streams, or shard 0 alone.
     shards = [subjects.for_shard(k) for k in range(settings.streams or 1)]
     for stream, filter_ in (
@@ -213,7 +218,7 @@ async def describe_state(nc: NatsClient, settings: Settings, *, max_items: int =
         lines.append(f"  tasks consumer: {err!r}")
     try:
         kv = await js.key_value(subjects.change_sets_bucket)
-        keys = await kv.keys()
+        keys = await bucket_keys(js, subjects.change_sets_bucket)
         for key in sorted(keys)[:max_items]:
             entry = await kv.get(key)
             r = ChangeSetRecord.decode(entry.value or b"")

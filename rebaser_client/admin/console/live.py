@@ -34,7 +34,6 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, NotFoundError
-from nats.js.kv import KeyValue
 
 from rebaser_client._jetstream import OPERATOR_TIMEOUT, consumer_upto, jetstream, task_seq_and_lane
 from rebaser_client._record import RecordView
@@ -45,7 +44,7 @@ from rebaser_client.admin.workspaces import DaemonsOwned, read_daemons_owned
 from rebaser_core.errors import DecodeError, ProtocolError, RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats import cancellation
-from rebaser_core.nats.streams import stop_watch, watch_bucket
+from rebaser_core.nats.bucket_watch import BucketWatch, stop_watch, watch_bucket
 from rebaser_core.pauses import Pause, parse_key
 from rebaser_core.subjects import Subjects
 
@@ -146,7 +145,7 @@ class Live:
     ) -> None:
         """Follow every key of ``bucket`` (started again after any failure, the bucket created later included)."""
         while True:
-            watcher: KeyValue.KeyWatcher | None = None
+            watcher: BucketWatch | None = None
             try:
                 kv = await self.js.key_value(bucket)
                 watcher = await watch_bucket(kv)
