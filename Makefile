@@ -61,7 +61,7 @@ COVERAGE ?= off
 
 # --durations: the ten slowest tests, printed after every run, so a test that grows the suite shows (the budget:
 # docs/contributing.md).
-PYTEST_RUN = $(BIN)/pytest -m "not slow and not container and not packaging and not bench_extra" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
+PYTEST_RUN = $(BIN)/pytest -m "not slow and not container and not packaging and not bench_smoke" -q -n $(TEST_WORKERS) --dist worksteal --durations=10
 
 # The lint runs beside the tests, not before them: it is one process for 20 s, the tests take the machine's CPU for
 # minutes, and together they end sooner. Its output comes after the tests'; either failing fails the target.
@@ -117,10 +117,11 @@ soak: $(BIN)/.installed
 	$(BIN)/python -m bench.soak --minutes 60 --warmup 10 --lease-mode task --png $(SOAK_DIR)/soak-task.png
 	$(BIN)/python -m bench.soak --minutes 60 --warmup 10 --lease-mode daemon --png $(SOAK_DIR)/soak-daemon.png
 
-# What needs the bench extra (the soak's picture), a CI step of its own: make test does not install matplotlib.
+# The benchmark scripts in miniature, and what needs the bench extra (the soak's picture): a CI step of its own, out
+# of make test (tooling, not the product; make test does not install matplotlib).
 check-bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,bench]'
-	$(BIN)/pytest -m bench_extra -q tests/integration/tooling/test_bench_smoke.py
+	$(BIN)/pytest -m "bench_smoke and not slow" -q -n 2 tests/integration/tooling
 
 # The web console's pages as the browser tests see them, written into docs/images/ (shown by docs/console.md); a
 # plain test run writes them into its temporary directory instead. Needs chromium (apt-get install chromium).

@@ -16,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
+pytestmark = pytest.mark.bench_smoke  # make check-bench (in CI), not make test: see test_bench_smoke.py
+
 
 @pytest.mark.timeout(330)  # about 45 s alone, more beside the rest of the suite on two cores
 def test_many_workspaces_smoke_reports_both_scenarios_without_errors(tmp_path: Path) -> None:
