@@ -58,6 +58,10 @@ BATCH_FROM = 32
 # Messages read one by one when looking for what an unanswered batch (or the last owner) stored: the outbox bound and
 # the notices between. Past it, only the subject's last message is read (_locate_by_last).
 _SCAN_MAX = 512
+# Notices (no durable seq: dvu_started, paused, taken, …) waiting to be published, at most; past it the oldest waiting
+# go. Durable events are bounded by the outbox (OUTBOX_MAX, give_up_before); notices are best effort, and without a
+# bound they would pile up for as long as the events stream refuses them and the change set stays owned.
+MAX_QUEUED_NOTICES = 64
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.05, 2.0
 _WRONG_LAST = 10071  # "wrong last sequence: N"
 _ATOMIC_OFF = (10174,)  # "atomic publish is disabled" on the stream: publish one at a time
@@ -105,6 +109,7 @@ class EventPump:
         self._on_stored, self._on_failure = on_stored, on_failure
         self._queue: list[Queued] = []
         self._in_flight = 0  # the first so many of the queue are being sent
+        self.notices_dropped = 0  # notices dropped waiting, past MAX_QUEUED_NOTICES
         # The stream sequence of the subject's last message as far as this publisher knows (None: to be found).
         self.last: int | None = None
         self._scan_from = 0  # where to look from when ``last`` is to be found (the record's ``events_at``)
@@ -129,6 +134,7 @@ class EventPump:
     def enqueue(self, item: Queued) -> None:
         """Queue ``item`` from where nothing can wait: a task publishes it."""
         self._queue.append(item)
+        self._bound_notices()
         self._idle.clear()
         if not self._in_flight:
             self._drive()
@@ -137,6 +143,7 @@ class EventPump:
         """Queue ``items``; publish them now if nothing is in flight (the acknowledgement comes to a callback: no
         task, no wait). Otherwise they go in the next batch."""
         self._queue.extend(items)
+        self._bound_notices()
         self._idle.clear()
         if self._in_flight or self._closed or (self._task is not None and not self._task.done()):
             return
@@ -149,6 +156,24 @@ class EventPump:
             await self._publish(batch, self.last, on_answer=self._answered)
         except (nats.errors.Error, OSError) as err:
             self._answered(err)
+
+    def _bound_notices(self) -> None:
+        """Keep at most MAX_QUEUED_NOTICES notices waiting (those in flight go on): the oldest waiting go first."""
+        if len(self._queue) - self._in_flight <= MAX_QUEUED_NOTICES:
+            return  # (cannot be over: the usual case, at no cost)
+        keep = self._queue[: self._in_flight]
+        rest = self._queue[len(keep) :]
+        over = sum(1 for q in rest if q.seq is None) - MAX_QUEUED_NOTICES
+        if over <= 0:
+            return
+        kept = []
+        for item in rest:
+            if item.seq is None and over > 0:
+                over -= 1
+                self.notices_dropped += 1
+            else:
+                kept.append(item)
+        self._queue = keep + kept
 
     def give_up_before(self, seq: int) -> None:
         """Drop the durable events before ``seq`` still queued (they are no longer in any outbox): a follower sees

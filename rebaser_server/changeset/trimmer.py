@@ -23,7 +23,9 @@ Safety does not depend on removal: a processed request still in the stream (a re
 first) is delivered again, and the change set's record says it was processed (its ``applied_seq`` watermark), so
 it is never applied again. A failed removal is retried with the next one. The trimmer still never lets more than
 half the idempotency window of processed requests wait for removal (``processed()`` waits until one catches up),
-which keeps a failing removal from letting the stream grow without bound behind a busy change set.
+which keeps a failing removal from letting the stream grow without bound behind a busy change set. While removals
+keep failing, what waits is bounded too: past that half window only the last sequence is kept, and the next removal
+is one purge below it.
 """
 
 from __future__ import annotations
@@ -115,6 +117,9 @@ class Trimmer:
         self._caught_up.set()
         self._timer: asyncio.TimerHandle | None = None  # a lingering removal's start
         self._flushing = False  # the change set is being let go: nothing lingers any more
+        # Removals kept failing until more than ``_limit`` sequences waited: only the last is kept, and the next
+        # removal is a purge below it, which covers every earlier one (until a purge succeeds).
+        self._purge_all = False
 
     async def processed(self, seqs: Iterable[int]) -> None:
         """Record that the requests at ``seqs`` are done; waits only if too many are still in the stream."""
@@ -182,8 +187,11 @@ class Trimmer:
         await self._report.hooks.checkpoint("purging", self._change_set)
         seqs = removal.seqs
         placement = self._placement
-        if purges(len(seqs), fsync_always=placement.fsync_always, consumers=placement.owned):
+        if self._purge_all or purges(
+            len(seqs), fsync_always=placement.fsync_always, consumers=placement.owned
+        ):
             await self._purge_below(max(seqs) + 1)
+            self._purge_all = False
             return False
         timeout = self._timeout
         for seq in seqs:
@@ -226,6 +234,10 @@ class Trimmer:
             # release check republishes the task for them). They are retried with the next removal; meanwhile
             # nobody waits for this one (flush and a busy processed() return).
             self._waiting[:0] = failed
+            if len(self._waiting) > self._limit:
+                # Bounded while removals keep failing: one purge below the last covers them all.
+                self._waiting = [max(self._waiting)]
+                self._purge_all = True
             self._report.stats.delete_failures += 1
             why = (
                 error

@@ -123,6 +123,7 @@ class FairIntake:
         self.turns = WorkspaceTurns(settings.workspace_weights)
         self._watched: dict[WorkspacePk, int] = {}  # workspace -> looks in a row that found nothing
         self._pullers: dict[WorkspacePk, TaskPuller] = {}
+        self._dropped_pullers: set[asyncio.Task[None]] = set()  # stopping (their given-up pulls unsubscribed)
         self._joined = asyncio.Event()  # a workspace joined the line
         # The workspace of a task subject's head (up to its workspace token), as published tasks are seen.
         self._seen: dict[str, WorkspacePk] = {}
@@ -358,6 +359,7 @@ class FairIntake:
             got, more = await self._pull_ready(workspace, batch)
         except NoConsumer:
             self._known.pop(workspace, None)
+            self._drop_puller(workspace)
             self.newcomers.check(workspace)
             return False
         self._found(workspace, got)
@@ -453,12 +455,22 @@ class FairIntake:
                 and workspace not in self.turns
             ):
                 del self._known[workspace]
+                self._drop_puller(workspace)
 
     def _unwatch(self, workspace: WorkspacePk) -> None:
         self._watched.pop(workspace, None)
         if workspace not in self.turns:
-            # Dropped, not stopped: a turn may be pulling with it now (a pull's subscription ends with the pull).
-            self._pullers.pop(workspace, None)
+            self._drop_puller(workspace)
+
+    def _drop_puller(self, workspace: WorkspacePk) -> None:
+        """Forget ``workspace``'s puller (one per workspace pulled from would otherwise stay for as long as the daemon
+        runs). Its pulls given up locally are unsubscribed in the background; a turn pulling with it now finishes
+        (a pull's own subscription ends with the pull)."""
+        puller = self._pullers.pop(workspace, None)
+        if puller is not None:
+            task = asyncio.create_task(puller.stop())
+            self._dropped_pullers.add(task)
+            task.add_done_callback(self._dropped_pullers.discard)
 
     @property
     def watched(self) -> int:

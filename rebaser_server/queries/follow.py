@@ -23,7 +23,7 @@ import json
 import logging
 import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import nats.errors
@@ -34,12 +34,15 @@ from rebaser_core.errors import InvalidReplyInbox, InvalidSubject
 from rebaser_core.inbox import check_reply_inbox
 from rebaser_core.settings import Settings
 
-__all__ = ["MAX_CREATE_BYTES", "FollowerConsumers"]
+__all__ = ["MAX_CREATE_BYTES", "MAX_FOLLOWED_WORKSPACES", "FollowerConsumers"]
 
 log = logging.getLogger(__name__)
 
 # A consumer-create request of nats-py is some 500 bytes; nothing longer is parsed.
 MAX_CREATE_BYTES = 4096
+# Workspaces whose consumer creations of the last minute a daemon keeps (follow_creates_per_minute is checked
+# against them): each a deque of at most that many times.
+MAX_FOLLOWED_WORKSPACES = 10_000
 _CONSUMER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NANOS = 1_000_000_000
 # Heartbeats between 1 s and 30 s (nats-py's ordered consumer sends 5 s); an idle consumer is gone 5 minutes at most
@@ -63,7 +66,7 @@ class FollowerConsumers:
         self._subjects = settings.subjects
         # workspace -> when this daemon made its consumers in the last minute (a follower cannot make the servers
         # hold consumers without bound: each lives until nobody listens for its inactivity threshold).
-        self._recent: dict[Any, deque[float]] = {}
+        self._recent: OrderedDict[Any, deque[float]] = OrderedDict()  # least recently created first
         self.created = 0
         self.refused = 0
 
@@ -100,16 +103,27 @@ class FollowerConsumers:
 
     def _admit(self, workspace_id: Any) -> bool:
         now = time.monotonic()
-        recent = self._recent.setdefault(workspace_id, deque())
+        recent = self._recent.get(workspace_id)
+        if recent is None:
+            recent = self._recent[workspace_id] = deque()
+            # The map is bounded too: past MAX_FOLLOWED_WORKSPACES the workspace that created least recently goes
+            # (one with no create for a minute loses nothing; one more recent could create its minute's count again,
+            # which takes that many other workspaces creating since: a bound on memory, not a leak of the limit).
+            while len(self._recent) > MAX_FOLLOWED_WORKSPACES:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(workspace_id)
         while recent and recent[0] < now - 60:
             recent.popleft()
         if len(recent) >= self._settings.follow_creates_per_minute:
             return False
         recent.append(now)
-        if len(self._recent) > 10_000:  # the map is bounded too: workspaces with no create for a minute go
-            for stale in [w for w, times in self._recent.items() if not times or times[-1] < now - 60]:
-                del self._recent[stale]
         return True
+
+    @property
+    def followed_workspaces(self) -> int:
+        """Workspaces whose recent consumer creations this daemon keeps (at most MAX_FOLLOWED_WORKSPACES)."""
+        return len(self._recent)
 
     def _checked(self, msg: Msg) -> tuple[str, bytes]:
         """The JetStream API subject and body to send for ``msg``, or :class:`Refused`."""

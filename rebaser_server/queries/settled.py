@@ -19,7 +19,8 @@ One workspace holds at most ``settled_max_waits_per_workspace`` of a daemon's wa
 ``MAX_WAITS`` every workspace shares. A wait over either cap is not held but looked at once: a change set already
 settled is answered settled, any other with an ``error`` ending in ``ask again`` (the client asks again a little
 later, and may reach another daemon). Those one-off looks are bounded too (``MAX_LOOKS``); past them the answer is
-``ask again`` without a look.
+``ask again`` without a look, and past ``MAX_BUSY_ANSWERS`` of those on their way there is no answer (the caller's
+own timeout ends it).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ _RECHECK_MAX = 8.0
 MAX_WAITS = 1_000
 # One-off looks (three reads) at waits over a cap, in flight at once; beyond it they are answered "ask again" unlooked.
 MAX_LOOKS = 1_000
+# Past MAX_LOOKS a wait gets "ask again" at once; at most this many such answers on their way, then none.
+MAX_BUSY_ANSWERS = 1_000
 # A wait's consumer is deleted by the server this long after the wait ends (or its daemon dies).
 _WATCH_INACTIVE = 5.0
 _KV_OPERATION = "KV-Operation"  # DEL or PURGE on a deleted record
@@ -161,6 +164,10 @@ class SettledWaits:
         self._placement = placement  # the shard layout, as the daemon follows it
         self._waits: set[asyncio.Task[None]] = set()
         self._looks: set[asyncio.Task[None]] = set()  # one-off looks at waits over a cap (not held)
+        self._busy_answers: set[asyncio.Task[None]] = (
+            set()
+        )  # "ask again" answers past MAX_LOOKS, on their way
+        self.dropped = 0  # waits past every bound, not answered (their callers' timeouts answer them)
         self._per_workspace: dict[WorkspacePk, int] = {}  # held waits by workspace
 
     @property
@@ -184,12 +191,17 @@ class SettledWaits:
                 "(settled_max_waits_per_workspace)"
             )
             busy = _error(change_set, request, f"{full}; ask again")
-            if len(self._looks) >= MAX_LOOKS:
-                look = asyncio.create_task(self._answer(reply, busy, content_type))
-            else:
+            if len(self._looks) < MAX_LOOKS:
                 look = asyncio.create_task(self._look(reply, change_set, request, content_type, busy))
-            self._looks.add(look)
-            look.add_done_callback(self._looks.discard)
+                self._looks.add(look)
+                look.add_done_callback(self._looks.discard)
+            elif len(self._busy_answers) < MAX_BUSY_ANSWERS:
+                answer = asyncio.create_task(self._answer(reply, busy, content_type))
+                self._busy_answers.add(answer)
+                answer.add_done_callback(self._busy_answers.discard)
+            else:
+                # Past every bound: not answered. The caller's own timeout answers it, and the client asks again.
+                self.dropped += 1
             return
         task = asyncio.create_task(
             self._wait(reply, change_set, request, content_type), name=f"settled {change_set}"
@@ -228,7 +240,7 @@ class SettledWaits:
 
     async def stop(self) -> None:
         """Answer every held wait with an error saying to ask again (another daemon will answer it)."""
-        waits = [*self._waits, *self._looks]
+        waits = [*self._waits, *self._looks, *self._busy_answers]
         for task in waits:
             task.cancel()
         if waits:

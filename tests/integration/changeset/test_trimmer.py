@@ -94,6 +94,36 @@ async def test_removal_by_sequence_by_purge_and_after_a_failure(
         assert await _stored(nc, stream, subject) == set(seqs[16:])
 
 
+async def test_while_removals_keep_failing_what_waits_is_bounded_and_one_purge_removes_it_all(
+    nc: NatsClient, subject_prefix: str
+) -> None:
+    settings = fast_settings(subject_prefix, idempotency_window=8)  # at most 4 wait for removal
+    hooks = Removals()
+    async with running_daemon(nc, settings, RecordingApp(), hooks=hooks, sweep=False) as daemon:
+        wk, cs = WorkspacePk.new(), ChangeSetId.new()
+        subject, stream = settings.subjects.requests(wk, cs), settings.subjects.requests_stream
+        js = nc.jetstream()
+        seqs = [(await js.publish(subject, f"{i}".encode())).seq for i in range(30)]
+        trimmer = Trimmer(
+            ChangeSet(wk, cs),
+            settings.subjects,
+            requester=daemon.nats.requester,
+            settings=settings,
+            report=daemon.report,
+            placement=Placement(),
+        )
+        hooks.failing = True
+        for seq in seqs[:20]:
+            await trimmer.processed([seq])
+            await trimmer.flush(5)
+            assert len(trimmer._waiting) <= 4
+        assert daemon.stats.delete_failures >= 20
+        hooks.failing = False
+        await trimmer.processed([seqs[20]])
+        await trimmer.flush(5)
+        assert await _stored(nc, stream, subject) == set(seqs[21:])
+
+
 def test_a_purge_for_many_or_for_two_when_every_write_is_flushed() -> None:
     assert [purges(n, fsync_always=False) for n in (1, 2, 8, 9)] == [False, False, False, True]
     assert [purges(n, fsync_always=True) for n in (1, 2, 8, 9)] == [False, True, True, True]

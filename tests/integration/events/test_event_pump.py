@@ -15,6 +15,7 @@ from rebaser_core.nats.requester import Requester
 from rebaser_core.nats.streams import events_stream_config
 from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
+from rebaser_server.changeset import event_pump
 from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.event_pump import EventPump, Queued
 from rebaser_server.changeset.events import ChangeSetFeed
@@ -248,3 +249,28 @@ async def test_a_stale_owners_late_notice_does_not_hide_a_stored_event(nc: NatsC
     finally:
         await requester.close()
     assert await _stored_seqs(nc, stream, subject) == [50, 51, 19]
+
+
+async def test_notices_waiting_while_the_stream_refuses_are_bounded_the_newest_kept(
+    nc: NatsClient, pump_on: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(event_pump, "MAX_QUEUED_NOTICES", 4)
+    pump, stream, subject, wk, cs, _ = await pump_on()
+    await nc.jetstream().delete_stream(stream)  # every publish fails until it is back
+    pump.start_after(0)
+    await pump.put(Queued(1, _event(wk, cs, 1), {}))
+    for n in range(100):
+        notice = {**_event(wk, cs, 1), "kind": "dvu_started", "durable": False, "at": float(n)}
+        await pump.put(Queued(None, notice, {}))
+    waiting = [q for q in pump._queue[pump._in_flight :] if q.seq is None]
+    assert len(waiting) == 4 and [q.event["at"] for q in waiting] == [96.0, 97.0, 98.0, 99.0]
+    assert pump.notices_dropped == 96
+    await nc.jetstream().add_stream(events_stream_config(Settings(prefix=subject.split(".")[0])))
+    assert await pump.drained(20)
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    stored = [await js.get_msg(stream, n) for n in range(info.state.first_seq, info.state.last_seq + 1)]
+    kinds = [CHANGE_SET_EVENT.decode(m.headers, m.data or b"").kind for m in stored if m.subject == subject]
+    assert (
+        kinds.count("applied") == 1 and 4 <= kinds.count("dvu_started") <= 5
+    )  # (one may have been in flight)

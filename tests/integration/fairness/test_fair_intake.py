@@ -207,7 +207,9 @@ async def test_a_workspace_idle_for_longer_than_its_consumer_lives_is_forgotten_
 
         async def forgotten() -> bool:
             intake._forget_idle(time.monotonic() + WORKSPACE_CONSUMER_IDLE + 1)
-            return wk not in intake._known
+            return (
+                wk not in intake._known and wk not in intake._pullers
+            )  # its puller too: none kept per workspace
 
         await wait_for(forgotten, timeout=30, message="the idle workspace forgotten")
         # Back after that: a newcomer again, served.
@@ -216,6 +218,10 @@ async def test_a_workspace_idle_for_longer_than_its_consumer_lives_is_forgotten_
         )
         assert reply.ok, reply
         assert wk in intake._known
+        # A turn of a workspace whose consumer is gone keeps no puller of it either (one stayed per such workspace).
+        gone = WorkspacePk.new()
+        assert not await intake._take_from(gone, 1)
+        assert gone not in intake._pullers and gone not in intake._known
 
 
 async def test_a_task_heard_before_the_stream_has_it_is_found_by_another_look(
