@@ -133,6 +133,8 @@ class ChangeSetDvu:
             async with handle.lock, report.observe.dvu(change_set):
                 if not self._lease.held():
                     raise LeaseLost()
+                if await handle.refresh_after_lost_write():
+                    await self._feed.adopted(handle.record)
                 record = handle.record
                 hooks = CommitHooks.of(self._app)
                 feed = self._feed

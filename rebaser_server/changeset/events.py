@@ -157,6 +157,22 @@ class ChangeSetFeed:
                 del self._unconfirmed[dropped]
             self._pump.give_up_before(next(iter(self._unconfirmed)))
 
+    async def adopted(self, record: ChangeSetRecord) -> None:
+        """``record`` is this owner's after all: a commit that got no answer was found stored later (its staged
+        events were dropped then). Queue the events of its outbox not queued yet, and number on from it."""
+        if not self.enabled:
+            return
+        late = sorted(
+            (seq, dict(e))
+            for e in record.outbox
+            if (seq := _seq_of(e)) is not None and seq > self._seq and seq not in self._unconfirmed
+        )
+        for seq, event in late:
+            self._unconfirmed[seq] = event
+        self._seq = max(self._seq, record.events)
+        if late:
+            await self._pump.put(*(Queued(seq, event, {}) for seq, event in late))
+
     def dropped(self) -> None:
         """The record staged last was not committed (fenced, failed): its events never happened."""
         self._staged = []

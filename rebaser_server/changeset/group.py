@@ -118,6 +118,14 @@ class CommitGroup:
         """Open the group (if it is not open): it holds the change set's commit lock until it ends."""
         if not self.open:
             await self._handle.lock.acquire()
+            try:
+                # A commit that got no answer and could not be read back may have been stored: decided against the
+                # record before it, this group would apply its requests again and give their events' seq again.
+                if await self._handle.refresh_after_lost_write():
+                    await self._feed.adopted(self._handle.record)
+            except BaseException:
+                self._handle.lock.release()
+                raise
             self.open = True
 
     def stage(self, decision: Decision, waiting: int = 0) -> None:

@@ -107,6 +107,7 @@ async def mark_handed_back(handle: ChangeSetHandle | None, lease: Lease, timeout
     with contextlib.suppress(Exception):
         async with asyncio.timeout(min(timeout, max(0.001, lease.remaining()))):
             async with handle.lock:
+                await handle.refresh_after_lost_write()
                 await handle.commit(replace(handle.record, handed_back=True))
 
 

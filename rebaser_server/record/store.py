@@ -139,13 +139,42 @@ class ChangeSetHandle:
                         f"change set {self.key} was taken over (epoch {record.epoch} is stale)"
                     ) from None
                 continue  # from the revision of this owner's own write
-            except BaseException:
+            except asyncio.CancelledError:
                 self._unanswered = value  # stored or not: the next write finds out
                 raise
+            except Exception:
+                self._unanswered = (
+                    value  # stored or not: found out now if the store answers, else by the next write
+                )
+                if not await self._landed_after_all(value):
+                    raise
             break
         self._unanswered = None
         self.record = record
         self.written = True
+
+    async def _landed_after_all(self, value: bytes) -> bool:
+        """A write got no answer: whether it was stored after all, read at once. Taken for stored, it is this
+        owner's record from here on (its replies go out, its events are published). Left unknown, anything this
+        owner wrote next would be built from the record before it, and would roll the stored one back (a DVU run,
+        a hand-back mark, a lapse claim) or give its events' ``seq`` numbers again (the next group)."""
+        try:
+            return await self._own_write_landed(value)
+        except Exception as err:
+            log.info("%s: a write got no answer and the record could not be read (%r)", self.key, err)
+            return False
+
+    async def refresh_after_lost_write(self) -> bool:
+        """Before a write built from :attr:`record`: if this owner's last write got no answer and could not be read
+        back then, read it now, and if it was stored, build from it (True: :attr:`record` is that write now).
+        Raises if the record cannot be read (the write would fail anyway). Call with :attr:`lock` held."""
+        unanswered = self._unanswered
+        if unanswered is None or not await self._own_write_landed(unanswered):
+            return False
+        self.record = ChangeSetRecord.decode(unanswered)
+        self._unanswered = None
+        self.written = True
+        return True
 
     async def claim_after_lapse(self) -> bool | None:
         """``lease_mode`` daemon, this owner's heartbeat lapsed: may it nak its task itself? Marks the record reaped
@@ -155,6 +184,7 @@ class ChangeSetHandle:
         daemons at once); None: not known (NATS trouble), ask again."""
         try:
             async with asyncio.timeout(self._timeout), self.lock:
+                await self.refresh_after_lost_write()
                 await self.commit(replace(self.record, reaped=True))
         except FencedError:
             return False

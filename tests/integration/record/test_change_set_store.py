@@ -17,7 +17,14 @@ from rebaser_core.errors import FencedError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.requester import Requester
 from rebaser_server.app import ChangeSet
-from rebaser_server.record.store import Acquired, ChangeSetStore, NothingToDo, StaleDelivery, TaskDelivery
+from rebaser_server.record.store import (
+    Acquired,
+    ChangeSetHandle,
+    ChangeSetStore,
+    NothingToDo,
+    StaleDelivery,
+    TaskDelivery,
+)
 from rebaser_server.testing import fast_settings
 
 INITIAL: dict[str, list[str]] = {"applied": []}
@@ -196,8 +203,8 @@ async def test_using_a_store_before_open_is_an_error(nc: NatsClient, subject_pre
 async def test_a_commit_whose_answer_was_lost_but_was_stored_does_not_fence_its_owner(
     store: ChangeSetStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The write reaches the store, its answer does not (a timeout, a leader change): the next commit finds the
-    # revision moved by this owner's own hand. Fencing it out of its own change set made its task wait out ack_wait.
+    # The write reaches the store, its answer does not (a timeout, a leader change). Read back at once, it is found
+    # stored: the commit stands (fencing the owner out of its own change set made its task wait out ack_wait).
     cs = _change_set()
     handle = (await _owned(store, cs, "a", TaskDelivery(1, 1))).handle
     write = handle._write
@@ -208,20 +215,84 @@ async def test_a_commit_whose_answer_was_lost_but_was_stored_does_not_fence_its_
         raise TimeoutError("the answer was lost")
 
     monkeypatch.setattr(handle, "_write", stored_then_lost)
-    with pytest.raises(TimeoutError):
-        await handle.commit(replace(handle.record, state={"applied": ["r1"]}, applied_seq=4))
+    await handle.commit(replace(handle.record, state={"applied": ["r1"]}, applied_seq=4))
+    assert (handle.record.state, handle.record.applied_seq) == ({"applied": ["r1"]}, 4)
     await handle.commit(replace(handle.record, state={"applied": ["r1", "r2"]}, applied_seq=5))
     stored = await store.read(cs)
     assert stored is not None and (stored.state, stored.applied_seq) == ({"applied": ["r1", "r2"]}, 5)
     assert await handle.still_owner()
 
-    # A lost answer again, then another owner takes over: the stored record is not this owner's any more, fenced.
+    # The read back fails too: the commit raises, and the next one finds its own write stored and goes on from it.
+    _unreadable_once(handle, monkeypatch)
     monkeypatch.setattr(handle, "_write", stored_then_lost)
     with pytest.raises(TimeoutError):
-        await handle.commit(replace(handle.record, state={"applied": ["r3"]}, applied_seq=6))
+        await handle.commit(replace(handle.record, state={"applied": ["r1", "r2", "r3"]}, applied_seq=6))
+    await handle.commit(replace(handle.record, state={"applied": ["r1", "r2", "r3", "r4"]}, applied_seq=7))
+    stored = await store.read(cs)
+    assert stored is not None and stored.applied_seq == 7 and await handle.still_owner()
+
+    # A lost answer again, then another owner takes over: the stored record is not this owner's any more, fenced.
+    _unreadable_once(handle, monkeypatch)
+    monkeypatch.setattr(handle, "_write", stored_then_lost)
+    with pytest.raises(TimeoutError):
+        await handle.commit(replace(handle.record, state={"applied": ["r5"]}, applied_seq=8))
     second = (await store.acquire(cs, "b", INITIAL, TaskDelivery(2, 1))).handle
     await second.commit(second.record)
     with pytest.raises(FencedError):
-        await handle.commit(replace(handle.record, state={"applied": ["stale"]}, applied_seq=7))
+        await handle.commit(replace(handle.record, state={"applied": ["stale"]}, applied_seq=9))
     stored = await store.read(cs)
     assert stored is not None and stored.owner == "b"
+
+
+class _Reads:
+    """Reads back of the handle's own writes fail while ``blocked`` (NATS trouble)."""
+
+    def __init__(self, handle: ChangeSetHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.blocked = False
+        read_back = handle._own_write_landed
+
+        async def maybe(value: bytes) -> bool:
+            if self.blocked:
+                raise TimeoutError("no answer to the read either")
+            return await read_back(value)
+
+        monkeypatch.setattr(handle, "_own_write_landed", maybe)
+
+
+def _unreadable_once(handle: ChangeSetHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handle's next read back of its own write fails (NATS trouble), once."""
+    read_back = handle._own_write_landed
+
+    async def unreadable(value: bytes) -> bool:
+        monkeypatch.setattr(handle, "_own_write_landed", read_back)
+        raise TimeoutError("no answer to the read either")
+
+    monkeypatch.setattr(handle, "_own_write_landed", unreadable)
+
+
+async def test_a_write_after_a_stored_commit_whose_answer_was_lost_does_not_roll_it_back(
+    store: ChangeSetStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit is stored, its answer lost, and the read back fails too. The next write that is built from the
+    # handle's record (a lapse claim here; a hand-back mark, a DVU run and the next group do the same) was built
+    # from the record before that commit, and stored over it: the applied request was rolled back.
+    cs = _change_set()
+    handle = (await _owned(store, cs, "a", TaskDelivery(1, 1))).handle
+    await handle.commit(replace(handle.record, state={"applied": ["r0"]}, applied_seq=3))
+    write = handle._write
+
+    async def stored_then_lost(value: bytes) -> int:
+        monkeypatch.setattr(handle, "_write", write)
+        await write(value)
+        raise TimeoutError("the answer was lost")
+
+    monkeypatch.setattr(handle, "_write", stored_then_lost)
+    reads = _Reads(handle, monkeypatch)
+    reads.blocked = True
+    with pytest.raises(TimeoutError):
+        await handle.commit(replace(handle.record, state={"applied": ["r0", "r1"]}, applied_seq=4))
+    reads.blocked = False  # the store answers again
+    assert await handle.claim_after_lapse() is True
+    stored = await store.read(cs)
+    assert stored is not None and stored.reaped
+    assert (stored.state, stored.applied_seq) == ({"applied": ["r0", "r1"]}, 4)
