@@ -26,6 +26,7 @@ from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
+from rebaser_server.changeset import events
 from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.events import ChangeSetFeed
@@ -130,3 +131,50 @@ def test_a_disabled_feed_stages_nothing() -> None:
     feed.enabled = False
     record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
     assert feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=True) is record
+
+
+async def test_the_outbox_keeps_at_most_outbox_max_events_unconfirmed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Events are queued faster than the stream confirms them (an outage): past OUTBOX_MAX the oldest are given up,
+    # in the daemon's memory and in the next record's outbox alike (a follower sees the gap in seq).
+    monkeypatch.setattr(events, "OUTBOX_MAX", 4)
+    feed = _feed()
+    queued: list[int | None] = []
+
+    async def never_confirmed(*items: Any) -> None:
+        queued.extend(item.seq for item in items)
+
+    monkeypatch.setattr(feed._pump, "put", never_confirmed)
+    record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
+    for _ in range(10):
+        record = feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=False)
+        await feed.committed()
+        assert (
+            len(feed._unconfirmed) <= 4 and len(record.outbox) <= 5
+        )  # (staged: the last 4, and the new one)
+    assert list(feed._unconfirmed) == [7, 8, 9, 10] and queued == list(range(1, 11))
+
+
+async def test_a_record_found_stored_after_all_has_its_events_queued_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A commit got no answer and was dropped (its staged events with it); read back later, it was stored: its
+    # events are queued then, once, and the next ones are numbered after them.
+    feed = _feed()
+    queued: list[int | None] = []
+
+    async def put(*items: Any) -> None:
+        queued.extend(item.seq for item in items)
+
+    monkeypatch.setattr(feed._pump, "put", put)
+    base = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
+    first = feed.stage(base, [_decision(SuccessStatus(updates_performed=1))], [0], settled=False)
+    await feed.committed()
+    lost = feed.stage(first, [_decision(SuccessStatus(updates_performed=1))] * 2, [1, 0], settled=False)
+    feed.dropped()  # the commit raised: its answer was lost
+    await feed.adopted(lost)  # read back before the next write: it was stored
+    await feed.adopted(lost)  # (twice: nothing more)
+    assert queued == [1, 2, 3]
+    after = feed.stage(lost, [_decision(SuccessStatus(updates_performed=1))], [0], settled=False)
+    assert after.events == 4

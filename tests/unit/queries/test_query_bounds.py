@@ -12,8 +12,9 @@ from rebaser_core.api import WaitSettledRequest
 from rebaser_core.api.codec import ContentType
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_server.app import ChangeSet
-from rebaser_server.queries import follow, settled
+from rebaser_server.queries import follow, gate, settled
 from rebaser_server.queries.follow import FollowerConsumers
+from rebaser_server.queries.gate import RequestGate
 from rebaser_server.queries.settled import SettledWaits
 from rebaser_server.testing import fast_settings
 
@@ -61,3 +62,20 @@ async def test_settled_waits_over_every_cap_are_bounded_then_dropped(monkeypatch
     never.set()
     await waits.stop()
     assert not waits._looks and not waits._busy_answers
+
+
+async def test_the_gate_counts_a_bounded_number_of_workspaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gate, "_MAX_KEPT", 3)
+
+    class Counting:
+        async def count(self, workspace_id: WorkspacePk) -> int:
+            return 1
+
+    requests = RequestGate(Any, fast_settings(None, workspace_max_requests=10), Counting())  # type: ignore[arg-type]
+    workspaces = [WorkspacePk.new() for _ in range(10)]
+    for workspace in workspaces:
+        requests._admitted[workspace] = 1  # admitted before the count
+        await requests._count(workspace)
+        assert len(requests._counts) <= 3
+    assert list(requests._counts) == workspaces[-3:]
+    assert set(requests._admitted) == set(workspaces[-3:])  # forgotten with its count
