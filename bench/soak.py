@@ -149,6 +149,19 @@ def growth(since: tracemalloc.Snapshot, top: int = 10, frames: int = 1) -> list[
     return lines + [f"    {stat}" for stat in now.compare_to(since, "lineno")[:top]]
 
 
+async def held_by_jetstream(nc: nats.aio.client.Client) -> str:
+    """What nats-server's JetStream holds for the account: the bytes of its streams in memory and on disk, and its
+    streams and consumers (what bounds the server's memory besides Go's own)."""
+    try:
+        info = await nc.jetstream().account_info()
+    except Exception as err:  # a sample without it, not a failed run
+        return f"  jetstream ? ({type(err).__name__})"
+    return (
+        f"  jetstream {info.memory / 2**20:6.1f} MB in memory, {info.storage / 2**20:6.1f} MB stored, "
+        f"{info.streams} streams, {info.consumers} consumers"
+    )
+
+
 async def soak(args: argparse.Namespace) -> int:
     # A SIGTERM (an impatient caller, a timeout) ends the run as Ctrl-C does: the nats-server and the daemon it
     # started are stopped on the way out, not left behind.
@@ -194,6 +207,7 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, serve
     callers = [asyncio.create_task(caller()) for _ in range(args.clients)]
     began = time.monotonic()
     warm: list[tuple[float, float]] = []
+    warm_server: list[tuple[float, float]] = []
     drawn: list[tuple[float, float, float | None]] = []  # (minute, daemon MB, nats-server MB) for --png
     since: tracemalloc.Snapshot | None = None
     counted: collections.Counter[str] | None = None
@@ -206,11 +220,14 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, serve
             server_mb = f"  nats-server {server:7.1f} MB" if server is not None else ""
             drawn.append((minute, mb, server))
             print(
-                f"{minute:6.1f} min  rss {mb:7.1f} MB{server_mb}  requests {sent:>9}  errors {errors}",
+                f"{minute:6.1f} min  rss {mb:7.1f} MB{server_mb}  requests {sent:>9}  errors {errors}"
+                f"{await held_by_jetstream(nc)}",
                 flush=True,
             )
             if minute >= args.warmup:
                 warm.append((minute, mb))
+                if server is not None:
+                    warm_server.append((minute, server))
                 if args.tracemalloc:
                     if since is None or counted is None:
                         since, counted = daemon_snapshot(), object_counts()
@@ -223,6 +240,12 @@ async def _load(args: argparse.Namespace, url: str, prefix: str, pid: int, serve
         await asyncio.gather(*callers, return_exceptions=True)
         await client.close()
         await nc.close()
+    if warm_server:  # (before the daemon's verdict, which stays the last line)
+        print(
+            f"nats-server after the warm-up: rss {warm_server[0][1]:.1f} -> {warm_server[-1][1]:.1f} MB, "
+            f"slope {slope(warm_server):+.3f} MB/min",
+            flush=True,
+        )
     if warm:
         low, high = min(mb for _, mb in warm), max(mb for _, mb in warm)
         print(
