@@ -121,7 +121,7 @@ class CommitGroup:
             try:
                 # A commit that got no answer and could not be read back may have been stored: decided against the
                 # record before it, this group would apply its requests again and give their events' seq again.
-                if await self._handle.refresh_after_lost_write():
+                if self._handle.write_unanswered and await self._handle.refresh_after_lost_write():
                     await self._feed.adopted(self._handle.record)
             except BaseException:
                 self._handle.lock.release()

@@ -164,6 +164,11 @@ class ChangeSetHandle:
             log.info("%s: a write got no answer and the record could not be read (%r)", self.key, err)
             return False
 
+    @property
+    def write_unanswered(self) -> bool:
+        """This owner's last write got no answer and is not known to be stored or not (see commit)."""
+        return self._unanswered is not None
+
     async def refresh_after_lost_write(self) -> bool:
         """Before a write built from :attr:`record`: if this owner's last write got no answer and could not be read
         back then, read it now, and if it was stored, build from it (True: :attr:`record` is that write now).
