@@ -12,8 +12,9 @@ It owns:
 - nats-py's header routines done faster: :mod:`.speedups`. JetStream publish acks read without ``json.loads``:
   :mod:`.pub_ack`;
 - publishing a change set's task and turning JetStream's refusals into typed errors: :mod:`.tasks`;
-- the JetStream objects: the stream and consumer configurations built from the settings, their creation, KV
-  buckets and their watches (:mod:`.streams`); the layout bucket, with the durability a daemon found
+- the JetStream objects: the stream and consumer configurations built from the settings, their creation and the
+  KV buckets (:mod:`.streams`); a whole bucket read or followed, with an end of its initial values that can be
+  trusted (:mod:`.bucket_watch`); the layout bucket, with the durability a daemon found
   (:mod:`.layout_store`); the pauses bucket (:mod:`.pause_store`); each shard's facts and leaders
   (:mod:`.shard_info`);
 - what an acknowledged write survives: :mod:`.durability` (pure logic), read from the servers' monitoring
