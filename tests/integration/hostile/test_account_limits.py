@@ -10,14 +10,20 @@ import json
 import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 
 from rebaser_client import RebaserClient
 from rebaser_core.embedded import NatsServer
 from rebaser_core.errors import RebaserUnavailable
 from rebaser_core.testing import wait_for
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc, other_tenant_works
+from tests.support.accounts import (
+    CONFINED,
+    accounts_server,
+    connect_as,
+    daemon_nc,
+    other_tenant_works,
+    request_answered,
+)
 from tests.support.apps import RecordingApp
 
 __all__ = ["accounts_server", "daemon_nc"]  # fixtures
@@ -83,18 +89,6 @@ async def test_a_callers_connections_are_bounded_by_its_account(
             await conn.close()
 
 
-async def _asked(caller: NatsClient, daemon_nc: NatsClient, subject: str, body: bytes) -> Msg:
-    """``caller``'s request, asked again after a "no responders" (seen once in CI, with the daemon's subscription
-    confirmed: no consumer is made then, so the count below is unchanged); a second one fails the test."""
-    try:
-        return await caller.request(subject, body, timeout=5)
-    except nats.errors.NoRespondersError:
-        reconnects = daemon_nc.stats.get("reconnects", 0)
-        print(f"no responders for {subject}; the daemon's connection reconnected {reconnects} times")
-        await daemon_nc.flush(timeout=5)
-        return await caller.request(subject, body, timeout=5)
-
-
 async def test_a_follower_cannot_have_consumers_made_without_bound(
     accounts_server: NatsServer, daemon_nc: NatsClient
 ) -> None:
@@ -117,7 +111,7 @@ async def test_a_follower_cannot_have_consumers_made_without_bound(
                 subject = (
                     f"{names.follow_api(CONFINED)}.CONSUMER.CREATE.{names.events_stream}.flood{n}.{filter_}"
                 )
-                answers.append(json.loads((await _asked(caller, daemon_nc, subject, body)).data))
+                answers.append(json.loads((await request_answered(caller, subject, body)).data))
             made = [a for a in answers if "error" not in a]
             refused = [a for a in answers if a.get("error", {}).get("code") == 429]
             assert (len(made), len(refused)) == (5, 15), answers[:6]

@@ -18,7 +18,14 @@ from rebaser_core.ids import ChangeSetId, RequestId
 from rebaser_core.testing import wait_for
 from rebaser_server.queries import gate
 from rebaser_server.testing import fast_settings, running_daemon
-from tests.support.accounts import CONFINED, accounts_server, connect_as, daemon_nc, other_tenant_works
+from tests.support.accounts import (
+    CONFINED,
+    accounts_server,
+    connect_as,
+    daemon_nc,
+    other_tenant_works,
+    request_answered,
+)
 from tests.support.apps import RecordingApp
 
 __all__ = ["accounts_server", "daemon_nc"]  # fixtures
@@ -51,7 +58,9 @@ async def test_raw_publishes_past_the_workspace_limit_are_refused_and_others_are
             for _ in range(4 * LIMIT):  # raw JetStream publishes, no client and no backlog check
                 change_set = ChangeSetId.new()
                 headers, body = _request(change_set)
-                reply = await attacker.request(names.requests(CONFINED, change_set), body, headers=headers)
+                reply = await request_answered(
+                    attacker, names.requests(CONFINED, change_set), body, headers=headers
+                )
                 answers.append(json.loads(reply.data))
             stored = [a for a in answers if "seq" in a]
             refused = [a for a in answers if a.get("error", {}).get("err_code") == 10077]
@@ -128,7 +137,9 @@ async def test_far_below_the_limit_in_all_the_gate_counts_nothing_per_workspace(
             for _ in range(30):
                 change_set = ChangeSetId.new()
                 headers, body = _request(change_set)
-                reply = await caller.request(names.requests(CONFINED, change_set), body, headers=headers)
+                reply = await request_answered(
+                    caller, names.requests(CONFINED, change_set), body, headers=headers
+                )
                 assert "seq" in json.loads(reply.data), reply.data
             gate_ = daemon.queries.gate
             # Every workspace together is far below half of 1,000: no count of the workspace, nothing kept for it.
