@@ -6,10 +6,12 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Placement
 from rebaser_server.changeset.hooks import Hooks
 from rebaser_server.changeset.trimmer import Trimmer, purges
+from rebaser_server.daemon.daemon import Daemon
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 
@@ -43,6 +45,18 @@ async def _stored(nc: NatsClient, stream: str, subject: str) -> set[int]:
     return seqs
 
 
+def _trimmer(daemon: Daemon, settings: Settings, change_set: ChangeSet) -> Trimmer:
+    """A trimmer of ``change_set`` on the running daemon's connection (no task: only it removes)."""
+    return Trimmer(
+        change_set,
+        settings.subjects,
+        requester=daemon.nats.requester,
+        settings=settings,
+        report=daemon.report,
+        placement=Placement(),
+    )
+
+
 # The two stores answer a delete of a message already gone differently (see trimmer._gone).
 @pytest.mark.parametrize("storage", ["memory", "file"])
 async def test_removal_by_sequence_by_purge_and_after_a_failure(
@@ -57,14 +71,7 @@ async def test_removal_by_sequence_by_purge_and_after_a_failure(
         subject, stream = settings.subjects.requests(wk, cs), settings.subjects.requests_stream
         js = nc.jetstream()
         seqs = [(await js.publish(subject, f"{i}".encode())).seq for i in range(20)]
-        trimmer = Trimmer(
-            change_set,
-            settings.subjects,
-            requester=daemon.nats.requester,
-            settings=settings,
-            report=daemon.report,
-            placement=Placement(),
-        )
+        trimmer = _trimmer(daemon, settings, change_set)
 
         # A few: exactly those are deleted; an earlier message on the subject is left alone (no purge below).
         await trimmer.processed(seqs[1:3])
@@ -104,14 +111,7 @@ async def test_while_removals_keep_failing_what_waits_is_bounded_and_one_purge_r
         subject, stream = settings.subjects.requests(wk, cs), settings.subjects.requests_stream
         js = nc.jetstream()
         seqs = [(await js.publish(subject, f"{i}".encode())).seq for i in range(30)]
-        trimmer = Trimmer(
-            ChangeSet(wk, cs),
-            settings.subjects,
-            requester=daemon.nats.requester,
-            settings=settings,
-            report=daemon.report,
-            placement=Placement(),
-        )
+        trimmer = _trimmer(daemon, settings, ChangeSet(wk, cs))
         hooks.failing = True
         for seq in seqs[:20]:
             await trimmer.processed([seq])

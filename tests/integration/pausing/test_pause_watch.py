@@ -33,6 +33,18 @@ async def _bucket(nc: NatsClient, settings: Settings) -> KeyValue:
     return kv
 
 
+async def _paused(
+    nc: NatsClient, settings: Settings, *, workspace_too: bool
+) -> tuple[WorkspacePk, ChangeSetId]:
+    """A change set paused ("bad data"), and with ``workspace_too`` its workspace ("freeze"), in the bucket."""
+    wk, cs = WorkspacePk.new(), ChangeSetId.new()
+    kv = await _bucket(nc, settings)
+    await kv.put(change_set_key(wk, cs), Pause.now("operator", "bad data").encode())
+    if workspace_too:
+        await kv.put(workspace_key(wk), Pause.now("operator", "freeze").encode())
+    return wk, cs
+
+
 @contextmanager
 def late_values(nc: NatsClient, values: int) -> Iterator[list[str]]:
     """Make the KV watch's consumer info overtake its ``values`` values: they are held unread as they arrive, the
@@ -79,10 +91,7 @@ async def test_status_lists_every_pause_when_the_values_come_after_the_consumer_
     nc: NatsClient, subject_prefix: str
 ) -> None:
     settings = fast_settings(subject_prefix)
-    wk, cs = WorkspacePk.new(), ChangeSetId.new()
-    kv = await _bucket(nc, settings)
-    await kv.put(change_set_key(wk, cs), Pause.now("operator", "bad data").encode())
-    await kv.put(workspace_key(wk), Pause.now("operator", "freeze").encode())
+    _, cs = await _paused(nc, settings, workspace_too=True)
     with late_values(nc, 2) as overtaken:
         paused, more = await all_pauses(nc.jetstream(), settings.subjects, timeout=5)
     assert overtaken, "the values were not held: the test did not reorder anything"
@@ -94,9 +103,7 @@ async def test_a_starting_daemon_knows_every_pause_when_the_values_come_after_th
     nc: NatsClient, subject_prefix: str
 ) -> None:
     settings = fast_settings(subject_prefix)
-    wk, cs = WorkspacePk.new(), ChangeSetId.new()
-    kv = await _bucket(nc, settings)
-    await kv.put(change_set_key(wk, cs), Pause.now("operator", "bad data").encode())
+    wk, cs = await _paused(nc, settings, workspace_too=False)
     watcher = PauseWatcher(nc.jetstream(), settings, lambda *_: None)
     with late_values(nc, 1) as overtaken:
         await watcher.start()

@@ -140,12 +140,7 @@ async def test_the_outbox_keeps_at_most_outbox_max_events_unconfirmed(
     # in the daemon's memory and in the next record's outbox alike (a follower sees the gap in seq).
     monkeypatch.setattr(events, "OUTBOX_MAX", 4)
     feed = _feed()
-    queued: list[int | None] = []
-
-    async def never_confirmed(*items: Any) -> None:
-        queued.extend(item.seq for item in items)
-
-    monkeypatch.setattr(feed._pump, "put", never_confirmed)
+    queued = _queued(feed, monkeypatch)  # and never confirmed
     record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
     for _ in range(10):
         record = feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=False)
@@ -162,12 +157,7 @@ async def test_a_record_found_stored_after_all_has_its_events_queued_once(
     # A commit got no answer and was dropped (its staged events with it); read back later, it was stored: its
     # events are queued then, once, and the next ones are numbered after them.
     feed = _feed()
-    queued: list[int | None] = []
-
-    async def put(*items: Any) -> None:
-        queued.extend(item.seq for item in items)
-
-    monkeypatch.setattr(feed._pump, "put", put)
+    queued = _queued(feed, monkeypatch)
     base = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
     first = feed.stage(base, [_decision(SuccessStatus(updates_performed=1))], [0], settled=False)
     await feed.committed()
@@ -178,3 +168,14 @@ async def test_a_record_found_stored_after_all_has_its_events_queued_once(
     assert queued == [1, 2, 3]
     after = feed.stage(lost, [_decision(SuccessStatus(updates_performed=1))], [0], settled=False)
     assert after.events == 4
+
+
+def _queued(feed: ChangeSetFeed, monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """The seqs of what ``feed`` queues for publishing, from now on (nothing is published)."""
+    queued: list[int | None] = []
+
+    async def put(*items: Any) -> None:
+        queued.extend(item.seq for item in items)
+
+    monkeypatch.setattr(feed._pump, "put", put)
+    return queued
