@@ -26,18 +26,22 @@ from rebaser_core.subjects import Subjects
 
 # "rebaser" measures the framework (the spine) with the smallest app, the yardstick for the baseline ratio;
 # "snapshots" runs the default application (object-store snapshots, DVU) to show the cost of real work.
-# "feed" is "rebaser" with the change-set event feed on (REBASER_EVENTS=true; off by default): the feed's cost is the
-# ratio of the two. "uvloop" is "rebaser" on uvloop (REBASER_EVENT_LOOP=uvloop); "leases" is "rebaser" with one
-# heartbeat per daemon instead of a lease renewal per change set (REBASER_LEASE_MODE=daemon).
+# "rebaser" has the change-set event feed on, as by default (the window each record write carries); "nofeed" is
+# "rebaser" with it off (REBASER_EVENTS_WINDOW=0): the feed's cost is the ratio of the two. "stream" is "rebaser"
+# with the events stream published too (REBASER_EVENTS=true, off by default). "uvloop" is "rebaser" on uvloop
+# (REBASER_EVENT_LOOP=uvloop); "leases" is "rebaser" with one heartbeat per daemon instead of a lease renewal per
+# change set (REBASER_LEASE_MODE=daemon).
 APPS = {
     "rebaser": "rebaser_server.apps.counter:CounterApp",
-    "feed": "rebaser_server.apps.counter:CounterApp",
+    "nofeed": "rebaser_server.apps.counter:CounterApp",
+    "stream": "rebaser_server.apps.counter:CounterApp",
     "snapshots": "rebaser_server.apps.snapshots:SnapshotApp",
     "uvloop": "rebaser_server.apps.counter:CounterApp",
     "leases": "rebaser_server.apps.counter:CounterApp",
 }
 IMPL_ENV = {
-    "feed": {"REBASER_EVENTS": "true"},
+    "nofeed": {"REBASER_EVENTS": "false", "REBASER_EVENTS_WINDOW": "0", "REBASER_EVENT_LOOP": "asyncio"},
+    "stream": {"REBASER_EVENTS": "true"},
     "rebaser": {"REBASER_EVENTS": "false", "REBASER_EVENT_LOOP": "asyncio"},
     "uvloop": {"REBASER_EVENTS": "false", "REBASER_EVENT_LOOP": "uvloop"},
     # ack_wait 2 s: a peer notices a silent daemon within ack_wait plus its look every progress_period (0.5 s), so a

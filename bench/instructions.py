@@ -308,7 +308,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--impl", default="baseline,rebaser", help="comma-separated: baseline, rebaser, snapshots"
+        "--impl",
+        default="baseline,rebaser",
+        help="comma-separated: baseline, rebaser (the event feed on), nofeed (off), snapshots",
     )
     parser.add_argument("--change-sets", type=int, default=20)
     parser.add_argument("--requests", type=int, default=1000)

@@ -40,11 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--change-sets", default="100,1000", help="comma-separated change-set counts")
     parser.add_argument(
         "--impl",
-        default="baseline,fair,rebaser,leases,feed,snapshots",
+        default="baseline,fair,rebaser,leases,nofeed,snapshots",
         help="comma-separated: baseline (the plain hand-written nats-py loop), fair (the hand-written loop on the "
-        "daemon's lease, committing a record per request: the yardstick), rebaser (framework + CounterApp), leases "
-        "(the same with lease_mode daemon), "
-        "feed (the same with the event feed on), snapshots (framework + the default SnapshotApp)",
+        "daemon's lease, committing a record per request: the yardstick), rebaser (framework + CounterApp, at the "
+        "defaults: the event feed on), leases (the same with lease_mode daemon), nofeed (the same with the event "
+        "feed off), stream (the same with the events stream too), snapshots (framework + the default SnapshotApp)",
     )
     parser.add_argument(
         "--burst", type=int, default=None, help="change sets in the burst (default 10000; 0: no burst)"

@@ -223,7 +223,7 @@ def summary_rows(report: Report) -> list[list[str]]:
         )
     rows.append(_burst_row(report))
     rows += _idle_rows(report)
-    off = {(r.daemons, r.change_sets): r for r in report.results if r.impl == "rebaser"}
+    off = {(r.daemons, r.change_sets): r for r in report.results if r.impl == "nofeed"}
     rows.append(
         _row(
             "event feed on ÷ off (no-op app throughput)",
@@ -231,7 +231,7 @@ def summary_rows(report: Report) -> list[list[str]]:
             [
                 (f"{r.daemons}d/{r.change_sets}cs", _ratio(r.rps, off[(r.daemons, r.change_sets)].rps))
                 for r in report.results
-                if r.impl == "feed" and (r.daemons, r.change_sets) in off
+                if r.impl == "rebaser" and (r.daemons, r.change_sets) in off
             ],
             _at_least(0.95),
         )

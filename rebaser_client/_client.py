@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind, TracerProvider
 from rebaser_client import _batches, _pausing, _skipping
 from rebaser_client._arguments import Updates, as_id, change_set_ids, enqueue_request
 from rebaser_client._backlog import BacklogCheck, ask_backlog
-from rebaser_client._events import EventStream
+from rebaser_client._events import EventStream, Feed
 from rebaser_client._pausing import PauseResult, ResumeResult
 from rebaser_client._publisher import ClientStatus, Publisher, Sent
 from rebaser_client._queries import Queries, refusal
@@ -299,17 +299,20 @@ class RebaserClient:
         change_set_id: ChangeSetId | str | None = None,
         *,
         since: int | Mapping[ChangeSetId, int] | None = None,
+        feed: Feed = "records",
     ) -> EventStream:
         """Follow what happens to a change set (or, without ``change_set_id``, to every change set of a workspace):
         ``async for event in client.watch(wk, cs): ...`` yields :class:`~rebaser_core.api.ChangeSetEvent` in order,
         each durable event once (docs/events.md).
 
         ``since``: the last durable ``seq`` already seen (a mapping of them for a workspace): the feed resumes right
-        after it, from what the stream keeps; a gap raises :class:`~rebaser_core.errors.EventsLost` (iterating on
-        goes on after it). ``None``: only what happens from now on. Use ``async with`` (or ``close()``) to stop."""
+        after it, from what the deployment keeps (each change set's last ``events_window`` events); a gap raises
+        :class:`~rebaser_core.errors.EventsLost` (iterating on goes on after it). ``None``: only what happens from
+        now on. ``feed="stream"`` reads the ``REBASER_EVENTS`` stream instead (daemons with ``events`` on: notices
+        too, kept longer). Use ``async with`` (or ``close()``) to stop."""
         wk = as_id(WorkspacePk, workspace_id, "workspace_id")
         cs = None if change_set_id is None else as_id(ChangeSetId, change_set_id, "change_set_id")
-        return EventStream(self._nc, self._subjects, wk, cs, since)
+        return EventStream(self._nc, self._subjects, wk, cs, since, feed)
 
     async def store_batch(
         self,

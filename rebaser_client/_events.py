@@ -1,11 +1,17 @@
 """Following a change set's (or a workspace's) events: :class:`EventStream`, what ``RebaserClient.watch`` returns.
 
-Events come from the ``REBASER_EVENTS`` stream through an ordered consumer (nats-py recreates it by itself after
-a lost message or a reconnect, from where it was). The consumer is created through the daemons
-(``rebaser.api.follow.<wk>``, rebaser_server.queries.follow), so a follower needs no JetStream API of its own.
-Durable events are numbered per change set without holes (rebaser_core.api.events), so this side drops a repeat
-(a republish after a crash) and notices a gap: a durable event whose ``seq`` jumps raises :class:`EventsLost`,
-which says how many were lost and where to resume.
+Events come from the writes of the change sets' records (``feed="records"``, the default): each write carries the
+change set's last durable events in its ``Rebaser-Events`` header (rebaser_core.api.event_window), read through an
+ordered consumer of the change-sets bucket's stream that delivers headers only. The KV keeps one revision per key,
+so a follower that falls behind skips revisions, and the next one it gets still holds the last ``events_window``
+events. With ``feed="stream"`` they come from the ``REBASER_EVENTS`` stream instead, which daemons publish only
+with ``events`` on (notices too; the feed of earlier releases).
+
+Either way the consumer is an ordered one (nats-py recreates it by itself after a lost message or a reconnect, from
+where it was), created through the daemons (``rebaser.api.follow.<wk>``, rebaser_server.queries.follow), so a
+follower needs no JetStream API of its own. Durable events are numbered per change set without holes
+(rebaser_core.api.events), so this side drops a repeat and notices a gap: a durable event whose ``seq`` jumps
+raises :class:`EventsLost`, which says how many were lost and where to resume.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import nats.errors
 import nats.js.errors
@@ -24,12 +31,21 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
-from rebaser_core.api import CHANGE_SET_EVENT, MAX_EVENT_BYTES, ChangeSetEvent
+from rebaser_core.api import (
+    CHANGE_SET_EVENT,
+    EVENTS_HEADER,
+    MAX_EVENT_BYTES,
+    ChangeSetEvent,
+    EventWindow,
+    read_window,
+)
 from rebaser_core.errors import EventsLost, InvalidSubject, ProtocolError, RebaserUnavailable
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
 
-__all__ = ["EventStream"]
+__all__ = ["EventStream", "Feed"]
+
+Feed = Literal["records", "stream"]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +81,8 @@ def _rename_on_recreate(sub: Any) -> None:
 class EventStream:
     """``async for event in stream`` yields :class:`~rebaser_core.api.ChangeSetEvent` in order, each durable event
     once. ``since``: resume after that durable ``seq`` (one change set), or after each change set's seq in a mapping
-    (a workspace); ``None``: only what happens from now on. ``malformed`` counts messages on the events subjects
-    that were not events (skipped)."""
+    (a workspace); ``None``: only what happens from now on. ``feed``: where the events are read (the module's
+    docstring). ``malformed`` counts messages that were not events (skipped)."""
 
     def __init__(
         self,
@@ -75,16 +91,29 @@ class EventStream:
         workspace_id: WorkspacePk,
         change_set_id: ChangeSetId | None,
         since: int | Mapping[ChangeSetId, int] | None,
+        feed: Feed = "records",
     ) -> None:
         self._nc = nc
         self._workspace_id = workspace_id
         self._change_set_id = change_set_id
         self._subjects = subjects
-        if change_set_id is None:
-            self._filter = subjects.events_of_workspace(workspace_id)
+        self._records = feed == "records"
+        if self._records:
+            self._stream = subjects.records_stream
+            self._filter = (
+                subjects.records_of_workspace(workspace_id)
+                if change_set_id is None
+                else subjects.record_subject(workspace_id, change_set_id)
+            )
+        elif feed == "stream":
+            self._stream = subjects.events_stream
+            self._filter = (
+                subjects.events_of_workspace(workspace_id)
+                if change_set_id is None
+                else subjects.events(workspace_id, change_set_id)
+            )
         else:
-            self._filter = subjects.events(workspace_id, change_set_id)
-        self._stream = subjects.events_stream
+            raise ValueError(f"feed must be 'records' or 'stream', not {feed!r}")
         # change set -> the last durable seq seen (or resumed after): a durable event must come right after it.
         self._last: dict[ChangeSetId, int] = {}
         if isinstance(since, int):
@@ -95,24 +124,34 @@ class EventStream:
             self._last.update(since)
         self._replay = since is not None
         self._sub: Any = None
-        self._after_gap: ChangeSetEvent | None = (
-            None  # the event that revealed a gap: yielded after EventsLost
-        )
+        # Events to yield before reading more: a window's new ones, or those after a gap (after EventsLost).
+        self._ready: deque[ChangeSetEvent] = deque()
         self.malformed = 0
 
     async def start(self) -> Self:
         # The daemons create the consumer on this follower's behalf: the JetStream API under the workspace's prefix.
         js = self._nc.jetstream(prefix=self._subjects.follow_api(self._workspace_id))
-        policy = js_api.DeliverPolicy.ALL if self._replay else js_api.DeliverPolicy.NEW
+        if not self._replay:
+            policy = js_api.DeliverPolicy.NEW
+        elif self._records:  # each change set's last write holds its last events
+            policy = js_api.DeliverPolicy.LAST_PER_SUBJECT
+        else:
+            policy = js_api.DeliverPolicy.ALL
         try:
             self._sub = await js.subscribe(
                 self._filter,
                 stream=self._stream,
                 ordered_consumer=True,
                 deliver_policy=policy,
-                config=js_api.ConsumerConfig(name=_consumer_name()),
+                headers_only=self._records or None,
+                config=js_api.ConsumerConfig(name=_consumer_name(), headers_only=self._records or None),
             )
         except nats.js.errors.NotFoundError as err:
+            if self._records:
+                raise RebaserUnavailable(
+                    f"cannot follow {self._filter}: the deployment has no {self._stream} stream (has a daemon "
+                    "started here?)"
+                ) from err
             # No events stream: the daemons of this deployment do not publish the feed.
             raise RebaserUnavailable(
                 f"cannot follow {self._filter}: the deployment has no {self._stream} stream; its daemons publish "
@@ -122,6 +161,11 @@ class EventStream:
             said = getattr(err, "description", None)
             if said:  # a daemon answered: it could not make the consumer
                 raise RebaserUnavailable(f"cannot follow {self._filter}: {said}") from err
+            if self._records:
+                raise RebaserUnavailable(
+                    f"cannot follow {self._filter}: no daemon answers (the daemons make a follower's consumer): "
+                    "has a daemon started here?"
+                ) from err
             raise RebaserUnavailable(
                 f"cannot follow {self._filter}: no daemon answers. The daemons make a follower's consumer, and "
                 "publish events only with the feed on (REBASER_EVENTS=true, or events = true in their --config file)"
@@ -155,16 +199,14 @@ class EventStream:
         if self._sub is None:
             await self.start()
         while True:
-            gap = self._after_gap
-            if gap is not None:
-                self._after_gap = None
-                return gap
+            if self._ready:
+                return self._ready.popleft()
             try:
                 msg = await self._sub.next_msg(timeout=None)
             except nats.errors.ConnectionClosedError:
                 raise StopAsyncIteration from None
-            event = self._decode(msg)
-            if event is not None and self._admit(event):
+            event = self._take(msg)
+            if event is not None:
                 return event
 
     async def next(self, timeout: float) -> ChangeSetEvent:
@@ -174,10 +216,8 @@ class EventStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            gap = self._after_gap
-            if gap is not None:
-                self._after_gap = None
-                return gap
+            if self._ready:
+                return self._ready.popleft()
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"no event on {self._filter} within {timeout:g} s")
@@ -185,9 +225,62 @@ class EventStream:
                 msg = await self._sub.next_msg(timeout=remaining)
             except nats.errors.TimeoutError:
                 raise TimeoutError(f"no event on {self._filter} within {timeout:g} s") from None
-            event = self._decode(msg)
-            if event is not None and self._admit(event):
+            event = self._take(msg)
+            if event is not None:
                 return event
+
+    def _take(self, msg: Msg) -> ChangeSetEvent | None:
+        """The event ``msg`` gives to yield now (more may wait in ``_ready``), or None; EventsLost on a gap."""
+        if self._records:
+            window = self._window_of(msg)
+            if window is not None:
+                self._admit_window(*window)
+            return self._ready.popleft() if self._ready else None
+        event = self._decode(msg)
+        return event if event is not None and self._admit(event) else None
+
+    def _window_of(self, msg: Msg) -> tuple[ChangeSetId, EventWindow] | None:
+        """The window a record write carries, if it is one of this stream's change sets' and reads."""
+        try:
+            on = self._subjects.parse_record_subject(msg.subject)
+        except InvalidSubject as err:
+            self._skip(msg, str(err))
+            return None
+        if on.workspace_id != self._workspace_id or self._change_set_id not in (None, on.change_set_id):
+            self._skip(msg, "it is not a change set this stream follows")
+            return None
+        value = (msg.headers or {}).get(EVENTS_HEADER)
+        if value is None:
+            return None  # a write with no events yet (a fork's first record), or by a daemon without the feed
+        try:
+            window = read_window(value)
+        except ProtocolError as err:
+            self._skip(msg, str(err))
+            return None
+        if any(
+            (e.workspace_id, e.change_set_id) != (on.workspace_id, on.change_set_id) for e in window.events
+        ):
+            self._skip(msg, "its events' ids are not those of its subject")
+            return None
+        return on.change_set_id, window
+
+    def _admit_window(self, cs: ChangeSetId, window: EventWindow) -> None:
+        """Queue what of ``window`` is new to this stream, in order; EventsLost if events between are gone."""
+        last = self._last.get(cs)
+        if last is None:
+            # A change set seen for the first time: only what this write decided when following from now on,
+            # else (a replay) all the window holds.
+            fresh = list(
+                window.events[len(window.events) - window.new :] if not self._replay else window.events
+            )
+        else:
+            fresh = [e for e in window.events if e.seq > last]
+        self._last[cs] = max(last or 0, window.last_seq)
+        if not fresh:
+            return
+        self._ready.extend(fresh)
+        if last is not None and fresh[0].seq > last + 1:
+            raise EventsLost(self._workspace_id, cs, expected=last + 1, got=fresh[0].seq)
 
     def _decode(self, msg: Msg) -> ChangeSetEvent | None:
         if len(msg.data) > MAX_EVENT_BYTES:
@@ -228,7 +321,8 @@ class EventStream:
             return True
         if event.seq <= last:
             return False  # a republished one, already seen
-        self._last[cs], self._after_gap = event.seq, event
+        self._last[cs] = event.seq
+        self._ready.append(event)
         raise EventsLost(self._workspace_id, cs, expected=last + 1, got=event.seq)
 
     def resume_points(self) -> dict[ChangeSetId, int]:

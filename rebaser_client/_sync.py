@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from rebaser_client._arguments import Updates
 from rebaser_client._client import RebaserClient
-from rebaser_client._events import EventStream
+from rebaser_client._events import EventStream, Feed
 from rebaser_client._publisher import ClientStatus
 from rebaser_core.api import (
     ChangeSetEvent,
@@ -193,9 +193,10 @@ class SyncRebaserClient:
         change_set_id: ChangeSetId | str | None = None,
         *,
         since: int | Mapping[ChangeSetId, int] | None = None,
+        feed: Feed = "records",
     ) -> SyncEventStream:
         """``RebaserClient.watch``: ``for event in client.watch(wk, cs): ...`` (``with`` it, or ``close()``)."""
-        return SyncEventStream(self, self._client.watch(workspace_id, change_set_id, since=since))
+        return SyncEventStream(self, self._client.watch(workspace_id, change_set_id, since=since, feed=feed))
 
 
 class SyncEventStream:

@@ -96,10 +96,18 @@ class Settings(BaseModel):
         description="After a request failed max_attempts times: dead-letter it and go on with the next one, or pause "
         "the change set with the request first in line (docs/pausing.md).",
     )
+    events_window: int = Field(
+        16,
+        ge=0,
+        le=64,
+        description="A change set's last durable events that every write of its record carries, for its followers "
+        "(docs/events.md): a follower more events behind than this loses some. 0: no event feed.",
+    )
     events: bool = Field(
         False,
-        description="Publish every change set's events to the REBASER_EVENTS stream (docs/events.md). Off by "
-        "default: the feed costs 10 to 20 % of the throughput of a busy daemon (docs/BENCHMARKS.md).",
+        description="Also publish every change set's events and notices to the REBASER_EVENTS stream, for followers "
+        "of releases before the record feed (docs/events.md). Off by default: it costs 8 to 21 % of the "
+        "throughput of a busy daemon (docs/BENCHMARKS.md).",
     )
     events_max_age: float = Field(
         24 * 3600.0, ge=0, description="How long events are kept for followers to catch up (0: for ever)."

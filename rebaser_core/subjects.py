@@ -310,6 +310,32 @@ class Subjects:
     def events_stream_subject(self) -> str:
         return self._subject("rebaser", "events", "*", "*")
 
+    # -- the record feed: the change-sets bucket's stream (rebaser_core.api.event_window) --------------------------
+    @property
+    def records_stream(self) -> str:
+        """The stream of the change-sets KV bucket: one message per record write, each carrying the change set's
+        last events in a header (the event feed)."""
+        return f"KV_{self.change_sets_bucket}"
+
+    def record_subject(self, workspace_id: WorkspacePk, change_set_id: ChangeSetId) -> str:
+        """The subject of a change set's record writes."""
+        return f"$KV.{self.change_sets_bucket}.{self.change_set_key(workspace_id, change_set_id)}"
+
+    def records_of_workspace(self, workspace_id: WorkspacePk) -> str:
+        """The filter of every change set's record writes in one workspace."""
+        return f"$KV.{self.change_sets_bucket}.{workspace_id}.*"
+
+    @property
+    def records_all(self) -> str:
+        return f"$KV.{self.change_sets_bucket}.*.*"
+
+    def parse_record_subject(self, subject: str) -> ParsedSubject:
+        """The change set a record write's subject names; :class:`InvalidSubject` if it is not one."""
+        head = f"$KV.{self.change_sets_bucket}."
+        if not subject.startswith(head):
+            raise InvalidSubject(f"subject {subject[:200]!r} is not a change-set record's")
+        return _UNPREFIXED._strip(subject[len(head) :], (), ())
+
     def parse_events(self, subject: str) -> ParsedSubject:
         return self._strip(subject, ("rebaser", "events"), ())
 
@@ -430,3 +456,6 @@ class Subjects:
     def parse_any_requests(self, subject: str) -> ParsedSubject:
         """Parse a request subject of any shard of this deployment."""
         return self.for_shard(self.shard_of_subject(subject)).parse_requests(subject)
+
+
+_UNPREFIXED = Subjects()  # a record's key has no prefix: parsed as this deployment's

@@ -53,6 +53,15 @@ from rebaser_core.api.enqueue_updates_response import (
     oldest_form,
     reads_up_to,
 )
+from rebaser_core.api.event_window import (
+    EVENTS_HEADER,
+    MAX_WINDOW,
+    EventWindow,
+    event_text,
+    read_window,
+    split_window,
+    window_header,
+)
 from rebaser_core.api.events import (
     CHANGE_SET_EVENT,
     DURABLE_KINDS,
@@ -87,6 +96,7 @@ __all__ = [
     "DURABLE_KINDS",
     "ENQUEUE_UPDATES_REQUEST",
     "ENQUEUE_UPDATES_RESPONSE",
+    "EVENTS_HEADER",
     "FORK_CHANGE_SET_REQUEST",
     "FORK_CHANGE_SET_RESPONSE",
     "GET_CHANGE_SET_REQUEST",
@@ -95,6 +105,7 @@ __all__ = [
     "GET_REPLY_RESPONSE",
     "MAX_EVENT_BYTES",
     "MAX_SETTLED_WAIT",
+    "MAX_WINDOW",
     "NOTICE_KINDS",
     "WAIT_SETTLED_REQUEST",
     "WAIT_SETTLED_RESPONSE",
@@ -116,6 +127,7 @@ __all__ = [
     "ErrorDetails",
     "ErrorStatus",
     "EventKind",
+    "EventWindow",
     "ForkChangeSetRequest",
     "ForkChangeSetResponse",
     "GetChangeSetRequest",
@@ -148,8 +160,12 @@ __all__ = [
     "WorkspaceBacklogResponseV2",
     "backlog_answer_form",
     "event_msg_id",
+    "event_text",
     "oldest_form",
     "oldest_reply_form",
+    "read_window",
     "reads_up_to",
     "reason_class",
+    "split_window",
+    "window_header",
 ]

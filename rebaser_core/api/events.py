@@ -1,8 +1,11 @@
-"""``ChangeSetEvent`` v1 on ``[P.]rebaser.events.<workspace>.<change_set>``: what happened to a change set.
+"""``ChangeSetEvent`` v1: what happened to a change set.
 
-The owning daemon publishes one event per outcome to the ``REBASER_EVENTS`` stream, after the commit that made the
-outcome true (docs/protocol.md §17, docs/events.md). Events never carry request bodies or values: ids, kinds,
-counts and times, each field bounded, so an event is always under :data:`MAX_EVENT_BYTES`.
+The owning daemon decides one event per outcome with the commit that makes the outcome true. The commit's write of
+the change set's record carries the change set's last durable events (rebaser_core.api.event_window: the record
+feed); with ``events`` on, each event is also published to the ``REBASER_EVENTS`` stream, on
+``[P.]rebaser.events.<workspace>.<change_set>``, after that commit (docs/protocol.md §17, docs/events.md). Events
+never carry request bodies or values: ids, kinds, counts and times, each field bounded, so an event is always under
+:data:`MAX_EVENT_BYTES`.
 
 Two sorts of event:
 
@@ -11,8 +14,8 @@ Two sorts of event:
   in that order, each once (the next owner publishes what a daemon that died left unstored). A follower that sees
   ``seq`` jump knows how many it missed, and drops a repeat by ``seq``.
 - **notices** (``taken``, ``released``, ``dvu_started``, ``dvu_failed``; ``paused`` and ``resumed``, said by the
-  operator's command or by the owner that paused it after ``max_attempts``): not committed; ``seq`` is the durable
-  event before it. A crash can lose a notice; it is never repeated.
+  operator's command or by the owner that paused it after ``max_attempts``): not committed, so only in the events
+  stream; ``seq`` is the durable event before it. A crash can lose a notice; it is never repeated.
 
 A change set is *settled* (nothing queued, no DVU due) as of a durable event whose ``settled`` is true: the flag, not
 an event of its own, because a change set that is idle between requests (the common case) would otherwise cost a

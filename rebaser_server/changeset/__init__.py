@@ -25,10 +25,11 @@ What the owned change sets of one daemon share is cut by concern in :mod:`~rebas
 (the connection, where to report, the shard layout, the counters) and handed to each processor as
 :class:`~rebaser_server.changeset.owning.Owning`; every piece below the processor gets only what it uses.
 
-What the change set's followers are told (its event feed, decided with each commit) is
-:mod:`~rebaser_server.changeset.events`, stored in order by :mod:`~rebaser_server.changeset.event_pump`; a paused
-change set is let go by :func:`~rebaser_server.changeset.release.let_go_paused`, and one whose record cannot be read
-is paused (quarantined) by :mod:`~rebaser_server.changeset.quarantine` instead of being retried for ever.
+What the change set's followers are told (its event feed, decided with each commit and carried by its write) is
+:mod:`~rebaser_server.changeset.events`; the events stream, with ``events`` on, is stored in order by
+:mod:`~rebaser_server.changeset.event_pump`. A paused change set is let go by
+:func:`~rebaser_server.changeset.release.let_go_paused`, and one whose record cannot be read is paused (quarantined)
+by :mod:`~rebaser_server.changeset.quarantine` instead of being retried for ever.
 
 How a task ends is :mod:`~rebaser_server.changeset.outcome`; the order across a shard layout change is
 :mod:`~rebaser_server.changeset.migration`; app steps run under the lease in :mod:`~rebaser_server.changeset.steps`.

@@ -1,17 +1,22 @@
-"""The event feed of one owned change set (rebaser_core.api.events): decided with the commit, published after it.
+"""The event feed of one owned change set (rebaser_core.api.events): decided with the commit, and carried by it.
 
-A commit group's durable events are numbered from the record's ``events`` counter and written into the record that
-is committed (``outbox``), *then* published: an owner fenced at the commit publishes nothing, and an owner that
-dies between the commit and the publication leaves them in the record for the next owner, who publishes what the
-stream does not hold yet (:meth:`ChangeSetFeed.taken`). Publication never waits on the request path, and the stream
-stores one change set's events in the order they were decided, whatever fails
-(:mod:`~rebaser_server.changeset.event_pump`). While unstored, an event stays in the outbox of every commit (at
-most :data:`OUTBOX_MAX`; beyond that the oldest are given up, and a follower sees the gap in ``seq``). The record
-also keeps ``events_at``, the stream sequence up to which the events were known stored, where the next owner starts
-looking.
+A commit group's durable events are numbered from the record's ``events`` counter and join the record's window of
+last events (``feed``), which the commit's write carries in its ``Rebaser-Events`` header
+(rebaser_core.api.event_window): an event is stored exactly when its commit is, and followers read it from the
+change-sets bucket's stream. That is the feed, and it costs no message of its own.
 
-Notices (taken, released, DVU started or failed) are not committed: published once, in order with the
-rest, on this owner's word.
+With ``events`` on (for followers of earlier releases), the same events and the notices are also published to the
+``REBASER_EVENTS`` stream. There they are written into the record that is committed (``outbox``), *then*
+published: an owner fenced at the commit publishes nothing, and an owner that dies between the commit and the
+publication leaves them in the record for the next owner, who publishes what the stream does not hold yet
+(:meth:`ChangeSetFeed.taken`). Publication never waits on the request path, and the stream stores one change set's
+events in the order they were decided, whatever fails (:mod:`~rebaser_server.changeset.event_pump`). While
+unstored, an event stays in the outbox of every commit (at most :data:`OUTBOX_MAX`; beyond that the oldest are
+given up, and a follower sees the gap in ``seq``). The record also keeps ``events_at``, the stream sequence up to
+which the events were known stored, where the next owner starts looking.
+
+Notices (taken, released, DVU started or failed) are not committed: published to the stream only, once, in order
+with the rest, on this owner's word.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from rebaser_core.api import (
     ConflictsStatus,
     EventKind,
     SuccessStatus,
+    event_text,
     reason_class,
 )
 from rebaser_core.ids import RequestId
@@ -59,7 +65,8 @@ _STATUS_KIND: dict[str, EventKind] = {
 
 
 class ChangeSetFeed:
-    """What one owned change set tells its followers. ``enabled`` False: nothing is staged or published."""
+    """What one owned change set tells its followers. ``window``: the last durable events each write of the record
+    carries (0: none); ``enabled``: the events and notices are published to the events stream as well."""
 
     def __init__(
         self,
@@ -71,12 +78,14 @@ class ChangeSetFeed:
         stats: Stats,
         timeout: float,
         enabled: bool,
+        window: int = 0,
     ) -> None:
         self._change_set = change_set
         self._owner = owner
         self._stats = stats
         self._timeout = timeout
         self.enabled = enabled
+        self._window = window
         self._epoch = 0
         self._seq = 0  # the last durable event's seq (committed)
         # seq -> durable events (their JSON-model form) queued and not yet stored, oldest first: the outbox.
@@ -106,7 +115,7 @@ class ChangeSetFeed:
         """``record`` (about to be committed) with the events of ``decisions`` numbered and in its outbox.
         ``queued``: the requests already waiting behind each decision; ``settled``: nothing is queued behind the
         last one and no DVU is due (its event says so)."""
-        if not self.enabled:
+        if not (self.enabled or self._window):
             return record
         events = [
             event
@@ -117,7 +126,7 @@ class ChangeSetFeed:
 
     def stage_dvu(self, record: ChangeSetRecord, duration: float, *, settled: bool) -> ChangeSetRecord:
         """``record`` (a DVU run's, about to be committed) with its ``dvu_finished`` event."""
-        if not self.enabled:
+        if not (self.enabled or self._window):
             return record
         return self._stage(
             record, [(self._event("dvu_finished", duration_s=round(duration, 6)), {})], settled
@@ -134,6 +143,14 @@ class ChangeSetFeed:
             self._staged.append((seq, fields, trace))
         if settled and events:
             events[-1][0]["settled"] = True
+        if self._window and events:
+            record = replace(
+                record,
+                events=seq,
+                feed=(*record.feed, *(event_text(event) for _, event, _ in self._staged))[-self._window :],
+            )
+        if not self.enabled:
+            return record
         stored_at = record.events_at if self._pump.last is None else self._pump.last
         if not self._staged and not self._unconfirmed:
             if not record.outbox and stored_at == record.events_at:
@@ -145,6 +162,8 @@ class ChangeSetFeed:
     async def committed(self) -> None:
         """The record staged last is committed: queue its events (published in the background, in order)."""
         if not self.enabled:
+            self._seq = max(self._seq, self._staged[-1][0]) if self._staged else self._seq
+            self._staged = []
             return
         staged, self._staged = self._staged, []
         for seq, event, _ in staged:
@@ -161,6 +180,7 @@ class ChangeSetFeed:
         """``record`` is this owner's after all: a commit that got no answer was found stored later (its staged
         events were dropped then). Queue the events of its outbox not queued yet, and number on from it."""
         if not self.enabled:
+            self._seq = max(self._seq, record.events)
             return
         late = sorted(
             (seq, dict(e))

@@ -10,7 +10,8 @@ group is carried out at once: when nothing more is waiting, when the group is fu
 1. the **dead letters** (before the commit: a crash in between leaves the requests unprocessed, and the next owner
    copies them again, deduplicated by their stream sequence; after it, a crash would lose the copies);
 2. the record's **commit** (compare-and-set: fenced if another owner took over), with the group's **events**
-   numbered and in its outbox; they are published right after it (:mod:`~rebaser_server.changeset.events`);
+   numbered and in its window, which the write carries (and, with the events stream on, in its outbox, published
+   right after it: :mod:`~rebaser_server.changeset.events`);
 3. the **counters**, then the **replies** (never before the commit, so no reply announces what a crash could undo);
 4. the **removal** of the processed requests from the stream (:mod:`~rebaser_server.changeset.trimmer`);
 5. the **DVU** notification, if an applied request made one due.

@@ -137,6 +137,7 @@ class ChangeSetProcessor:
             stats=report.stats,
             timeout=settings.nats_timeout,
             enabled=settings.events,
+            window=settings.events_window,
         )
         # Created once the change set's record is acquired: the post-process step (and its commit group).
         self._post: PostProcess | None = None

@@ -1,14 +1,17 @@
 """Event followers' consumers, made by the daemons on a follower's behalf.
 
-A follower reads its workspace's events through an ordered push consumer of the events stream. Creating one is a
+A follower reads its workspace's events through an ordered push consumer: of the change-sets bucket's stream, whose
+writes carry the events in a header (the record feed, rebaser_core.api.event_window), or of the events stream (the
+feed of earlier releases, published with ``events`` on). Creating one is a
 JetStream API request whose body names the subject JetStream pushes the events to (``deliver_subject``). A caller
 allowed that request could have the events pushed into any subject of the daemons' account: a change-set record's
 KV subject, another workspace's requests, where a stream would store them. So callers get no JetStream API at all.
 The client sends its consumer-create request under the API prefix ``rebaser.api.follow.<wk>`` (nats-py's
 ``jetstream(prefix=...)``), and a daemon checks it and sends a request of its own making to JetStream:
 
-- the consumer is of the events stream, on that workspace's events (all of them, or one change set's), and nothing
-  else: the workspace comes from the subject, which the caller's account imports for its own workspace only;
+- the consumer is of one of those streams, on that workspace's records or events (all of them, or one change
+  set's), and nothing else: the workspace comes from the subject, which the caller's account imports for its own
+  workspace only; a consumer of the records delivers their headers only (never a record's state or replies);
 - its deliver subject is a reply inbox (``rebaser_core.inbox``): never a ``$`` subject nor one of the deployment's;
 - it is an ordered consumer: ephemeral, in memory, one replica, no acks, flow control, bounded heartbeats; every
   other field is dropped.
@@ -131,13 +134,16 @@ class FollowerConsumers:
             workspace_id, api = self._subjects.parse_follow_api(msg.subject)
         except InvalidSubject as err:
             raise Refused(str(err)) from None
-        stream = self._subjects.events_stream
-        if len(api) < 5 or api[:3] != ["CONSUMER", "CREATE", stream]:
-            raise Refused(f"only CONSUMER.CREATE.{stream}.<name>.<filter> is served")
-        name, filter_ = api[3], ".".join(api[4:])
+        records, events = self._subjects.records_stream, self._subjects.events_stream
+        if len(api) < 5 or api[:2] != ["CONSUMER", "CREATE"] or api[2] not in (records, events):
+            raise Refused(f"only CONSUMER.CREATE.<{records} or {events}>.<name>.<filter> is served")
+        stream, name, filter_ = api[2], api[3], ".".join(api[4:])
         if not _CONSUMER_NAME.fullmatch(name):
             raise Refused("the consumer's name must be 1-64 letters, digits, '-' or '_'")
-        self._check_filter(filter_, workspace_id)
+        if stream == records:
+            self._check_records_filter(filter_, workspace_id)
+        else:
+            self._check_filter(filter_, workspace_id)
         if len(msg.data) > MAX_CREATE_BYTES:
             raise Refused(f"a request of {len(msg.data)} bytes is longer than {MAX_CREATE_BYTES}")
         try:
@@ -150,8 +156,22 @@ class FollowerConsumers:
         if not isinstance(config, dict):
             raise Refused("the request has no consumer config")
         safe = self._ordered_config(config, name, filter_)
+        if stream == records:
+            # The feed is in the writes' headers; a follower never gets the records themselves (their state and
+            # replies), only what its workspace's writes carry in their headers.
+            safe["headers_only"] = True
         body = json.dumps({"stream_name": stream, "config": safe}).encode()
         return f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter_}", body
+
+    def _check_records_filter(self, filter_: str, workspace_id: Any) -> None:
+        if filter_ == self._subjects.records_of_workspace(workspace_id):
+            return
+        try:
+            parsed = self._subjects.parse_record_subject(filter_)
+        except InvalidSubject:
+            raise Refused(f"the filter must be the records of workspace {workspace_id}") from None
+        if parsed.workspace_id != workspace_id:
+            raise Refused(f"the filter must be the records of workspace {workspace_id}")
 
     def _check_filter(self, filter_: str, workspace_id: Any) -> None:
         if filter_ == self._subjects.events_of_workspace(workspace_id):

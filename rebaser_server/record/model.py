@@ -8,6 +8,7 @@ before decoding), and how a reply is remembered in it. No NATS here.
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,11 +17,14 @@ import cbor2
 from pydantic import TypeAdapter
 
 from rebaser_core.api import (
+    EVENTS_HEADER,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
     ErrorStatus,
     ResponseStatus,
     SuccessStatus,
+    split_window,
+    window_header,
 )
 from rebaser_core.api.cbor_scan import DECODER_BOUNDS_DEPTH, CborLimits, scan_item, untagged
 from rebaser_core.api.enqueue_updates_response import bounded_status
@@ -88,6 +92,16 @@ class ChangeSetRecord:
     # The last retryable failure of a request that stays first in line (its class and message, bounded), while
     # ``attempts`` counts any: what an operator reads next to "retrying" (rebaser change-set show, the console).
     last_error: str = ""
+    # The change set's last durable events (at most ``events_window``), oldest first, each as
+    # rebaser_core.api.event_text made it. Not in the value: every write carries them in its ``Rebaser-Events``
+    # header (rebaser_core.api.event_window), where a follower reads them without the record.
+    feed: tuple[str, ...] = ()
+
+    def feed_header(self, new: int) -> dict[str, str] | None:
+        """The headers of a write of this record whose last ``new`` events it decides (None: no events yet)."""
+        if not self.feed:
+            return None
+        return {EVENTS_HEADER: window_header(self.feed, min(new, len(self.feed)))}
 
     def encode(self) -> bytes:
         """Two CBOR items back to back: the record's fields, then the array of recent replies (pre-encoded)."""
@@ -118,7 +132,8 @@ class ChangeSetRecord:
         )
 
     @classmethod
-    def decode(cls, data: bytes) -> ChangeSetRecord:
+    def decode(cls, data: bytes, headers: Mapping[str, str] | None = None) -> ChangeSetRecord:
+        """The record stored as ``data``, with the event window of the write's ``headers`` (if given)."""
         try:
             # Read at every activation, and a record holds its recent replies: a Python walk of 5 KB takes 0.3 ms.
             # Without a byte that could start a tag nothing can expand, and the decoder bounds the depth itself.
@@ -148,6 +163,7 @@ class ChangeSetRecord:
             events_at=int(raw.get("events_at", 0)),
             outbox=tuple(item for item in raw.get("outbox", ()) if isinstance(item, dict)),
             last_error=str(raw.get("last_error", ""))[:LAST_ERROR_MAX],
+            feed=_feed_of(headers, int(raw.get("events", 0))),
         )
 
     def reply_for(self, request: EnqueueUpdatesRequest) -> EnqueueUpdatesResponse | None:
@@ -183,6 +199,25 @@ class ChangeSetRecord:
         )
         last_error = self.last_error if attempts else ""
         return replace(self, recent=recent, attempts=attempts, last_error=last_error, **changes)
+
+
+def _feed_of(headers: Mapping[str, str] | None, events: int) -> tuple[str, ...]:
+    """The window a write carried, if its last event is the record's last (else it is not this record's: none)."""
+    value = headers.get(EVENTS_HEADER) if headers else None
+    if not value:
+        return ()
+    feed = split_window(value)
+    if not feed or _seq_of(feed[-1]) != events:
+        return ()
+    return feed
+
+
+def _seq_of(text: str) -> int | None:
+    try:
+        seq = json.loads(text).get("seq")
+    except (ValueError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) else None
 
 
 def reply_entry(request_id: str, status: ResponseStatus, window: int) -> bytes:

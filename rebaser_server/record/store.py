@@ -28,9 +28,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import (
     APIError,
     BucketNotFoundError,
-    KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NotFoundError,
 )
 from nats.js.kv import KeyValue
 
@@ -115,6 +115,7 @@ class ChangeSetHandle:
         self.revision = revision
         self.written = False  # this owner wrote the record at least once (see ChangeSetStore.acquire)
         self._unanswered: bytes | None = None  # the last write, if it failed without an answer (see commit)
+        self._unanswered_record: ChangeSetRecord | None = None  # and the record it wrote
         self._requester = requester
         self._timeout = timeout
         # Request applies and DVU runs both read-modify-write the record; the lock orders them inside one owner,
@@ -129,9 +130,12 @@ class ChangeSetHandle:
         exactly the ones that write sent (another owner's record names another owner or epoch): the revision is
         taken from the store and the write made again, instead of fencing this owner out of its own change set."""
         value = record.encode()
+        # Every write carries the change set's last events (rebaser_core.api.event_window); those past the record
+        # this owner last wrote are the ones this write decides.
+        headers = record.feed_header(record.events - self.record.events)
         for attempt in (1, 2):
             try:
-                self.revision = await self._write(value)
+                self.revision = await self._write(value, headers)
             except KeyWrongLastSequenceError:
                 unanswered = self._unanswered
                 if attempt == 2 or unanswered is None or not await self._own_write_landed(unanswered):
@@ -140,16 +144,18 @@ class ChangeSetHandle:
                     ) from None
                 continue  # from the revision of this owner's own write
             except asyncio.CancelledError:
-                self._unanswered = value  # stored or not: the next write finds out
+                self._unanswered, self._unanswered_record = (
+                    value,
+                    record,
+                )  # stored or not: the next write finds out
                 raise
             except Exception:
-                self._unanswered = (
-                    value  # stored or not: found out now if the store answers, else by the next write
-                )
+                # Stored or not: found out now if the store answers, else by the next write.
+                self._unanswered, self._unanswered_record = value, record
                 if not await self._landed_after_all(value):
                     raise
             break
-        self._unanswered = None
+        self._unanswered = self._unanswered_record = None
         self.record = record
         self.written = True
 
@@ -173,11 +179,11 @@ class ChangeSetHandle:
         """Before a write built from :attr:`record`: if this owner's last write got no answer and could not be read
         back then, read it now, and if it was stored, build from it (True: :attr:`record` is that write now).
         Raises if the record cannot be read (the write would fail anyway). Call with :attr:`lock` held."""
-        unanswered = self._unanswered
-        if unanswered is None or not await self._own_write_landed(unanswered):
+        unanswered, record = self._unanswered, self._unanswered_record
+        if unanswered is None or record is None or not await self._own_write_landed(unanswered):
             return False
-        self.record = ChangeSetRecord.decode(unanswered)
-        self._unanswered = None
+        self.record = record
+        self._unanswered = self._unanswered_record = None
         self.written = True
         return True
 
@@ -197,10 +203,10 @@ class ChangeSetHandle:
             return None
         return True
 
-    async def _write(self, value: bytes) -> int:
+    async def _write(self, value: bytes, headers: dict[str, str] | None) -> int:
         if self._requester is None:
-            return await self._kv.update(self.key, value, last=self.revision)
-        return await self._update(value)
+            return await _update_with_headers(self._kv, self.key, value, self.revision, headers)
+        return await self._update(value, headers)
 
     async def _own_write_landed(self, value: bytes) -> bool:
         """Whether the record stored now is ``value``, the write of this owner that got no answer; if so, its
@@ -212,13 +218,15 @@ class ChangeSetHandle:
         self.revision = entry.revision
         return True
 
-    async def _update(self, value: bytes) -> int:
+    async def _update(self, value: bytes, headers: dict[str, str] | None) -> int:
         """``KeyValue.update`` (a publish to the key's subject expecting its last revision) over the light
         requester: this runs once per group commit."""
-        prefix = getattr(self._kv, "_pre", None) or f"$KV.{self._kv._name}."
         assert self._requester is not None
         reply = await self._requester.request(
-            f"{prefix}{self.key}", value, timeout=self._timeout, headers={_EXPECTED_LAST: str(self.revision)}
+            _key_subject(self._kv, self.key),
+            value,
+            timeout=self._timeout,
+            headers={**(headers or {}), _EXPECTED_LAST: str(self.revision)},
         )
         ack = read_pub_ack(reply.data)
         error = ack.get("error")
@@ -238,13 +246,40 @@ class ChangeSetHandle:
 
 
 class _Entry:
-    """The last message on a record's key: its value (None: deleted or purged) and its revision."""
+    """The last message on a record's key: its value (None: deleted or purged), its revision, and its headers (the
+    write's event window)."""
 
-    __slots__ = ("revision", "value")
+    __slots__ = ("headers", "revision", "value")
 
-    def __init__(self, value: bytes | None, revision: int) -> None:
+    def __init__(self, value: bytes | None, revision: int, headers: dict[str, str] | None = None) -> None:
         self.value = value
         self.revision = revision
+        self.headers = headers
+
+    def record(self) -> ChangeSetRecord:
+        assert self.value is not None
+        return ChangeSetRecord.decode(self.value, self.headers)
+
+
+def _key_subject(kv: KeyValue, key: str) -> str:
+    return (getattr(kv, "_pre", None) or f"$KV.{kv._name}.") + key
+
+
+async def _update_with_headers(
+    kv: KeyValue, key: str, value: bytes, last: int, headers: dict[str, str] | None
+) -> int:
+    """``KeyValue.update`` with headers of our own (nats-py's takes none), through nats-py's JetStream context."""
+    if headers is None:
+        return await kv.update(key, value, last=last)
+    try:
+        ack = await kv._js.publish(
+            _key_subject(kv, key), value, headers={**headers, _EXPECTED_LAST: str(last)}
+        )
+    except APIError as err:
+        if err.err_code == _WRONG_LAST_SEQUENCE:
+            raise KeyWrongLastSequenceError(description=err.description) from None
+        raise
+    return int(ack.seq)
 
 
 async def _read_last(kv: KeyValue, key: str, reads: DirectReads | None, timeout: float) -> _Entry | None:
@@ -256,20 +291,20 @@ async def _read_last(kv: KeyValue, key: str, reads: DirectReads | None, timeout:
     only the leader can answer one, else a ``STREAM.MSG.GET`` (rebaser_server.record.direct_reads).
     """
     if reads is None:
+        # nats-py's KeyValue.get gives no headers: the stream's last message on the key, which has them.
         try:
-            entry = await kv.get(key)
-        except KeyDeletedError as err:
-            return _Entry(None, int(err.entry.revision or 0) if err.entry is not None else 0)
-        except KeyNotFoundError:
+            raw = await kv._js.get_last_msg(_kv_stream(kv), _key_subject(kv, key))
+        except NotFoundError:
             return None
-        return _Entry(entry.value, int(entry.revision or 0))
-    prefix = getattr(kv, "_pre", None) or f"$KV.{kv._name}."
-    stored = await reads.last_message(_kv_stream(kv), prefix + key, timeout=timeout)
+        headers = dict(raw.headers) if raw.headers else None
+        gone = get_header(headers, _KV_OPERATION) in ("DEL", "PURGE")
+        return _Entry(None if gone else raw.data, int(raw.seq or 0), headers)
+    stored = await reads.last_message(_kv_stream(kv), _key_subject(kv, key), timeout=timeout)
     if stored is None:
         return None
     # A DEL or PURGE marker is an entry without a value, as nats-py reads it (KeyDeletedError).
     gone = get_header(stored.headers, _KV_OPERATION) in ("DEL", "PURGE")
-    return _Entry(None if gone else stored.data, stored.seq)
+    return _Entry(None if gone else stored.data, stored.seq, stored.headers)
 
 
 def _kv_stream(kv: KeyValue) -> str:
@@ -348,13 +383,14 @@ class ChangeSetStore:
         entry = await _read_last(self.kv, key, self.reads, self._settings.nats_timeout)
         if entry is None or entry.value is None:
             return None
-        record = ChangeSetRecord.decode(entry.value)
+        record = entry.record()
         if record.owner != owner or not record.task_seq or record.reaped:
             return None  # (reaped: by a peer, or by the owner itself before its own hand-back)
         if still_silent is not None and not await still_silent():
             return None
         try:
-            await self.kv.update(key, replace(record, reaped=True).encode(), last=entry.revision)
+            marked = replace(record, reaped=True)
+            await _update_with_headers(self.kv, key, marked.encode(), entry.revision, marked.feed_header(0))
         except KeyWrongLastSequenceError:
             return None
         return record
@@ -428,7 +464,7 @@ class ChangeSetStore:
                 except FencedError:
                     continue
                 return Acquired(handle, unclean=True)
-            current = ChangeSetRecord.decode(entry.value)
+            current = entry.record()
             if current.shard != shard:
                 # The change set moved shard (a layout change): the sequences it kept count in the old shard's
                 # streams. Safe to start over: its new shard is only served once its old one has drained

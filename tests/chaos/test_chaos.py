@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import nats
+import nats.errors
 import pytest
 
-from rebaser_client import ChangeSetId, RebaserClient, SetLiteral, WorkspacePk
+from rebaser_client import ChangeSetEvent, ChangeSetId, EventsLost, RebaserClient, SetLiteral, WorkspacePk
 from rebaser_core.api import EnqueueUpdatesRequest, InlineUpdates
 from rebaser_core.embedded import NatsCluster, NatsServer
 from rebaser_core.errors import RebaserBusy, RebaserUnavailable
@@ -33,7 +34,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.record.store import ChangeSetStore
 from rebaser_server.testing import describe_state
 from tests.support.daemons import DaemonProcess, daemon_processes, read_record, spawn_daemon
-from tests.support.events import check_feed, describe_feed, stored_feed
+from tests.support.events import check_feed, check_record_feed, describe_feed, record_window, stored_feed
 from tests.support.proxy import TcpProxy
 
 # Seconds of faults per scenario in the long (``slow``) runs: ``REBASER_CHAOS_SECONDS=300 make chaos`` for a
@@ -117,6 +118,7 @@ async def _run(
         for _ in range(daemons):
             await spawn()
         conn = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        follower: asyncio.Task[None] | None = None
         try:
             client = RebaserClient(conn, prefix=prefix, publish_timeout=5.0)
             store = ChangeSetStore(conn.jetstream(timeout=10), Settings(prefix=prefix, replicas=replicas))
@@ -148,6 +150,26 @@ async def _run(
                     struck = await fault([p for p in procs if p.proc.returncode is None], respawn)
                     faults += struck is not False  # a fault may decline to strike (too few daemons up)
 
+            # A follower of the record feed all along: what it is told must be what the events stream stores.
+            followed: dict[ChangeSetId, list[ChangeSetEvent]] = {cs: [] for cs in sent}
+            gaps = 0
+
+            async def follow() -> None:
+                nonlocal gaps
+                while True:
+                    try:
+                        async with client.watch(wk, since={}) as feed:
+                            while True:
+                                try:
+                                    event = await feed.__anext__()
+                                except EventsLost:
+                                    gaps += 1
+                                    continue
+                                followed[event.change_set_id].append(event)
+                    except (RebaserUnavailable, nats.errors.Error, TimeoutError):
+                        await asyncio.sleep(0.5)  # the follow API unanswered (NATS away): asked again
+
+            follower = asyncio.create_task(follow())
             producers = [asyncio.create_task(produce(cs)) for cs in sent]
             chaos_task = asyncio.create_task(chaos())
             await asyncio.sleep(duration)
@@ -182,6 +204,10 @@ async def _run(
                 assert any(e.durable for e in events), f"{cs}: no events"
                 problems = check_feed(events, ids)
                 assert problems == [], f"{cs}: {problems}\n{describe_feed(feed)}"
+                window = await record_window(conn.jetstream(timeout=10), Settings(prefix=prefix), wk, cs)
+                problems = check_record_feed(followed[cs], window, events)
+                assert problems == [], f"{cs}: the record feed: {problems}\n{describe_feed(feed)}"
+                assert window, f"{cs}: the record's last write carries no events"
             events = read_record(applies)
             overlaps = apply_overlaps(events, PAUSES)
             assert overlaps == [], f"two daemons applied to one change set at once: {overlaps[:5]}"
@@ -197,8 +223,14 @@ async def _run(
                 "orphans": 0,
                 "swept": _swept(procs),
                 "longest_stall_s": round(longest_stall(events, until=load_ended), 2),
+                "record_feed_seen": sum(len(seen) for seen in followed.values()),
+                "record_feed_gaps": gaps,
             }
         finally:
+            if follower is not None:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
             await conn.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Sequence
 
 import nats.errors
@@ -117,3 +118,47 @@ async def next_durable(stream: EventStream, count: int, timeout: float = 20) -> 
         if event.durable:
             found.append(event)
     return found
+
+
+def check_record_feed(
+    seen: Sequence[ChangeSetEvent], window: Sequence[ChangeSetEvent], stored: Sequence[ChangeSetEvent]
+) -> list[str]:
+    """What is wrong with one change set's record feed, against its events stream (checked by :func:`check_feed`:
+    both feeds are made of the same events): every event a follower of the record feed yielded (``seen``) is the
+    stored event of its seq, in increasing seq (none given twice, none of a fenced owner or of a rolled-back write),
+    and the window the record's last write carries is the last events stored, without a hole."""
+    problems: list[str] = []
+    by_seq = {event.seq: event for event in stored if event.durable}
+    for before, after in itertools.pairwise(seen):
+        if after.seq <= before.seq:
+            problems.append(f"the follower got seq {after.seq} after seq {before.seq}")
+    for event in seen:
+        kept = by_seq.get(event.seq)
+        if kept is not None and kept.id != event.id:
+            problems.append(
+                f"the follower got {event.kind} {event.id} as seq {event.seq}; stored: {kept.kind} {kept.id}"
+            )
+    if window:
+        last = max(by_seq, default=0)
+        if window[-1].seq != last:
+            problems.append(f"the record's window ends at seq {window[-1].seq}, the stream at {last}")
+        for event in window:
+            kept = by_seq.get(event.seq)
+            if kept is not None and kept.id != event.id:
+                problems.append(f"the record's window holds {event.kind} {event.id} as seq {event.seq}")
+    return problems
+
+
+async def record_window(
+    js: JetStreamContext, settings: Settings, wk: WorkspacePk, cs: ChangeSetId
+) -> list[ChangeSetEvent]:
+    """The events the change set record's last write carries (its window)."""
+    from rebaser_client._record_feed import window_of_write
+
+    subjects = settings.subjects
+    try:
+        raw = await js.get_last_msg(subjects.records_stream, subjects.record_subject(wk, cs))
+    except NotFoundError:
+        return []
+    window = window_of_write(raw.headers)
+    return [] if window is None else list(window.events)

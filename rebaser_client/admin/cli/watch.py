@@ -1,7 +1,8 @@
 """``rebaser watch WK [CS]``: a live line per event of a change set, or of every change set of a workspace.
 
 ``--since N`` replays from after durable event N (one change set); ``--json`` prints each event as one JSON object
-per line. A gap in the feed (events older than the stream keeps) is one line on stderr, and the watch goes on.
+per line; ``--feed stream`` reads the events stream (notices too) instead of the records' writes. A gap in the feed
+(events older than the feed keeps) is one line on stderr, and the watch goes on.
 On a terminal each change set's state (owner, backlog, settled, DVU running) is kept up to date in place below
 the lines (:mod:`~rebaser_client.admin.cli.watch_state`). Ctrl-C ends it. nats-py is imported once the options are
 checked (``rebaser --help`` must answer at once).
@@ -64,9 +65,9 @@ def event_line(event: ChangeSetEvent, *, workspace: bool) -> str:
 class _Display:
     """Prints each event's line; with ``live``, also each change set's state, in place below the lines (rich)."""
 
-    def __init__(self, live: bool, workspace: bool, console: Any = None) -> None:
+    def __init__(self, live: bool, workspace: bool, console: Any = None, *, notices: bool = True) -> None:
         self._workspace = workspace
-        self._state = WatchState()
+        self._state = WatchState(notices)
         self._live: Any = None
         if live:
             from rich.live import Live
@@ -103,7 +104,15 @@ class _Display:
     "--since",
     type=click.IntRange(min=0),
     default=None,
-    help="Replay from after this durable event seq (0: all the stream keeps). Needs CHANGE_SET.",
+    help="Replay from after this durable event seq (0: all the deployment keeps). Needs CHANGE_SET.",
+)
+@click.option(
+    "--feed",
+    type=click.Choice(["records", "stream"]),
+    default="records",
+    show_default=True,
+    help="Where to read the events: the records' writes (every deployment), or the REBASER_EVENTS stream "
+    "(daemons with events on: notices too).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event, one per line.")
 def watch(
@@ -112,6 +121,7 @@ def watch(
     workspace: str,
     change_set: str | None,
     since: int | None,
+    feed: str,
     as_json: bool,
 ) -> None:
     """Follow a change set's events (or, without CHANGE_SET, a whole workspace's) as they happen."""
@@ -125,8 +135,10 @@ def watch(
         from rebaser_client._events import EventStream
         from rebaser_core.errors import EventsLost
 
-        with _Display(live, cs is None) as show:
-            async with EventStream(nc, subjects, wk, cs, since) as stream:
+        with _Display(live, cs is None, notices=feed == "stream") as show:
+            async with EventStream(
+                nc, subjects, wk, cs, since, "stream" if feed == "stream" else "records"
+            ) as stream:
                 while True:
                     try:
                         event = await stream.__anext__()

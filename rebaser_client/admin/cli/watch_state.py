@@ -1,5 +1,8 @@
 """What ``rebaser watch`` knows of each change set it follows, from its events alone: who owns it, the last durable
-event, the backlog then, whether it is settled and whether a DVU is running. Shown in place on a terminal. No NATS."""
+event, the backlog then, whether it is settled and whether a DVU is running. Shown in place on a terminal. No NATS.
+
+Who owns it and whether a DVU runs are told by notices, which only the events stream carries (``--feed stream``):
+following the record feed, the line says the ownership's epoch instead."""
 
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ class ChangeSetView:
     dvu_running: bool = False
     owned: bool = False
 
-    def line(self) -> str:
-        owner = f"owned by {self.owner} (epoch {self.epoch})" if self.owned else "not owned"
+    def line(self, notices: bool = True) -> str:
+        if not notices:  # durable events only: their epoch, not who owns it now
+            owner = f"epoch {self.epoch}"
+        else:
+            owner = f"owned by {self.owner} (epoch {self.epoch})" if self.owned else "not owned"
         queued = "queued ?" if self.queued is None else f"queued {self.queued}"
         state = "settled" if self.settled else "busy"
         dvu = ", DVU running" if self.dvu_running else ""
@@ -34,10 +40,12 @@ class ChangeSetView:
 
 
 class WatchState:
-    """Each followed change set's view, updated by every event (newest last)."""
+    """Each followed change set's view, updated by every event (newest last). ``notices``: the feed carries them
+    (the events stream), so the ownership and the DVU runs are known."""
 
-    def __init__(self) -> None:
+    def __init__(self, notices: bool = True) -> None:
         self.views: dict[str, ChangeSetView] = {}
+        self.notices = notices
 
     def update(self, event: ChangeSetEvent) -> None:
         key = str(event.change_set_id)
@@ -62,4 +70,7 @@ class WatchState:
 
     def lines(self, *, workspace: bool) -> list[str]:
         shown = list(self.views.items())[-SHOWN:]
-        return [f"{key} {view.line()}" if workspace else view.line() for key, view in shown]
+        return [
+            f"{key} {view.line(self.notices)}" if workspace else view.line(self.notices)
+            for key, view in shown
+        ]

@@ -1,7 +1,7 @@
 """The console's one set of NATS watches and reads, shared by every open browser (:class:`Live`).
 
-- **Watches** (pushed by NATS): the change-set records (``REBASER_CHANGE_SETS``), the pauses (``REBASER_PAUSES``) and,
-  when the daemons publish it, the event feed (``REBASER_EVENTS``, every change set: new events only).
+- **Watches** (pushed by NATS): the change-set records (``REBASER_CHANGE_SETS``), the pauses (``REBASER_PAUSES``) and
+  the event feed (every change set's new events, from the headers of the records' writes: docs/events.md).
 - **Reads** (the console's own, once per ``refresh`` whatever the number of browsers): the streams' subject counts
   (:func:`~rebaser_client.admin.status.read_counts`), then, only for what changed, a task's sequence (owned or
   waiting) and a queue's first request (its age); every ``overview_every`` refreshes, ``rebaser status``'s report
@@ -30,18 +30,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from rebaser_client._jetstream import OPERATOR_TIMEOUT, consumer_upto, jetstream, task_seq_and_lane
+from rebaser_client._jetstream import consumer_upto, jetstream, task_seq_and_lane
 from rebaser_client._record import RecordView
+from rebaser_client._record_feed import FreshEvents, window_of_write
 from rebaser_client.admin.console.hub import Hub
 from rebaser_client.admin.console.index import Index, Row
 from rebaser_client.admin.status import Counts, StatusReport, read_counts, status_report
 from rebaser_client.admin.workspaces import DaemonsOwned, read_daemons_owned
-from rebaser_core.errors import DecodeError, ProtocolError, RebaserError
+from rebaser_core.errors import DecodeError, RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats import cancellation
 from rebaser_core.nats.bucket_watch import BucketWatch, stop_watch, watch_bucket
@@ -76,9 +76,8 @@ _READS_PER_ROUND = 200  # task sequences and first requests read per refresh at 
 _HISTORY_MAX = 500
 _STOP_TIMEOUT = 10.0  # past events shown on a change set's page at most
 FEED_OFF = (
-    "The event feed is off: the daemons publish events only with REBASER_EVENTS=true (or events = true in their "
-    "--config file). Turn it on to see each change set's timeline here; everything else on these pages comes from "
-    "the records, the pauses and the streams."
+    "No event feed yet: no daemon has started on this deployment (the feed is carried by the writes of the change "
+    "sets' records). Everything else on these pages comes from the records, the pauses and the streams."
 )
 
 
@@ -117,6 +116,7 @@ class Live:
         self._dead_letters_seen: tuple[int | None, int] = (None, 0)
         self.samples: deque[Sample] = deque(maxlen=SAMPLES)
         self._applied_events = 0  # applied events the feed delivered
+        self._fresh = FreshEvents(self.subjects)
         self._last_sample: tuple[float, int, int, bool] | None = None  # at, done, applied events, feed on
 
     async def start(self) -> None:
@@ -196,31 +196,28 @@ class Live:
         await self._watch(self.subjects.pauses_bucket, apply, lambda: None)
 
     async def _follow_feed(self) -> None:
-        """Every change set's new events, if the deployment has the feed; looked for again while it has not."""
-        from rebaser_core.api import CHANGE_SET_EVENT
-
+        """Every change set's new events, from the records' writes (headers only); looked for again while the
+        deployment has no records yet."""
         while True:
             sub: Any = None
             try:
-                await self.js.stream_info(self.subjects.events_stream)
+                await self.js.stream_info(self.subjects.records_stream)
                 sub = await self.js.subscribe(
-                    self.subjects.events_stream_subject,
-                    stream=self.subjects.events_stream,
+                    self.subjects.records_all,
+                    stream=self.subjects.records_stream,
                     ordered_consumer=True,
                     deliver_policy=js_api.DeliverPolicy.NEW,
+                    headers_only=True,
                 )
                 self._set_feed(True)
                 while True:
                     msg = await sub.next_msg(timeout=None)
-                    try:
-                        event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
-                    except ProtocolError:
-                        continue  # not an event: the feed's own followers skip it too
-                    wk, cs = str(event.workspace_id), str(event.change_set_id)
-                    if event.kind == "applied":
-                        self._applied_events += 1
-                    self.index.apply_event(wk, cs, event.kind, event.owner, event.epoch)
-                    self.hub.publish(f"cs:{wk}.{cs}", event)
+                    for event in self._fresh.of(msg):
+                        wk, cs = str(event.workspace_id), str(event.change_set_id)
+                        if event.kind == "applied":
+                            self._applied_events += 1
+                        self.index.apply_event(wk, cs, event.kind, event.owner, event.epoch)
+                        self.hub.publish(f"cs:{wk}.{cs}", event)
             except asyncio.CancelledError:
                 raise
             except NotFoundError:
@@ -436,39 +433,18 @@ class Live:
     async def history(
         self, workspace_id: WorkspacePk, change_set_id: ChangeSetId, since: int | None
     ) -> list[Any]:
-        """The change set's events the stream keeps, after durable seq ``since`` (None: the last _HISTORY_MAX)."""
-        from rebaser_core.api import CHANGE_SET_EVENT
-
-        subject = self.subjects.events(workspace_id, change_set_id)
+        """The change set's events the deployment keeps (the window its record's last write carries), after
+        durable seq ``since`` (None: all of them, at most _HISTORY_MAX)."""
         try:
-            info = await self.js.stream_info(self.subjects.events_stream, subjects_filter=subject)
+            raw = await self.js.get_last_msg(
+                self.subjects.records_stream, self.subjects.record_subject(workspace_id, change_set_id)
+            )
         except NotFoundError:
             return []
-        if not (info.state.subjects or {}).get(subject):
+        window = window_of_write(raw.headers)
+        if window is None:
             return []
-        sub = await self.js.subscribe(
-            subject,
-            stream=self.subjects.events_stream,
-            ordered_consumer=True,
-            deliver_policy=js_api.DeliverPolicy.ALL,
-        )
-        events: list[Any] = []
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=OPERATOR_TIMEOUT)
-                except nats.errors.TimeoutError:
-                    break
-                with contextlib.suppress(ProtocolError):
-                    event = CHANGE_SET_EVENT.decode(msg.headers, msg.data)
-                    if since is None or event.seq > since or (not event.durable and event.seq == since):
-                        events.append(event)
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return events[-_HISTORY_MAX:]
+        return [e for e in window.events if since is None or e.seq > since][-_HISTORY_MAX:]
 
     def row_of(self, workspace_id: str, change_set_id: str) -> Row | None:
         return self.index.rows.get((workspace_id, change_set_id))

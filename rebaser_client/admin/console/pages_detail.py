@@ -146,8 +146,8 @@ def change_set_body(
     since_value = "" if since is None else str(since)
     if feed_on is False:
         timeline = (
-            '<p class="banner" id="feed-off">The event feed is off: set REBASER_EVENTS=true on the daemons '
-            "(or events = true in their --config file) to see this change set's timeline.</p>"
+            '<p class="banner" id="feed-off">No event feed yet: no daemon has started on this deployment, '
+            "and this change set's timeline comes from the writes of its record.</p>"
         )
     else:
         timeline = (

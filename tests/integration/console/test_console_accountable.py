@@ -215,7 +215,7 @@ async def test_with_the_feed_off_the_page_lays_out_without_an_empty_timeline(
         await page.wait_for_selector("#live.on", timeout=20_000)
         await page.locator("#detail table.facts").wait_for(timeout=20_000)
         await page.screenshot(path=screenshot_path(tmp_path, "console-feed-off.png"), full_page=True)
-        # What to turn on stands in place of the timeline: no empty table whose header runs into the facts.
+        # Why there is no feed yet stands in place of the timeline: no empty table whose header runs into the facts.
         assert await page.locator("#timeline").count() == 0
         boxes = await page.evaluate(
             """() => [...document.querySelector("main").children].map(e => {

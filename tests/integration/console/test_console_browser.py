@@ -1,8 +1,9 @@
 """The web console in a real browser (Debian's chromium, driven by Playwright), against an in-process daemon under
-load with the event feed on: a change set's timeline grows live; pausing one stops its requests being applied and
-resuming it lets them through; a request refused by the app lands in the dead letters and is replayed from the
-console; the list filters by workspace and pauses a whole filter at once. Every action asks first (the dialog) and
-shows its outcome. The pages' screenshots (docs/console.md) are taken here (``make screenshots``).
+load at the defaults (the event feed carried by the records' writes): a change set's timeline grows live; pausing
+one stops its requests being applied and resuming it lets them through; a request refused by the app lands in the
+dead letters and is replayed from the console; the list filters by workspace and pauses a whole filter at once.
+Every action asks first (the dialog) and shows its outcome. The pages' screenshots (docs/console.md) are taken here
+(``make screenshots``).
 
 One browser, one daemon and one console serve the whole module (its own event loop): starting them is most of a
 browser test's cost."""
@@ -103,7 +104,7 @@ async def deployment(
         nc = await nats.connect(nats_server.url)
         console_nc = await nats.connect(nats_server.url)
         app = RefusingApp()
-        settings = fast_settings(prefix, events=True)
+        settings = fast_settings(prefix)
         stop = asyncio.Event()
         load: asyncio.Task[None] | None = None
         try:

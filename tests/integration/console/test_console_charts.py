@@ -29,7 +29,7 @@ _CHART = """key => {
 async def test_the_overview_charts_appear_and_move_as_requests_are_applied(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    settings = fast_settings(subject_prefix, events=True)
+    settings = fast_settings(subject_prefix)
     stop = asyncio.Event()
     sent = 0
 

@@ -183,7 +183,7 @@ async def test_a_read_only_console_refuses_every_action(nc: NatsClient, deployme
             assert "read-only" in (await response.json())["lines"][0]
 
 
-async def test_the_pages_say_what_to_turn_on_when_the_feed_is_off(
+async def test_the_pages_say_why_there_is_no_feed_before_a_daemon_started(
     nc: NatsClient, deployment: Subjects
 ) -> None:
     wk, cs = WorkspacePk.new(), ChangeSetId.new()
@@ -193,10 +193,10 @@ async def test_the_pages_say_what_to_turn_on_when_the_feed_is_off(
             lambda: console.live.feed_on is False and console.live.row_of(str(wk), str(cs)), timeout=10
         )
         async with http.get(f"{console.url}/") as response:
-            assert "REBASER_EVENTS=true" in await response.text()
+            assert "No event feed yet: no daemon has started" in await response.text()
         async with http.get(f"{console.url}/change-sets/{wk}/{cs}") as response:
             page = await response.text()
-        assert "The event feed is off: set REBASER_EVENTS=true" in page
+        assert "No event feed yet: no daemon has started on this deployment" in page
         assert "1 request" in page  # the rest of the page is there all the same
         # Any change set is found by its id, and so is a workspace (an id's end is not an id).
         async with http.get(f"{console.url}/find?id={cs}", allow_redirects=False) as response:
@@ -209,8 +209,8 @@ async def test_the_pages_say_what_to_turn_on_when_the_feed_is_off(
 
 async def test_ten_browsers_share_the_consoles_watches(nc: NatsClient, subject_prefix: str) -> None:
     """Ten open pages cost NATS nothing more than one: no consumer of their own on the records, the pauses or the
-    event feed (the console's one set of watches serves them all)."""
-    settings = fast_settings(subject_prefix, events=True)
+    event feed (the records' writes: the console's one set of watches serves them all)."""
+    settings = fast_settings(subject_prefix)
     await ensure_streams(nc.jetstream(), settings)
     subjects = settings.subjects
     js = nc.jetstream()
@@ -222,7 +222,6 @@ async def test_ten_browsers_share_the_consoles_watches(nc: NatsClient, subject_p
     async def consumers() -> dict[str, int]:
         found = {}
         for stream in (
-            subjects.events_stream,
             f"KV_{subjects.pauses_bucket}",
             f"KV_{subjects.change_sets_bucket}",
         ):

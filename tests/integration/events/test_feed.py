@@ -29,7 +29,7 @@ async def test_a_follower_sees_every_applied_request_once_in_order(
 ) -> None:
     async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        async with client.watch(wk, cs, since=0) as feed:
+        async with client.watch(wk, cs, since=0, feed="stream") as feed:
             sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/n", value=n)]) for n in range(30)]
             last = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
             sent.append(last.id)
@@ -52,7 +52,7 @@ async def test_notices_say_taken_and_released_and_the_last_event_settled(
     settings = fast_settings(subject_prefix, events=True, quiescent_period=0.2)
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        async with client.watch(wk, cs) as feed:
+        async with client.watch(wk, cs, feed="stream") as feed:
             await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/dvu", value=1)], timeout=20)
             events: list[ChangeSetEvent] = []
             while not events or events[-1].kind != "released":
@@ -76,7 +76,7 @@ async def test_a_dead_lettered_request_is_told_with_its_reason_class(
     settings = fast_settings(subject_prefix, events=True)
     async with running_daemon(nc, settings, RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
-        async with client.watch(wk, cs, since=0) as feed:
+        async with client.watch(wk, cs, since=0, feed="stream") as feed:
             poison = await client.enqueue_updates_with_reply(
                 wk, cs, [SetLiteral(path="/poison", value=1)], timeout=20
             )
@@ -100,11 +100,11 @@ async def test_a_follower_that_stops_and_resumes_from_since_misses_nothing(
     async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         first = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(10)]
-        async with client.watch(wk, cs, since=0) as feed:
+        async with client.watch(wk, cs, since=0, feed="stream") as feed:
             seen = await next_durable(feed, 5)
         assert [e.request_id for e in seen] == first[:5]
         more = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/b", value=n)]) for n in range(5)]
-        async with client.watch(wk, cs, since=seen[-1].seq) as feed:
+        async with client.watch(wk, cs, since=seen[-1].seq, feed="stream") as feed:
             rest = await next_durable(feed, 10)
         assert [e.request_id for e in rest] == first[5:] + more
         assert [e.seq for e in rest] == list(range(6, 16))
@@ -119,7 +119,7 @@ async def test_a_since_older_than_the_retention_is_a_typed_gap(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(20)]
         await client.wait_settled(wk, cs, timeout=20)
-        async with client.watch(wk, cs, since=2) as feed:
+        async with client.watch(wk, cs, since=2, feed="stream") as feed:
             with pytest.raises(EventsLost) as lost:
                 await next_durable(feed, 1)
             # Iterating on resumes right after the gap.
@@ -136,7 +136,7 @@ async def test_a_workspace_follower_sees_only_its_workspace(
     async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
         wk, other = WorkspacePk.new(), WorkspacePk.new()
         one, two = ChangeSetId.new(), ChangeSetId.new()
-        async with client.watch(wk) as feed:
+        async with client.watch(wk, feed="stream") as feed:
             mine = {
                 await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=1)]) for cs in (one, two)
             }
@@ -158,7 +158,7 @@ async def test_junk_on_the_events_subject_is_skipped_not_fatal(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         subject = settings.subjects.events(wk, cs)
         js = nc.jetstream()
-        async with client.watch(wk, cs) as feed:
+        async with client.watch(wk, cs, feed="stream") as feed:
             junk = [
                 (b"\xff\x00garbage", None),
                 (b"{}", {"X-MESSAGE-TYPE": "ChangeSetEvent", "X-MESSAGE-VERSION": "1"}),
@@ -218,7 +218,7 @@ async def test_events_left_unpublished_by_a_dead_owner_are_published_by_the_next
         delivery = TaskDelivery(record.task_seq, record.task_delivery + 1)
         handle = (await daemon.store.acquire(change_set, "dead", record.state, delivery)).handle
         await handle.commit(replace(handle.record, events=3, outbox=tuple(lost)))
-        async with client.watch(wk, cs, since=1) as feed:
+        async with client.watch(wk, cs, since=1, feed="stream") as feed:
             nxt = await client.enqueue_updates_with_reply(
                 wk, cs, [SetLiteral(path="/a", value=2)], timeout=20
             )
@@ -299,7 +299,7 @@ async def test_a_follower_that_falls_behind_a_replay_loses_nothing(
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(count)]
         await client.wait_settled(wk, cs, timeout=60)
-        async with client.watch(wk, cs, since=0) as feed:
+        async with client.watch(wk, cs, since=0, feed="stream") as feed:
             await feed.start()
             sub = feed._sub  # the follower reads nothing until the replay has piled up unread
 

@@ -65,7 +65,7 @@ async def test_a_failed_publication_is_stored_before_the_events_after_it(
     event_fault.update(how=how, subject=settings.subjects.events(wk, cs))
     count = 12
     async with running_daemon(nc, settings, RecordingApp()):
-        async with client.watch(wk, cs, since=0) as feed:
+        async with client.watch(wk, cs, since=0, feed="stream") as feed:
             await feed.start()
             sent = [
                 str((await client.enqueue_updates_with_reply(wk, cs, [SetLiteral(path="/a", value=n)])).id)

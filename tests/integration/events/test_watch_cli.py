@@ -61,7 +61,7 @@ async def _interrupt(proc: asyncio.subprocess.Process) -> int:
 async def test_watch_prints_each_event_as_json_and_stops_on_ctrl_c(
     nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         sent = [await client.enqueue_updates(wk, cs, [SetLiteral(path="/a", value=n)]) for n in range(3)]
         await client.wait_settled(wk, cs, timeout=20)
@@ -80,7 +80,7 @@ async def test_watch_prints_each_event_as_json_and_stops_on_ctrl_c(
 async def test_watch_of_a_workspace_prints_lines_for_people(
     nc: NatsClient, client: RebaserClient, nats_url: str, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         proc = await _watch(str(wk), "--nats-url", nats_url, "--prefix", subject_prefix)
         try:
@@ -103,7 +103,7 @@ async def test_watch_of_a_workspace_prints_lines_for_people(
 async def test_a_follower_that_never_reads_holds_nobody_up(
     nc: NatsClient, client: RebaserClient, subject_prefix: str
 ) -> None:
-    async with running_daemon(nc, fast_settings(subject_prefix, events=True), RecordingApp()):
+    async with running_daemon(nc, fast_settings(subject_prefix), RecordingApp()):
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         # Subscribed and never read: the server stops pushing to it (flow control), the daemon only publishes.
         async with client.watch(wk, cs, since=0):
@@ -119,10 +119,19 @@ async def test_a_follower_that_never_reads_holds_nobody_up(
 async def test_following_a_deployment_without_the_feed_says_what_to_turn_on(client: RebaserClient) -> None:
     # No daemon has published with the feed on under this prefix: there is no events stream to follow.
     with pytest.raises(RebaserUnavailable) as raised:
-        async with client.watch(WorkspacePk.new()):
+        async with client.watch(WorkspacePk.new(), feed="stream"):
             pass
     message = str(raised.value)
     assert "REBASER_EVENTS=true" in message and "NotFoundError" not in message, message
+
+
+async def test_following_a_deployment_no_daemon_started_says_so(client: RebaserClient) -> None:
+    # No daemon has started under this prefix: there are no records, so no record feed, to follow.
+    with pytest.raises(RebaserUnavailable) as raised:
+        async with client.watch(WorkspacePk.new()):
+            pass
+    message = str(raised.value)
+    assert "has a daemon started here?" in message and "NotFoundError" not in message, message
 
 
 def test_a_line_for_people_names_what_happened() -> None:

@@ -185,13 +185,13 @@ async def test_follower_reads_its_workspace_events_and_no_other(
             follower = RebaserClient(follower_nc)
 
             # Its workspace: one change set from the start, then the whole workspace.
-            async with follower.watch(FOLLOWED, cs, since=0) as feed:
+            async with follower.watch(FOLLOWED, cs, since=0, feed="stream") as feed:
                 events = await next_durable(feed, 2)
             assert [(e.workspace_id, e.change_set_id, e.kind, e.seq) for e in events] == [
                 (FOLLOWED, cs, "applied", 1),
                 (FOLLOWED, cs, "applied", 2),
             ]
-            workspace_feed = follower.watch(FOLLOWED, since={cs: 0})
+            workspace_feed = follower.watch(FOLLOWED, since={cs: 0}, feed="stream")
             await workspace_feed.start()
             try:
                 assert [e.seq for e in await next_durable(workspace_feed, 2)] == [1, 2]
@@ -199,8 +199,8 @@ async def test_follower_reads_its_workspace_events_and_no_other(
                 # Another workspace: watch() finds no daemon to make its consumer (its account imports only its own
                 # workspace's follow API), a change set or the whole workspace.
                 refused = await asyncio.gather(
-                    follower.watch(other, other_cs, since=0).start(),
-                    follower.watch(other, since={}).start(),
+                    follower.watch(other, other_cs, since=0, feed="stream").start(),
+                    follower.watch(other, since={}, feed="stream").start(),
                     return_exceptions=True,
                 )
                 assert all(isinstance(r, RebaserUnavailable) for r in refused), refused
@@ -304,7 +304,7 @@ async def test_follower_recreates_its_consumer_within_its_account(
         ):
             write = [SetLiteral(path="/n", value=1)]
             assert (await writer.enqueue_updates_with_reply(FOLLOWED, cs, write, timeout=20)).ok
-            async with RebaserClient(follower_nc).watch(FOLLOWED, cs, since=0) as feed:
+            async with RebaserClient(follower_nc).watch(FOLLOWED, cs, since=0, feed="stream") as feed:
                 assert [e.seq for e in await next_durable(feed, 1)] == [1]
                 [lost] = await js.consumers_info(stream)
                 await js.delete_consumer(stream, lost.name)
@@ -341,7 +341,7 @@ async def test_follower_answers_flow_control_within_its_account(
                 await js.publish(subjects.events(FOLLOWED, change_sets[n % 20]), b"x" * 7000)
             updates = [SetLiteral(path="/n", value=1)]
             assert (await writer.enqueue_updates_with_reply(FOLLOWED, cs, updates, timeout=20)).ok
-            async with RebaserClient(follower_nc).watch(FOLLOWED, since={}) as feed:
+            async with RebaserClient(follower_nc).watch(FOLLOWED, since={}, feed="stream") as feed:
                 [event] = await next_durable(feed, 1, timeout=30)
                 assert (event.change_set_id, event.seq) == (cs, 1)
                 assert feed.malformed == filler

@@ -68,9 +68,13 @@ def _allowed(settings: Settings, user: str, workspace: WorkspacePk) -> tuple[lis
     follow = (
         f"{names.follow_api(workspace)}.CONSUMER.CREATE.{names.events_stream}.x.{names.events(workspace, cs)}"
     )
-    flow_control = f"$JS.FC.{names.events_stream}.x.1"
+    follow_records = (
+        f"{names.follow_api(workspace)}.CONSUMER.CREATE.{names.records_stream}.x."
+        f"{names.record_subject(workspace, cs)}"
+    )
+    flow_control = [f"$JS.FC.{names.events_stream}.x.1", f"$JS.FC.{names.records_stream}.x.1"]
     if user == "follower-1":
-        return [layout, follow], [flow_control]
+        return [layout, follow, follow_records], flow_control
     answered = [
         names.requests(workspace, cs),
         shard.requests(workspace, cs),
@@ -81,8 +85,9 @@ def _allowed(settings: Settings, user: str, workspace: WorkspacePk) -> tuple[lis
         names.batch_part(workspace, ADDRESS, MANIFEST),
         layout,
         follow,
+        follow_records,
     ]
-    return answered, [flow_control]
+    return answered, flow_control
 
 
 async def _last_seq(js: JetStreamContext, stream: str, subject: str) -> int | None:

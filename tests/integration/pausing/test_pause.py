@@ -208,7 +208,7 @@ async def test_pause_and_resume_are_told_to_the_change_sets_followers(
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs_id = WorkspacePk.new(), ChangeSetId.new()
         cs = ChangeSet(wk, cs_id)
-        async with client.watch(wk, cs_id) as feed:
+        async with client.watch(wk, cs_id, feed="stream") as feed:
             first = await client.enqueue_updates_with_reply(wk, cs_id, [], timeout=20)
             await pause_change_set(nc, settings.subjects, wk, cs_id, "by hand", wait=20)
             await resume_change_set(nc, settings.subjects, wk, cs_id)

@@ -209,9 +209,9 @@ async def test_a_commit_whose_answer_was_lost_but_was_stored_does_not_fence_its_
     handle = (await _owned(store, cs, "a", TaskDelivery(1, 1))).handle
     write = handle._write
 
-    async def stored_then_lost(value: bytes) -> int:
+    async def stored_then_lost(value: bytes, headers: dict[str, str] | None) -> int:
         monkeypatch.setattr(handle, "_write", write)  # once
-        await write(value)
+        await write(value, headers)
         raise TimeoutError("the answer was lost")
 
     monkeypatch.setattr(handle, "_write", stored_then_lost)
@@ -281,9 +281,9 @@ async def test_a_write_after_a_stored_commit_whose_answer_was_lost_does_not_roll
     await handle.commit(replace(handle.record, state={"applied": ["r0"]}, applied_seq=3))
     write = handle._write
 
-    async def stored_then_lost(value: bytes) -> int:
+    async def stored_then_lost(value: bytes, headers: dict[str, str] | None) -> int:
         monkeypatch.setattr(handle, "_write", write)
-        await write(value)
+        await write(value, headers)
         raise TimeoutError("the answer was lost")
 
     monkeypatch.setattr(handle, "_write", stored_then_lost)

@@ -3,6 +3,7 @@ dicts, not through the model, so this is where they are held to it). No NATS: no
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -179,3 +180,31 @@ def _queued(feed: ChangeSetFeed, monkeypatch: pytest.MonkeyPatch) -> list[int | 
 
     monkeypatch.setattr(feed._pump, "put", put)
     return queued
+
+
+async def test_the_window_keeps_the_last_events_on_the_record_and_a_dropped_commit_none() -> None:
+    feed = ChangeSetFeed(
+        CS,
+        requester=Requester(None),  # type: ignore[arg-type]  # never used: the events stream is off
+        subjects=Subjects(),
+        owner="daemon-1",
+        stats=Stats(),
+        timeout=1,
+        enabled=False,
+        window=3,
+    )
+    record = ChangeSetRecord(epoch=1, owner="daemon-1", state={})
+    feed.taken(record)
+    for _ in range(2):
+        decisions = [_decision(SuccessStatus(updates_performed=1)) for _ in range(2)]
+        record = feed.stage(record, decisions, [1, 0], settled=True)
+        await feed.committed()
+    assert record.events == 4 and record.outbox == ()
+    window = [_valid(json_event) for json_event in map(json.loads, record.feed)]
+    assert [e.seq for e in window] == [2, 3, 4] and window[-1].settled and not window[1].settled
+    # A commit that is dropped (fenced, failed) changes nothing the next stage builds on.
+    staged = feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=True)
+    assert staged.events == 5
+    feed.dropped()
+    again = feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=True)
+    assert again.events == 5 and [json.loads(t)["seq"] for t in again.feed] == [3, 4, 5]

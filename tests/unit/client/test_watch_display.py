@@ -73,3 +73,24 @@ def test_on_a_terminal_the_state_is_drawn_under_the_lines() -> None:
     text = out.getvalue()
     assert "applied" in text and "released" in text  # the lines
     assert "owned by d1 (epoch 3), last #2, queued 0, busy, DVU running" in text  # the state, drawn in place
+
+
+def test_following_the_record_feed_the_state_says_the_epoch_not_an_owner() -> None:
+    from rebaser_core.api import ChangeSetEvent
+    from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+
+    state = WatchState(notices=False)
+    state.update(
+        ChangeSetEvent(
+            id=RequestId.new(),
+            workspace_id=WorkspacePk.new(),
+            change_set_id=ChangeSetId.new(),
+            kind="applied",
+            seq=7,
+            durable=True,
+            at=0,
+            epoch=3,
+            queued=2,
+        )
+    )
+    assert state.lines(workspace=False) == ["epoch 3, last #7, queued 2, busy"]

@@ -1,0 +1,111 @@
+"""A change set's last durable events, carried by every write of its record: the ``Rebaser-Events`` header.
+
+The owning daemon numbers a change set's durable events (rebaser_core.api.events) when it commits them, and the
+commit is one write of the change set's record to the change-sets KV bucket. That write carries, in this header, the
+change set's last events (at most ``events_window``, oldest first, ``seq`` without holes), so the feed costs no
+message of its own: an event exists exactly when its commit is stored, never twice, and an owner fenced at its commit
+shows none. Every later write of the record (a takeover, a hand-back) carries the same window on.
+
+A follower reads the headers only (a headers-only consumer of the bucket's stream, docs/protocol.md §17). The KV keeps
+one revision per key, so a follower that falls behind misses revisions; the next one it gets holds the last events
+all the same, and only a follower more than a window behind loses events (it sees ``seq`` jump).
+
+The value is JSON: ``{"v": 1, "new": N, "events": [event, ...]}``, each event a ChangeSetEvent v1 in its JSON form;
+``new`` says how many of the last events this write decided (0 for a write that decided none). JSON keeps the value
+to printable ASCII, as a header value must be.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from rebaser_core.api.events import MAX_EVENT_BYTES, ChangeSetEvent
+from rebaser_core.errors import DecodeError
+
+__all__ = [
+    "EVENTS_HEADER",
+    "MAX_WINDOW",
+    "MAX_WINDOW_BYTES",
+    "EventWindow",
+    "event_text",
+    "read_window",
+    "split_window",
+    "window_header",
+]
+
+EVENTS_HEADER = "Rebaser-Events"
+# The most events a window holds (``events_window`` is at most this), and so the longest value read: anything longer
+# is refused before it is parsed.
+MAX_WINDOW = 64
+MAX_WINDOW_BYTES = MAX_WINDOW * (MAX_EVENT_BYTES + 1) + 64
+_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EventWindow:
+    """A record write's events: ``events`` oldest first, the last ``new`` of them decided by that write."""
+
+    new: int
+    events: tuple[ChangeSetEvent, ...]
+
+    @property
+    def last_seq(self) -> int:
+        return self.events[-1].seq if self.events else 0
+
+
+def event_text(event: Mapping[str, object]) -> str:
+    """An event (its JSON-model form) as it goes into a window: compact JSON, ASCII only."""
+    return json.dumps(event, separators=(",", ":"))
+
+
+def window_header(events: Sequence[str], new: int) -> str:
+    """The header value of a write whose window is ``events`` (as :func:`event_text` made them), the last ``new``
+    of them decided by it. Joined, not encoded again: the events before were encoded by earlier writes."""
+    return f'{{"v":{_VERSION},"new":{new},"events":[{",".join(events)}]}}'
+
+
+def _parsed(value: str) -> tuple[int, list[object]]:
+    if len(value) > MAX_WINDOW_BYTES:
+        raise DecodeError(f"an event window of {len(value)} bytes is longer than {MAX_WINDOW_BYTES}")
+    try:
+        raw = json.loads(value)
+    except (ValueError, RecursionError):
+        raise DecodeError("the event window is not JSON") from None
+    if not isinstance(raw, dict) or raw.get("v") != _VERSION:
+        raise DecodeError(f"the event window is not a version {_VERSION} object")
+    new, events = raw.get("new"), raw.get("events")
+    if not isinstance(new, int) or isinstance(new, bool) or not isinstance(events, list):
+        raise DecodeError("the event window needs a whole 'new' and a list of 'events'")
+    if len(events) > MAX_WINDOW or not 0 <= new <= len(events):
+        raise DecodeError(f"the event window holds {len(events)} events, {new} new: out of bounds")
+    return new, events
+
+
+def read_window(value: str) -> EventWindow:
+    """A follower's reading of a ``Rebaser-Events`` value; :class:`~rebaser_core.errors.DecodeError` if it is not
+    one (too long, not the form, an event not valid or not durable, ``seq`` not one after another)."""
+    new, raw_events = _parsed(value)
+    events: list[ChangeSetEvent] = []
+    for item in raw_events:
+        try:
+            event = ChangeSetEvent.model_validate(item)
+        except ValidationError as err:
+            raise DecodeError(f"an event of the window is not valid: {err.errors()[0]['msg']}") from None
+        if not event.durable or (events and event.seq != events[-1].seq + 1):
+            raise DecodeError("the window's events are not durable ones numbered one after another")
+        events.append(event)
+    return EventWindow(new, tuple(events))
+
+
+def split_window(value: str) -> tuple[str, ...]:
+    """The daemon's reading of the window a record was stored with: its events as :func:`event_text` made them,
+    to carry on. A window that does not read gives none (a follower then sees the gap)."""
+    try:
+        _, events = _parsed(value)
+    except DecodeError:
+        return ()
+    return tuple(event_text(e) for e in events if isinstance(e, dict))

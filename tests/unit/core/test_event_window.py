@@ -1,0 +1,111 @@
+"""The ``Rebaser-Events`` header (rebaser_core.api.event_window) and the record's window: written as the daemon
+writes it, read back as a follower reads it, and anything else refused before it costs anything."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from rebaser_core.api import EVENTS_HEADER, MAX_WINDOW, event_text, read_window, split_window, window_header
+from rebaser_core.api.event_window import MAX_WINDOW_BYTES
+from rebaser_core.errors import DecodeError
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_server.record.model import ChangeSetRecord
+
+WK, CS = WorkspacePk.new(), ChangeSetId.new()
+
+
+def _event(seq: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "id": str(RequestId.new()),
+        "workspace_id": str(WK),
+        "change_set_id": str(CS),
+        "kind": "applied",
+        "durable": True,
+        "at": time.time(),
+        "epoch": 3,
+        "seq": seq,
+        "request_id": str(RequestId.new()),
+        "status": "success",
+        "updates_performed": 1,
+        **fields,
+    }
+
+
+def test_a_window_reads_back_as_written() -> None:
+    texts = [event_text(_event(seq)) for seq in (5, 6, 7)]
+    value = window_header(texts, 2)
+    assert value.isascii() and "\n" not in value and "\r" not in value  # a header value
+    window = read_window(value)
+    assert (window.new, window.last_seq) == (2, 7)
+    assert [e.seq for e in window.events] == [5, 6, 7]
+    assert split_window(value) == tuple(texts)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "not json",
+        "[]",
+        '{"v":2,"new":0,"events":[]}',
+        '{"v":1,"new":"1","events":[]}',
+        '{"v":1,"new":true,"events":[]}',
+        '{"v":1,"new":2,"events":[]}',
+        '{"v":1,"new":-1,"events":[]}',
+        '{"v":1,"new":0,"events":{}}',
+        '{"v":1,"new":1,"events":[1]}',
+        "[" * 10_000 + "]" * 10_000,
+    ],
+)
+def test_what_is_not_a_window_is_a_decode_error(value: str) -> None:
+    with pytest.raises(DecodeError):
+        read_window(value)
+    assert split_window(value) == ()
+
+
+def test_a_window_of_notices_holes_or_too_many_events_is_refused() -> None:
+    notice = _event(4, kind="taken", durable=False)
+    with pytest.raises(DecodeError, match="durable"):
+        read_window(window_header([event_text(notice)], 0))
+    with pytest.raises(DecodeError, match="one after another"):
+        read_window(window_header([event_text(_event(1)), event_text(_event(3))], 0))
+    many = [event_text(_event(seq)) for seq in range(1, MAX_WINDOW + 2)]
+    with pytest.raises(DecodeError, match="out of bounds"):
+        read_window(window_header(many, 0))
+
+
+def test_a_value_longer_than_the_bound_is_refused_before_it_is_parsed() -> None:
+    value = '{"v":1,"new":0,"events":[' + " " * MAX_WINDOW_BYTES + "]}"
+    with pytest.raises(DecodeError, match="longer than"):
+        read_window(value)
+
+
+def test_the_record_carries_its_window_in_the_header_not_the_value() -> None:
+    texts = tuple(event_text(_event(seq)) for seq in (1, 2))
+    record = ChangeSetRecord(epoch=1, owner="d", state={}, events=2, feed=texts)
+    headers = record.feed_header(1)
+    assert headers is not None and json.loads(headers[EVENTS_HEADER])["new"] == 1
+    assert EVENTS_HEADER.encode() not in record.encode() and texts[0].encode() not in record.encode()
+    assert ChangeSetRecord.decode(record.encode(), headers).feed == texts
+    assert ChangeSetRecord.decode(record.encode()).feed == ()
+    # More new than the window holds (a window of 2, 5 decided by the write): the window's all.
+    assert json.loads(record.feed_header(5)[EVENTS_HEADER])["new"] == 2  # type: ignore[index]
+    assert ChangeSetRecord(epoch=1, owner="d", state={}).feed_header(0) is None
+
+
+def test_a_window_that_is_not_the_records_is_not_carried_on() -> None:
+    # A header whose last event is not the record's last (written by another hand): dropped, not carried on.
+    texts = tuple(event_text(_event(seq)) for seq in (1, 2))
+    stale = ChangeSetRecord(epoch=1, owner="d", state={}, events=2, feed=texts).feed_header(0)
+    assert (
+        ChangeSetRecord.decode(ChangeSetRecord(epoch=1, owner="d", state={}, events=5).encode(), stale).feed
+        == ()
+    )
+    junk = {EVENTS_HEADER: "not json"}
+    assert (
+        ChangeSetRecord.decode(ChangeSetRecord(epoch=1, owner="d", state={}, events=2).encode(), junk).feed
+        == ()
+    )
