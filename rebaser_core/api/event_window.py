@@ -18,6 +18,7 @@ to printable ASCII, as a header value must be.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +44,8 @@ EVENTS_HEADER = "Rebaser-Events"
 MAX_WINDOW = 64
 MAX_WINDOW_BYTES = MAX_WINDOW * (MAX_EVENT_BYTES + 1) + 64
 _VERSION = 1
+_HEAD = re.compile(r'\{"v":1,"new":\d{1,2},"events":\[')
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,34 @@ def read_window(value: str) -> EventWindow:
 
 def split_window(value: str) -> tuple[str, ...]:
     """The daemon's reading of the window a record was stored with: its events as :func:`event_text` made them,
-    to carry on. A window that does not read gives none (a follower then sees the gap)."""
+    to carry on. A window that does not read gives none (a follower then sees the gap).
+
+    Read at every takeover: each event's text is cut out of the value where the JSON decoder ends it, not decoded
+    and encoded again (a third of the time). A value not in the form :func:`window_header` writes is decoded whole."""
+    head = _HEAD.match(value)
+    if head is None or len(value) > MAX_WINDOW_BYTES:
+        return _split_decoded(value)
+    texts: list[str] = []
+    at, end = head.end(), len(value) - 2
+    if at == end and value.endswith("]}"):
+        return ()
+    while len(texts) < MAX_WINDOW:
+        try:
+            event, after = _DECODER.raw_decode(value, at)
+        except ValueError:
+            return ()
+        if not isinstance(event, dict):
+            return ()
+        texts.append(value[at:after])
+        if after == end and value.endswith("]}"):
+            return tuple(texts)
+        if value[after : after + 1] != ",":
+            return ()
+        at = after + 1
+    return ()
+
+
+def _split_decoded(value: str) -> tuple[str, ...]:
     try:
         _, events = _parsed(value)
     except DecodeError:

@@ -109,3 +109,17 @@ def test_a_window_that_is_not_the_records_is_not_carried_on() -> None:
         ChangeSetRecord.decode(ChangeSetRecord(epoch=1, owner="d", state={}, events=2).encode(), junk).feed
         == ()
     )
+
+
+def test_the_daemon_cuts_each_event_out_as_written_whatever_its_strings_hold() -> None:
+    tricky = event_text(_event(2, snapshot_address='a"},{"x":[1]}]}\\u00e9'))
+    texts = (event_text(_event(1)), tricky, event_text(_event(3)))
+    assert split_window(window_header(texts, 1)) == texts
+    assert split_window(window_header((), 0)) == ()
+    # Not the form the daemon writes, but a window all the same: decoded whole.
+    spaced = json.dumps({"v": 1, "new": 0, "events": [json.loads(t) for t in texts]})
+    assert split_window(spaced) == texts
+    # Cut short, or anything after the array: nothing carried on.
+    whole = window_header(texts, 1)
+    for broken in (whole[:-1], whole[:-2], whole + " ", whole.replace("},{", "} {", 1)):
+        assert split_window(broken) == ()
