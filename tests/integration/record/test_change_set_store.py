@@ -14,7 +14,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from rebaser_core.errors import FencedError
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.requester import Requester
 from rebaser_server.app import ChangeSet
 from rebaser_server.record.store import (
@@ -296,3 +296,44 @@ async def test_a_write_after_a_stored_commit_whose_answer_was_lost_does_not_roll
     stored = await store.read(cs)
     assert stored is not None and stored.reaped
     assert (stored.state, stored.applied_seq) == ({"applied": ["r0", "r1"]}, 4)
+
+
+async def test_every_write_carries_the_window_on_a_takeover_and_a_peers_mark_included(
+    store: ChangeSetStore,
+) -> None:
+    # The window is the record's, in the header of its writes (the record feed): a write that decides no event (a
+    # takeover's epoch bump, a peer marking a silent owner's record) carries it on unchanged, with new = 0.
+    from rebaser_core.api import EVENTS_HEADER, event_text, read_window
+
+    cs = _change_set()
+    handle = (await _owned(store, cs, "a", TaskDelivery(1, 1))).handle
+    events = [
+        {
+            "id": str(RequestId.new()),
+            "workspace_id": str(cs.workspace_id),
+            "change_set_id": str(cs.change_set_id),
+            "kind": "applied",
+            "durable": True,
+            "at": 1.0,
+            "seq": seq,
+        }
+        for seq in (1, 2)
+    ]
+    await handle.commit(replace(handle.record, events=2, feed=tuple(event_text(e) for e in events)))
+
+    async def last_window() -> tuple[int, list[int]]:
+        bucket = store.kv._name
+        raw = await store.kv._js.get_last_msg(
+            f"KV_{bucket}", f"$KV.{bucket}.{cs.workspace_id}.{cs.change_set_id}"
+        )
+        assert raw.headers is not None
+        window = read_window(raw.headers[EVENTS_HEADER])
+        return window.new, [e.seq for e in window.events]
+
+    assert await last_window() == (2, [1, 2])
+    taken = (await store.acquire(cs, "b", INITIAL, TaskDelivery(2, 1))).handle
+    assert taken.record.feed == handle.record.feed and await last_window() == (0, [1, 2])
+    assert await store.mark_reaped(cs, "b") is not None
+    assert await last_window() == (0, [1, 2])
+    again = (await store.acquire(cs, "c", INITIAL, TaskDelivery(3, 1))).handle
+    assert again.record.reaped is False and again.record.feed == handle.record.feed
