@@ -253,14 +253,9 @@ class EventStream:
         if value is None:
             return None  # a write with no events yet (a fork's first record), or by a daemon without the feed
         try:
-            window = read_window(value)
+            window = read_window(value, on.workspace_id, on.change_set_id)
         except ProtocolError as err:
             self._skip(msg, str(err))
-            return None
-        if any(
-            (e.workspace_id, e.change_set_id) != (on.workspace_id, on.change_set_id) for e in window.events
-        ):
-            self._skip(msg, "its events' ids are not those of its subject")
             return None
         return on.change_set_id, window
 

@@ -27,13 +27,15 @@ log = logging.getLogger(__name__)
 MAX_TRACKED = 65_536
 
 
-def window_of_write(headers: Mapping[str, str] | None) -> EventWindow | None:
-    """The events a record write carries (None: none, or not a window that reads)."""
+def window_of_write(
+    headers: Mapping[str, str] | None, workspace_id: WorkspacePk, change_set_id: ChangeSetId
+) -> EventWindow | None:
+    """The events a write of the change set's record carries (None: none, or not a window that reads)."""
     value = headers.get(EVENTS_HEADER) if headers else None
     if not value:
         return None
     try:
-        return read_window(value)
+        return read_window(value, workspace_id, change_set_id)
     except ProtocolError as err:
         log.info("a record write's event window does not read: %s", err)
         return None
@@ -52,7 +54,7 @@ class FreshEvents:
             on = self._subjects.parse_record_subject(msg.subject)
         except InvalidSubject:
             return []
-        window = window_of_write(msg.headers)
+        window = window_of_write(msg.headers, on.workspace_id, on.change_set_id)
         if window is None or not window.events:
             return []
         key = (on.workspace_id, on.change_set_id)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pydantic_core import core_schema
     from ulid import ULID
 
-__all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk"]
+__all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk", "new_ulid_text"]
 
 
 class UlidId:
@@ -174,6 +174,11 @@ def _new_text() -> str:
     if _time_ms[0] != ms:
         _time_ms[0], _time_text[0] = ms, _encode_time(ms)
     return _time_text[0] + _encode_random(randomness)
+
+
+def new_ulid_text() -> str:
+    """A new ULID's canonical text, without an id object around it (monotonic within a millisecond, as ``new``)."""
+    return _new_text()
 
 
 def _canonical_text(kind: str, value: str) -> str:

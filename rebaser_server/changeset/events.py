@@ -46,6 +46,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.event_pump import EventPump, Queued
+from rebaser_server.changeset.event_texts import SETTLED, dvu_text, outcome_text
 from rebaser_server.record.model import ChangeSetRecord
 
 __all__ = ["OUTBOX_MAX", "ChangeSetFeed"]
@@ -91,6 +92,7 @@ class ChangeSetFeed:
         # seq -> durable events (their JSON-model form) queued and not yet stored, oldest first: the outbox.
         self._unconfirmed: dict[int, dict[str, Any]] = {}
         self._staged: list[tuple[int, dict[str, Any], dict[str, str]]] = []
+        self._staged_seq = 0  # the events stream off: the last seq the record staged last holds
         self._pump = EventPump(
             requester,
             stream=subjects.events_stream,
@@ -115,8 +117,15 @@ class ChangeSetFeed:
         """``record`` (about to be committed) with the events of ``decisions`` numbered and in its outbox.
         ``queued``: the requests already waiting behind each decision; ``settled``: nothing is queued behind the
         last one and no DVU is due (its event says so)."""
-        if not (self.enabled or self._window):
-            return record
+        if not self.enabled:
+            if not self._window:
+                return record
+            seq, texts = record.events, []
+            for decision, waiting in zip(decisions, queued, strict=True):
+                if (text := outcome_text(decision, waiting, self._epoch, seq + 1)) is not None:
+                    seq += 1
+                    texts.append(text)
+            return self._stage_window(record, seq, texts, settled)
         events = [
             event
             for decision, waiting in zip(decisions, queued, strict=True)
@@ -126,11 +135,26 @@ class ChangeSetFeed:
 
     def stage_dvu(self, record: ChangeSetRecord, duration: float, *, settled: bool) -> ChangeSetRecord:
         """``record`` (a DVU run's, about to be committed) with its ``dvu_finished`` event."""
-        if not (self.enabled or self._window):
-            return record
+        if not self.enabled:
+            if not self._window:
+                return record
+            seq = record.events + 1
+            return self._stage_window(record, seq, [dvu_text(duration, self._epoch, seq)], settled)
         return self._stage(
             record, [(self._event("dvu_finished", duration_s=round(duration, 6)), {})], settled
         )
+
+    def _stage_window(
+        self, record: ChangeSetRecord, seq: int, texts: list[str], settled: bool
+    ) -> ChangeSetRecord:
+        """The events stream off: ``record`` with ``texts`` (its events ``record.events + 1`` to ``seq``, as the
+        window carries them) in its window."""
+        self._staged_seq = seq
+        if not texts:
+            return record
+        if settled:
+            texts[-1] = texts[-1][:-1] + SETTLED
+        return record.with_feed(seq, (*record.feed, *texts)[-self._window :])
 
     def _stage(
         self, record: ChangeSetRecord, events: list[tuple[dict[str, Any], dict[str, str]]], settled: bool
@@ -144,10 +168,8 @@ class ChangeSetFeed:
         if settled and events:
             events[-1][0]["settled"] = True
         if self._window and events:
-            record = replace(
-                record,
-                events=seq,
-                feed=(*record.feed, *(event_text(event) for _, event, _ in self._staged))[-self._window :],
+            record = record.with_feed(
+                seq, (*record.feed, *(event_text(event) for _, event, _ in self._staged))[-self._window :]
             )
         if not self.enabled:
             return record
@@ -162,8 +184,7 @@ class ChangeSetFeed:
     async def committed(self) -> None:
         """The record staged last is committed: queue its events (published in the background, in order)."""
         if not self.enabled:
-            self._seq = max(self._seq, self._staged[-1][0]) if self._staged else self._seq
-            self._staged = []
+            self._seq = max(self._seq, self._staged_seq)
             return
         staged, self._staged = self._staged, []
         for seq, event, _ in staged:
@@ -195,7 +216,7 @@ class ChangeSetFeed:
 
     def dropped(self) -> None:
         """The record staged last was not committed (fenced, failed): its events never happened."""
-        self._staged = []
+        self._staged, self._staged_seq = [], 0
 
     def _outcome(self, decision: Decision, queued: int) -> tuple[dict[str, Any], dict[str, str]] | None:
         response = decision.response

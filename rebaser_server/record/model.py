@@ -97,6 +97,30 @@ class ChangeSetRecord:
     # header (rebaser_core.api.event_window), where a follower reads them without the record.
     feed: tuple[str, ...] = ()
 
+    def with_feed(self, events: int, feed: tuple[str, ...]) -> ChangeSetRecord:
+        """``replace(self, events=events, feed=feed)`` at half its cost (it runs once per commit): every field named
+        in order (a test holds it to ``replace`` with every field set)."""
+        return ChangeSetRecord(
+            self.epoch,
+            self.owner,
+            self.state,
+            self.dvu_pending,
+            self.recent,
+            self.attempts,
+            self.applied_seq,
+            self.task_seq,
+            self.task_delivery,
+            self.handed_back,
+            self.reaped,
+            self.suspect,
+            self.shard,
+            events,
+            self.outbox,
+            self.events_at,
+            self.last_error,
+            feed,
+        )
+
     def feed_header(self, new: int) -> dict[str, str] | None:
         """The headers of a write of this record whose last ``new`` events it decides (None: no events yet)."""
         if not self.feed:

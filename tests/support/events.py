@@ -160,5 +160,5 @@ async def record_window(
         raw = await js.get_last_msg(subjects.records_stream, subjects.record_subject(wk, cs))
     except NotFoundError:
         return []
-    window = window_of_write(raw.headers)
+    window = window_of_write(raw.headers, wk, cs)
     return [] if window is None else list(window.events)

@@ -441,7 +441,7 @@ class Live:
             )
         except NotFoundError:
             return []
-        window = window_of_write(raw.headers)
+        window = window_of_write(raw.headers, workspace_id, change_set_id)
         if window is None:
             return []
         return [e for e in window.events if since is None or e.seq > since][-_HISTORY_MAX:]

@@ -202,7 +202,7 @@ async def test_a_window_header_that_does_not_read_is_skipped_and_counted(
         assert first.seq == 1 and (event.seq, event.request_id) == (2, second.id)
         assert feed.malformed == 1
     with pytest.raises(Exception, match="not valid"):
-        read_window('{"v":1,"new":1,"events":[1]}')
+        read_window('{"v":1,"new":1,"events":[1]}', wk, cs)
 
 
 async def test_an_upgrade_daemons_first_then_followers_loses_no_event(

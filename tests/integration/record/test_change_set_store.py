@@ -327,7 +327,7 @@ async def test_every_write_carries_the_window_on_a_takeover_and_a_peers_mark_inc
             f"KV_{bucket}", f"$KV.{bucket}.{cs.workspace_id}.{cs.change_set_id}"
         )
         assert raw.headers is not None
-        window = read_window(raw.headers[EVENTS_HEADER])
+        window = read_window(raw.headers[EVENTS_HEADER], cs.workspace_id, cs.change_set_id)
         return window.new, [e.seq for e in window.events]
 
     assert await last_window() == (2, [1, 2])

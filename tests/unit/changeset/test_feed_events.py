@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 from rebaser_core.api import (
     CHANGE_SET_EVENT,
     DURABLE_KINDS,
+    EVENTS_HEADER,
     NOTICE_KINDS,
     Conflict,
     ConflictsStatus,
@@ -21,6 +22,7 @@ from rebaser_core.api import (
     RefusedStatus,
     ResponseStatus,
     SuccessStatus,
+    read_window,
 )
 from rebaser_core.api.codec import encode_body
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
@@ -36,7 +38,7 @@ from rebaser_server.record.model import ChangeSetRecord
 CS = ChangeSet(WorkspacePk.new(), ChangeSetId.new())
 
 
-def _feed() -> ChangeSetFeed:
+def _feed(*, enabled: bool = True, window: int = 0) -> ChangeSetFeed:
     return ChangeSetFeed(
         CS,
         requester=Requester(None),  # type: ignore[arg-type]  # never used: nothing is published
@@ -44,7 +46,8 @@ def _feed() -> ChangeSetFeed:
         owner="daemon-1",
         stats=Stats(),
         timeout=1,
-        enabled=True,
+        enabled=enabled,
+        window=window,
     )
 
 
@@ -102,6 +105,46 @@ def test_each_outcome_is_its_kind_of_event(
     # The encoded form is what followers decode.
     headers = {"X-MESSAGE-TYPE": "ChangeSetEvent", "X-MESSAGE-VERSION": "1"}
     assert CHANGE_SET_EVENT.decode(headers, encode_body(dict(event_dict), ContentType.CBOR)) == event
+
+
+@pytest.mark.parametrize(
+    ("status", "dead_letter"),
+    [
+        (SuccessStatus(updates_performed=3, snapshot_address='ab"\\\u00e9' * 200), None),
+        (SuccessStatus(updates_performed=0), None),
+        (
+            ConflictsStatus(conflicts=[Conflict(path="/a", expected_version="1", actual_version="2")] * 2),
+            None,
+        ),
+        (RefusedStatus(message="no"), None),
+        (ErrorStatus(message="x", retryable=False), None),
+        (
+            ErrorStatus(message="x", retryable=False),
+            "gave up after 3 attempts: every daemon that took this died",
+        ),
+    ],
+)
+def test_the_window_written_straight_is_the_window_the_dicts_make(
+    status: ResponseStatus, dead_letter: str | None
+) -> None:
+    # With the events stream off, the window's texts are written without the events' dicts (event_texts.py): the
+    # same events, field for field, but for their own ids and times.
+    decisions = [_decision(status, dead_letter), _decision(status, dead_letter)]
+
+    def window_of(enabled: bool) -> list[Any]:
+        feed = _feed(enabled=enabled, window=4)
+        record = ChangeSetRecord(epoch=7, owner="daemon-1", state={}, events=4)
+        feed.taken(record)
+        staged = feed.stage(record, decisions, [1, 0], settled=True)
+        staged = feed.stage_dvu(staged, 0.25, settled=False)
+        value = staged.feed_header(3)[EVENTS_HEADER]  # type: ignore[index]
+        return list(read_window(value, CS.workspace_id, CS.change_set_id).events)
+
+    straight, from_dicts = window_of(False), window_of(True)
+    assert [e.seq for e in straight] == [5, 6, 7]
+    for one, other in zip(straight, from_dicts, strict=True):
+        assert one.model_dump(exclude={"id", "at"}) == other.model_dump(exclude={"id", "at"})
+    assert [e.settled for e in straight] == [False, True, False]
 
 
 def test_a_group_numbers_its_events_and_only_the_last_says_settled() -> None:
@@ -200,7 +243,7 @@ async def test_the_window_keeps_the_last_events_on_the_record_and_a_dropped_comm
         record = feed.stage(record, decisions, [1, 0], settled=True)
         await feed.committed()
     assert record.events == 4 and record.outbox == ()
-    window = [_valid(json_event) for json_event in map(json.loads, record.feed)]
+    window = read_window(record.feed_header(0)[EVENTS_HEADER], CS.workspace_id, CS.change_set_id).events  # type: ignore[index]
     assert [e.seq for e in window] == [2, 3, 4] and window[-1].settled and not window[1].settled
     # A commit that is dropped (fenced, failed) changes nothing the next stage builds on.
     staged = feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=True)

@@ -39,7 +39,7 @@ def test_a_window_reads_back_as_written() -> None:
     texts = [event_text(_event(seq)) for seq in (5, 6, 7)]
     value = window_header(texts, 2)
     assert value.isascii() and "\n" not in value and "\r" not in value  # a header value
-    window = read_window(value)
+    window = read_window(value, WK, CS)
     assert (window.new, window.last_seq) == (2, 7)
     assert [e.seq for e in window.events] == [5, 6, 7]
     assert split_window(value) == tuple(texts)
@@ -62,25 +62,25 @@ def test_a_window_reads_back_as_written() -> None:
 )
 def test_what_is_not_a_window_is_a_decode_error(value: str) -> None:
     with pytest.raises(DecodeError):
-        read_window(value)
+        read_window(value, WK, CS)
     assert split_window(value) == ()
 
 
 def test_a_window_of_notices_holes_or_too_many_events_is_refused() -> None:
     notice = _event(4, kind="taken", durable=False)
     with pytest.raises(DecodeError, match="durable"):
-        read_window(window_header([event_text(notice)], 0))
+        read_window(window_header([event_text(notice)], 0), WK, CS)
     with pytest.raises(DecodeError, match="one after another"):
-        read_window(window_header([event_text(_event(1)), event_text(_event(3))], 0))
+        read_window(window_header([event_text(_event(1)), event_text(_event(3))], 0), WK, CS)
     many = [event_text(_event(seq)) for seq in range(1, MAX_WINDOW + 2)]
     with pytest.raises(DecodeError, match="out of bounds"):
-        read_window(window_header(many, 0))
+        read_window(window_header(many, 0), WK, CS)
 
 
 def test_a_value_longer_than_the_bound_is_refused_before_it_is_parsed() -> None:
     value = '{"v":1,"new":0,"events":[' + " " * MAX_WINDOW_BYTES + "]}"
     with pytest.raises(DecodeError, match="longer than"):
-        read_window(value)
+        read_window(value, WK, CS)
 
 
 def test_the_record_carries_its_window_in_the_header_not_the_value() -> None:
