@@ -103,7 +103,9 @@ def read_window(value: str, workspace_id: WorkspacePk | str, change_set_id: Chan
     events: list[ChangeSetEvent] = []
     for item in raw_events:
         if not isinstance(item, dict) or not _SHARED.isdisjoint(item):
-            raise DecodeError("an event of the window is not an object without the fields the window's share")
+            raise DecodeError(
+                "an event of the window is not valid: not an object, or naming a field all share"
+            )
         try:
             event = ChangeSetEvent.model_validate({**item, **shared})
         except ValidationError as err:

@@ -76,9 +76,10 @@ def header_block(headers: dict[str, Any]) -> bytes:
             continue
         line = lines.get(value) if type(value) is str else None  # anything else fails below, as in nats-py
         if line is None:
-            if "\r" in value or "\n" in value:  # (a scan: translating a long value costs several times more)
-                value = value.translate(_VALUE_NEWLINES)
-            line = prefix + value.strip().encode() + _CRLF
+            if type(value) is not str or "\r" in value or "\n" in value:
+                line = prefix + value.strip().translate(_VALUE_NEWLINES).encode() + _CRLF
+            else:  # (a scan: translating a long value costs several times more)
+                line = prefix + value.strip().encode() + _CRLF
             if len(lines) < _MAX_VALUES_PER_NAME and len(value) <= _MAX_CACHED_VALUE:
                 lines[value] = line
         parts.append(line)

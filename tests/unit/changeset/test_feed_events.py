@@ -134,7 +134,6 @@ def test_the_window_written_straight_is_the_window_the_dicts_make(
     def window_of(enabled: bool) -> list[Any]:
         feed = _feed(enabled=enabled, window=4)
         record = ChangeSetRecord(epoch=7, owner="daemon-1", state={}, events=4)
-        feed.taken(record)
         staged = feed.stage(record, decisions, [1, 0], settled=True)
         staged = feed.stage_dvu(staged, 0.25, settled=False)
         value = staged.feed_header(3)[EVENTS_HEADER]  # type: ignore[index]
