@@ -128,10 +128,10 @@ async def test_the_next_owner_carries_the_window_on(
 async def test_a_commit_stored_with_its_answer_lost_is_told_once_and_nothing_after_it_is_told_twice(
     nc: NatsClient, client: RebaserClient, subject_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every other commit is stored and its answer lost; every other read back of it unanswered too: the owner
-    finds out at its next write (a group, a DVU run, the hand-back mark). Each applied request has exactly one
-    event, in order, and the follower is never told an event that a later write takes back."""
-    faulty = {"on": True, "n": 0}
+    """Every other commit is stored and its answer lost; for every other one of those the read back is unanswered
+    too: the owner finds out at its next write (a group, a DVU run, the hand-back mark). Each applied request has
+    exactly one event, in order, and the follower is never told an event that a later write takes back."""
+    faulty = {"on": True, "n": 0, "unreadable": False}
     write = ChangeSetHandle._write
     read_back = ChangeSetHandle._own_write_landed
 
@@ -139,22 +139,34 @@ async def test_a_commit_stored_with_its_answer_lost_is_told_once_and_nothing_aft
         faulty["n"] += 1
         revision = await write(self, value, headers)
         if faulty["on"] and faulty["n"] % 2 == 0:
+            faulty["unreadable"] = (
+                faulty["n"] % 4 == 0
+            )  # every other such write: its first read back fails too
             raise TimeoutError("stored, the answer lost")
         return revision
 
     async def unanswered_reads(self: ChangeSetHandle, value: bytes) -> bool:
-        if faulty["on"] and faulty["n"] % 4 == 0:
+        if faulty["unreadable"]:
+            faulty["unreadable"] = False
             raise TimeoutError("the read back unanswered too")
         return await read_back(self, value)
 
     monkeypatch.setattr(ChangeSetHandle, "_write", lost_answers)
     monkeypatch.setattr(ChangeSetHandle, "_own_write_landed", unanswered_reads)
-    settings = fast_settings(subject_prefix, events_window=64, quiescent_period=0.05, retry_backoff=0.01)
+    # A commit that raises gives the task back: a short ack_wait keeps the redeliveries quick.
+    settings = fast_settings(
+        subject_prefix,
+        events_window=64,
+        quiescent_period=0.05,
+        retry_backoff=0.01,
+        ack_wait=1.0,
+        progress_period=0.2,
+    )
     async with running_daemon(nc, settings, RecordingApp()) as daemon:
         wk, cs = WorkspacePk.new(), ChangeSetId.new()
         async with client.watch(wk, cs, since=0) as feed:
             replies = []
-            for n in range(20):
+            for n in range(12):
                 replies.append(
                     await client.enqueue_updates_with_reply(
                         wk, cs, [SetLiteral(path="/dvu" if n % 5 == 0 else "/a", value=n)], timeout=30
@@ -178,7 +190,7 @@ async def test_a_commit_stored_with_its_answer_lost_is_told_once_and_nothing_aft
         "the follower was told another story"
     )
     assert any(e.kind == "dvu_finished" for e in window)
-    assert faulty["n"] > 20
+    assert faulty["n"] > 12
 
 
 async def test_a_window_header_that_does_not_read_is_skipped_and_counted(
