@@ -46,6 +46,7 @@ from rebaser_core.subjects import Subjects
 __all__ = ["EventStream", "Feed"]
 
 Feed = Literal["records", "stream"]
+_HEARTBEAT = 2.0  # seconds between the consumer's idle heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,10 @@ class EventStream:
                 ordered_consumer=True,
                 deliver_policy=policy,
                 headers_only=self._records or None,
+                # Missing two heartbeats (4 to 8 s) makes nats-py make the consumer again, from where it was: its
+                # default of 5 s takes 10 to 20 s, in which a busy change set decides more than a window of events
+                # (a server failing under the consumer). A heartbeat is a few bytes every 2 s per idle follower.
+                idle_heartbeat=_HEARTBEAT,
                 config=js_api.ConsumerConfig(name=_consumer_name(), headers_only=self._records or None),
             )
         except nats.js.errors.NotFoundError as err:

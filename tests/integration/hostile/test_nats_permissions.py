@@ -309,7 +309,7 @@ async def test_follower_recreates_its_consumer_within_its_account(
                 [lost] = await js.consumers_info(stream)
                 await js.delete_consumer(stream, lost.name)
                 assert (await writer.enqueue_updates_with_reply(FOLLOWED, cs, write, timeout=20)).ok
-                # nats-py notices the missing heartbeats (two of 5 s) and creates the consumer again.
+                # nats-py notices two missing heartbeats (the client asks for one every 2 s), makes the consumer again.
                 assert [e.seq for e in await next_durable(feed, 1, timeout=40)] == [2]
                 [again] = await js.consumers_info(stream)
                 assert again.name != lost.name
