@@ -140,10 +140,7 @@ class FollowerConsumers:
         stream, name, filter_ = api[2], api[3], ".".join(api[4:])
         if not _CONSUMER_NAME.fullmatch(name):
             raise Refused("the consumer's name must be 1-64 letters, digits, '-' or '_'")
-        if stream == records:
-            self._check_records_filter(filter_, workspace_id)
-        else:
-            self._check_filter(filter_, workspace_id)
+        self._check_filter(filter_, workspace_id, records=stream == records)
         if len(msg.data) > MAX_CREATE_BYTES:
             raise Refused(f"a request of {len(msg.data)} bytes is longer than {MAX_CREATE_BYTES}")
         try:
@@ -163,25 +160,22 @@ class FollowerConsumers:
         body = json.dumps({"stream_name": stream, "config": safe}).encode()
         return f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter_}", body
 
-    def _check_records_filter(self, filter_: str, workspace_id: Any) -> None:
-        if filter_ == self._subjects.records_of_workspace(workspace_id):
+    def _check_filter(self, filter_: str, workspace_id: Any, *, records: bool) -> None:
+        """``filter_`` is one change set's or the whole workspace's, of the records or of the events stream."""
+        subjects, what = self._subjects, "records" if records else "events"
+        whole = (
+            subjects.records_of_workspace(workspace_id)
+            if records
+            else subjects.events_of_workspace(workspace_id)
+        )
+        if filter_ == whole:
             return
         try:
-            parsed = self._subjects.parse_record_subject(filter_)
+            parsed = subjects.parse_record_subject(filter_) if records else subjects.parse_events(filter_)
         except InvalidSubject:
-            raise Refused(f"the filter must be the records of workspace {workspace_id}") from None
+            raise Refused(f"the filter must be the {what} of workspace {workspace_id}") from None
         if parsed.workspace_id != workspace_id:
-            raise Refused(f"the filter must be the records of workspace {workspace_id}")
-
-    def _check_filter(self, filter_: str, workspace_id: Any) -> None:
-        if filter_ == self._subjects.events_of_workspace(workspace_id):
-            return
-        try:
-            parsed = self._subjects.parse_events(filter_)
-        except InvalidSubject:
-            raise Refused(f"the filter must be the events of workspace {workspace_id}") from None
-        if parsed.workspace_id != workspace_id:
-            raise Refused(f"the filter must be the events of workspace {workspace_id}")
+            raise Refused(f"the filter must be the {what} of workspace {workspace_id}")
 
     def _ordered_config(self, config: dict[str, Any], name: str, filter_: str) -> dict[str, Any]:
         if config.get("name") != name:
