@@ -267,14 +267,7 @@ class EventStream:
     def _admit_window(self, cs: ChangeSetId, window: EventWindow) -> None:
         """Queue what of ``window`` is new to this stream, in order; EventsLost if events between are gone."""
         last = self._last.get(cs)
-        if last is None:
-            # A change set seen for the first time: only what this write decided when following from now on,
-            # else (a replay) all the window holds.
-            fresh = list(
-                window.events[len(window.events) - window.new :] if not self._replay else window.events
-            )
-        else:
-            fresh = [e for e in window.events if e.seq > last]
+        fresh = window.fresh(last, replay=self._replay)
         self._last[cs] = max(last or 0, window.last_seq)
         if not fresh:
             return

@@ -62,6 +62,4 @@ class FreshEvents:
         self._last[key] = max(last or 0, window.last_seq)
         while len(self._last) > MAX_TRACKED:
             self._last.popitem(last=False)
-        if last is None:
-            return list(window.events[len(window.events) - window.new :])
-        return [e for e in window.events if e.seq > last]
+        return window.fresh(last, replay=False)

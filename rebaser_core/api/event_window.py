@@ -64,6 +64,13 @@ class EventWindow:
     def last_seq(self) -> int:
         return self.events[-1].seq if self.events else 0
 
+    def fresh(self, last: int | None, *, replay: bool) -> list[ChangeSetEvent]:
+        """The events new to a reader whose last event of this change set is ``last``: those after it; for a change
+        set it has not seen yet (None), all of them when replaying, else only those this write decided."""
+        if last is not None:
+            return [event for event in self.events if event.seq > last]
+        return list(self.events if replay else self.events[len(self.events) - self.new :])
+
 
 def event_text(event: Mapping[str, object]) -> str:
     """An event (its JSON-model form) as it goes into a window: compact JSON, ASCII only, without the fields the

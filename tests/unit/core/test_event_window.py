@@ -123,3 +123,39 @@ def test_the_daemon_cuts_each_event_out_as_written_whatever_its_strings_hold() -
     whole = window_header(texts, 1)
     for broken in (whole[:-1], whole[:-2], whole + " ", whole.replace("},{", "} {", 1)):
         assert split_window(broken) == ()
+
+
+def test_with_feed_is_replace_of_the_counter_and_the_window_every_field_kept() -> None:
+    from dataclasses import fields, replace
+
+    record = ChangeSetRecord(
+        epoch=3,
+        owner="d",
+        state={"a": 1},
+        dvu_pending=True,
+        recent={"r": b"\x80"},
+        attempts={"r": 2},
+        applied_seq=9,
+        task_seq=4,
+        task_delivery=2,
+        handed_back=True,
+        reaped=True,
+        suspect=(9, 1),
+        shard=2,
+        events=5,
+        outbox=({"seq": 5},),
+        events_at=11,
+        last_error="E: x",
+        feed=("a",),
+    )
+    assert len(fields(record)) == 18  # a new field is to be named in with_feed too
+    assert record.with_feed(6, ("a", "b")) == replace(record, events=6, feed=("a", "b"))
+
+
+def test_what_a_reader_is_told_of_a_window() -> None:
+    texts = [event_text(_event(seq)) for seq in (5, 6, 7)]
+    window = read_window(window_header(texts, 1), WK, CS)
+    assert [e.seq for e in window.fresh(5, replay=False)] == [6, 7]
+    assert [e.seq for e in window.fresh(None, replay=False)] == [7]
+    assert [e.seq for e in window.fresh(None, replay=True)] == [5, 6, 7]
+    assert window.fresh(7, replay=True) == []
