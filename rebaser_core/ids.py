@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pydantic_core import core_schema
     from ulid import ULID
 
-__all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk", "new_ulid_text"]
+__all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk", "new_ulid_stamp", "new_ulid_text"]
 
 
 class UlidId:
@@ -136,6 +136,18 @@ _RANDOM_MAX = (1 << 80) - 1
 _last = [0, 0]  # [milliseconds, random part] of the last id made in this process
 _time_ms = [-1]  # the millisecond whose text _time_text holds
 _time_text = [""]
+# new_ulid_stamp's: the millisecond whose time text and Unix seconds it holds, and its first six characters'.
+_stamp_ms = [-1]
+_stamp_time = [""]
+_stamp_text = [""]
+_stamp_high = [-1]
+_stamp_high_text = [""]
+# A random byte -> a Crockford character, from its five low bits (a byte's 256 values cover each 32 equally).
+_RANDOM_CHARACTERS = bytes(ord(_CROCKFORD_ALPHABET[b & 31]) for b in range(256))
+_random_pool = [""]  # random Crockford characters not used yet, from _random_at on
+_random_at = [0]
+# A forked child draws its own (the parent's pool would give both the same ids).
+os.register_at_fork(after_in_child=lambda: (_random_pool.__setitem__(0, ""), _random_at.__setitem__(0, 0)))
 
 
 def _encode_time(ms: int) -> str:
@@ -179,6 +191,26 @@ def _new_text() -> str:
 def new_ulid_text() -> str:
     """A new ULID's canonical text, without an id object around it (monotonic within a millisecond, as ``new``)."""
     return _new_text()
+
+
+def new_ulid_stamp() -> tuple[str, str]:
+    """A new ULID's text and its millisecond as Unix seconds in JSON (``"1733456789.123"``): an event's id and time
+    in one, agreeing with each other. Made for every event the daemon decides, so made cheaply: the time's text
+    once per millisecond (its first six characters once per 2^20 ms), the random part as sixteen random characters
+    (``os.urandom`` through a table, 64 ids' worth at a time, not big-integer arithmetic), and not monotonic within
+    a millisecond (an event is ordered by its ``seq``; 80 random bits keep its id unique)."""
+    ms = time.time_ns() // 1_000_000
+    if _stamp_ms[0] != ms:
+        if _stamp_high[0] != ms >> 20:
+            _stamp_high[0], _stamp_high_text[0] = ms >> 20, _encode_time(ms)[:6]
+        _stamp_ms[0] = ms
+        _stamp_time[0] = _stamp_high_text[0] + _PAIRS[(ms >> 10) & 1023] + _PAIRS[ms & 1023]
+        _stamp_text[0] = f"{ms // 1000}.{ms % 1000:03d}"
+    at = _random_at[0]
+    if at == len(_random_pool[0]):
+        _random_pool[0], at = os.urandom(1024).translate(_RANDOM_CHARACTERS).decode(), 0
+    _random_at[0] = at + 16
+    return _stamp_time[0] + _random_pool[0][at : at + 16], _stamp_text[0]
 
 
 def _canonical_text(kind: str, value: str) -> str:

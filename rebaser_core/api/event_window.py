@@ -51,6 +51,8 @@ _DECODER = json.JSONDecoder()
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 # Fields every event of a window has alike, left out of it (the follower puts them back).
 _SHARED = frozenset({"workspace_id", "change_set_id", "durable"})
+# What a header value starts with, for each count of new events (one per commit: made once).
+_HEADS = tuple(f'{{"v":{_VERSION},"new":{new},"events":[' for new in range(MAX_WINDOW + 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ def event_text(event: Mapping[str, object]) -> str:
 def window_header(events: Sequence[str], new: int) -> str:
     """The header value of a write whose window is ``events`` (as :func:`event_text` made them), the last ``new``
     of them decided by it. Joined, not encoded again: the events before were encoded by earlier writes."""
-    return f'{{"v":{_VERSION},"new":{new},"events":[{",".join(events)}]}}'
+    return "".join((_HEADS[new], ",".join(events), "]}"))
 
 
 def _parsed(value: str) -> tuple[int, list[object]]:

@@ -74,13 +74,21 @@ def header_block(headers: dict[str, Any]) -> bytes:
         prefix, lines = _name(name)
         if not prefix:
             continue
+        if type(value) is str and len(value) > _MAX_CACHED_VALUE:
+            # A long value (a record's event window: kilobytes) is neither looked up (hashing it costs more than
+            # encoding it) nor copied into a line of its own: its bytes go into the block once.
+            value = value.strip()
+            if "\r" in value or "\n" in value:
+                value = value.translate(_VALUE_NEWLINES)
+            parts += (prefix, value.encode(), _CRLF)
+            continue
         line = lines.get(value) if type(value) is str else None  # anything else fails below, as in nats-py
         if line is None:
             if type(value) is not str or "\r" in value or "\n" in value:
                 line = prefix + value.strip().translate(_VALUE_NEWLINES).encode() + _CRLF
             else:  # (a scan: translating a long value costs several times more)
                 line = prefix + value.strip().encode() + _CRLF
-            if len(lines) < _MAX_VALUES_PER_NAME and len(value) <= _MAX_CACHED_VALUE:
+            if len(lines) < _MAX_VALUES_PER_NAME:
                 lines[value] = line
         parts.append(line)
     parts.append(_CRLF)

@@ -11,7 +11,7 @@ import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, dataclass_transform
 
 import cbor2
 from pydantic import TypeAdapter
@@ -48,7 +48,19 @@ LAST_ERROR_MAX = 300  # characters of a retryable failure kept in the record (Ch
 REPLY_MIN_BYTES = 1024
 
 
-@dataclass(frozen=True, slots=True)
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def _immutable(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass for the type checker (mypy strict refuses any assignment to a field), a plain one with slots
+    at run time. A frozen dataclass sets each field through ``object.__setattr__``, which made every copy of the
+    record (several per request: each reply remembered, each commit's events) cost 29,000 instructions for its 18
+    fields, against 6,000 for a plain one."""
+    return dataclass(slots=True)(cls)
+
+
+@_immutable
 class ChangeSetRecord:
     epoch: int
     owner: str
@@ -98,8 +110,8 @@ class ChangeSetRecord:
     feed: tuple[str, ...] = ()
 
     def with_feed(self, events: int, feed: tuple[str, ...]) -> ChangeSetRecord:
-        """``replace(self, events=events, feed=feed)`` at half its cost (it runs once per commit): every field named
-        in order (a test holds it to ``replace`` with every field set)."""
+        """``replace(self, events=events, feed=feed)`` at a fifth of its cost (it runs once per commit): every field
+        named in order (a test holds it to ``replace`` with every field set)."""
         return ChangeSetRecord(
             self.epoch,
             self.owner,

@@ -26,7 +26,15 @@ _names = st.one_of(
     st.sampled_from(["X-CONTENT-TYPE", "Nats-Msg-Id", " padded ", "", "   "]),
     st.text(max_size=12),
 )
-_values = st.text(max_size=40) | st.sampled_from(["a\r\nb", " x ", "\n", "application/cbor"])
+_values = (
+    st.text(max_size=40)
+    | st.text(
+        min_size=129, max_size=300
+    )  # longer than the cached values: a record's event window takes this path
+    | st.sampled_from(
+        ["a\r\nb", " x ", "\n", "application/cbor", " " + "w\r" * 100 + "\n", "\r\n" + "z" * 150 + " "]
+    )
+)
 
 
 class _Recorder:
