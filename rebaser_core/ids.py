@@ -136,10 +136,10 @@ _RANDOM_MAX = (1 << 80) - 1
 _last = [0, 0]  # [milliseconds, random part] of the last id made in this process
 _time_ms = [-1]  # the millisecond whose text _time_text holds
 _time_text = [""]
-# new_ulid_stamp's: the millisecond whose time text and Unix seconds it holds, and its first six characters'.
+# new_ulid_stamp's: the millisecond whose text (_stamp_time) and Unix seconds it holds, and the first six characters'.
 _stamp_ms = [-1]
 _stamp_time = [""]
-_stamp_text = [""]
+_stamp_seconds = [""]
 _stamp_high = [-1]
 _stamp_high_text = [""]
 # A random byte -> a Crockford character, from its five low bits (a byte's 256 values cover each 32 equally).
@@ -205,12 +205,12 @@ def new_ulid_stamp() -> tuple[str, str]:
             _stamp_high[0], _stamp_high_text[0] = ms >> 20, _encode_time(ms)[:6]
         _stamp_ms[0] = ms
         _stamp_time[0] = _stamp_high_text[0] + _PAIRS[(ms >> 10) & 1023] + _PAIRS[ms & 1023]
-        _stamp_text[0] = f"{ms // 1000}.{ms % 1000:03d}"
+        _stamp_seconds[0] = f"{ms // 1000}.{ms % 1000:03d}"
     at = _random_at[0]
     if at == len(_random_pool[0]):
         _random_pool[0], at = os.urandom(1024).translate(_RANDOM_CHARACTERS).decode(), 0
     _random_at[0] = at + 16
-    return _stamp_time[0] + _random_pool[0][at : at + 16], _stamp_text[0]
+    return _stamp_time[0] + _random_pool[0][at : at + 16], _stamp_seconds[0]
 
 
 def _canonical_text(kind: str, value: str) -> str:
