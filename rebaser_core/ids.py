@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from pydantic_core import core_schema
     from ulid import ULID
 
-__all__ = ["ChangeSetId", "RequestId", "UlidId", "WorkspacePk", "new_ulid_stamp", "new_ulid_text"]
+__all__ = [
+    "ChangeSetId",
+    "RequestId",
+    "UlidId",
+    "WorkspacePk",
+    "new_ulid_text",
+    "new_unordered_ulid_text",
+    "ulid_milliseconds",
+]
 
 
 class UlidId:
@@ -34,26 +42,27 @@ class UlidId:
     built when asked for.
     """
 
-    __slots__ = ("_text",)
-    _text: str
+    __slots__ = ("text",)
+    # The canonical text (26 characters, upper case): what ``str()`` gives, read without a call where it counts.
+    text: str
 
     def __init__(self, value: ULID | str | Self) -> None:
         if isinstance(value, UlidId):
             if type(value) is not type(self):
                 raise InvalidId(f"a {type(value).__name__} is not a {type(self).__name__}")
-            text = value._text
+            text = value.text
         elif isinstance(value, str):
             text = _canonical_text(type(self).__name__, value)
         elif _is_ulid(value):
             text = str(value)
         else:
             raise InvalidId(f"{type(self).__name__} must be a ULID string, got {type(value).__name__}")
-        object.__setattr__(self, "_text", text)
+        object.__setattr__(self, "text", text)
 
     @classmethod
     def new(cls) -> Self:
         made = cls.__new__(cls)
-        object.__setattr__(made, "_text", _new_text())
+        object.__setattr__(made, "text", _new_text())
         return made
 
     @classmethod
@@ -64,25 +73,25 @@ class UlidId:
     def ulid(self) -> ULID:
         from ulid import ULID
 
-        return ULID.from_str(self._text)
+        return ULID.from_str(self.text)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __str__(self) -> str:
-        return self._text
+        return self.text
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._text!r})"
+        return f"{type(self).__name__}({self.text!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other._text == self._text
+        return type(other) is type(self) and other.text == self.text
 
     def __lt__(self, other: Self) -> bool:
-        return self._text < other._text
+        return self.text < other.text
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self._text))
+        return hash((type(self).__name__, self.text))
 
     @classmethod
     def __get_pydantic_core_schema__(
@@ -95,7 +104,7 @@ class UlidId:
             # __init__'s type dispatch and upper-casing.
             if type(value) is str and _ULID_TEXT.fullmatch(value):
                 made = cls.__new__(cls)
-                object.__setattr__(made, "_text", value)
+                object.__setattr__(made, "text", value)
                 return made
             if isinstance(value, cls):
                 return value
@@ -136,10 +145,9 @@ _RANDOM_MAX = (1 << 80) - 1
 _last = [0, 0]  # [milliseconds, random part] of the last id made in this process
 _time_ms = [-1]  # the millisecond whose text _time_text holds
 _time_text = [""]
-# new_ulid_stamp's: the millisecond whose text (_stamp_time) and Unix seconds it holds, and the first six characters'.
+# new_unordered_ulid_text's: the millisecond whose time characters _stamp_time holds, and the first six characters'.
 _stamp_ms = [-1]
 _stamp_time = [""]
-_stamp_seconds = [""]
 _stamp_high = [-1]
 _stamp_high_text = [""]
 # A random byte -> a Crockford character, from its five low bits (a byte's 256 values cover each 32 equally).
@@ -193,24 +201,34 @@ def new_ulid_text() -> str:
     return _new_text()
 
 
-def new_ulid_stamp() -> tuple[str, str]:
-    """A new ULID's text and its millisecond as Unix seconds in JSON (``"1733456789.123"``): an event's id and time
-    in one, agreeing with each other. Made for every event the daemon decides, so made cheaply: the time's text
-    once per millisecond (its first six characters once per 2^20 ms), the random part as sixteen random characters
-    (``os.urandom`` through a table, 64 ids' worth at a time, not big-integer arithmetic), and not monotonic within
-    a millisecond (an event is ordered by its ``seq``; 80 random bits keep its id unique)."""
+def new_unordered_ulid_text() -> str:
+    """A new ULID's text, made for every event the daemon decides, so made cheaply: the time's characters once per
+    millisecond (the first six once per 2^20 ms), the random part as sixteen random characters (``os.urandom``
+    through a table, 64 ids' worth at a time, not big-integer arithmetic), and not monotonic within a millisecond
+    (an event is ordered by its ``seq``; 80 random bits keep its id unique). Its millisecond is the event's time
+    (:func:`ulid_milliseconds`)."""
     ms = time.time_ns() // 1_000_000
     if _stamp_ms[0] != ms:
         if _stamp_high[0] != ms >> 20:
             _stamp_high[0], _stamp_high_text[0] = ms >> 20, _encode_time(ms)[:6]
         _stamp_ms[0] = ms
         _stamp_time[0] = _stamp_high_text[0] + _PAIRS[(ms >> 10) & 1023] + _PAIRS[ms & 1023]
-        _stamp_seconds[0] = f"{ms // 1000}.{ms % 1000:03d}"
     at = _random_at[0]
     if at == len(_random_pool[0]):
         _random_pool[0], at = os.urandom(1024).translate(_RANDOM_CHARACTERS).decode(), 0
     _random_at[0] = at + 16
-    return _stamp_time[0] + _random_pool[0][at : at + 16], _stamp_seconds[0]
+    return _stamp_time[0] + _random_pool[0][at : at + 16]
+
+
+_CROCKFORD_VALUE = {c: i for i, c in enumerate(_CROCKFORD_ALPHABET)}
+
+
+def ulid_milliseconds(text: str) -> int:
+    """The Unix millisecond a ULID's canonical text begins with (its first ten characters)."""
+    ms = 0
+    for character in text[:10]:
+        ms = ms * 32 + _CROCKFORD_VALUE[character]
+    return ms
 
 
 def _canonical_text(kind: str, value: str) -> str:

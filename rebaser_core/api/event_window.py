@@ -12,8 +12,11 @@ all the same, and only a follower more than a window behind loses events (it see
 
 The value is JSON: ``{"v": 1, "new": N, "events": [event, ...]}``, each event a ChangeSetEvent v1 in its JSON form
 without the fields every event of the window shares (``workspace_id`` and ``change_set_id``, the subject's, and
-``durable``, true): a third of the bytes each write carries. ``new`` says how many of the last events this write
-decided (0 for a write that decided none). JSON keeps the value to printable ASCII, as a header value must be.
+``durable``, true): a third of the bytes each write carries. An event may also leave out what it tells otherwise:
+``at``, when it is the millisecond its ``id`` (a ULID) begins with, and the ``status`` of an ``applied``,
+``conflicts``, ``refused`` or ``error_reply`` event, which its kind names (:data:`STATUS_OF_KIND`). ``new`` says how
+many of the last events this write decided (0 for a write that decided none). JSON keeps the value to printable
+ASCII, as a header value must be.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from pydantic import ValidationError
 
 from rebaser_core.api.events import MAX_EVENT_BYTES, ChangeSetEvent
 from rebaser_core.errors import DecodeError
-from rebaser_core.ids import ChangeSetId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, WorkspacePk, ulid_milliseconds
 
 __all__ = [
     "EVENTS_HEADER",
     "MAX_WINDOW",
     "MAX_WINDOW_BYTES",
+    "STATUS_OF_KIND",
     "EventWindow",
     "event_text",
     "read_window",
@@ -51,6 +55,14 @@ _DECODER = json.JSONDecoder()
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 # Fields every event of a window has alike, left out of it (the follower puts them back).
 _SHARED = frozenset({"workspace_id", "change_set_id", "durable"})
+# A request outcome's status, which an event of the window may leave out: its kind says it (not so a dead letter's).
+STATUS_OF_KIND = {
+    "applied": "success",
+    "conflicts": "conflicts",
+    "refused": "refused",
+    "error_reply": "error",
+}
+_ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 # What a header value starts with, for each count of new events (one per commit: made once).
 _HEADS = tuple(f'{{"v":{_VERSION},"new":{new},"events":[' for new in range(MAX_WINDOW + 1))
 
@@ -115,8 +127,13 @@ def read_window(value: str, workspace_id: WorkspacePk | str, change_set_id: Chan
             raise DecodeError(
                 "an event of the window is not valid: not an object, or naming a field all share"
             )
+        fields = {**item, **shared}
+        if "at" not in item and type(event_id := item.get("id")) is str and _ULID.fullmatch(event_id):
+            fields["at"] = ulid_milliseconds(event_id) / 1000
+        if "status" not in item and type(kind := item.get("kind")) is str and kind in STATUS_OF_KIND:
+            fields["status"] = STATUS_OF_KIND[kind]
         try:
-            event = ChangeSetEvent.model_validate({**item, **shared})
+            event = ChangeSetEvent.model_validate(fields)
         except ValidationError as err:
             raise DecodeError(f"an event of the window is not valid: {err.errors()[0]['msg']}") from None
         if not event.durable or (events and event.seq != events[-1].seq + 1):

@@ -120,9 +120,10 @@ class ChangeSetFeed:
         if not self.enabled:
             if not self._window:
                 return record
-            seq, texts = record.events, []
+            seq, epoch, texts = record.events, self._epoch, []
             for decision, waiting in zip(decisions, queued, strict=True):
-                if (text := outcome_text(decision, waiting, self._epoch, seq + 1)) is not None:
+                text = outcome_text(decision, waiting, epoch, seq + 1)
+                if text is not None:
                     seq += 1
                     texts.append(text)
             return self._stage_window(record, seq, texts, settled)
@@ -154,7 +155,8 @@ class ChangeSetFeed:
             return record
         if settled:
             texts[-1] = texts[-1][:-1] + SETTLED
-        return record.with_feed(seq, (*record.feed, *texts)[-self._window :])
+        feed, cut = record.feed, len(record.feed) + len(texts) - self._window
+        return record.with_feed(seq, (feed[cut:] if cut > 0 else feed) + tuple(texts))
 
     def _stage(
         self, record: ChangeSetRecord, events: list[tuple[dict[str, Any], dict[str, str]]], settled: bool

@@ -25,7 +25,7 @@ from rebaser_core.api import (
     read_window,
 )
 from rebaser_core.api.codec import encode_body
-from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk, ulid_milliseconds
 from rebaser_core.nats.requester import Requester
 from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
@@ -143,7 +143,26 @@ def test_the_window_written_straight_is_the_window_the_dicts_make(
     assert [e.seq for e in straight] == [5, 6, 7]
     for one, other in zip(straight, from_dicts, strict=True):
         assert one.model_dump(exclude={"id", "at"}) == other.model_dump(exclude={"id", "at"})
+        # Written without its time, read back as the id's millisecond.
+        assert one.at == ulid_milliseconds(str(one.id)) / 1000
     assert [e.settled for e in straight] == [False, True, False]
+
+
+def test_the_window_written_straight_leaves_out_what_the_reader_puts_back() -> None:
+    # Its time (the id's millisecond) and, but for a dead letter, its status (the kind's): fewer bytes on every
+    # write of the record, and the reader's events as above.
+    feed = _feed(enabled=False, window=4)
+    record = ChangeSetRecord(epoch=7, owner="daemon-1", state={})
+    outcomes = [
+        _decision(SuccessStatus(updates_performed=1, snapshot_address="ab")),
+        _decision(ErrorStatus(message="x", retryable=False)),
+        _decision(ErrorStatus(message="x", retryable=False), "DecodeError: bad"),
+    ]
+    staged = feed.stage_dvu(feed.stage(record, outcomes, [0, 0, 0], settled=False), 0.5, settled=True)
+    events = [json.loads(text) for text in staged.feed]
+    assert [e["kind"] for e in events] == ["applied", "error_reply", "dead_lettered", "dvu_finished"]
+    assert all("at" not in e for e in events)
+    assert ["status" in e for e in events] == [False, False, True, False]
 
 
 def test_a_group_numbers_its_events_and_only_the_last_says_settled() -> None:

@@ -12,7 +12,7 @@ import pytest
 from rebaser_core.api import EVENTS_HEADER, MAX_WINDOW, event_text, read_window, split_window, window_header
 from rebaser_core.api.event_window import MAX_WINDOW_BYTES
 from rebaser_core.errors import DecodeError
-from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
+from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk, ulid_milliseconds
 from rebaser_server.record.model import ChangeSetRecord
 
 WK, CS = WorkspacePk.new(), ChangeSetId.new()
@@ -43,6 +43,23 @@ def test_a_window_reads_back_as_written() -> None:
     assert (window.new, window.last_seq) == (2, 7)
     assert [e.seq for e in window.events] == [5, 6, 7]
     assert split_window(value) == tuple(texts)
+
+
+def test_what_an_event_leaves_out_is_put_back_and_what_it_says_is_kept() -> None:
+    event = event_text(_event(1))
+    plain = json.loads(event)
+    bare = {name: value for name, value in plain.items() if name not in ("at", "status")}
+    said = {**bare, "seq": 2, "at": 12.5, "status": "error"}
+    dead = {**bare, "seq": 3, "kind": "dead_lettered", "reason": "crashed"}
+    value = window_header([json.dumps(e, separators=(",", ":")) for e in (bare, said, dead)], 3)
+    bare_event, said_event, dead_event = read_window(value, WK, CS).events
+    assert bare_event.at == ulid_milliseconds(plain["id"]) / 1000 and bare_event.status == "success"
+    assert (said_event.at, said_event.status) == (12.5, "error")
+    assert dead_event.status is None  # a dead letter's status is not its kind's: not put back
+    # Without its time, an event whose id is not a ULID does not read.
+    broken = window_header([json.dumps({**bare, "id": "not-a-ulid"}, separators=(",", ":"))], 1)
+    with pytest.raises(DecodeError):
+        read_window(broken, WK, CS)
 
 
 @pytest.mark.parametrize(
