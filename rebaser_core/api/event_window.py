@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from rebaser_core.api.events import MAX_EVENT_BYTES, ChangeSetEvent
+from rebaser_core.api.events import MAX_EVENT_BYTES, ChangeSetEvent, EventKind
 from rebaser_core.errors import DecodeError
 from rebaser_core.ids import ChangeSetId, WorkspacePk, ulid_milliseconds
 
@@ -56,7 +56,7 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 # Fields every event of a window has alike, left out of it (the follower puts them back).
 _SHARED = frozenset({"workspace_id", "change_set_id", "durable"})
 # A request outcome's status, which an event of the window may leave out: its kind says it (not so a dead letter's).
-STATUS_OF_KIND = {
+STATUS_OF_KIND: dict[EventKind, str] = {
     "applied": "success",
     "conflicts": "conflicts",
     "refused": "refused",

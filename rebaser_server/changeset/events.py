@@ -38,6 +38,7 @@ from rebaser_core.api import (
     event_text,
     reason_class,
 )
+from rebaser_core.api.event_window import STATUS_OF_KIND
 from rebaser_core.ids import RequestId
 from rebaser_core.nats.requester import Requester
 from rebaser_core.subjects import Subjects
@@ -57,12 +58,8 @@ log = logging.getLogger(__name__)
 # (the record must stay small: it is written on every commit).
 OUTBOX_MAX = 256
 
-_STATUS_KIND: dict[str, EventKind] = {
-    "success": "applied",
-    "conflicts": "conflicts",
-    "refused": "refused",
-    "error": "error_reply",
-}
+# A status -> its outcome event's kind (the table a window's reader uses the other way round).
+_STATUS_KIND: dict[str, EventKind] = {status: kind for kind, status in STATUS_OF_KIND.items()}
 
 
 class ChangeSetFeed:
