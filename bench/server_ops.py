@@ -9,6 +9,9 @@ for the daemon and the hand-written loop alike:
 - a record read: ``STREAM.MSG.GET`` (the stream leader's answer, JSON with the message in base64) against a direct
   get (``DIRECT.GET``, the message itself);
 - a publish with a publish ack, and a compare-and-set one (``Nats-Expected-Last-Subject-Sequence``);
+- a record's rewrite as a commit makes it (compare-and-set, over the key's last revision) without a header, and with
+  a ``Rebaser-Events`` header of 1.5 KiB and of 3 KiB: what the event feed's window costs the server on every write
+  (a window of 16 events is 1.4-2.7 KiB, docs/capacity.md);
 - a request's publish as each side sends it: the hand-written client's (one ``Reply-To`` header) and
   ``RebaserClient``'s (content type, message type, version, reply inbox, ``Nats-Expected-Stream`` and a
   ``Nats-Msg-Id`` the stream remembers for its duplicate window, 120 s); and a task publish that the work queue
@@ -124,6 +127,20 @@ async def run(server: NatsServer, count: int) -> None:
         headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
         await nc.request(f"kv.c{i}", b"z" * 300, headers=headers, timeout=10)
 
+    async def rewriting(window: int) -> Callable[[int], Awaitable[object]]:
+        # Each key written once first; the measured write replaces it, as a commit replaces the record's last revision.
+        seqs = []
+        for i in range(count):
+            ack = await js.publish(f"kv.w{window}.{i}", b"r" * 300)
+            seqs.append(ack.seq)
+        events = {"Rebaser-Events": "e" * window} if window else {}
+
+        async def rewrite(i: int) -> None:
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(seqs[i]), **events}
+            await nc.request(f"kv.w{window}.{i}", b"z" * 300, headers=headers, timeout=10)
+
+        return rewrite
+
     async def request_plain(i: int) -> None:
         headers = {"Reply-To": f"_INBOX.abcdefghijklmnopqrstuv.{i}"}
         await nc.request(f"rd.p{i % 100}", b"q" * 60, headers=headers, timeout=10)
@@ -163,6 +180,12 @@ async def run(server: NatsServer, count: int) -> None:
     await _measure(pid, "nothing queued?, DIRECT.GET", nothing_queued_direct, count)
     await _measure(pid, "publish, acked", publish, count)
     await _measure(pid, "compare-and-set publish, acked", compare_and_set, count)
+    for window, name in (
+        (0, "record rewrite, no header"),
+        (1536, "record rewrite, 1.5 KiB window"),
+        (3072, "record rewrite, 3 KiB window"),
+    ):
+        await _measure(pid, name, await rewriting(window), count)
     await _measure(pid, "request publish, hand-written (Reply-To only)", request_plain, count)
     await _measure(pid, "request publish, RebaserClient (6 headers, msg id)", request_typed, count)
     await nc.request("t.dup", b"", headers={"Nats-Msg-Id": "dup"}, timeout=10)

@@ -56,6 +56,7 @@ from rebaser_core.api.enqueue_updates_response import (
 from rebaser_core.api.event_window import (
     EVENTS_HEADER,
     MAX_WINDOW,
+    SHORT_NAMES,
     EventWindow,
     event_text,
     read_window,
@@ -107,6 +108,7 @@ __all__ = [
     "MAX_SETTLED_WAIT",
     "MAX_WINDOW",
     "NOTICE_KINDS",
+    "SHORT_NAMES",
     "WAIT_SETTLED_REQUEST",
     "WAIT_SETTLED_RESPONSE",
     "WORKSPACE_BACKLOG_REQUEST",

@@ -10,13 +10,18 @@ A follower reads the headers only (a headers-only consumer of the bucket's strea
 one revision per key, so a follower that falls behind misses revisions; the next one it gets holds the last events
 all the same, and only a follower more than a window behind loses events (it sees ``seq`` jump).
 
-The value is JSON: ``{"v": 1, "new": N, "events": [event, ...]}``, each event a ChangeSetEvent v1 in its JSON form
-without the fields every event of the window shares (``workspace_id`` and ``change_set_id``, the subject's, and
-``durable``, true): a third of the bytes each write carries. An event may also leave out what it tells otherwise:
-``at``, when it is the millisecond its ``id`` (a ULID) begins with, and the ``status`` of an ``applied``,
-``conflicts``, ``refused`` or ``error_reply`` event, which its kind names (:data:`STATUS_OF_KIND`). ``new`` says how
-many of the last events this write decided (0 for a write that decided none). JSON keeps the value to printable
-ASCII, as a header value must be.
+The value is JSON: ``{"v": 2, "new": N, "events": [event, ...]}``, each event a ChangeSetEvent v1 in a short form,
+for every write carries the whole window (a window's bytes cost the servers about 4 µs a KiB on every write):
+
+- without the fields every event of the window shares: ``workspace_id`` and ``change_set_id`` (the subject's) and
+  ``durable`` (true);
+- its other fields under the one- or two-letter names of :data:`SHORT_NAMES` (``id`` keeps its own);
+- without what it tells otherwise: ``at``, the millisecond its ``id`` (a ULID) begins with; ``kind`` when it is
+  ``applied``; the ``status`` of an ``applied``, ``conflicts``, ``refused`` or ``error_reply`` event, which its kind
+  names (:data:`STATUS_OF_KIND`); and ``queued`` when it is 0.
+
+:func:`read_window` puts it all back. ``new`` says how many of the last events this write decided (0 for a write
+that decided none). JSON keeps the value to printable ASCII, as a header value must be.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "EVENTS_HEADER",
     "MAX_WINDOW",
     "MAX_WINDOW_BYTES",
+    "SHORT_NAMES",
     "STATUS_OF_KIND",
     "EventWindow",
     "event_text",
@@ -49,8 +55,8 @@ EVENTS_HEADER = "Rebaser-Events"
 # is refused before it is parsed.
 MAX_WINDOW = 64
 MAX_WINDOW_BYTES = MAX_WINDOW * (MAX_EVENT_BYTES + 1) + 64
-_VERSION = 1
-_HEAD = re.compile(r'\{"v":1,"new":\d{1,2},"events":\[')
+_VERSION = 2
+_HEAD = re.compile(r'\{"v":2,"new":\d{1,2},"events":\[')
 _DECODER = json.JSONDecoder()
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 # Fields every event of a window has alike, left out of it (the follower puts them back).
@@ -62,6 +68,30 @@ STATUS_OF_KIND: dict[EventKind, str] = {
     "refused": "refused",
     "error_reply": "error",
 }
+# A field's name in a window's events (``id`` and any field not named here keep their own).
+SHORT_NAMES: dict[str, str] = {
+    "kind": "k",
+    "at": "t",
+    "epoch": "e",
+    "seq": "n",
+    "request_id": "r",
+    "status": "s",
+    "queued": "q",
+    "updates_performed": "u",
+    "snapshot_address": "a",
+    "conflicts": "c",
+    "reason": "y",
+    "duration_s": "d",
+    "settled": "z",
+    "owner": "o",
+    "error": "x",
+}
+_STATUS: dict[str, str] = {str(kind): status for kind, status in STATUS_OF_KIND.items()}  # by any text
+_LONG_NAMES = {short: name for name, short in SHORT_NAMES.items()}
+_LONG = frozenset(SHORT_NAMES)
+# What an event of a window leaves out when it is so ("kind" applied; "queued" 0 for a request's outcome).
+_DEFAULT_KIND = "applied"
+_OUTCOMES = frozenset({*STATUS_OF_KIND, "dead_lettered"})
 _ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 # What a header value starts with, for each count of new events (one per commit: made once).
 _HEADS = tuple(f'{{"v":{_VERSION},"new":{new},"events":[' for new in range(MAX_WINDOW + 1))
@@ -87,9 +117,21 @@ class EventWindow:
 
 
 def event_text(event: Mapping[str, object]) -> str:
-    """An event (its JSON-model form) as it goes into a window: compact JSON, ASCII only, without the fields the
-    window's events share."""
-    return _ENCODE({name: value for name, value in event.items() if name not in _SHARED})
+    """An event (its JSON-model form) as it goes into a window: compact JSON, ASCII only, in the window's short form
+    (the module's docstring). ``rebaser_server.changeset.event_texts`` writes the same text straight."""
+    kind = str(event.get("kind"))
+    short: dict[str, object] = {}
+    for name, value in event.items():
+        if (
+            name in _SHARED
+            or (name == "kind" and value == _DEFAULT_KIND)
+            or (name == "status" and _STATUS.get(kind) == value)
+            or (name == "queued" and value == 0 and kind in _OUTCOMES)
+            or (name == "settled" and value is False)
+        ):
+            continue
+        short[SHORT_NAMES.get(name, name)] = value
+    return _ENCODE(short)
 
 
 def window_header(events: Sequence[str], new: int) -> str:
@@ -123,15 +165,13 @@ def read_window(value: str, workspace_id: WorkspacePk | str, change_set_id: Chan
     shared = {"workspace_id": str(workspace_id), "change_set_id": str(change_set_id), "durable": True}
     events: list[ChangeSetEvent] = []
     for item in raw_events:
-        if not isinstance(item, dict) or not _SHARED.isdisjoint(item):
+        if not isinstance(item, dict) or not _SHARED.isdisjoint(item) or not _LONG.isdisjoint(item):
             raise DecodeError(
-                "an event of the window is not valid: not an object, or naming a field all share"
+                "an event of the window is not valid: not an object, naming a field all share, or a field by the"
+                " name its short one stands for"
             )
-        fields = {**item, **shared}
-        if "at" not in item and type(event_id := item.get("id")) is str and _ULID.fullmatch(event_id):
-            fields["at"] = ulid_milliseconds(event_id) / 1000
-        if "status" not in item and type(kind := item.get("kind")) is str and kind in STATUS_OF_KIND:
-            fields["status"] = STATUS_OF_KIND[kind]
+        fields = _long_form(item)
+        fields.update(shared)
         try:
             event = ChangeSetEvent.model_validate(fields)
         except ValidationError as err:
@@ -140,6 +180,20 @@ def read_window(value: str, workspace_id: WorkspacePk | str, change_set_id: Chan
             raise DecodeError("the window's events are not durable ones numbered one after another")
         events.append(event)
     return EventWindow(new, tuple(events))
+
+
+def _long_form(item: Mapping[str, object]) -> dict[str, object]:
+    """An event of a window with its fields' own names and what it left out put back."""
+    fields = {_LONG_NAMES.get(name, name): value for name, value in item.items()}
+    kind = fields.setdefault("kind", _DEFAULT_KIND)
+    if "at" not in fields and type(event_id := fields.get("id")) is str and _ULID.fullmatch(event_id):
+        fields["at"] = ulid_milliseconds(event_id) / 1000
+    if type(kind) is str:
+        if "status" not in fields and kind in _STATUS:
+            fields["status"] = _STATUS[kind]
+        if "queued" not in fields and kind in _OUTCOMES:
+            fields["queued"] = 0
+    return fields
 
 
 def split_window(value: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 
 from rebaser_core.api import (
     EVENTS_HEADER,
+    SHORT_NAMES,
     EnqueueUpdatesRequest,
     EnqueueUpdatesResponse,
     ErrorStatus,
@@ -250,7 +251,7 @@ def _feed_of(headers: Mapping[str, str] | None, events: int) -> tuple[str, ...]:
 
 def _seq_of(text: str) -> int | None:
     try:
-        seq = json.loads(text).get("seq")
+        seq = json.loads(text).get(SHORT_NAMES["seq"])
     except (ValueError, AttributeError):
         return None
     return seq if isinstance(seq, int) else None

@@ -207,14 +207,14 @@ async def test_a_window_header_that_does_not_read_is_skipped_and_counted(
             await nc.jetstream().publish(
                 settings.subjects.record_subject(wk, junk),
                 b"x",
-                headers={EVENTS_HEADER: '{"v":1,"new":1,"events":[1]}'},
+                headers={EVENTS_HEADER: '{"v":2,"new":1,"events":[1]}'},
             )
             second = await client.enqueue_updates_with_reply(wk, cs, [], timeout=20)
             [event] = await next_durable(feed, 1)
         assert first.seq == 1 and (event.seq, event.request_id) == (2, second.id)
         assert feed.malformed == 1
     with pytest.raises(Exception, match="not valid"):
-        read_window('{"v":1,"new":1,"events":[1]}', wk, cs)
+        read_window('{"v":2,"new":1,"events":[1]}', wk, cs)
 
 
 async def test_an_upgrade_daemons_first_then_followers_loses_no_event(

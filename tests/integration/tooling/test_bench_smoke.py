@@ -206,6 +206,8 @@ def test_server_ops_prices_every_operation_and_every_way_of_removal() -> None:
     for operation in (
         "record read, DIRECT.GET",
         "compare-and-set publish, acked",
+        "record rewrite, no header",
+        "record rewrite, 3 KiB window",
         "lease renewal (+WPI, confirmed)",
         "3 idle consumers on the stream",
         "delete by sequence, a message",

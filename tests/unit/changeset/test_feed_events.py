@@ -149,8 +149,8 @@ def test_the_window_written_straight_is_the_window_the_dicts_make(
 
 
 def test_the_window_written_straight_leaves_out_what_the_reader_puts_back() -> None:
-    # Its time (the id's millisecond) and, but for a dead letter, its status (the kind's): fewer bytes on every
-    # write of the record, and the reader's events as above.
+    # Its time (the id's millisecond), an applied event's kind, but for a dead letter its status (the kind's), and
+    # nothing queued: fewer bytes on every write of the record, and the reader's events as above.
     feed = _feed(enabled=False, window=4)
     record = ChangeSetRecord(epoch=7, owner="daemon-1", state={})
     outcomes = [
@@ -160,9 +160,9 @@ def test_the_window_written_straight_leaves_out_what_the_reader_puts_back() -> N
     ]
     staged = feed.stage_dvu(feed.stage(record, outcomes, [0, 0, 0], settled=False), 0.5, settled=True)
     events = [json.loads(text) for text in staged.feed]
-    assert [e["kind"] for e in events] == ["applied", "error_reply", "dead_lettered", "dvu_finished"]
-    assert all("at" not in e for e in events)
-    assert ["status" in e for e in events] == [False, False, True, False]
+    assert [e.get("k") for e in events] == [None, "error_reply", "dead_lettered", "dvu_finished"]
+    assert all("t" not in e and "q" not in e for e in events)  # no time, nothing queued
+    assert ["s" in e for e in events] == [False, False, True, False]
 
 
 def test_a_group_numbers_its_events_and_only_the_last_says_settled() -> None:
@@ -268,4 +268,4 @@ async def test_the_window_keeps_the_last_events_on_the_record_and_a_dropped_comm
     assert staged.events == 5
     feed.dropped()
     again = feed.stage(record, [_decision(SuccessStatus(updates_performed=1))], [0], settled=True)
-    assert again.events == 5 and [json.loads(t)["seq"] for t in again.feed] == [3, 4, 5]
+    assert again.events == 5 and [json.loads(t)["n"] for t in again.feed] == [3, 4, 5]

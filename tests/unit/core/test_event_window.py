@@ -45,21 +45,38 @@ def test_a_window_reads_back_as_written() -> None:
     assert split_window(value) == tuple(texts)
 
 
+def test_a_window_event_is_short_and_what_it_leaves_out_is_put_back() -> None:
+    event = {
+        name: value for name, value in _event(1, queued=0).items() if name != "at"
+    }  # the daemon's leave it out
+    plain = json.loads(event_text(event))
+    # Short names; no shared fields, no time, no status or kind an applied event's kind names, no queued 0.
+    assert plain == {"id": event["id"], "e": 3, "n": 1, "r": event["request_id"], "u": 1}
+    (read,) = read_window(window_header([event_text(event)], 1), WK, CS).events
+    assert read.model_dump(mode="json") == {**event, "at": ulid_milliseconds(event["id"]) / 1000} | {
+        name: None for name in ("snapshot_address", "conflicts", "reason", "duration_s", "error")
+    } | {"settled": False, "owner": ""}
+
+
 def test_what_an_event_leaves_out_is_put_back_and_what_it_says_is_kept() -> None:
-    event = event_text(_event(1))
-    plain = json.loads(event)
-    bare = {name: value for name, value in plain.items() if name not in ("at", "status")}
-    said = {**bare, "seq": 2, "at": 12.5, "status": "error"}
-    dead = {**bare, "seq": 3, "kind": "dead_lettered", "reason": "crashed"}
+    bare = {name: value for name, value in json.loads(event_text(_event(1))).items() if name != "t"}
+    said = {**bare, "n": 2, "t": 12.5, "s": "error", "q": 4}
+    dead = {**bare, "n": 3, "k": "dead_lettered", "y": "crashed"}
     value = window_header([json.dumps(e, separators=(",", ":")) for e in (bare, said, dead)], 3)
     bare_event, said_event, dead_event = read_window(value, WK, CS).events
-    assert bare_event.at == ulid_milliseconds(plain["id"]) / 1000 and bare_event.status == "success"
-    assert (said_event.at, said_event.status) == (12.5, "error")
+    assert bare_event.at == ulid_milliseconds(bare["id"]) / 1000
+    assert (bare_event.kind, bare_event.status, bare_event.queued) == ("applied", "success", 0)
+    assert (said_event.at, said_event.status, said_event.queued) == (12.5, "error", 4)
     assert dead_event.status is None  # a dead letter's status is not its kind's: not put back
+    assert (dead_event.kind, dead_event.reason, dead_event.queued) == ("dead_lettered", "crashed", 0)
     # Without its time, an event whose id is not a ULID does not read.
     broken = window_header([json.dumps({**bare, "id": "not-a-ulid"}, separators=(",", ":"))], 1)
     with pytest.raises(DecodeError):
         read_window(broken, WK, CS)
+    # A field under its long name, where it has a short one, does not read (nor does one named twice).
+    for long in ({**bare, "seq": 1}, {**bare, "kind": "applied"}, {**bare, "request_id": bare["r"]}):
+        with pytest.raises(DecodeError, match="short one"):
+            read_window(window_header([json.dumps(long)], 1), WK, CS)
 
 
 @pytest.mark.parametrize(
@@ -67,13 +84,14 @@ def test_what_an_event_leaves_out_is_put_back_and_what_it_says_is_kept() -> None
     [
         "not json",
         "[]",
-        '{"v":2,"new":0,"events":[]}',
-        '{"v":1,"new":"1","events":[]}',
-        '{"v":1,"new":true,"events":[]}',
-        '{"v":1,"new":2,"events":[]}',
-        '{"v":1,"new":-1,"events":[]}',
-        '{"v":1,"new":0,"events":{}}',
-        '{"v":1,"new":1,"events":[1]}',
+        '{"v":1,"new":0,"events":[]}',
+        '{"v":3,"new":0,"events":[]}',
+        '{"v":2,"new":"1","events":[]}',
+        '{"v":2,"new":true,"events":[]}',
+        '{"v":2,"new":2,"events":[]}',
+        '{"v":2,"new":-1,"events":[]}',
+        '{"v":2,"new":0,"events":{}}',
+        '{"v":2,"new":1,"events":[1]}',
         "[" * 10_000 + "]" * 10_000,
     ],
 )
@@ -95,7 +113,7 @@ def test_a_window_of_notices_holes_or_too_many_events_is_refused() -> None:
 
 
 def test_a_value_longer_than_the_bound_is_refused_before_it_is_parsed() -> None:
-    value = '{"v":1,"new":0,"events":[' + " " * MAX_WINDOW_BYTES + "]}"
+    value = '{"v":2,"new":0,"events":[' + " " * MAX_WINDOW_BYTES + "]}"
     with pytest.raises(DecodeError, match="longer than"):
         read_window(value, WK, CS)
 
@@ -134,7 +152,7 @@ def test_the_daemon_cuts_each_event_out_as_written_whatever_its_strings_hold() -
     assert split_window(window_header(texts, 1)) == texts
     assert split_window(window_header((), 0)) == ()
     # Not the form the daemon writes, but a window all the same: decoded whole.
-    spaced = json.dumps({"v": 1, "new": 0, "events": [json.loads(t) for t in texts]})
+    spaced = json.dumps({"v": 2, "new": 0, "events": [json.loads(t) for t in texts]})
     assert split_window(spaced) == texts
     # Cut short, or anything after the array: nothing carried on.
     whole = window_header(texts, 1)
@@ -176,3 +194,17 @@ def test_what_a_reader_is_told_of_a_window() -> None:
     assert [e.seq for e in window.fresh(None, replay=False)] == [7]
     assert [e.seq for e in window.fresh(None, replay=True)] == [5, 6, 7]
     assert window.fresh(7, replay=True) == []
+
+
+def test_the_protocols_example_window_reads_as_the_protocol_says() -> None:
+    # docs/protocol.md §17 is what a follower in another language reads the short form from: its example must hold.
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
+    section = text[text.index("\n## 17. ") : text.index("\n### 17.1 ")]
+    (value,) = re.findall(r"^Rebaser-Events: (\{.*\})$", section, re.MULTILINE)
+    said = json.loads(section[section.index("```json\n", section.index(value)) + 8 :].split("\n```", 1)[0])
+    wk, cs = said[0]["workspace_id"], said[0]["change_set_id"]
+    events = read_window(value, wk, cs).events
+    assert [event.model_dump(mode="json", exclude_defaults=True) for event in events] == said
