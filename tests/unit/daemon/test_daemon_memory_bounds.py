@@ -60,3 +60,40 @@ async def test_the_backlog_counts_kept_are_bounded(monkeypatch: pytest.MonkeyPat
         assert await backlogs.queued(workspace) == 2
         assert len(backlogs._counted) <= 4
     assert list(backlogs._counted) == workspaces[-4:]  # the oldest counts went
+
+
+def test_the_spans_remembered_with_tracing_on_are_bounded_and_the_oldest_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each request's span is kept for its reply, each DVU's cause for its run: a reply or a run that never comes
+    # (a lost ownership, a crash of the group) must not leave them for ever.
+    from nats.aio.msg import Msg
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from rebaser_core import headers as h
+    from rebaser_server.ops import observe
+
+    monkeypatch.setattr(observe, "_RECENT_REQUESTS", 5)
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observer = Observer(provider)
+    change_sets = [ChangeSet(WorkspacePk.new(), ChangeSetId.new()) for _ in range(12)]
+    ids = [f"request-{i}" for i in range(12)]
+    for request_id, change_set in zip(ids, change_sets, strict=True):
+        msg = Msg(_client=None, subject="rq", headers={h.NATS_MSG_ID: request_id})  # type: ignore[arg-type]
+        with observer.request(msg, change_set, None):
+            observer.dvu_due(change_set)
+        assert len(observer._requests) <= 5 and len(observer._dvu_due) <= 5
+    assert list(observer._requests) == ids[-5:] and list(observer._dvu_due) == change_sets[-5:]
+    # The oldest request has no span left to answer under; the newest has.
+    spans = len(exporter.get_finished_spans())
+    with observer.reply({h.NATS_MSG_ID: ids[0]}, {}):
+        pass
+    assert len(exporter.get_finished_spans()) == spans
+    with observer.reply({h.NATS_MSG_ID: ids[-1]}, reply := {}):
+        pass
+    assert "traceparent" in reply and len(exporter.get_finished_spans()) == spans + 1
+    provider.shutdown()
