@@ -22,7 +22,7 @@ from rebaser_server.changeset.dvu import SerialDvu
 from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.outcome import LeaseLost, Outcome, Wedged
 from rebaser_server.changeset.steps import Steps
-from rebaser_server.record.store import ChangeSetHandle
+from rebaser_server.record.handle import ChangeSetHandle
 from rebaser_server.task.lease import Lease
 
 __all__ = ["Activity", "ChangeSetDvu"]

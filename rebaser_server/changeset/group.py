@@ -39,8 +39,8 @@ from rebaser_server.changeset.decisions import Decision, Kind
 from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.changeset.trimmer import Trimmer
+from rebaser_server.record.handle import ChangeSetHandle
 from rebaser_server.record.model import ChangeSetRecord
-from rebaser_server.record.store import ChangeSetHandle
 
 if TYPE_CHECKING:
     from opentelemetry import trace

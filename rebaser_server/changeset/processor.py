@@ -48,7 +48,8 @@ from rebaser_server.changeset.quarantine import quarantine
 from rebaser_server.changeset.release import let_go_paused, mark_handed_back, release, resumed_meanwhile
 from rebaser_server.changeset.steps import Steps
 from rebaser_server.changeset.trimmer import Trimmer
-from rebaser_server.record.store import ChangeSetHandle, StaleDelivery, TaskDelivery
+from rebaser_server.record.handle import ChangeSetHandle
+from rebaser_server.record.store import StaleDelivery, TaskDelivery
 from rebaser_server.task.delivery import Delivery
 from rebaser_server.task.lease import Lease
 

@@ -24,7 +24,7 @@ from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Pauses, Report
 from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.changeset.outcome import Outcome, TaskResult
-from rebaser_server.record.store import ChangeSetHandle
+from rebaser_server.record.handle import ChangeSetHandle
 from rebaser_server.task.lease import Lease
 
 __all__ = ["let_go_paused", "mark_handed_back", "release", "resumed_meanwhile"]

@@ -2,8 +2,10 @@
 
 - :mod:`~rebaser_server.record.model`: the record's form (fields, encoding, decoding of untrusted bytes,
   remembered replies), free of NATS;
-- :mod:`~rebaser_server.record.store`: the store and the per-ownership handle that reads it and commits it by
-  compare-and-set (the fence: a commit by an owner whose epoch was bumped fails);
+- :mod:`~rebaser_server.record.store`: the store, which reads the record and takes a change set over by bumping
+  its epoch;
+- :mod:`~rebaser_server.record.handle`: the per-ownership handle that commits the record by compare-and-set (the
+  fence: a commit by an owner whose epoch was bumped fails) and reads back a write whose answer was lost;
 - :mod:`~rebaser_server.record.direct_reads`: reads of a stream's last message as its leader has it;
 - :mod:`~rebaser_server.record.reader`: what an app may read besides its own change set (another change set's
   committed state, a request's stored batch): the daemon's ``ChangeSetReader``.

@@ -1,8 +1,8 @@
 """A change set's record as it is stored: its fields, and the recent replies that make redelivery idempotent.
 
-The record is one value of the ``REBASER_CHANGE_SETS`` KV bucket (``rebaser_server.record.store`` reads and commits it);
-this module is only its form: what it holds, how it is encoded and decoded (read back as untrusted bytes, bounded
-before decoding), and how a reply is remembered in it. No NATS here.
+The record is one value of the ``REBASER_CHANGE_SETS`` KV bucket (``rebaser_server.record.store`` reads it,
+``rebaser_server.record.handle`` commits it); this module is only its form: what it holds, how it is encoded and
+decoded (read back as untrusted bytes, bounded before decoding), and how a reply is remembered in it. No NATS here.
 """
 
 from __future__ import annotations

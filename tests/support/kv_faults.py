@@ -22,7 +22,7 @@ import nats.errors
 from nats.js.kv import KeyValue
 
 from rebaser_server.changeset.trimmer import Trimmer
-from rebaser_server.record.store import ChangeSetHandle
+from rebaser_server.record.handle import ChangeSetHandle
 
 _original_update = KeyValue.update
 _original_create = KeyValue.create

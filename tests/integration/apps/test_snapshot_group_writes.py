@@ -15,8 +15,8 @@ from rebaser_core.api import GetChangeSetResponse
 from rebaser_core.testing import wait_for
 from rebaser_server.apps.snapshots import SnapshotApp
 from rebaser_server.apps.snapshots.app import EMPTY
+from rebaser_server.record.handle import ChangeSetHandle
 from rebaser_server.record.model import ChangeSetRecord
-from rebaser_server.record.store import ChangeSetHandle
 from rebaser_server.testing import CheckpointGate, fast_settings, running_daemon
 
 

@@ -45,7 +45,8 @@ from rebaser_server.changeset.postprocess import PostProcess
 from rebaser_server.changeset.replies import Replies
 from rebaser_server.changeset.trimmer import Trimmer
 from rebaser_server.ops.observe import Observer
-from rebaser_server.record.store import ChangeSetHandle, ChangeSetStore, TaskDelivery
+from rebaser_server.record.handle import ChangeSetHandle
+from rebaser_server.record.store import ChangeSetStore, TaskDelivery
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.hostile_wire import REQUEST_HEADERS, dead_letter_of, stream_empty

@@ -25,7 +25,8 @@ from rebaser_server.changeset.outcome import Outcome
 from rebaser_server.changeset.release import release
 from rebaser_server.ops.observe import Observer
 from rebaser_server.record.direct_reads import DirectReads
-from rebaser_server.record.store import ChangeSetHandle, ChangeSetStore, TaskDelivery
+from rebaser_server.record.handle import ChangeSetHandle
+from rebaser_server.record.store import ChangeSetStore, TaskDelivery
 from rebaser_server.task.lease import Lease
 from rebaser_server.testing import RecordingHooks, fast_settings
 

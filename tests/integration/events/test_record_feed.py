@@ -15,7 +15,7 @@ from rebaser_client import EventsLost, RebaserClient, SetLiteral
 from rebaser_core.api import EVENTS_HEADER, read_window
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_server.app import ChangeSet
-from rebaser_server.record.store import ChangeSetHandle
+from rebaser_server.record.handle import ChangeSetHandle
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.events import next_durable, record_window

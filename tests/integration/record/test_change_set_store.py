@@ -1,6 +1,7 @@
-"""The change-set store (``rebaser_server/record/store.py``) against a real nats-server, through nats-py's KeyValue
-and through the daemon's light requester: acquire bumps the epoch and fences the handle before it; commits are
-compare-and-set; a stale delivery, a task with nothing to do and a change of shard are told apart.
+"""The change-set store (``rebaser_server/record/store.py``) and its handle (``handle.py``) against a real
+nats-server, through nats-py's KeyValue and through the daemon's light requester: acquire bumps the epoch and fences
+the handle before it; commits are compare-and-set; a stale delivery, a task with nothing to do and a change of shard
+are told apart.
 
 (``tests/integration/changeset/test_fence.py`` has the fence as a daemon meets it, ``test_record_reads.py`` the
 reads by direct get.)"""
@@ -17,9 +18,9 @@ from rebaser_core.errors import FencedError
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.requester import Requester
 from rebaser_server.app import ChangeSet
+from rebaser_server.record.handle import ChangeSetHandle
 from rebaser_server.record.store import (
     Acquired,
-    ChangeSetHandle,
     ChangeSetStore,
     NothingToDo,
     StaleDelivery,
