@@ -27,7 +27,8 @@ What the owned change sets of one daemon share is cut by concern in :mod:`~rebas
 
 What the change set's followers are told (its event feed, decided with each commit and carried by its write) is
 :mod:`~rebaser_server.changeset.events`; the events stream, with ``events`` on, is stored in order by
-:mod:`~rebaser_server.changeset.event_pump`. A paused change set is let go by
+:mod:`~rebaser_server.changeset.event_pump`, which finds what the stream holds already (an earlier owner's events, a
+batch that got no answer) through :mod:`~rebaser_server.changeset.event_lookup`. A paused change set is let go by
 :func:`~rebaser_server.changeset.release.let_go_paused`, and one whose record cannot be read is paused (quarantined)
 by :mod:`~rebaser_server.changeset.quarantine` instead of being retried for ever.
 

@@ -46,7 +46,8 @@ from rebaser_core.tracing import TRACE_HEADERS
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Stats
 from rebaser_server.changeset.decisions import Decision, Kind
-from rebaser_server.changeset.event_pump import EventPump, Queued
+from rebaser_server.changeset.event_lookup import Queued
+from rebaser_server.changeset.event_pump import EventPump
 from rebaser_server.changeset.event_texts import SETTLED, dvu_text, outcome_text
 from rebaser_server.record.model import ChangeSetRecord
 

@@ -17,7 +17,8 @@ from rebaser_core.settings import Settings
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset import event_pump
 from rebaser_server.changeset.context import Stats
-from rebaser_server.changeset.event_pump import EventPump, Queued
+from rebaser_server.changeset.event_lookup import Queued
+from rebaser_server.changeset.event_pump import EventPump
 from rebaser_server.changeset.events import ChangeSetFeed
 from rebaser_server.record.model import ChangeSetRecord
 
