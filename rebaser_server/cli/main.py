@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rebaser_core.errors import InvalidUrl
-from rebaser_core.nats.connect import check_server_url
 from rebaser_server.cli.config_file import (
     CONFIG_PATH,
     FILE_SETTINGS,
@@ -28,12 +26,13 @@ from rebaser_server.cli.config_file import (
     tunable,
 )
 from rebaser_server.cli.environment import known_variables, unknown_variables
-from rebaser_server.daemon.config import (
-    DEFAULT_APP,
-    DEFAULT_EMBEDDED_HOST,
-    DEFAULT_EMBEDDED_PORT,
-    ServerConfig,
+from rebaser_server.cli.option_groups import (
+    embedded_server_options,
+    health_endpoint_options,
+    http_token_from,
+    nats_connection_options,
 )
+from rebaser_server.daemon.config import DEFAULT_APP, ServerConfig
 from rebaser_server.ops.logs import LOG_FORMATS, LogFormat, configure_logging
 
 if TYPE_CHECKING:
@@ -104,39 +103,6 @@ class _Group(click.Group):
             formatter.write_dl([("dev-cluster", DEV_CLUSTER_SUMMARY), ("new-app", NEW_APP_SUMMARY)])
 
 
-def _check_sync(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
-    # Imported when called: rebaser_server.devtools is not loaded for --help or --version.
-    from rebaser_server.devtools.embedded_start import sync_option
-
-    return sync_option(ctx, param, value)
-
-
-def _http_token(token: str | None, token_file: Path | None) -> str | None:
-    """The health endpoint's token, given itself or in a file (its first line); not both, never empty."""
-    if token is not None and token_file is not None:
-        raise click.UsageError("give --http-token or --http-token-file, not both")
-    if token_file is not None:
-        lines = token_file.read_text(encoding="utf-8").strip().splitlines()
-        token = lines[0].strip() if lines else ""
-        if not token:
-            raise click.UsageError(f"--http-token-file {token_file} is empty")
-        return token
-    if token is not None and not token.strip():
-        raise click.UsageError("--http-token is empty")
-    return None if token is None else token.strip()
-
-
-def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str, ...]) -> tuple[str, ...]:
-    """A URL nats-py cannot use (``http://...``) is refused here, naming the schemes, not later as a failed name
-    lookup of ``http``."""
-    for url in urls:
-        try:
-            check_server_url(url)
-        except InvalidUrl as err:
-            raise click.BadParameter(str(err), ctx=ctx, param=param) from None
-    return urls
-
-
 @click.group(
     cls=_Group,
     invoke_without_command=True,
@@ -154,34 +120,7 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     help="TOML file of option values (e.g. http-port = 9464) and settings (e.g. ready_max_backlog = 100); "
     "flags and REBASER_* variables override it.",
 )
-@click.option(
-    "--nats-url",
-    "nats_urls",
-    multiple=True,
-    envvar="REBASER_NATS_URL",
-    show_envvar=True,
-    callback=_check_nats_urls,
-    help="NATS server URL (repeatable; in the variable, separated by spaces). None: run an embedded server.",
-)
-@click.option("--user", envvar="REBASER_NATS_USER", show_envvar=True, help="NATS user name.")
-@click.option("--password", envvar="REBASER_NATS_PASSWORD", show_envvar=True, help="NATS password.")
-@click.option("--token", envvar="REBASER_NATS_TOKEN", show_envvar=True, help="NATS authentication token.")
-@click.option(
-    "--nkey-seed", envvar="REBASER_NATS_NKEY_SEED", show_envvar=True, help="Path to an nkey seed file."
-)
-@click.option("--creds", envvar="REBASER_NATS_CREDS", show_envvar=True, help="Path to a NATS .creds file.")
-@click.option(
-    "--tls-ca", envvar="REBASER_NATS_TLS_CA", show_envvar=True, help="CA certificate (PEM) for NATS TLS."
-)
-@click.option(
-    "--tls-cert",
-    envvar="REBASER_NATS_TLS_CERT",
-    show_envvar=True,
-    help="Client certificate (PEM) for NATS TLS.",
-)
-@click.option(
-    "--tls-key", envvar="REBASER_NATS_TLS_KEY", show_envvar=True, help="Client key (PEM) for NATS TLS."
-)
+@nats_connection_options
 @click.option(
     "--prefix",
     default=None,
@@ -246,43 +185,7 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
 @tunable("ack_wait", float, "Seconds after which a silent owner loses its task (a dead daemon's stall).")
 @tunable("progress_period", float, "Seconds between lease renewals (at most 0.25 x ack-wait).")
 @tunable("handler_deadline", float, "Seconds one apply or DVU step may run before it counts as wedged.")
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    envvar="REBASER_DATA_DIR",
-    show_envvar=True,
-    show_default="~/.local/share/rebaser",
-    help="Store of the embedded server.",
-)
-@click.option(
-    "--port",
-    "embedded_port",
-    type=int,
-    default=DEFAULT_EMBEDDED_PORT,
-    envvar="REBASER_EMBEDDED_PORT",
-    show_envvar=True,
-    help="Client port of the embedded server (0 picks a free one).",
-)
-@click.option(
-    "--host",
-    "embedded_host",
-    default=DEFAULT_EMBEDDED_HOST,
-    envvar="REBASER_EMBEDDED_HOST",
-    show_envvar=True,
-    help="Address the embedded server listens on (0.0.0.0 in a container, to be reachable from outside it).",
-)
-@click.option(
-    "--sync",
-    "embedded_sync",
-    default="always",
-    envvar="REBASER_SYNC",
-    show_envvar=True,
-    callback=_check_sync,
-    help="When the embedded server writes to disk: always (fsync before every acknowledgement, so a power loss "
-    "loses nothing acknowledged), a duration such as 1s (faster; a power loss or kernel crash loses up to that "
-    "much), or interval (nats-server's default, 2m). An external server's is its own: see --nats-monitoring-url.",
-)
+@embedded_server_options
 @click.option(
     "--nats-monitoring-url",
     "nats_monitoring_urls",
@@ -298,37 +201,7 @@ def _check_nats_urls(ctx: click.Context, param: click.Parameter, urls: tuple[str
     "Refuse to serve when acknowledged requests would survive less: node-loss (a node's crash or power loss) "
     "or power-loss (every server fsyncs before acknowledging).",
 )
-@click.option(
-    "--http-host",
-    default=ServerConfig.http_host,  # rebaser_server.ops.http.DEFAULT_HTTP_HOST (it imports aiohttp)
-    envvar="REBASER_HTTP_HOST",
-    show_envvar=True,
-    help="Address of the health endpoint (/healthz, /readyz, /status, /metrics).",
-)
-@click.option(
-    "--http-port",
-    type=int,
-    default=ServerConfig.http_port,  # rebaser_server.ops.http.DEFAULT_HTTP_PORT
-    envvar="REBASER_HTTP_PORT",
-    show_envvar=True,
-    help="Port of the health endpoint; 0 picks a free one, -1 turns it off.",
-)
-@click.option(
-    "--http-token",
-    default=None,
-    envvar="REBASER_HTTP_TOKEN",
-    show_envvar=True,
-    help="Bearer token /status and /metrics want (Authorization: Bearer <token>); /healthz and /readyz stay open. "
-    "Without one, /status and /metrics answer only this host unless --http-host is a loopback address.",
-)
-@click.option(
-    "--http-token-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    envvar="REBASER_HTTP_TOKEN_FILE",
-    show_envvar=True,
-    help="A file holding the --http-token (its first line), e.g. a mounted secret.",
-)
+@health_endpoint_options
 @click.option(
     "--demo",
     is_flag=True,
@@ -462,7 +335,7 @@ def main(
         embedded_sync=embedded_sync,
         http_host=http_host,
         http_port=http_port,
-        http_token=_http_token(http_token, http_token_file),
+        http_token=http_token_from(http_token, http_token_file),
         log_format=log_format,
         **({"data_dir": data_dir} if data_dir else {}),
     )

@@ -115,13 +115,13 @@ def test_a_bad_setting_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_http_token_comes_from_its_option_or_its_file(tmp_path: Path) -> None:
-    from rebaser_server.cli.main import _http_token
+    from rebaser_server.cli.option_groups import http_token_from
 
     secret = tmp_path / "token"
     secret.write_text("  from-a-file \n# ignored\n")
-    assert _http_token(None, secret) == "from-a-file"
-    assert _http_token(" given ", None) == "given" and _http_token(None, None) is None
+    assert http_token_from(None, secret) == "from-a-file"
+    assert http_token_from(" given ", None) == "given" and http_token_from(None, None) is None
     (tmp_path / "empty").write_text("\n")
     for token, path in (("a", secret), ("  ", None), (None, tmp_path / "empty")):
         with pytest.raises(click.UsageError):
-            _http_token(token, path)
+            http_token_from(token, path)
