@@ -10,6 +10,8 @@ owns everything up to the moment a task is handed to the owned change sets, and 
 - :mod:`~rebaser_server.intake.fair_intake`: the fair intake's loop of one shard (a consumer per workspace, the
   workspaces served in turns), :mod:`~rebaser_server.intake.fair_intakes` those (and the lanes') of every served
   shard, together;
+- :mod:`~rebaser_server.intake.fair_line`: which workspaces wait for a turn in the fair intake (a task's publish
+  heard, the stream's subjects read, a task handed back): the line its loop serves;
 - :mod:`~rebaser_server.intake.turns`: which workspace's turn is next and how large, as pure logic;
 - :mod:`~rebaser_server.intake.newcomers`: a workspace new to the fair intake checked for work before it gets a
   consumer (:mod:`~rebaser_server.intake.workspace_consumers`), a made-up one's tasks purged untaken;

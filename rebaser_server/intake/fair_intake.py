@@ -4,18 +4,9 @@ With the fifo intake one consumer per shard hands tasks out in the order they ca
 waits behind a flood's thousands. Here each workspace with tasks has a durable consumer of its own on the shard's
 tasks stream (filter ``rebaser.tasks.<wk>.*.process``; a work-queue stream accepts several consumers whose filters do
 not overlap), shared by every daemon, and each daemon takes tasks from the workspaces in turns
-(rebaser_server.intake.turns): the one waiting longest first, a part of the free slots each.
-
-How a daemon knows which workspaces have tasks waiting:
-
-- **published**: it subscribes (plain NATS, no consumer) to the shard's task subjects; a task's publish is seen as
-  it is stored, and its workspace joins the line at once;
-- **found**: every :data:`_DISCOVER_EVERY` seconds, and at start, it reads the workspaces with tasks from the
-  tasks stream's subjects (a publish missed during a reconnect, a daemon started after it);
-- **left over**: a turn that takes a workspace's last waiting task tells (the delivery's pending count) whether
-  more wait;
-- **handed back**: a task this daemon hands back (a retry, a reconnect, a shutdown) joins its workspace to the line
-  once it is ready again.
+(rebaser_server.intake.turns): the one waiting longest first, a part of the free slots each. How a daemon knows
+which workspaces have tasks waiting (a task's publish heard, the stream's subjects read, a turn's last delivery, a
+task handed back) is :mod:`~rebaser_server.intake.fair_line`, the base of :class:`FairIntake`.
 
 A workspace this daemon knows no consumer of is checked for work when its turn comes, off the turn loop
 (rebaser_server.intake.newcomers): a workspace with only made-up tasks gets no consumer and no turn, and its tasks
@@ -44,17 +35,16 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from rebaser_core.errors import InvalidSubject
 from rebaser_core.ids import WorkspacePk
 from rebaser_core.nats import cancellation
 from rebaser_core.nats.inline_subscription import subscribe_inline
-from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.quiet import FAIR_PRESSURE_QUIET, PRESSURE_QUIET, busiest
 from rebaser_server.intake.admission import Admission
+from rebaser_server.intake.fair_line import FairLine
 from rebaser_server.intake.newcomers import Newcomers
 from rebaser_server.intake.owner import Owner
 from rebaser_server.intake.puller import NoConsumer, TaskPuller
@@ -67,8 +57,6 @@ __all__ = ["FairIntake"]
 
 log = logging.getLogger(__name__)
 
-# The workspaces with tasks are read from the stream this often (the backstop for a publish not seen).
-_DISCOVER_EVERY = 10.0
 # A watched workspace's consumer is asked for tasks that came back this often (a fraction of ack_wait).
 _WATCH_SHARE = 0.5
 # ... and after this many looks that found nothing, whether it still holds any (else it is no longer watched).
@@ -83,14 +71,6 @@ _RESERVE = 20
 # A pull request is answered within this long (the lease's lower bound is its send time: see lease.py).
 _PULL_EXPIRES = 1.0
 _RECONNECT_POLL = 0.1
-# A handed-back task's workspace joins the line this long after the task is due back (each a no-wait pull).
-_HANDED_BACK_LOOKS = (0.0, 0.25, 1.0)
-# Task subject heads whose workspace is remembered at most (then forgotten all at once).
-_SEEN = 10_000
-# A turn given for a task's publish may pull before the stream has stored the task (the daemon hears the publish as
-# the stream does, and its pull may come first): a turn that finds nothing then is given again this long after, each
-# in turn, instead of leaving the task to the watch's next look (half of ack_wait: 1.25 s at the defaults).
-_FRESH_LOOKS = (0.005, 0.025, 0.1, 0.4)
 
 
 def _workspace_of(processor: object) -> object:
@@ -98,7 +78,7 @@ def _workspace_of(processor: object) -> object:
     return getattr(getattr(processor, "change_set", None), "workspace_id", None)
 
 
-class FairIntake:
+class FairIntake(FairLine):
     def __init__(
         self,
         nats: Nats,
@@ -146,74 +126,6 @@ class FairIntake:
             ready=self._ready,
             again=self._join,
         )
-
-    # -- who waits ----------------------------------------------------------------------------------
-    def _join(self, workspace: WorkspacePk) -> None:
-        if workspace not in self._known:
-            self.newcomers.check(workspace)  # it joins once found with work (newcomers.py)
-        elif self.turns.wait(workspace):
-            self._joined.set()
-
-    def _ready(self, workspace: WorkspacePk) -> None:
-        """``workspace`` was checked and has its consumer: its turn is next."""
-        self._known[workspace] = time.monotonic()
-        if self.turns.wait(workspace, first=True):
-            self._joined.set()
-
-    def handed_back(self, workspace: WorkspacePk, delay: float) -> None:
-        """A task of ``workspace`` went back to its queue, ready again after ``delay``: its workspace joins the line
-        then (no publish says so; else only a look of the watch would find it), and twice more a little later
-        (nats-server makes a delayed task ready on a timer of its own, which may fire after ours)."""
-        loop = asyncio.get_running_loop()
-        for later in _HANDED_BACK_LOOKS:
-            loop.call_later(delay + later, self._join, workspace)
-
-    def _on_task(self, msg: Msg) -> None:
-        """A task was published: its workspace joins the line, or is checked (handled in nats-py's read loop, the
-        workspace of a subject seen before found by its head: a flood of publishes from one caller, thousands a
-        second, costs a few dictionary look-ups each)."""
-        subject = msg.subject
-        head = subject[: subject.rfind(".", 0, subject.rfind("."))]  # up to the workspace token
-        workspace = self._seen.get(head)
-        if workspace is None:
-            try:
-                workspace = self._subjects.parse_task(subject).workspace_id
-            except InvalidSubject:
-                return
-            if len(self._seen) >= _SEEN:
-                self._seen.clear()
-            self._seen[head] = workspace
-        if len(self._fresh) >= _SEEN:
-            self._fresh.clear()
-        self._fresh[workspace] = len(_FRESH_LOOKS)
-        self._join(workspace)
-
-    def _found(self, workspace: WorkspacePk, got: int) -> None:
-        """After a turn of ``workspace`` that took ``got`` tasks: one that found none right after a publish was
-        heard is given another turn a little later (the stream may not have had the task yet)."""
-        if not got:
-            self.empty_turns += 1
-        left = self._fresh.pop(workspace, 0)
-        if got or not left:
-            return
-        self._fresh[workspace] = left - 1
-        self.fresh_looks += 1
-        asyncio.get_running_loop().call_later(_FRESH_LOOKS[-left], self._join, workspace)
-
-    async def _discover(self) -> None:
-        """Every workspace with a task in the stream joins the line (it may be owned: a turn then finds nothing)."""
-        tasks = await stream_subjects(self._nats.js, self._subjects.tasks_stream, self._subjects.tasks_all)
-        for subject in tasks:
-            with contextlib.suppress(InvalidSubject):
-                self._join(self._subjects.parse_task(subject).workspace_id)
-
-    async def _discover_loop(self) -> None:
-        while not self._stopping():
-            try:
-                await self._discover()
-            except Exception as err:  # NATS trouble: look again next time
-                log.debug("reading the workspaces with tasks failed: %r", err)
-            await cancellation.sleep(_DISCOVER_EVERY)
 
     # -- the loop -----------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -20,7 +20,7 @@ from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
 from rebaser_core.nats.streams import WORKSPACE_CONSUMER_IDLE, ensure_streams
 from rebaser_core.testing import wait_for
 from rebaser_server.app import ChangeSet
-from rebaser_server.intake import fair_intake
+from rebaser_server.intake import fair_intake, fair_line
 from rebaser_server.testing import fast_settings, running_daemon
 from tests.support.apps import RecordingApp
 from tests.support.daemons import daemon_processes, spawn_daemon
@@ -148,7 +148,7 @@ async def test_a_task_handed_back_for_a_retry_is_taken_again_without_a_look(
     # A failed attempt hands the task back with a short delay: nothing is published, and here the watch looks
     # only every 30 s (half of ack_wait) and the stream's workspaces are read only at start. The workspace joins
     # the line again when its task is ready.
-    monkeypatch.setattr(fair_intake, "_DISCOVER_EVERY", 3600.0)
+    monkeypatch.setattr(fair_line, "_DISCOVER_EVERY", 3600.0)
     settings = fast_settings(subject_prefix, intake="fair", ack_wait=60.0)
     app = RecordingApp()
     async with running_daemon(nc, settings, app) as daemon:
@@ -230,8 +230,8 @@ async def test_a_task_heard_before_the_stream_has_it_is_found_by_another_look(
     # The daemon hears a task's publish as the stream does, and its turn may pull before the stream has stored the
     # task: that turn finds nothing. Made certain here: the publish heard is one the stream refuses, and the task
     # then stored is not heard. Only the watch (every 30 s here) or another look finds it; the turn is given again
-    # a few milliseconds later (fair_intake._FRESH_LOOKS), so the first reply does not wait for the watch.
-    monkeypatch.setattr(fair_intake, "_DISCOVER_EVERY", 3600.0)
+    # a few milliseconds later (fair_line._FRESH_LOOKS), so the first reply does not wait for the watch.
+    monkeypatch.setattr(fair_line, "_DISCOVER_EVERY", 3600.0)
     settings = fast_settings(subject_prefix, intake="fair", ack_wait=60.0, sweep_interval=3600.0)
     names = settings.subjects
     wk, cs = WorkspacePk.new(), ChangeSetId.new()
