@@ -1,12 +1,13 @@
 """rebaser_core: what client and server share: the wire contract and, in :mod:`.nats`, the NATS plumbing.
 
 The wire contract is this package's own modules. They say what goes on the wire and into the buckets, and the rules
-about it: ids (:mod:`.ids`), subjects and the names of streams, buckets and consumers (:mod:`.subjects`), tunables
-(:mod:`.settings`, the streams' declared in :mod:`.stream_settings`), headers (:mod:`.headers`), versioned messages
-(:mod:`.api`), the error tree (:mod:`.errors`), the shard layout (:mod:`.layout`), stored update batches
-(:mod:`.batches`), reply inboxes (:mod:`.inbox`), pauses (:mod:`.pauses`), what a dead letter holds
-(:mod:`.dead_letter_copy`), a record's recent replies (:mod:`.recent_replies`) and trace headers (:mod:`.tracing`).
-They talk to no server and never import nats-py.
+about it: ids (:mod:`.ids`), subjects and the names of streams, buckets and consumers (:mod:`.subjects`, a subject
+read back in :mod:`.subject_parsing`), tunables (:mod:`.settings`, the streams' declared in
+:mod:`.stream_settings`), headers (:mod:`.headers`), versioned messages (:mod:`.api`), the error tree
+(:mod:`.errors`), the shard layout (:mod:`.layout`), stored update batches (:mod:`.batches`), reply inboxes
+(:mod:`.inbox`), pauses (:mod:`.pauses`), what a dead letter holds (:mod:`.dead_letter_copy`), a record's recent
+replies (:mod:`.recent_replies`) and trace headers (:mod:`.tracing`). They talk to no server and never import
+nats-py.
 
 Above the wire contract, top to bottom:
 

@@ -6,7 +6,7 @@ package is what an operator runs. It owns:
 - :mod:`~rebaser_client.admin.cli`: the ``rebaser`` command (the console script is
   ``rebaser_client.admin.cli.main:main``): options, one-line errors, tables and ``--json``.
 - :mod:`~rebaser_client.admin.format`, :mod:`~rebaser_client.admin.format_workspaces`: the reports as rich tables and
-  JSON-able data. Pure: no NATS, no I/O.
+  JSON-able data, ``change-set show``'s in :mod:`~rebaser_client.admin.format_change_set`. Pure: no NATS, no I/O.
 - :mod:`~rebaser_client.admin.status`, :mod:`~rebaser_client.admin.change_set`: ``rebaser status`` and
   ``change-set show``, read-only, through :mod:`~rebaser_client.admin.reader`; the busiest workspaces come from
   :mod:`~rebaser_client.admin.workspaces`.

@@ -1,4 +1,6 @@
-"""The admin reports as JSON-able data (``--json``) and as rich tables (for people). Pure: no NATS, no I/O."""
+"""The admin reports as JSON-able data (``--json``) and as rich tables (for people): ``status``, the dead letters,
+pauses, and the helpers the other formatting modules share (``change-set show``'s report is
+:mod:`~rebaser_client.admin.format_change_set`'s). Pure: no NATS, no I/O."""
 
 from __future__ import annotations
 
@@ -11,8 +13,6 @@ from rich.table import Table
 from rich.text import Text
 
 from rebaser_client._pause_read import PausedLine
-from rebaser_client._record import RecordView
-from rebaser_client.admin.change_set import ChangeSetReport
 from rebaser_client.admin.dead_letters import DeadLetter
 from rebaser_client.admin.format_workspaces import workspaces_json, workspaces_view
 from rebaser_client.admin.reader import StreamSummary
@@ -21,15 +21,15 @@ from rebaser_core.nats.durability import Durability
 from rebaser_core.pauses import Pause, repair_command
 
 __all__ = [
-    "change_set_json",
-    "change_set_view",
     "dead_letter_json",
     "dead_letter_view",
     "dead_letters_json",
     "dead_letters_view",
     "human_age",
+    "iso_utc",
     "pause_json",
     "pause_text",
+    "seconds_since",
     "shorten",
     "status_json",
     "status_view",
@@ -72,11 +72,11 @@ def _sequences(s: StreamSummary) -> str:
     return f"{s.first_seq}..{s.last_seq}"
 
 
-def _time(value: datetime | None) -> str | None:
+def iso_utc(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _age(value: datetime | None, now: datetime) -> float | None:
+def seconds_since(value: datetime | None, now: datetime) -> float | None:
     return None if value is None else round(max(0.0, (now - value).total_seconds()), 3)
 
 
@@ -87,8 +87,8 @@ def pause_json(pause: Pause, now: datetime, **extra: Any) -> dict[str, Any]:
         **extra,
         "cause": pause.cause,
         "reason": pause.reason,
-        "since": _time(datetime.fromtimestamp(pause.since, UTC)),
-        "paused_seconds": _age(datetime.fromtimestamp(pause.since, UTC), now),
+        "since": iso_utc(datetime.fromtimestamp(pause.since, UTC)),
+        "paused_seconds": seconds_since(datetime.fromtimestamp(pause.since, UTC), now),
         "request_id": pause.request_id,
         **({"by": pause.by} if pause.by is not None else {}),  # who asked, when the pause says (the console)
     }
@@ -96,7 +96,7 @@ def pause_json(pause: Pause, now: datetime, **extra: Any) -> dict[str, Any]:
 
 def pause_text(pause: Pause, now: datetime) -> str:
     """``for 4m05s (operator: deploying a fix)``, ``… request 01J…`` for a pause after max_attempts."""
-    age = human_age(_age(datetime.fromtimestamp(pause.since, UTC), now))
+    age = human_age(seconds_since(datetime.fromtimestamp(pause.since, UTC), now))
     why = f"{pause.cause}: {shorten(pause.reason, 100)}" if pause.reason else pause.cause
     request = f", request {pause.request_id}" if pause.request_id else ""
     by = f", by {shorten(pause.by, 80)}" if pause.by else ""
@@ -133,7 +133,7 @@ def _pauses_view(report: StatusReport, now: datetime) -> RenderableType:
         table.add_row(
             line.workspace_id,
             line.change_set_id or "(all)",
-            human_age(_age(datetime.fromtimestamp(pause.since, UTC), now)),
+            human_age(seconds_since(datetime.fromtimestamp(pause.since, UTC), now)),
             pause.cause,
             shorten(pause.reason, 80) or "-",
             pause.request_id or "-",
@@ -274,125 +274,11 @@ def _durability_line(durability: Durability, found_by: str | None = None) -> Tex
     return Text(f"{line}\n  {warning}", style="yellow")
 
 
-# -- one change set ------------------------------------------------------------------------------------------------
-def _record_json(record: RecordView | None) -> dict[str, Any] | None:
-    if record is None:
-        return None
-    return {
-        "epoch": record.epoch,
-        "owner": record.owner,
-        "applied_seq": record.applied_seq,
-        "dvu_pending": record.dvu_pending,
-        "handed_back": record.handed_back,
-        "attempts": dict(record.attempts),
-        "suspect": list(record.suspect) if record.suspect else None,
-        "last_error": record.last_error or None,  # the last retryable failure while attempts counts any
-    }
-
-
-def change_set_json(report: ChangeSetReport) -> dict[str, Any]:
-    record = report.record
-    return {
-        "workspace_id": report.workspace_id,
-        "change_set_id": report.change_set_id,
-        "task": report.task,
-        "paused": report.paused,
-        # Its own pause first, then its workspace's ("via"): either one holds it.
-        "pauses": [
-            pause_json(pause, report.now, via=via)
-            for via, pause in (("change_set", report.pause), ("workspace", report.workspace_pause))
-            if pause is not None
-        ],
-        "record": _record_json(record),
-        "queued_total": report.queued_total,
-        "queued": [
-            {
-                "seq": q.seq,
-                "request_id": q.request_id,
-                "stored_at": _time(q.time),
-                "age_seconds": _age(q.time, report.now),
-                "bytes": q.size,
-                "summary": q.summary,
-                "processed": q.processed,
-                "attempts": q.attempts,
-            }
-            for q in report.queued
-        ],
-        "last_replies": [
-            {"request_id": r.request_id, "requested_at": _time(r.at), "kind": r.kind, "detail": r.detail}
-            for r in reversed(record.recent if record else ())
-        ],
-        "dead_letters": report.dead_letters,
-    }
-
-
-def change_set_view(report: ChangeSetReport, *, replies: int = 10) -> RenderableType:
-    record = report.record
-    head = Table.grid(padding=(0, 2))
-    head.add_column(style="bold")
-    head.add_column()
-    head.add_row("change set", f"{report.workspace_id} / {report.change_set_id}")
-    owner = {"owned": "owned by a daemon", "waiting": "waiting for an owner", "none": "no task (idle)"}[
-        report.task
-    ]
-    head.add_row("task", owner)
-    if report.pause is not None:
-        head.add_row("paused", Text(pause_text(report.pause, report.now), style="yellow"))
-        if fix := repair_command(report.pause, report.workspace_id, report.change_set_id):
-            head.add_row("repair", Text(fix, style="yellow"))
-    if report.workspace_pause is not None:
-        head.add_row(
-            "paused" if report.pause is None else "workspace paused",
-            Text(f"with its workspace, {pause_text(report.workspace_pause, report.now)}", style="yellow"),
-        )
-    if record is None:
-        head.add_row("record", "none (never processed)")
-    else:
-        # The record names the daemon that owned it last: its owner only while a daemon holds the task.
-        head.add_row(
-            "owner" if report.task == "owned" else "last owner",
-            f"{record.owner} (epoch {record.epoch}{', handed back' if record.handed_back else ''})",
-        )
-        head.add_row("applied up to", f"stream sequence {record.applied_seq}")
-        head.add_row("DVU pending", "yes" if record.dvu_pending else "no")
-        if record.suspect:
-            head.add_row(
-                "suspect", f"seq {record.suspect[0]}: {record.suspect[1]} owners died or froze on it"
-            )
-        if record.attempts and record.last_error:
-            head.add_row("last error", Text(record.last_error, style="red"))
-    head.add_row("dead letters", str(report.dead_letters))
-    queued = Table(
-        title=f"queued requests: {report.queued_total}"
-        + (f" (the first {len(report.queued)})" if len(report.queued) < report.queued_total else ""),
-        title_justify="left",
-    )
-    for column in ("seq", "request id", "age", "bytes", "what", "state"):
-        queued.add_column(column, justify="right" if column in ("seq", "bytes", "age") else "left")
-    for q in report.queued:
-        state = "processed, awaiting purge" if q.processed else "queued"
-        if q.attempts:
-            state += f", {q.attempts} failed attempts"
-        queued.add_row(
-            str(q.seq), q.request_id or "?", human_age(q.age(report.now)), str(q.size), q.summary, state
-        )
-    parts: list[RenderableType] = [head, queued if report.queued else Text("queued requests: none")]
-    if record is not None and record.recent:
-        last = Table(title=f"last replies (newest first, {len(record.recent)} kept)", title_justify="left")
-        for column in ("request id", "age", "outcome", "detail"):
-            last.add_column(column)
-        for r in list(reversed(record.recent))[:replies]:
-            age = human_age(_age(r.at, report.now))
-            last.add_row(r.request_id, age, r.kind, shorten(r.detail, 100))
-        parts.append(last)
-    return Group(*parts)
-
-
 # -- dead letters --------------------------------------------------------------------------------------------------
 def dead_letter_json(letter: DeadLetter, *, full: bool = False) -> dict[str, Any]:
     data: dict[str, Any] = {
         "seq": letter.seq,
-        "dead_lettered_at": _time(letter.time),
+        "dead_lettered_at": iso_utc(letter.time),
         "subject": letter.subject,
         "original_seq": letter.original_seq,
         "workspace_id": letter.workspace_id,
@@ -428,7 +314,11 @@ def dead_letters_view(total: int, letters: list[DeadLetter], now: datetime) -> R
     for d in letters:
         where = f"{d.workspace_id}/{d.change_set_id}" if d.change_set_id else d.subject
         table.add_row(
-            str(d.seq), human_age(_age(d.time, now)), where, d.request_id or "?", shorten(d.reason, 120)
+            str(d.seq),
+            human_age(seconds_since(d.time, now)),
+            where,
+            d.request_id or "?",
+            shorten(d.reason, 120),
         )
     return table
 

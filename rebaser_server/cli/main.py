@@ -89,7 +89,7 @@ class _Group(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "dev-cluster":
-            from rebaser_server.devtools.devcluster import command
+            from rebaser_server.devtools.devcluster_command import command
 
             return command
         if cmd_name == "new-app":

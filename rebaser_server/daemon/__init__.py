@@ -4,6 +4,8 @@ The tasks reach the daemon through :mod:`rebaser_server.intake` (which workspace
 admission); what the daemon does with a task taken, and everything else a process does, is here:
 
 - :mod:`~rebaser_server.daemon.daemon`: :class:`Daemon`, the wiring, start-up and shutdown;
+- :mod:`~rebaser_server.daemon.readouts`: what a daemon shows of itself, the properties operations code
+  (:class:`~rebaser_server.ops.view.DaemonView`), tests and embedding code read;
 - :mod:`~rebaser_server.daemon.reconnect`: what the daemon does after every reconnect to NATS;
 - :mod:`~rebaser_server.daemon.owned`: the change sets owned now, each from its task taken to the task's end (the
   intake reaches them through :class:`~rebaser_server.intake.owner.Owner`);

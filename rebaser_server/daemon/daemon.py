@@ -5,6 +5,9 @@ in turns (fair_intake.py); either takes only as many as the daemon has free slot
 stream, not in memory. A NATS outage is survived in place: the intakes wait for the connection instead of queueing
 pull requests into nats-py's reconnect buffer, and after every reconnect the daemon re-ensures its streams, hands its
 owned change sets back and sweeps for orphaned requests at once (reconnect.py).
+
+What a daemon shows of itself (the properties ``/status``, ``/metrics`` and tests read) is its base,
+:class:`~rebaser_server.daemon.readouts.DaemonReadouts`.
 """
 
 from __future__ import annotations
@@ -19,14 +22,13 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_core.errors import DurabilityTooLow
 from rebaser_core.ids import ChangeSetId, RequestId, WorkspacePk
-from rebaser_core.layout import Layout
 from rebaser_core.nats import speedups as nats_speedups
-from rebaser_core.nats.durability import Durability, meets
+from rebaser_core.nats.durability import meets
 from rebaser_core.nats.requester import Requester
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
 from rebaser_core.subjects import Subjects
-from rebaser_server.app import ChangeSet, RebaserApp
+from rebaser_server.app import RebaserApp
 from rebaser_server.app.calls import capabilities
 from rebaser_server.changeset.context import Nats, Placement, Report, Stats
 from rebaser_server.changeset.hooks import Hooks
@@ -35,6 +37,7 @@ from rebaser_server.changeset.replies import Replies
 from rebaser_server.daemon.liveness import Liveness
 from rebaser_server.daemon.owned import OwnedChangeSets
 from rebaser_server.daemon.pauses import PauseWatcher
+from rebaser_server.daemon.readouts import DaemonReadouts
 from rebaser_server.daemon.reconnect import recover_after_reconnect
 from rebaser_server.daemon.shards import ShardPullers
 from rebaser_server.daemon.startup import set_up_with_retries, start_app, stop_task
@@ -64,7 +67,7 @@ log = logging.getLogger(__name__)
 _DAEMON_LEASES_WATCH = 2.0
 
 
-class Daemon:
+class Daemon(DaemonReadouts):
     """One rebaser daemon on an open NATS connection.
 
     ``await daemon.start()`` sets up streams, the tasks consumer, the change-set store and the app, then pulls
@@ -202,98 +205,6 @@ class Daemon:
         self._watch_task: asyncio.Task[None] | None = None
         self.stopped = asyncio.Event()
         self.serving = False  # set-up done (/readyz): see start
-
-    # -- what operations code reads (rebaser_server.ops.view.DaemonView) ---------------------------------
-    @property
-    def owner(self) -> str:
-        return self._owning.owner
-
-    @property
-    def settings(self) -> Settings:
-        return self._owning.settings
-
-    @property
-    def layout(self) -> Layout:
-        return self._owning.placement.layout
-
-    @property
-    def served_shards(self) -> list[int]:
-        return self.shards.shards
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    @property
-    def settled_waits(self) -> int:
-        return self.queries.settled.held
-
-    @property
-    def observe(self) -> Observer:
-        return self._owning.report.observe
-
-    @property
-    def stats(self) -> Stats:
-        return self._owning.report.stats
-
-    # -- the parts tests and embedding code reach for -------------------------------------------------
-    @property
-    def nats(self) -> Nats:
-        return self._owning.nats
-
-    @property
-    def store(self) -> ChangeSetStore:
-        return self._owning.store
-
-    @property
-    def keeper(self) -> LeaseKeeper:
-        return self._owning.keeper
-
-    @property
-    def report(self) -> Report:
-        return self._owning.report
-
-    @property
-    def durability(self) -> Durability | None:
-        """What an acknowledged request survives, as last checked (None: not checked yet)."""
-        return self._durability.last
-
-    @property
-    def owned(self) -> list[ChangeSet]:
-        return self._owned.change_sets
-
-    @property
-    def owned_by_workspace(self) -> dict[str, int]:
-        """Change sets owned now per workspace (each at most ``max_owned_per_workspace``: the share)."""
-        return {str(wk): n for wk, n in self._owned.fair.by_workspace.items()}
-
-    def tasks_by_workspace(self) -> dict[str, int]:
-        """Tasks in the served shards' streams per workspace (waiting, or owned by any daemon), as last read; asking
-        starts a new read in the background if that is over a second old."""
-        return {str(wk): n for wk, n in self._owned.fair.tasks_by_workspace().items()}
-
-    @property
-    def tasks_seen_by_workspace(self) -> dict[str, int]:
-        """The same as last read (for /metrics, which cannot wait for a read)."""
-        return {str(wk): n for wk, n in self._owned.fair.tasks.items()}
-
-    @property
-    def workspace_share(self) -> int:
-        return self._owned.fair.share
-
-    @property
-    def served_by_workspace(self) -> dict[str, int]:
-        """Tasks taken per workspace lately (halved every minute): the share each is served here."""
-        return {str(wk): n for wk, n in self._owned.fair.served_lately().items()}
-
-    def intake_status(self) -> dict[str, Any]:
-        """How tasks reach this daemon (``/status``'s ``intake``): see FairIntakes.status."""
-        return self.intakes.status()
-
-    @property
-    def starting(self) -> int:
-        """Owned change sets still in their cold path (record, consumer, first request delivered): see ``_pull``."""
-        return self._admission.starting
 
     async def start(self, *, timeout: float | None = None) -> None:
         """Set up streams, consumer, store and app, then serve. While NATS or JetStream is not available yet (a

@@ -20,7 +20,8 @@ from rebaser_core.nats.listing import stream_subjects
 from rebaser_core.nats.tasks import publish_task
 from rebaser_core.pauses import Pause
 from rebaser_core.settings import Settings
-from rebaser_core.subjects import ParsedSubject, Subjects
+from rebaser_core.subject_parsing import ParsedSubject
+from rebaser_core.subjects import Subjects
 from rebaser_server.app import ChangeSet
 from rebaser_server.changeset.context import Nats, Placement
 from rebaser_server.changeset.replies import Replies

@@ -54,7 +54,7 @@ def change_set_show(
         parse_ulid(ChangeSetId, change_set_id, "CHANGE_SET"),
     )
     subjects = subjects_of(prefix)
-    from rebaser_client.admin import format as fmt
+    from rebaser_client.admin import format_change_set as fmt
     from rebaser_client.admin.change_set import change_set_report
 
     with progress_bar("reading queued requests", enabled=not as_json) as progress:

@@ -123,7 +123,7 @@ def console(
     import asyncio
     import logging
 
-    # The audit log (every action, every refused request: rebaser_client.admin.console.server.audit), one JSON
+    # The audit log (every action, every refused request: rebaser_client.admin.console.guard.audit), one JSON
     # line each, on stderr.
     audit_log = logging.getLogger("rebaser.console.audit")
     if not audit_log.handlers:

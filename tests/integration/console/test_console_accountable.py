@@ -21,7 +21,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client import RebaserClient, SetLiteral
 from rebaser_client._pausing import pause_of
-from rebaser_client.admin.console.server import AUDIT_LOGGER, CSRF_HEADER
+from rebaser_client.admin.console.guard import AUDIT_LOGGER, CSRF_HEADER
 from rebaser_core.api import EnqueueUpdatesRequest
 from rebaser_core.embedded import NatsServer
 from rebaser_core.ids import ChangeSetId, WorkspacePk

@@ -17,7 +17,7 @@ from rebaser_client import RebaserClient, SetLiteral
 from rebaser_client._pausing import pause_of
 from rebaser_client.admin.audit import cli_identity, entries
 from rebaser_client.admin.cli.main import main as cli
-from rebaser_client.admin.console.server import CSRF_HEADER
+from rebaser_client.admin.console.guard import CSRF_HEADER
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.streams import audit_stream_config, ensure_streams
 from rebaser_core.subjects import Subjects

@@ -23,7 +23,7 @@ from nats.js.api import StorageType
 
 from rebaser_client._pausing import pause_of, pause_workspace
 from rebaser_client.admin.cli.main import main as cli
-from rebaser_client.admin.console.server import CSRF_HEADER, cookie_value, identity_of
+from rebaser_client.admin.console.guard import CSRF_HEADER, cookie_value, identity_of
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.nats.streams import ensure_streams
 from rebaser_core.subjects import Subjects

@@ -17,7 +17,7 @@ from nats.aio.client import Client as NatsClient
 
 from rebaser_client._pausing import pause_of
 from rebaser_client.admin.cli.main import main as cli
-from rebaser_client.admin.console.server import CSRF_HEADER
+from rebaser_client.admin.console.guard import CSRF_HEADER
 from rebaser_core.ids import ChangeSetId, WorkspacePk
 from rebaser_core.subjects import Subjects
 from tests.integration.console.test_console_guard import TOKEN, _csrf, console_process, deployment

@@ -42,7 +42,7 @@ def test_help_loads_neither_the_daemon_nor_nats() -> None:
 
 
 def test_the_dev_cluster_summary_is_its_help() -> None:
-    from rebaser_server.devtools.devcluster import command
+    from rebaser_server.devtools.devcluster_command import command
 
     assert (command.help or "").startswith(DEV_CLUSTER_SUMMARY)
     result = CliRunner().invoke(main, ["dev-cluster", "--help"])

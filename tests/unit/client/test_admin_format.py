@@ -10,6 +10,7 @@ from rich.console import Console
 
 from rebaser_client._record import RecordView
 from rebaser_client.admin import format as fmt
+from rebaser_client.admin import format_change_set as fmt_cs
 from rebaser_client.admin.change_set import ChangeSetReport, QueuedRequest
 from rebaser_client.admin.dead_letters import DeadLetter
 from rebaser_client.admin.reader import StreamSummary
@@ -137,10 +138,10 @@ def test_change_set_report_as_json_and_table() -> None:
         QueuedRequest(11, str(rid), NOW - timedelta(seconds=5), 120, "2 updates", False, attempts=2),
     )
     report = ChangeSetReport(str(WK), str(CS), record, "owned", 2, queued, 1, now=NOW)
-    data = fmt.change_set_json(report)
+    data = fmt_cs.change_set_json(report)
     assert data["record"]["epoch"] == 3 and data["task"] == "owned" and data["dead_letters"] == 1
     assert [q["age_seconds"] for q in data["queued"]] == [90.0, 5.0]
-    text = _render(fmt.change_set_view(report))
+    text = _render(fmt_cs.change_set_view(report))
     assert "d1 (epoch 3)" in text and "1m30s" in text and "processed, awaiting purge" in text
     assert "queued, 2 failed attempts" in text
 

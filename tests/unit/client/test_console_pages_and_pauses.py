@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from rebaser_client._record import RecordView
 from rebaser_client.admin.change_set import ChangeSetReport
 from rebaser_client.admin.cli.console import serving_line
+from rebaser_client.admin.console.guard import cookie_value, identity_of
 from rebaser_client.admin.console.index import STATES, Filter, Index, Row
 from rebaser_client.admin.console.pages import list_counts, overview_body, row_data
 from rebaser_client.admin.console.pages_detail import change_set_detail, dead_letters_body, dead_letters_part
-from rebaser_client.admin.console.server import cookie_value, identity_of
 from rebaser_client.admin.format import pause_json, pause_text
 from rebaser_client.admin.reader import StreamSummary
 from rebaser_client.admin.status import ChangeSetLine, StatusReport

@@ -12,6 +12,7 @@ from rebaser_client._pausing import PauseResult, ResumeResult
 from rebaser_client._record import RecordView
 from rebaser_client._skipping import SkipResult
 from rebaser_client.admin import format as fmt
+from rebaser_client.admin import format_change_set as fmt_cs
 from rebaser_client.admin.change_set import ChangeSetReport
 from rebaser_client.admin.cli.pause import (
     pause_json,
@@ -67,29 +68,29 @@ def _report(pause: Pause | None, workspace_pause: Pause | None) -> ChangeSetRepo
 
 
 def test_change_set_show_says_whether_and_why_it_is_paused() -> None:
-    idle = fmt.change_set_json(_report(None, None))
+    idle = fmt_cs.change_set_json(_report(None, None))
     assert (idle["paused"], idle["pauses"]) == (False, [])
-    assert "paused" not in _render(fmt.change_set_view(_report(None, None)))
+    assert "paused" not in _render(fmt_cs.change_set_view(_report(None, None)))
 
-    both = fmt.change_set_json(_report(FAILING, OPERATOR))
+    both = fmt_cs.change_set_json(_report(FAILING, OPERATOR))
     assert both["paused"] and both["queued_total"] == 3
     assert [(p["via"], p["cause"], p["request_id"]) for p in both["pauses"]] == [
         ("change_set", "max_attempts", "01J0REQ"),
         ("workspace", "operator", None),
     ]
-    text = _render(fmt.change_set_view(_report(FAILING, OPERATOR)))
+    text = _render(fmt_cs.change_set_view(_report(FAILING, OPERATOR)))
     assert "paused            for 2h00m (max_attempts: RetryableError: db down, request 01J0REQ)" in text
     assert "workspace paused  with its workspace, for 4m05s (operator: deploying a fix)" in text
-    only_workspace = _render(fmt.change_set_view(_report(None, OPERATOR)))
+    only_workspace = _render(fmt_cs.change_set_view(_report(None, OPERATOR)))
     assert "paused         with its workspace, for 4m05s (operator: deploying a fix)" in only_workspace
 
 
 def test_a_change_set_no_daemon_holds_shows_its_last_owner_not_an_owner() -> None:
     # A paused (or idle) change set: no daemon holds it (docs/pausing.md); the record only says who held it last.
-    let_go = _render(fmt.change_set_view(_report(OPERATOR, None)))
+    let_go = _render(fmt_cs.change_set_view(_report(OPERATOR, None)))
     assert "last owner" in let_go and "d1 (epoch 1)" in let_go
     held = ChangeSetReport(str(WK), str(CS), _report(None, None).record, "owned", 0, (), 0, now=NOW)
-    shown = _render(fmt.change_set_view(held))
+    shown = _render(fmt_cs.change_set_view(held))
     assert "owner" in shown and "last owner" not in shown
 
 

@@ -9,7 +9,8 @@ from ulid import ULID
 
 from rebaser_core.errors import InvalidSubject, RebaserError
 from rebaser_core.ids import ChangeSetId, WorkspacePk
-from rebaser_core.subjects import ParsedSubject, Subjects, validate_prefix
+from rebaser_core.subject_parsing import ParsedSubject
+from rebaser_core.subjects import Subjects, validate_prefix
 
 WK = "01JAW0Q7NB2K5Z8R4V6X9C3D1E"
 CS = "01JAW0Q8F3T6M9P2S5V8Y1B4C7"
