@@ -11,7 +11,7 @@ one revision per key, so a follower that falls behind misses revisions; the next
 all the same, and only a follower more than a window behind loses events (it sees ``seq`` jump).
 
 The value is JSON: ``{"v": 2, "new": N, "events": [event, ...]}``, each event a ChangeSetEvent v1 in a short form,
-for every write carries the whole window (a window's bytes cost the servers about 4 µs a KiB on every write):
+for every write carries the whole window (a window's bytes cost the servers about 2-4 µs a KiB on every write):
 
 - without the fields every event of the window shares: ``workspace_id`` and ``change_set_id`` (the subject's) and
   ``durable`` (true);

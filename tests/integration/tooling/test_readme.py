@@ -50,6 +50,7 @@ INVENTORY: dict[str, list[str]] = {
         "sh:checked",
         "sh:checked",
         "sh:checked",
+        "sh:checked",
     ],
     "docs/RELIABILITY.md": ["plain:shown"],
     "docs/capacity.md": ["sh:checked", "sh:checked"],
