@@ -13,7 +13,8 @@ the spread, and the least-squares slope in MB a minute. ``make soak`` runs an ho
 With ``--tracemalloc`` the daemon runs in this process (the RSS is then the clients' too) and each sample prints the
 ten source lines whose allocations grew most since the end of the warm-up (the clients' and tracemalloc's own left
 out), then the types of object whose number grew most (coroutines by name) and what holds a sample of the first:
-what keeps growing stands out after a few minutes.
+what keeps growing stands out after a few minutes. Each sample also gives what the daemon's code holds in all, by
+the part of the code that allocated it (a sub-package, a library, a standard module): where the RSS goes.
 """
 
 from __future__ import annotations
@@ -136,13 +137,38 @@ def holders(kind: str, sample: int = 200) -> str:
     return ", ".join(f"{n} {k}" for k, n in found.most_common(6))
 
 
+def by_part(snapshot: tracemalloc.Snapshot, top: int = 10) -> str:
+    """What ``snapshot`` holds by the part of the code that allocated it: a sub-package of this project
+    (``rebaser_server.changeset``: the owned change sets' state), a library (``nats``: messages received and not yet
+    handled, its buffers) or a standard module (``asyncio``); where the RSS goes, not only what grows."""
+    held: collections.Counter[str] = collections.Counter()
+    for stat in snapshot.statistics("filename"):
+        held[_part(stat.traceback[0].filename)] += stat.size
+    return ", ".join(f"{part} {size / 2**20:.1f}" for part, size in held.most_common(top))
+
+
+def _part(filename: str) -> str:
+    path = Path(filename).parts
+    for marker in ("rebaser_server", "rebaser_core"):
+        if marker in path:
+            at = path.index(marker)
+            inner = list(path[at + 1 : -1]) or [Path(filename).stem]
+            return ".".join((marker, *inner[:1]))
+    if "site-packages" in path:
+        return path[path.index("site-packages") + 1].split(".")[0]
+    if len(path) < 2:  # "<frozen ...>", "<unknown>"
+        return filename
+    package = path[-2]
+    return f"stdlib {Path(filename).stem if package == 'lib' or package.startswith('python') else package}"
+
+
 def growth(since: tracemalloc.Snapshot, top: int = 10, frames: int = 1) -> list[str]:
     """The total the daemon's code holds, then the ``top`` source lines whose allocations grew most since ``since``
     (with ``frames`` > 1, the call stacks of the first three): a total that stays flat while the RSS grows is the
     allocator's fragmentation, not a leak."""
     now = daemon_snapshot()
     total = sum(trace.size for trace in now.traces) / 2**20
-    lines = [f"    traced {total:.1f} MB"]
+    lines = [f"    traced {total:.1f} MB: {by_part(now)}"]
     if frames > 1:
         for stat in now.compare_to(since, "traceback")[:3]:
             lines += [f"    {stat}", *(f"        {line}" for line in stat.traceback.format())]
