@@ -158,6 +158,22 @@ def test_soak_runs_and_reports_both_memories_and_the_slope() -> None:
     assert "MB/min" in verdict and ", 0 errors" in verdict, proc.stdout
 
 
+def test_the_soak_with_tracemalloc_says_where_the_memory_goes_by_part_of_the_code() -> None:
+    # bench/soak.py --tracemalloc: the daemon in the script's process; each sample after the warm-up gives what its
+    # code holds by the part that allocated it (a sub-package, a library, a standard module) and what grew.
+    args = ["--tracemalloc", "--minutes", "0.2", "--warmup", "0.05", "--sample", "3", "--clients", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.soak", *args, "--change-sets", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    held = [line for line in proc.stdout.splitlines() if line.strip().startswith("traced ")]
+    assert held and "rebaser_server.changeset" in held[-1] and "asyncio" in held[-1], proc.stdout
+
+
 def test_the_soak_picture_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
     # Run as where the bench extra is not installed (make check-bench installs it): matplotlib cannot be found.
     without = "import runpy, sys; sys.modules['matplotlib'] = None; runpy.run_module('bench.soak', run_name='__main__')"
